@@ -1,0 +1,109 @@
+/*
+ * backend.h - the memory backend interface shared by gmbd and libgmb.
+ *
+ * One interface, two implementations chosen at start: "host" (memfd chunks,
+ * mmap'd VA ranges; runs anywhere) and "cuda" (the driver's virtual memory
+ * API). The host backend enforces the driver's rules so that code that
+ * passes on it does not break on CUDA:
+ *   - chunk sizes, VA ranges and map/unmap ranges are multiples of the
+ *     device's granularity;
+ *   - map takes a whole chunk at offset 0 inside a reserved VA range, never
+ *     over an existing mapping;
+ *   - a fresh mapping has no access until set_access;
+ *   - unmap covers whole mappings only; the VA stays reserved;
+ *   - va_free needs the range unmapped.
+ *
+ * Handles: a chunk handle (uint64_t) is the backend's name for physical
+ * memory in this process (host: a memfd; cuda: CUmemGenericAllocationHandle).
+ * The memory lives while any handle, mapping or exported fd refers to it.
+ *
+ * Every operation returns 0 or a negative errno; on failure the backend
+ * writes why (with the driver's error name) to backend_last_error() of the
+ * calling thread.
+ */
+#ifndef GMB_BACKEND_H
+#define GMB_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define BACKEND_MAX_DEVICES 64
+
+struct backend_device {
+	char name[96];
+	uint64_t total_bytes;
+	uint64_t granularity;
+};
+
+struct backend;
+
+struct backend_ops {
+	const char *name; /* "host" or "cuda" */
+	void (*close)(struct backend *b);
+
+	/* Physical memory. create: a new zeroed, exportable chunk of @size. */
+	int (*chunk_create)(struct backend *b, int dev, uint64_t size, uint64_t *handle);
+	/* export: a new fd for the chunk, owned by the caller. */
+	int (*chunk_export)(struct backend *b, uint64_t handle, int *fd);
+	/* import: a handle from @fd; @fd stays owned (and open) by the caller. */
+	int (*chunk_import)(struct backend *b, int fd, uint64_t size, uint64_t *handle);
+	int (*chunk_release)(struct backend *b, uint64_t handle);
+
+	/* Virtual address ranges of this process. */
+	int (*va_reserve)(struct backend *b, uint64_t size, uint64_t align, uintptr_t *va);
+	int (*va_free)(struct backend *b, uintptr_t va, uint64_t size);
+	int (*map)(struct backend *b, uintptr_t va, uint64_t size, uint64_t handle);
+	int (*set_access)(struct backend *b, int dev, uintptr_t va, uint64_t size);
+	int (*unmap)(struct backend *b, uintptr_t va, uint64_t size);
+
+	/* Contents (client side). sync drains the device's queued work. */
+	int (*sync)(struct backend *b, int dev);
+	int (*zero)(struct backend *b, int dev, uintptr_t va, uint64_t size);
+	int (*copy_to_host)(struct backend *b, int dev, void *dst, uintptr_t src, uint64_t size);
+	int (*copy_from_host)(struct backend *b, int dev, uintptr_t dst, const void *src, uint64_t size);
+	/* Host staging memory for preserved tags (pinned on cuda). */
+	int (*host_alloc)(struct backend *b, uint64_t size, void **p);
+	void (*host_free)(struct backend *b, void *p, uint64_t size);
+};
+
+struct backend {
+	const struct backend_ops *ops;
+	void *priv; /* owned by the implementation, freed by ops->close */
+	int ndevices;
+	struct backend_device devices[BACKEND_MAX_DEVICES];
+};
+
+struct backend_host_opts {
+	int ndevices;          /* default 1 */
+	uint64_t memory;       /* bytes per device, default 8 GiB */
+	uint64_t granularity;  /* default 2 MiB */
+};
+
+#define BACKEND_HOST_OPTS_INIT { .ndevices = 1, .memory = 8ULL << 30, .granularity = 2ULL << 20 }
+
+/**
+ * backend_open() - open a backend by kind: "host", "cuda" or "auto".
+ * @kind: "auto" picks cuda when a driver and a GPU answer, else host.
+ * @host: host backend settings (also used when auto falls back).
+ * @out:  receives the backend, owned by the caller (backend_close()).
+ *
+ * Return: 0, or a negative errno with backend_last_error() saying why
+ * (-ENODEV: no CUDA driver or GPU; -EINVAL: unknown kind).
+ */
+int backend_open(const char *kind, const struct backend_host_opts *host, struct backend **out);
+void backend_close(struct backend *b);
+
+int backend_host_open(const struct backend_host_opts *opts, struct backend **out);
+int backend_cuda_open(struct backend **out);
+
+/* Why the calling thread's last backend operation failed ("" if unknown). */
+const char *backend_last_error(void);
+/* Implementations record their reason with this; returns @err. */
+int backend_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static inline uint64_t backend_round_up(uint64_t n, uint64_t gran)
+{
+	return (n + gran - 1) / gran * gran;
+}
+
+#endif

@@ -1,0 +1,113 @@
+/*
+ * pool.h - one device's chunks: those lent out and the free ones.
+ *
+ * Invariants:
+ *   held_bytes = sum of every chunk alive (free, lent or releasing)
+ *              = lent_bytes + free_bytes + releasing bytes
+ *   held_bytes <= budget, except transiently after the budget shrinks.
+ *   A chunk is on the free list iff lent_to == NULL && !releasing.
+ *   A chunk's uid is set when it is first lent; it is then lent only to
+ *   clients of that uid. Memory goes back to the backend (which zeroes it)
+ *   only once no client holds a handle to it.
+ * The pool owns its chunks and their backend handles.
+ */
+#ifndef GMB_POOL_H
+#define GMB_POOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "common/backend.h"
+
+struct bclient;
+struct balloc;
+
+struct chunk_holder {
+	struct bclient *client;
+	uint32_t refs;   /* allocations of that client whose last lend has it */
+	bool drop_sent;  /* a DropRequest is on its way */
+};
+
+struct chunk {
+	uint64_t id;
+	int dev;
+	uint64_t size;
+	uint64_t handle;          /* backend handle, owned by the pool */
+	uid_t uid;
+	bool uid_set;
+	struct balloc *lent_to;   /* NULL: not lent */
+	bool releasing;           /* release once the last holder drops */
+	struct chunk_holder *holders;
+	uint32_t nholders, cap_holders;
+	struct chunk *prev, *next; /* free list */
+};
+
+struct pool_cfg {
+	uint64_t budget;    /* 0: the device's total */
+	uint64_t max_chunk; /* rounded down to the granularity */
+	uint64_t keep;      /* free bytes kept warm; UINT64_MAX: all */
+};
+
+struct pool {
+	struct backend *backend;
+	int dev;
+	uint64_t granularity, total, budget, max_chunk, keep;
+	uint64_t held_bytes, lent_bytes, free_bytes;
+	uint64_t *next_id;        /* shared id counter, owned by the broker */
+	struct chunk *free_head;  /* largest first */
+	uint32_t nchunks;
+};
+
+/* What pool_take() needs to decide and what it hands back. */
+struct pool_take {
+	uint64_t size;              /* granularity multiple */
+	uid_t uid;
+	struct bclient *prefer;     /* prefer chunks this client holds */
+	struct chunk **chunks;      /* out: malloc'd, owned by the caller */
+	uint32_t nchunks;
+	uint32_t ncreated;          /* how many of them are new */
+	uint64_t shortfall;         /* on -ENOMEM/-EAGAIN: bytes missing */
+};
+
+int pool_init(struct pool *p, struct backend *b, int dev, const struct pool_cfg *cfg,
+	      uint64_t *next_id);
+/* Releases every chunk; callers make sure no client holds any. */
+void pool_deinit(struct pool *p);
+
+/**
+ * pool_take() - pick chunks for @t->size bytes, all or nothing.
+ * Free chunks of a compatible uid first (largest that fits, those held by
+ * @t->prefer before others), then new chunks of min(rest, max_chunk) while
+ * the budget allows, releasing idle free chunks (no holder) that cannot
+ * serve this request to make room. The chunks come back off the free list
+ * but not yet lent (the caller sets lent_to via pool_lend()).
+ * Return: 0; -ENOMEM when the budget cannot cover it even after releasing
+ * (t->shortfall says how much); -EAGAIN when it could once holders drop
+ * the handles of free chunks now marked releasing (see pool_next_drop());
+ * a backend error.
+ */
+int pool_take(struct pool *p, struct pool_take *t);
+void pool_lend(struct pool *p, struct chunk *c, struct balloc *a);
+/* A lent or taken chunk back to the free list (or released if marked). */
+void pool_put(struct pool *p, struct chunk *c);
+
+/* Holders: add/remove one reference of @client. Removing the last one of a
+ * releasing chunk releases it; then the chunk is freed and 1 is returned. */
+int pool_hold(struct pool *p, struct chunk *c, struct bclient *client);
+int pool_unhold(struct pool *p, struct chunk *c, struct bclient *client, bool all_refs);
+bool pool_is_held_by(const struct chunk *c, const struct bclient *client);
+
+/**
+ * pool_shrink() - release free chunks until free_bytes <= @keep.
+ * Chunks nobody holds go back at once; held ones are marked releasing and
+ * go back when their holders drop them. Return: bytes released now; adds
+ * bytes waiting for drops to *@pending.
+ */
+uint64_t pool_shrink(struct pool *p, uint64_t keep, uint64_t *pending);
+
+/* Bytes a take for @uid could count on: usable free + budget headroom. */
+uint64_t pool_available(const struct pool *p, uid_t uid);
+
+#endif
