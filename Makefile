@@ -30,29 +30,32 @@ WARNINGS := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototy
 CPPFLAGS_ALL = -D_GNU_SOURCE -I. -I$(B) -Iinclude -I$(CUDA_HOME)/include
 CFLAGS_ALL = -std=gnu11 -g -O2 -fPIC -fvisibility=hidden -pthread $(WARNINGS) $(EXTRA_CFLAGS) $(CFLAGS)
 DEPFLAGS = -MMD -MP
-PKGS := libuv libprotobuf-c
-LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -luv -lprotobuf-c) -ldl -lpthread
+# libgmb needs only protobuf-c; gmbd adds libuv and libsystemd.
+LIB_LIBS := -lprotobuf-c -ldl -lpthread
+LIBS := -luv -lsystemd $(LIB_LIBS)
 TEST_LIBS := -lcriterion
 
 COMMON_SRC := common/log.c common/wire.c common/idmap.c common/backend.c \
 	common/backend_host.c common/backend_cuda.c
 PROTO_SRC := proto/gmb.pb-c.c
-DAEMON_SRC := daemon/pool.c daemon/broker.c daemon/sess.c daemon/server.c \
-	daemon/handlers.c daemon/opts.c
+DAEMON_SRC := daemon/pool.c daemon/broker.c daemon/lend.c daemon/sess.c daemon/server.c \
+	daemon/sd.c daemon/handlers.c daemon/handlers_ctl.c daemon/handlers_status.c daemon/opts.c
 DAEMON_MAIN := daemon/main.c
-LIB_SRC := client/conn.c client/mem.c client/api.c client/status_json.c
+LIB_SRC := client/conn.c client/cache.c client/mem.c client/cycle.c client/api.c client/status_json.c
 CTL_SRC := client/gmbctl.c
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_HELPER_SRC := tests/util.c
 TEST_PROG_SRC := $(wildcard tests/prog_*.c)
 
 CUDA_H := $(CUDA_HOME)/include/cuda.h
+# A fresh clone installs what it lacks once, before the first compile.
+DEPS_STAMP := build/.deps-ok
 
 # $(call objs,BUILD_DIR,SOURCES)
 objs = $(addprefix $(1)/,$(2:.c=.o))
 
 define build_tree
-$(1)/proto/gmb.pb-c.c $(1)/proto/gmb.pb-c.h: proto/gmb.proto
+$(1)/proto/gmb.pb-c.c $(1)/proto/gmb.pb-c.h: proto/gmb.proto | $(DEPS_STAMP)
 	$$(call say,PROTOC,$$<)mkdir -p $(1) && protoc-c --c_out=$(1) $$<
 
 $(1)/proto/gmb.pb-c.o: $(1)/proto/gmb.pb-c.c
@@ -72,16 +75,16 @@ $(1)/libgmb.a: $(call objs,$(1),$(LIB_SRC) $(COMMON_SRC)) $(1)/proto/gmb.pb-c.o
 	$$(call say,AR,$$@)rm -f $$@ && ar rcs $$@ $$^
 
 $(1)/libgmb.so: $(call objs,$(1),$(LIB_SRC) $(COMMON_SRC)) $(1)/proto/gmb.pb-c.o
-	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -shared -Wl,-soname,libgmb.so.0 -Wl,--no-undefined -o $$@ $$^ $$(LIBS)
+	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -shared -Wl,-soname,libgmb.so.0 -Wl,--no-undefined -o $$@ $$^ $$(LIB_LIBS)
 
 $(1)/gmbd: $(call objs,$(1),$(DAEMON_MAIN)) $(1)/libgmbd.a $(1)/libcommon.a
 	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$^ $$(LIBS)
 
 $(1)/gmbctl: $(call objs,$(1),$(CTL_SRC)) $(1)/libgmb.a
-	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$^ $$(LIBS)
+	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$^ $$(LIB_LIBS)
 
 $(1)/tests/prog_%: $(1)/tests/prog_%.o $(1)/libgmb.a
-	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$^ $$(LIBS)
+	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$^ $$(LIB_LIBS)
 
 $(1)/tests/test_%: $(1)/tests/test_%.o $(call objs,$(1),$(TEST_HELPER_SRC)) $(1)/libgmbd.a $(call objs,$(1),$(LIB_SRC)) $(1)/libcommon.a
 	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$^ $$(TEST_LIBS) $$(LIBS)
@@ -124,7 +127,11 @@ run: build/bin ## gmbd in the foreground on ./run/gmbd.sock
 demo: build/bin build/tests/prog_worker ## two workers alternating on one simulated device
 	tests/demo.sh
 
-DEPS_DEB := libuv1-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libcriterion-dev pkg-config
+$(DEPS_STAMP):
+	@$(MAKE) --no-print-directory deps
+	@mkdir -p $(@D) && touch $@
+
+DEPS_DEB := libuv1-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libcriterion-dev pkg-config util-linux clang
 deps: ## install build/test dependencies with apt-get (needs root)
 	@missing=$$(for p in $(DEPS_DEB); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -z "$$missing" ]; then echo "deps: all installed"; else \
@@ -139,3 +146,4 @@ help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 .PHONY: all check run demo deps clean help build/bin build/tests build-asan/bin build-asan/tests
+.SECONDARY:

@@ -102,7 +102,8 @@ struct broker {
 	uint32_t nclients;
 };
 
-/* What alloc/resume lend: send fds of send[] first, then the lends. */
+/* What alloc/resume lend: send fds of send[] first, then the lends. The
+ * pointers are the broker's and stay valid until its next call. */
 struct broker_result {
 	struct balloc **allocs;    /* malloc'd array owned by the result */
 	size_t nallocs;
@@ -123,7 +124,16 @@ void broker_client_remove(struct broker *br, struct bclient *c);
 /* By id ("#12" or "12"), then pid, then name; NULL if none or ambiguous. */
 struct bclient *broker_client_find(struct broker *br, const char *selector);
 
-/* The operations. @err (ERR_MSG_MAX bytes) gets a sentence on failure. */
+/*
+ * The operations. @err (ERR_MSG_MAX bytes, may be NULL) gets a sentence on
+ * failure. alloc and resume are all or nothing and fill @res (always
+ * initialized here; broker_result_deinit() it): -ENOMEM names who holds the
+ * device's memory; -EAGAIN means chunks were marked releasing and the call
+ * can succeed once their holders ack the drops (park it, flush the drops,
+ * retry after broker_dropped()). A size over the device's budget is -ENOMEM
+ * too. pause/resume take a tag or NULL/"" for every tag; pausing a paused
+ * tag and resuming an active one succeed and do nothing.
+ */
 int broker_alloc(struct broker *br, struct bclient *c, int dev, uint64_t size, const char *tag,
 		 struct broker_result *res, char *err);
 int broker_free_alloc(struct broker *br, struct bclient *c, uint64_t alloc_id, char *err);
@@ -131,6 +141,8 @@ int broker_set_mode(struct broker *br, struct bclient *c, const char *tag, int m
 int broker_pause(struct broker *br, struct bclient *c, const char *tag, char *err);
 int broker_resume(struct broker *br, struct bclient *c, const char *tag,
 		  struct broker_result *res, char *err);
+/* Every free chunk of @dev (-1: all) back: *@released now, *@pending (every
+ * byte still waiting for drops on those devices) once holders ack. */
 int broker_trim(struct broker *br, int dev, uint64_t *released, uint64_t *pending, char *err);
 /* The client dropped these handles (ack of a DropRequest). */
 void broker_dropped(struct broker *br, struct bclient *c, const uint64_t *ids, size_t n);
@@ -139,9 +151,34 @@ int broker_may_control(const struct broker *br, const struct bclient *actor,
 		       const struct bclient *target, char *err);
 
 typedef void (*broker_drop_cb)(void *arg, struct bclient *c, const uint64_t *ids, size_t n);
-/* Hands each client's queued drops to @cb and clears the queues. */
+/* Queues a drop for every holder of a releasing chunk not yet asked (and
+ * marks it drop_sent), then hands each client's ids to @cb once. @ids is
+ * the broker's, valid during the call; @cb may remove @c, no other client. */
 void broker_flush_drops(struct broker *br, broker_drop_cb cb, void *arg);
 
 void broker_result_deinit(struct broker_result *r);
+
+/* "1.5 GiB", "20.0 MiB", "512 B": for messages and logs. Returns @buf. */
+const char *broker_fmt_bytes(char *buf, size_t len, uint64_t n);
+
+/*
+ * Internals shared by daemon/broker.c (clients, tags, drops, control) and
+ * daemon/lend.c (allocations, pause, resume); nothing else calls them.
+ */
+struct btag *broker__tag_find(const struct bclient *c, const char *name);
+/* Finds or creates @name (checked: non-empty, <= WIRE_MAX_NAME, tag limit);
+ * *@created says whether the caller must broker__tag_remove() it on failure. */
+int broker__tag_get(struct bclient *c, const char *name, struct btag **out, bool *created,
+		    char *err);
+void broker__tag_remove(struct bclient *c, struct btag *t);
+/* Chunks back to the pool, holds removed, unlinked and freed; no shrink. */
+void broker__alloc_destroy(struct broker *br, struct bclient *c, struct balloc *a);
+/* err: why pool_take() failed with @rc, naming who holds @dev's memory. */
+void broker__take_error(const struct broker *br, int dev, int rc, const struct pool_take *t,
+			char *err);
+/* Writes @err (may be NULL) and returns @rc. */
+int broker__fail(char *err, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Appends to a message of ERR_MSG_MAX bytes, truncating at the end. */
+void broker__msg_add(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

@@ -132,6 +132,12 @@ GMB_API int gmb_connect_flags(const char *socket_path, const char *client_name, 
  */
 GMB_API int gmb_control(gmb_client *c, const char *target, int op, const char *tag);
 
+/**
+ * gmb_status_text() - the broker's state as a readable table (what `gmbctl
+ * status` prints). *@text is malloc'd; the caller frees it.
+ */
+GMB_API int gmb_status_text(gmb_client *c, char **text);
+
 /** gmb_trim() - release free pool chunks of @device (-1: all) to the backend. */
 GMB_API int gmb_trim(gmb_client *c, int device, uint64_t *released, uint64_t *pending);
 

@@ -1,0 +1,773 @@
+/*
+ * vmm_bench.cu - gmbd against the single-process way, in one run, on the same
+ * shapes; prints tables, broker/baseline ratios and issue 3's goals.
+ *
+ * Baseline (what torch_memory_saver does, implemented here with the driver
+ * API): every allocation reserves its VA once; pause = drain, [copy to pinned
+ * host buffers kept across cycles,] cuMemUnmap + cuMemRelease per
+ * allocation; resume = cuMemCreate + cuMemMap + cuMemSetAccess per
+ * allocation[, copy back]. Broker: the same allocations made with
+ * gmb_malloc in one tag; pause/resume = gmb_pause/gmb_resume.
+ *
+ * Parts:
+ *   1. pinned copy bandwidth (cuMemcpyDtoH/HtoD of 1 GiB, cuMemAllocHost);
+ *   2. shapes 16 x 1 GiB, 205 x 20 MiB, 64 x 1 GiB, modes discard and
+ *      preserve, one after another (memory freed and trimmed in between):
+ *      first cycle and median of the next N cycles;
+ *   3. cross-process switch of 64 GiB: worker A pauses, worker B resumes
+ *      (two processes driven over pipes, timed end to end here) against the
+ *      baseline's A release + B create;
+ *   4. a bandwidth-bound kernel (float4 triad over 1 GiB tensors) over
+ *      broker memory vs cuMemAlloc memory, cudaEvent timing, median of 20;
+ *   5. gmbd's own GPU memory from nvidia-smi ($GMBD_PID).
+ * Then the summary: tables and one PASS/MISS line per goal.
+ *
+ * Options: --cycles N (5), --cycles-64 N (3, preserve of 64 GiB), --quick
+ * (smaller shapes, for a smoke run), --no-preserve-64, --no-xproc.
+ * Exit: 0 when it ran (goals may MISS), 1 on an error or wrong bytes.
+ */
+#include "tests/gpu/gpu_util.h"
+
+#define MAX_CYCLES 32
+#define MAX_ROWS 16
+#define MAX_GOALS 24
+#define XPROC_SWITCHES 7 /* the first is reported separately */
+
+enum impl { IMPL_BASE = 0, IMPL_BROKER = 1 };
+static const char *const impl_name[] = { "baseline", "broker" };
+
+struct shape {
+	const char *name;
+	int n;
+	uint64_t size;
+};
+
+/* One measured (shape, mode, implementation). Times in seconds. */
+struct row {
+	const char *shape;
+	int preserve;
+	int impl;
+	uint64_t bytes;
+	double setup;
+	double pause_first, resume_first, pause_med, resume_med;
+	int intact; /* preserve: bytes checked after the last resume (1 ok, 0 bad, -1 n/a) */
+};
+
+struct goal {
+	char what[160];
+	char value[160];
+	int pass;
+};
+
+static struct row g_rows[MAX_ROWS];
+static int g_nrows;
+static struct goal g_goals[MAX_GOALS];
+static int g_ngoals;
+static gmb_client *g_c;
+static CUdevice g_dev;
+static CUstream g_stream;
+static double g_d2h_gbs, g_h2d_gbs;
+
+__attribute__((format(printf, 3, 4))) static void goal_add(int pass, const char *what,
+							   const char *fmt, ...)
+{
+	va_list ap;
+
+	if (g_ngoals >= MAX_GOALS)
+		return;
+	struct goal *g = &g_goals[g_ngoals++];
+	snprintf(g->what, sizeof(g->what), "%s", what);
+	va_start(ap, fmt);
+	vsnprintf(g->value, sizeof(g->value), fmt, ap);
+	va_end(ap);
+	g->pass = pass;
+}
+
+static double gbs(uint64_t bytes, double s)
+{
+	return s > 0 ? (double)bytes / s / 1e9 : 0.0;
+}
+
+/* ---- baseline: the single-process saver ---- */
+
+struct base_set {
+	int n;
+	uint64_t size;
+	int preserve;
+	int mapped;
+	CUdeviceptr *va;
+	CUmemGenericAllocationHandle *h;
+	void **host;
+};
+
+static CUmemAllocationProp base_prop(void)
+{
+	CUmemAllocationProp prop;
+
+	memset(&prop, 0, sizeof(prop));
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = (int)g_dev;
+	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+	return prop;
+}
+
+static void base_resume(struct base_set *s)
+{
+	CUmemAllocationProp prop = base_prop();
+	CUmemAccessDesc acc;
+
+	memset(&acc, 0, sizeof(acc));
+	acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	acc.location.id = (int)g_dev;
+	acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	for (int i = 0; i < s->n; i++) {
+		CU_CK(cuMemCreate(&s->h[i], s->size, &prop, 0));
+		CU_CK(cuMemMap(s->va[i], s->size, 0, s->h[i], 0));
+		CU_CK(cuMemSetAccess(s->va[i], s->size, &acc, 1));
+	}
+	if (s->preserve && s->mapped >= 0) {
+		for (int i = 0; i < s->n; i++)
+			CU_CK(cuMemcpyHtoDAsync(s->va[i], s->host[i], s->size, g_stream));
+		CU_CK(cuStreamSynchronize(g_stream));
+	}
+	s->mapped = 1;
+}
+
+static void base_pause(struct base_set *s)
+{
+	CU_CK(cuCtxSynchronize()); /* cuMemUnmap does not wait for kernels */
+	if (s->preserve) {
+		for (int i = 0; i < s->n; i++)
+			CU_CK(cuMemcpyDtoHAsync(s->host[i], s->va[i], s->size, g_stream));
+		CU_CK(cuStreamSynchronize(g_stream));
+	}
+	for (int i = 0; i < s->n; i++) {
+		CU_CK(cuMemUnmap(s->va[i], s->size));
+		CU_CK(cuMemRelease(s->h[i]));
+	}
+	s->mapped = 0;
+}
+
+static void base_setup(struct base_set *s, int n, uint64_t size, int preserve)
+{
+	CUmemAllocationProp prop = base_prop();
+	size_t gran = 0;
+
+	memset(s, 0, sizeof(*s));
+	s->n = n;
+	s->size = size;
+	s->preserve = preserve;
+	s->va = (CUdeviceptr *)calloc((size_t)n, sizeof(*s->va));
+	s->h = (CUmemGenericAllocationHandle *)calloc((size_t)n, sizeof(*s->h));
+	s->host = (void **)calloc((size_t)n, sizeof(*s->host));
+	CHECK(s->va && s->h && s->host, "out of host memory");
+	CU_CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+	CHECK(size % gran == 0, "size %" PRIu64 " is not a multiple of %zu", size, gran);
+	for (int i = 0; i < n; i++) {
+		CU_CK(cuMemAddressReserve(&s->va[i], size, 0, 0, 0));
+		if (preserve)
+			CU_CK(cuMemAllocHost(&s->host[i], size));
+	}
+	s->mapped = -1; /* the first map has nothing to copy back */
+	base_resume(s);
+}
+
+static void base_teardown(struct base_set *s)
+{
+	for (int i = 0; i < s->n; i++) {
+		if (s->mapped == 1) {
+			CU_CK(cuMemUnmap(s->va[i], s->size));
+			CU_CK(cuMemRelease(s->h[i]));
+		}
+		CU_CK(cuMemAddressFree(s->va[i], s->size));
+		if (s->host[i])
+			CU_CK(cuMemFreeHost(s->host[i]));
+	}
+	free(s->va);
+	free(s->h);
+	free(s->host);
+}
+
+/* ---- broker ---- */
+
+struct brk_set {
+	int n;
+	uint64_t size;
+	char tag[32];
+	void **p;
+};
+
+static void brk_setup(struct brk_set *s, int n, uint64_t size, int preserve, const char *tag)
+{
+	s->n = n;
+	s->size = size;
+	snprintf(s->tag, sizeof(s->tag), "%s", tag);
+	s->p = (void **)calloc((size_t)n, sizeof(void *));
+	CHECK(s->p, "out of host memory");
+	GMB_CK(g_c, gmb_tag_set_mode(g_c, tag, preserve ? GMB_MODE_PRESERVE : GMB_MODE_DISCARD));
+	for (int i = 0; i < n; i++)
+		GMB_CK(g_c, gmb_malloc(g_c, &s->p[i], size, 0, tag));
+}
+
+static void trim_pool(void)
+{
+	uint64_t rel = 0, pend = 0;
+	double end = gu_now() + 10;
+
+	do {
+		GMB_CK(g_c, gmb_trim(g_c, -1, &rel, &pend));
+		if (!pend)
+			return;
+		usleep(2000);
+	} while (gu_now() < end);
+	printf("warning: the broker still reports %.2f GiB pending after trim\n", gu_gib(pend));
+}
+
+static void brk_teardown(struct brk_set *s)
+{
+	for (int i = 0; i < s->n; i++)
+		GMB_CK(g_c, gmb_free(g_c, s->p[i]));
+	free(s->p);
+	trim_pool(); /* give the memory back to the driver for the next baseline */
+}
+
+/* ---- part 1: pinned copy bandwidth ---- */
+
+static void measure_pinned(void)
+{
+	CUdeviceptr d;
+	void *h;
+	double t[5];
+	const uint64_t sz = GiB;
+
+	CU_CK(cuMemAlloc(&d, sz));
+	double t0 = gu_now();
+	CU_CK(cuMemAllocHost(&h, sz));
+	double t_pin = gu_now() - t0;
+	CU_CK(cuMemsetD8(d, 0x11, sz));
+	CU_CK(cuMemcpyDtoH(h, d, sz)); /* warm-up, touches the host pages */
+	for (int i = 0; i < 5; i++) {
+		t0 = gu_now();
+		CU_CK(cuMemcpyDtoH(h, d, sz));
+		t[i] = gu_now() - t0;
+	}
+	g_d2h_gbs = gbs(sz, gu_median(t, 5));
+	CU_CK(cuMemcpyHtoD(d, h, sz));
+	for (int i = 0; i < 5; i++) {
+		t0 = gu_now();
+		CU_CK(cuMemcpyHtoD(d, h, sz));
+		t[i] = gu_now() - t0;
+	}
+	g_h2d_gbs = gbs(sz, gu_median(t, 5));
+	CU_CK(cuMemFreeHost(h));
+	CU_CK(cuMemFree(d));
+	printf("pinned copy bandwidth (1 GiB, cuMemAllocHost took %.2f s): D2H %.1f GB/s, H2D "
+	       "%.1f GB/s\n",
+	       t_pin, g_d2h_gbs, g_h2d_gbs);
+}
+
+/* ---- part 2: shapes x modes ---- */
+
+static void fill_all(void **p, int n, uint64_t size, uint64_t seed)
+{
+	for (int i = 0; i < n; i++)
+		gu_fill(p[i], size, seed + ((uint64_t)i << 32), 0);
+	CUDA_CK(cudaDeviceSynchronize());
+}
+
+static int check_all(void **p, int n, uint64_t size, uint64_t seed)
+{
+	for (int i = 0; i < n; i++)
+		if (gu_check(p[i], size, seed + ((uint64_t)i << 32)))
+			return 0;
+	return 1;
+}
+
+static void run_shape(const struct shape *sh, int preserve, int impl, int cycles)
+{
+	double tp[MAX_CYCLES + 1], tr[MAX_CYCLES + 1];
+	struct base_set bs;
+	struct brk_set ks;
+	void **ptrs;
+	char tag[32];
+	uint64_t seed = 0xbe0c0000000ULL + (uint64_t)g_nrows * 0x1000;
+
+	CHECK(g_nrows < MAX_ROWS, "too many rows");
+	struct row *r = &g_rows[g_nrows++];
+	memset(r, 0, sizeof(*r));
+	r->shape = sh->name;
+	r->preserve = preserve;
+	r->impl = impl;
+	r->bytes = (uint64_t)sh->n * sh->size;
+	r->intact = -1;
+
+	double t0 = gu_now();
+	if (impl == IMPL_BASE) {
+		base_setup(&bs, sh->n, sh->size, preserve);
+		ptrs = (void **)bs.va;
+	} else {
+		snprintf(tag, sizeof(tag), "b%d", g_nrows);
+		brk_setup(&ks, sh->n, sh->size, preserve, tag);
+		ptrs = ks.p;
+	}
+	r->setup = gu_now() - t0;
+	if (preserve)
+		fill_all(ptrs, sh->n, sh->size, seed);
+
+	for (int k = 0; k <= cycles; k++) {
+		t0 = gu_now();
+		if (impl == IMPL_BASE)
+			base_pause(&bs);
+		else
+			GMB_CK(g_c, gmb_pause(g_c, ks.tag));
+		double t1 = gu_now();
+		if (impl == IMPL_BASE)
+			base_resume(&bs);
+		else
+			GMB_CK(g_c, gmb_resume(g_c, ks.tag));
+		double t2 = gu_now();
+		tp[k] = t1 - t0;
+		tr[k] = t2 - t1;
+	}
+	r->pause_first = tp[0];
+	r->resume_first = tr[0];
+	r->pause_med = gu_median(tp + 1, cycles);
+	r->resume_med = gu_median(tr + 1, cycles);
+	if (preserve)
+		r->intact = check_all(ptrs, sh->n, sh->size, seed);
+
+	if (impl == IMPL_BASE)
+		base_teardown(&bs);
+	else
+		brk_teardown(&ks);
+	printf("%-13s %-8s %-8s setup %7.2f s | pause first %8.2f ms median %8.2f ms | resume "
+	       "first %8.2f ms median %8.2f ms%s\n",
+	       sh->name, preserve ? "preserve" : "discard", impl_name[impl], r->setup,
+	       r->pause_first * 1e3, r->pause_med * 1e3, r->resume_first * 1e3,
+	       r->resume_med * 1e3,
+	       r->intact == 0 ? "  BYTES WRONG" : r->intact == 1 ? "  bytes intact" : "");
+}
+
+/* ---- part 3: cross-process switch ---- */
+
+struct xworker {
+	pid_t pid;
+	int in;  /* we write commands */
+	int out; /* we read "ok" lines */
+	char name[8];
+};
+
+/* Worker side: commands on stdin, one reply line per command on fd 3. */
+static int role_xworker(int argc, char **argv)
+{
+	char line[64];
+	int broker = strcmp(argv[2], "broker") == 0;
+	int n = atoi(argv[3]);
+	uint64_t size = strtoull(argv[4], NULL, 0);
+	struct base_set bs;
+	struct brk_set ks;
+	FILE *rep = fdopen(3, "w");
+
+	gu_set_name(broker ? "xworker/broker" : "xworker/baseline");
+	CHECK(rep, "fd 3: %s", strerror(errno));
+	gu_cuda_init(0);
+	CU_CK(cuCtxGetDevice(&g_dev));
+	CU_CK(cuStreamCreate(&g_stream, CU_STREAM_NON_BLOCKING));
+	memset(&bs, 0, sizeof(bs));
+	while (fgets(line, sizeof(line), stdin)) {
+		line[strcspn(line, "\n")] = '\0';
+		if (strcmp(line, "setup") == 0 && broker) {
+			g_c = gu_connect(argv[5]);
+			brk_setup(&ks, n, size, 0, "x");
+		} else if (strcmp(line, "setup") == 0) {
+			base_setup(&bs, n, size, 0); /* VAs reserved once, memory mapped */
+		} else if (strcmp(line, "pause") == 0) {
+			if (broker)
+				GMB_CK(g_c, gmb_pause(g_c, "x"));
+			else
+				base_pause(&bs);
+		} else if (strcmp(line, "resume") == 0) {
+			if (broker)
+				GMB_CK(g_c, gmb_resume(g_c, "x"));
+			else
+				base_resume(&bs);
+		} else if (strcmp(line, "quit") == 0) {
+			break;
+		} else {
+			gu_fail("unknown command \"%s\"", line);
+		}
+		fprintf(rep, "ok\n");
+		fflush(rep);
+	}
+	if (broker)
+		gmb_close(g_c); /* the broker takes the memory back */
+	else
+		base_teardown(&bs);
+	fprintf(rep, "bye\n");
+	fclose(rep);
+	return 0;
+}
+
+static struct xworker xw_start(const char *kind, int n, uint64_t size, const char *name)
+{
+	struct xworker w;
+	int cin[2], cout[2];
+	char nb[16], sb[32], nm[32];
+
+	CHECK(pipe2(cin, O_CLOEXEC) == 0 && pipe2(cout, O_CLOEXEC) == 0, "pipe2: %s",
+	      strerror(errno));
+	snprintf(nb, sizeof(nb), "%d", n);
+	snprintf(sb, sizeof(sb), "%" PRIu64, size);
+	snprintf(nm, sizeof(nm), "xproc-%s", name);
+	char *av[] = { (char *)"vmm_bench", (char *)"xworker", (char *)kind, nb, sb, nm, NULL };
+	w.pid = gu_spawn_self_io(av, cin[0], cout[1]);
+	close(cin[0]);
+	close(cout[1]);
+	w.in = cin[1];
+	w.out = cout[0];
+	snprintf(w.name, sizeof(w.name), "%s", name);
+	return w;
+}
+
+/* Sends @cmd and waits for "ok". Return: seconds it took. */
+static double xw_cmd(struct xworker *w, const char *cmd)
+{
+	char buf[64];
+	size_t len = 0;
+	double t0 = gu_now();
+
+	CHECK(write(w->in, cmd, strlen(cmd)) == (ssize_t)strlen(cmd) && write(w->in, "\n", 1) == 1,
+	      "worker %s: write: %s", w->name, strerror(errno));
+	while (len < sizeof(buf) - 1) {
+		char ch;
+		int r = gu_read_byte(w->out, 300, &ch);
+		CHECK(r == 1, "worker %s: no reply to \"%s\" (%s)", w->name, cmd,
+		      r == 0 ? "it exited" : "timeout");
+		if (ch == '\n')
+			break;
+		buf[len++] = ch;
+	}
+	buf[len] = '\0';
+	CHECK(strcmp(buf, "ok") == 0, "worker %s: \"%s\" -> \"%s\"", w->name, cmd, buf);
+	return gu_now() - t0;
+}
+
+static void xw_stop(struct xworker *w)
+{
+	if (write(w->in, "quit\n", 5) != 5)
+		printf("worker %s: quit: %s\n", w->name, strerror(errno));
+	close(w->in);
+	int rc = gu_wait_child(w->pid, 120);
+	close(w->out);
+	CHECK(rc == 0, "worker %s exited with %d", w->name, rc);
+}
+
+/*
+ * Both workers hold a 64 GiB tag (broker) or 64 reserved VAs (baseline);
+ * one is active. A switch = the active one pauses, then the other resumes.
+ * Return: the median switch time; *first gets the first switch.
+ */
+static double xproc_run(const char *kind, int n, uint64_t size, double *first, double *half_p,
+			double *half_r)
+{
+	double t[XPROC_SWITCHES], tp[XPROC_SWITCHES], tr[XPROC_SWITCHES];
+	struct xworker w[2] = { xw_start(kind, n, size, "A"), xw_start(kind, n, size, "B") };
+
+	/*
+	 * Never both at once, as in RL: A allocates and pauses, B allocates
+	 * (broker: from A's chunks) and pauses, A resumes.
+	 */
+	xw_cmd(&w[0], "setup");
+	xw_cmd(&w[0], "pause");
+	xw_cmd(&w[1], "setup");
+	xw_cmd(&w[1], "pause");
+	xw_cmd(&w[0], "resume");
+	int active = 0;
+	for (int k = 0; k < XPROC_SWITCHES; k++) {
+		double t0 = gu_now();
+		tp[k] = xw_cmd(&w[active], "pause");
+		tr[k] = xw_cmd(&w[1 - active], "resume");
+		t[k] = gu_now() - t0;
+		active = 1 - active;
+	}
+	xw_stop(&w[0]);
+	xw_stop(&w[1]);
+	*first = t[0];
+	*half_p = gu_median(tp + 1, XPROC_SWITCHES - 1);
+	*half_r = gu_median(tr + 1, XPROC_SWITCHES - 1);
+	return gu_median(t + 1, XPROC_SWITCHES - 1);
+}
+
+/* ---- part 4: bandwidth-bound kernel ---- */
+
+__global__ static void triad(float4 *a, const float4 *b, const float4 *c, size_t n, float s)
+{
+	size_t stride = (size_t)gridDim.x * blockDim.x;
+
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+		float4 x = b[i], y = c[i];
+		a[i] = make_float4(x.x + s * y.x, x.y + s * y.y, x.z + s * y.z, x.w + s * y.w);
+	}
+}
+
+static double triad_gbs(void *a, void *b, void *c, uint64_t bytes)
+{
+	cudaEvent_t e0, e1;
+	double t[20];
+	size_t n = bytes / sizeof(float4);
+	int sms = 0;
+
+	CUDA_CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+	CUDA_CK(cudaMemset(b, 0, bytes));
+	CUDA_CK(cudaMemset(c, 0, bytes));
+	CUDA_CK(cudaEventCreate(&e0));
+	CUDA_CK(cudaEventCreate(&e1));
+	for (int i = 0; i < 23; i++) {
+		CUDA_CK(cudaEventRecord(e0, 0));
+		triad<<<sms * 8, 256>>>((float4 *)a, (const float4 *)b, (const float4 *)c, n, 3.0f);
+		CUDA_CK(cudaGetLastError());
+		CUDA_CK(cudaEventRecord(e1, 0));
+		CUDA_CK(cudaEventSynchronize(e1));
+		float ms = 0;
+		CUDA_CK(cudaEventElapsedTime(&ms, e0, e1));
+		if (i >= 3)
+			t[i - 3] = ms * 1e-3;
+	}
+	CUDA_CK(cudaEventDestroy(e0));
+	CUDA_CK(cudaEventDestroy(e1));
+	return gbs(3 * bytes, gu_median(t, 20));
+}
+
+/* ---- summary ---- */
+
+static const struct row *find_row(const char *shape, int preserve, int impl)
+{
+	for (int i = 0; i < g_nrows; i++)
+		if (g_rows[i].shape == shape && g_rows[i].preserve == preserve &&
+		    g_rows[i].impl == impl)
+			return &g_rows[i];
+	return NULL;
+}
+
+static void print_summary(const struct shape *shapes, int nshapes, double x_base, double x_brk,
+			  double x_base_first, double x_brk_first, double bw_base, double bw_brk,
+			  long smi, int cycles)
+{
+	printf("\n==== SUMMARY (vmm_bench) ====\n");
+	printf("pinned copy bandwidth: D2H %.1f GB/s, H2D %.1f GB/s (1 GiB, cuMemAllocHost)\n\n",
+	       g_d2h_gbs, g_h2d_gbs);
+	printf("pause / resume, ms (first cycle, then median of %d):\n", cycles);
+	printf("| shape | mode | baseline pause | broker pause | ratio | baseline resume | broker "
+	       "resume | ratio |\n|---|---|---|---|---|---|---|---|\n");
+	for (int s = 0; s < nshapes; s++)
+		for (int m = 0; m < 2; m++) {
+			const struct row *b = find_row(shapes[s].name, m, IMPL_BASE);
+			const struct row *k = find_row(shapes[s].name, m, IMPL_BROKER);
+			if (!b || !k)
+				continue;
+			printf("| %s | %s | %.2f (first %.2f) | %.2f (first %.2f) | %.2fx | %.2f "
+			       "(first %.2f) | %.2f (first %.2f) | %.2fx |\n",
+			       shapes[s].name, m ? "preserve" : "discard", b->pause_med * 1e3,
+			       b->pause_first * 1e3, k->pause_med * 1e3, k->pause_first * 1e3,
+			       k->pause_med / b->pause_med, b->resume_med * 1e3,
+			       b->resume_first * 1e3, k->resume_med * 1e3, k->resume_first * 1e3,
+			       k->resume_med / b->resume_med);
+		}
+	printf("\npreserve throughput, GB/s (%% of pinned D2H for pause, H2D for resume):\n");
+	printf("| shape | impl | pause first | pause median | resume first | resume median | "
+	       "bytes |\n|---|---|---|---|---|---|---|\n");
+	for (int i = 0; i < g_nrows; i++) {
+		const struct row *r = &g_rows[i];
+		if (!r->preserve)
+			continue;
+		printf("| %s | %s | %.1f (%.0f%%) | %.1f (%.0f%%) | %.1f (%.0f%%) | %.1f (%.0f%%) | "
+		       "%s |\n",
+		       r->shape, impl_name[r->impl], gbs(r->bytes, r->pause_first),
+		       100 * gbs(r->bytes, r->pause_first) / g_d2h_gbs, gbs(r->bytes, r->pause_med),
+		       100 * gbs(r->bytes, r->pause_med) / g_d2h_gbs,
+		       gbs(r->bytes, r->resume_first),
+		       100 * gbs(r->bytes, r->resume_first) / g_h2d_gbs,
+		       gbs(r->bytes, r->resume_med), 100 * gbs(r->bytes, r->resume_med) / g_h2d_gbs,
+		       r->intact ? "intact" : "WRONG");
+	}
+	if (x_base > 0)
+		printf("\ncross-process switch of 64 GiB (A pauses, B resumes), ms: baseline %.2f "
+		       "(first %.2f), broker %.2f (first %.2f): broker %.2fx faster\n",
+		       x_base * 1e3, x_base_first * 1e3, x_brk * 1e3, x_brk_first * 1e3,
+		       x_base / x_brk);
+	printf("triad over 3 x 1 GiB: cuMemAlloc %.0f GB/s, broker %.0f GB/s (%.1f%%)\n", bw_base,
+	       bw_brk, 100 * bw_brk / bw_base);
+	if (smi == -1)
+		printf("gmbd GPU memory: not listed by nvidia-smi (no context): 0 MiB\n");
+	else
+		printf("gmbd GPU memory: %ld MiB per nvidia-smi%s\n", smi,
+		       smi < 0 ? " (unknown)" : "");
+
+	printf("\ngoals (issue 3):\n| goal | measured | result |\n|---|---|---|\n");
+	int miss = 0;
+	for (int i = 0; i < g_ngoals; i++) {
+		printf("| %s | %s | %s |\n", g_goals[i].what, g_goals[i].value,
+		       g_goals[i].pass ? "PASS" : "MISS");
+		miss += !g_goals[i].pass;
+	}
+	printf("\n");
+	if (miss)
+		gu_result("MISS", "%d of %d goals missed (see the goals table)", miss, g_ngoals);
+	else
+		gu_result("PASS", "all %d goals met", g_ngoals);
+}
+
+static void add_goals(const struct shape *shapes, int nshapes, double x_base, double x_brk,
+		      double bw_base, double bw_brk, long smi)
+{
+	char what[160];
+
+	for (int s = 0; s < nshapes; s++) {
+		const struct row *b = find_row(shapes[s].name, 0, IMPL_BASE);
+		const struct row *k = find_row(shapes[s].name, 0, IMPL_BROKER);
+		if (!b || !k)
+			continue;
+		double rp = k->pause_med / b->pause_med, rr = k->resume_med / b->resume_med;
+		snprintf(what, sizeof(what), "pause, discard, %s: <= 0.20x baseline", shapes[s].name);
+		goal_add(rp <= 0.2, what, "%.3fx (%.2f vs %.2f ms)", rp, k->pause_med * 1e3,
+			 b->pause_med * 1e3);
+		snprintf(what, sizeof(what), "resume, discard, %s: <= 1.0x baseline", shapes[s].name);
+		goal_add(rr <= 1.0, what, "%.3fx (%.2f vs %.2f ms)", rr, k->resume_med * 1e3,
+			 b->resume_med * 1e3);
+	}
+	if (x_base > 0)
+		goal_add(x_base / x_brk >= 3.0, "cross-process switch 64 GiB: >= 3x faster",
+			 "%.2fx (%.2f vs %.2f ms)", x_base / x_brk, x_brk * 1e3, x_base * 1e3);
+	for (int s = 0; s < nshapes; s++) {
+		const struct row *k = find_row(shapes[s].name, 1, IMPL_BROKER);
+		if (!k)
+			continue;
+		double p = 100 * gbs(k->bytes, k->pause_first > k->pause_med ? k->pause_first
+									       : k->pause_med) /
+			   g_d2h_gbs;
+		double r = 100 * gbs(k->bytes, k->resume_first > k->resume_med ? k->resume_first
+										 : k->resume_med) /
+			   g_h2d_gbs;
+		snprintf(what, sizeof(what),
+			 "preserve, %s: >= 90%% of pinned bandwidth, first cycle included",
+			 shapes[s].name);
+		goal_add(p >= 90 && r >= 90 && k->intact == 1, what,
+			 "pause %.0f%%, resume %.0f%% (worst of first/median)%s", p, r,
+			 k->intact == 1 ? "" : ", BYTES WRONG");
+	}
+	goal_add(bw_brk >= 0.95 * bw_base, "triad kernel over broker memory: >= 95% of cuMemAlloc",
+		 "%.1f%% (%.0f vs %.0f GB/s)", 100 * bw_brk / bw_base, bw_brk, bw_base);
+	if (smi == -1)
+		goal_add(1, "gmbd's own GPU memory <= 4 MiB", "not listed by nvidia-smi: 0 MiB");
+	else
+		goal_add(smi >= 0 && smi <= 4, "gmbd's own GPU memory <= 4 MiB", "%ld MiB%s", smi,
+			 smi < 0 ? " (nvidia-smi gave no number)" : "");
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 5 && strcmp(argv[1], "xworker") == 0)
+		return role_xworker(argc, argv);
+	gu_set_name("vmm_bench");
+
+	int cycles = 5, cycles64 = 3, quick = 0, no_p64 = 0, no_xproc = 0;
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--cycles") == 0 && i + 1 < argc)
+			cycles = atoi(argv[++i]);
+		else if (strcmp(argv[i], "--cycles-64") == 0 && i + 1 < argc)
+			cycles64 = atoi(argv[++i]);
+		else if (strcmp(argv[i], "--quick") == 0)
+			quick = 1;
+		else if (strcmp(argv[i], "--no-preserve-64") == 0)
+			no_p64 = 1;
+		else if (strcmp(argv[i], "--no-xproc") == 0)
+			no_xproc = 1;
+		else
+			gu_fail("unknown option %s (--cycles N, --cycles-64 N, --quick, "
+				"--no-preserve-64, --no-xproc)", argv[i]);
+	}
+	CHECK(cycles >= 1 && cycles <= MAX_CYCLES && cycles64 >= 1 && cycles64 <= MAX_CYCLES,
+	      "cycles must be 1..%d", MAX_CYCLES);
+
+	struct shape full[] = { { "16 x 1 GiB", 16, GiB },
+				{ "205 x 20 MiB", 205, 20 * MiB },
+				{ "64 x 1 GiB", 64, GiB } };
+	struct shape small[] = { { "4 x 1 GiB", 4, GiB },
+				 { "51 x 20 MiB", 51, 20 * MiB },
+				 { "8 x 1 GiB", 8, GiB } };
+	struct shape *shapes = quick ? small : full;
+	const int nshapes = 3;
+	uint64_t xbytes = quick ? 8 * GiB : 64 * GiB;
+
+	gu_cuda_init(0);
+	CU_CK(cuCtxGetDevice(&g_dev));
+	CU_CK(cuStreamCreate(&g_stream, CU_STREAM_NON_BLOCKING));
+	g_c = gu_connect("vmm-bench");
+	trim_pool();
+	printf("vmm_bench: %s shapes, %d measured cycles after one first cycle (%d for 64 GiB "
+	       "preserve)\n",
+	       quick ? "quick" : "full", cycles, cycles64);
+
+	measure_pinned();
+	for (int s = 0; s < nshapes; s++)
+		for (int m = 0; m < 2; m++) {
+			int big = shapes[s].n * shapes[s].size >= 32 * GiB;
+			if (m && big && no_p64)
+				continue;
+			int cyc = m && big ? cycles64 : cycles;
+			run_shape(&shapes[s], m, IMPL_BASE, cyc);
+			run_shape(&shapes[s], m, IMPL_BROKER, cyc);
+		}
+	for (int i = 0; i < g_nrows; i++)
+		CHECK(g_rows[i].intact != 0, "%s %s preserve: bytes wrong after resume",
+		      g_rows[i].shape, impl_name[g_rows[i].impl]);
+
+	double x_base = 0, x_brk = 0, xf_base = 0, xf_brk = 0, hp, hr;
+	if (!no_xproc) {
+		trim_pool();
+		x_base = xproc_run("baseline", (int)(xbytes / GiB), GiB, &xf_base, &hp, &hr);
+		printf("cross-process baseline: switch %.2f ms median (A release %.2f + B create "
+		       "%.2f), first %.2f ms\n",
+		       x_base * 1e3, hp * 1e3, hr * 1e3, xf_base * 1e3);
+		x_brk = xproc_run("broker", (int)(xbytes / GiB), GiB, &xf_brk, &hp, &hr);
+		printf("cross-process broker:   switch %.2f ms median (A pause %.2f + B resume "
+		       "%.2f), first %.2f ms\n",
+		       x_brk * 1e3, hp * 1e3, hr * 1e3, xf_brk * 1e3);
+		trim_pool();
+	}
+
+	/* Kernel speed over broker memory vs cuMemAlloc; gmbd's memory meanwhile. */
+	const uint64_t tb = GiB;
+	CUdeviceptr d[3];
+	void *k[3];
+	for (int i = 0; i < 3; i++)
+		CU_CK(cuMemAlloc(&d[i], tb));
+	double bw_base = triad_gbs((void *)d[0], (void *)d[1], (void *)d[2], tb);
+	for (int i = 0; i < 3; i++)
+		CU_CK(cuMemFree(d[i]));
+	for (int i = 0; i < 3; i++)
+		GMB_CK(g_c, gmb_malloc(g_c, &k[i], tb, 0, "triad"));
+	double bw_brk = triad_gbs(k[0], k[1], k[2], tb);
+	printf("triad 3 x 1 GiB: cuMemAlloc %.0f GB/s, broker %.0f GB/s\n", bw_base, bw_brk);
+
+	long smi = -3;
+	char raw[8192] = "";
+	const char *gp = getenv("GMBD_PID");
+	if (gp && *gp) {
+		smi = gu_smi_process_mib(atol(gp), raw, sizeof(raw));
+		printf("nvidia-smi compute apps while the broker lends 3 GiB (gmbd pid %s):\n%s", gp,
+		       raw);
+	} else {
+		printf("GMBD_PID not set: gmbd's GPU memory not measured\n");
+	}
+	for (int i = 0; i < 3; i++)
+		GMB_CK(g_c, gmb_free(g_c, k[i]));
+	trim_pool();
+	gmb_close(g_c);
+
+	add_goals(shapes, nshapes, x_base, x_brk, bw_base, bw_brk, smi);
+	print_summary(shapes, nshapes, x_base, x_brk, xf_base, xf_brk, bw_base, bw_brk, smi,
+		      cycles);
+	return 0;
+}

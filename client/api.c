@@ -1,0 +1,422 @@
+/*
+ * api.c - the exported functions of include/gmb.h.
+ *
+ * Each public call checks its arguments, runs the internal operation under
+ * the right lock and, on failure, copies the operation's message into the
+ * client's last_error under the state lock. Operations that change memory
+ * (malloc, free, mode, pause, resume) hold op_lock, which the worker thread
+ * also takes to carry out gmbd's ControlCommands, so a remote pause never
+ * interleaves with the application's own calls. Queries (status, control of
+ * another client, trim) only make a round trip and take no op_lock, so a
+ * gmb_control() aimed at this very client cannot deadlock.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/internal.h"
+
+/* gmb_connect() fails before there is a client to hold the reason: the
+ * calling thread keeps it, for gmb_last_error(NULL). */
+static __thread char api_connect_error[ERR_MSG_MAX];
+
+static int api_done(struct gmb_client *c, int rc, const char *err)
+{
+	if (rc >= 0)
+		return rc;
+	pthread_mutex_lock(&c->lock);
+	gmb__fail(c->last_error, rc, "%s", *err ? err : gmb_strerror(rc));
+	pthread_mutex_unlock(&c->lock);
+	return rc;
+}
+
+static void api_client_free(struct gmb_client *c)
+{
+	while (c->jobs) {
+		struct gmb__job *job = c->jobs;
+
+		c->jobs = job->next;
+		gmb__envelope__free_unpacked(job->env, NULL);
+		free(job);
+	}
+	pthread_cond_destroy(&c->poll_cond);
+	pthread_cond_destroy(&c->work_cond);
+	pthread_cond_destroy(&c->reply_cond);
+	pthread_mutex_destroy(&c->send_lock);
+	pthread_mutex_destroy(&c->lock);
+	pthread_mutex_destroy(&c->op_lock);
+	free(c);
+}
+
+static struct gmb_client *api_client_new(void)
+{
+	struct gmb_client *c = calloc(1, sizeof(*c));
+	pthread_condattr_t ca;
+
+	if (!c)
+		return NULL;
+	c->sock = -1;
+	c->jobs_tail = &c->jobs;
+	pthread_mutex_init(&c->op_lock, NULL);
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_mutex_init(&c->send_lock, NULL);
+	pthread_cond_init(&c->reply_cond, NULL);
+	pthread_cond_init(&c->work_cond, NULL);
+	/* gmb_poll's timeout must not jump with the wall clock. */
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&c->poll_cond, &ca);
+	pthread_condattr_destroy(&ca);
+	return c;
+}
+
+GMB_API int gmb_connect(const char *socket_path, const char *client_name, gmb_client **out)
+{
+	return gmb_connect_flags(socket_path, client_name, 0, out);
+}
+
+GMB_API int gmb_connect_flags(const char *socket_path, const char *client_name, unsigned flags,
+			      gmb_client **out)
+{
+	char *err = api_connect_error;
+	struct gmb_client *c;
+	int rc;
+
+	if (!out)
+		return gmb__fail(err, -EINVAL, "no place for the client");
+	*out = NULL;
+	if (flags & ~(unsigned)GMB_CONNECT_TOOL)
+		return gmb__fail(err, -EINVAL, "unknown connect flags 0x%x", flags);
+	c = api_client_new();
+	if (!c)
+		return gmb__fail(err, -ENOMEM, "out of memory for a client");
+	rc = gmb__conn_open(c, socket_path, client_name, flags, err);
+	if (rc < 0)
+		goto out_client;
+	/* Workers learn now, not at their first malloc, that they cannot map. */
+	if (!(flags & GMB_CONNECT_TOOL)) {
+		rc = gmb__mem_backend(c, err);
+		if (rc < 0)
+			goto out_sock;
+	}
+	rc = gmb__conn_start(c, err);
+	if (rc < 0)
+		goto out_threads;
+	*out = c;
+	return 0;
+
+out_threads:
+	gmb__conn_stop(c);
+out_sock:
+	gmb__mem_deinit(c);
+	close(c->sock);
+out_client:
+	api_client_free(c);
+	return rc;
+}
+
+/*
+ * gmb_close() - the caller guarantees that no other call on @c is running or
+ * follows, and that this is not the control handler (it joins that thread).
+ */
+GMB_API void gmb_close(gmb_client *c)
+{
+	if (!c)
+		return;
+	/* Unmap while still connected: once the socket closes gmbd may lend the
+	 * chunks to another client, and nothing here may still write to them. */
+	pthread_mutex_lock(&c->op_lock);
+	c->closing = true;
+	gmb__cycle_close(c);
+	pthread_mutex_unlock(&c->op_lock);
+	gmb__conn_stop(c);
+	gmb__mem_deinit(c);
+	close(c->sock);
+	api_client_free(c);
+}
+
+GMB_API int gmb_malloc(gmb_client *c, void **ptr, size_t size, int device, const char *tag)
+{
+	char err[ERR_MSG_MAX] = "";
+	int rc;
+
+	if (!c)
+		return -EINVAL;
+	pthread_mutex_lock(&c->op_lock);
+	rc = gmb__mem_malloc(c, ptr, size, device, tag, err);
+	pthread_mutex_unlock(&c->op_lock);
+	return api_done(c, rc, err);
+}
+
+GMB_API int gmb_free(gmb_client *c, void *ptr)
+{
+	char err[ERR_MSG_MAX] = "";
+	int rc;
+
+	if (!c)
+		return -EINVAL;
+	pthread_mutex_lock(&c->op_lock);
+	rc = gmb__mem_free(c, ptr, err);
+	pthread_mutex_unlock(&c->op_lock);
+	return api_done(c, rc, err);
+}
+
+GMB_API int gmb_tag_set_mode(gmb_client *c, const char *tag, int mode)
+{
+	char err[ERR_MSG_MAX] = "";
+	int rc;
+
+	if (!c)
+		return -EINVAL;
+	pthread_mutex_lock(&c->op_lock);
+	rc = gmb__mem_set_mode(c, tag, mode, err);
+	pthread_mutex_unlock(&c->op_lock);
+	return api_done(c, rc, err);
+}
+
+/* Pause or resume under op_lock; @err receives the reason. */
+static int api_pause_resume(struct gmb_client *c, int op, const char *tag, char *err)
+{
+	int rc;
+
+	pthread_mutex_lock(&c->op_lock);
+	if (c->closing)
+		rc = gmb__fail(err, -ESHUTDOWN, "the client is closing");
+	else if (op == GMB_OP_PAUSE)
+		rc = gmb__cycle_pause(c, tag, err);
+	else
+		rc = gmb__cycle_resume(c, tag, err);
+	pthread_mutex_unlock(&c->op_lock);
+	return rc;
+}
+
+GMB_API int gmb_pause(gmb_client *c, const char *tag)
+{
+	char err[ERR_MSG_MAX] = "";
+
+	if (!c)
+		return -EINVAL;
+	return api_done(c, api_pause_resume(c, GMB_OP_PAUSE, tag, err), err);
+}
+
+GMB_API int gmb_resume(gmb_client *c, const char *tag)
+{
+	char err[ERR_MSG_MAX] = "";
+
+	if (!c)
+		return -EINVAL;
+	return api_done(c, api_pause_resume(c, GMB_OP_RESUME, tag, err), err);
+}
+
+GMB_API int gmb_set_control_handler(gmb_client *c, gmb_control_fn fn, void *arg)
+{
+	if (!c)
+		return -EINVAL;
+	pthread_mutex_lock(&c->lock);
+	c->control_fn = fn;
+	c->control_arg = fn ? arg : NULL;
+	pthread_mutex_unlock(&c->lock);
+	return 0;
+}
+
+/* The handler runs without any library lock held, so it may call gmb_* itself. */
+static int api_control_do(struct gmb_client *c, int op, const char *tag, char *err)
+{
+	gmb_control_fn fn;
+	void *arg;
+	int rc;
+
+	pthread_mutex_lock(&c->lock);
+	fn = c->control_fn;
+	arg = c->control_arg;
+	pthread_mutex_unlock(&c->lock);
+	if (!fn)
+		return gmb__fail(err, -EOPNOTSUPP, "no control handler installed");
+	if (op != GMB_OP_PAUSE && op != GMB_OP_RESUME)
+		return gmb__fail(err, -EINVAL, "unknown control operation %d", op);
+	rc = fn(arg, op, tag);
+	if (rc != 0) {
+		rc = rc < 0 ? rc : -ECANCELED;
+		return gmb__fail(err, rc, "refused by the application (%s)", gmb_strerror(rc));
+	}
+	return api_pause_resume(c, op, tag, err);
+}
+
+/**
+ * gmb__control_run() - carry out gmbd's ControlCommand @env on the worker
+ * thread and answer it. @env stays the caller's.
+ */
+void gmb__control_run(struct gmb_client *c, const Gmb__Envelope *env)
+{
+	const Gmb__ControlCommand *cmd = env->control_cmd;
+	char err[ERR_MSG_MAX] = "";
+	int rc;
+
+	rc = api_control_do(c, (int)cmd->op, cmd->tag && *cmd->tag ? cmd->tag : NULL, err);
+	gmb__send_reply(c, env->id, rc, rc < 0 ? err : "");
+}
+
+static int api_poll_wait(struct gmb_client *c, int timeout_ms)
+{
+	struct timespec until;
+
+	if (timeout_ms > 0) {
+		clock_gettime(CLOCK_MONOTONIC, &until);
+		until.tv_sec += timeout_ms / 1000;
+		until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+		if (until.tv_nsec >= 1000000000L) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000L;
+		}
+	}
+	while (c->handled == 0 && c->connected && timeout_ms != 0) {
+		if (timeout_ms < 0)
+			pthread_cond_wait(&c->poll_cond, &c->lock);
+		else if (pthread_cond_timedwait(&c->poll_cond, &c->lock, &until) == ETIMEDOUT)
+			break;
+	}
+	if (c->handled > 0)
+		return (int)c->handled;
+	return c->connected ? 0 : -ENOTCONN;
+}
+
+GMB_API int gmb_poll(gmb_client *c, int timeout_ms)
+{
+	int rc;
+
+	if (!c)
+		return -EINVAL;
+	pthread_mutex_lock(&c->lock);
+	rc = api_poll_wait(c, timeout_ms);
+	if (rc > 0)
+		c->handled = 0;
+	pthread_mutex_unlock(&c->lock);
+	return api_done(c, rc, "the connection to gmbd is lost");
+}
+
+GMB_API const char *gmb_strerror(int err)
+{
+	const char *s;
+
+	if (err == 0)
+		return "Success";
+	if (err == INT32_MIN)
+		return "Unknown error";
+	s = strerrordesc_np(err < 0 ? -err : err);
+	return s ? s : "Unknown error";
+}
+
+GMB_API const char *gmb_last_error(const gmb_client *c)
+{
+	return c ? c->last_error : api_connect_error;
+}
+
+GMB_API uint64_t gmb_client_id(const gmb_client *c)
+{
+	return c ? c->id : 0;
+}
+
+/* A query: one round trip, the last part's body of @want kind or -EPROTO. */
+static int api_query(struct gmb_client *c, Gmb__Envelope *env, int want, struct gmb__reply *rep,
+		     const Gmb__Envelope **last, char *err)
+{
+	int rc = gmb__request(c, env, rep, err);
+
+	if (rc < 0)
+		return rc;
+	*last = rep->parts[rep->nparts - 1];
+	if ((int)(*last)->body_case != want)
+		return gmb__fail(err, -EPROTO, "gmbd answered with message %d, not %d",
+				 (int)(*last)->body_case, want);
+	return 0;
+}
+
+/* StatusRequest, then @fmt turns the reply into a malloc'd string in *@out. */
+static int api_status(struct gmb_client *c, char **out,
+		      int (*fmt)(const Gmb__StatusReply *, char **), const char *what)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__StatusRequest req = GMB__STATUS_REQUEST__INIT;
+	struct gmb__reply rep = GMB__REPLY_INIT;
+	const Gmb__Envelope *last;
+	char err[ERR_MSG_MAX] = "";
+	int rc;
+
+	if (!c)
+		return -EINVAL;
+	if (!out)
+		return api_done(c, -EINVAL, "no place for the status");
+	*out = NULL;
+	env.body_case = GMB__ENVELOPE__BODY_STATUS_REQ;
+	env.status_req = &req;
+	rc = api_query(c, &env, GMB__ENVELOPE__BODY_STATUS_REPLY, &rep, &last, err);
+	if (rc == 0) {
+		rc = fmt(last->status_reply, out);
+		if (rc < 0)
+			gmb__fail(err, rc, "formatting gmbd's status as %s: %s", what,
+				  gmb_strerror(rc));
+	}
+	gmb__reply_deinit(&rep);
+	return api_done(c, rc, err);
+}
+
+GMB_API int gmb_status_json(gmb_client *c, char **json)
+{
+	return api_status(c, json, gmb__status_to_json, "JSON");
+}
+
+GMB_API int gmb_status_text(gmb_client *c, char **text)
+{
+	return api_status(c, text, gmb__status_to_table, "a table");
+}
+
+GMB_API int gmb_control(gmb_client *c, const char *target, int op, const char *tag)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__ControlRequest req = GMB__CONTROL_REQUEST__INIT;
+	struct gmb__reply rep = GMB__REPLY_INIT;
+	char err[ERR_MSG_MAX] = "";
+	int rc;
+
+	if (!c)
+		return -EINVAL;
+	if (!target || !*target)
+		return api_done(c, -EINVAL, "no target client");
+	if (op != GMB_OP_PAUSE && op != GMB_OP_RESUME)
+		return api_done(c, -EINVAL, "op must be GMB_OP_PAUSE or GMB_OP_RESUME");
+	req.target = (char *)target;
+	req.op = (Gmb__Op)op;
+	req.tag = (char *)(tag ? tag : "");
+	env.body_case = GMB__ENVELOPE__BODY_CONTROL;
+	env.control = &req;
+	rc = gmb__request(c, &env, &rep, err);
+	gmb__reply_deinit(&rep);
+	return api_done(c, rc, err);
+}
+
+GMB_API int gmb_trim(gmb_client *c, int device, uint64_t *released, uint64_t *pending)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__TrimRequest req = GMB__TRIM_REQUEST__INIT;
+	struct gmb__reply rep = GMB__REPLY_INIT;
+	const Gmb__Envelope *last;
+	char err[ERR_MSG_MAX] = "";
+	int rc;
+
+	if (!c)
+		return -EINVAL;
+	if (device < -1)
+		return api_done(c, -EINVAL, "device must be -1 (all) or an index");
+	req.device = device;
+	env.body_case = GMB__ENVELOPE__BODY_TRIM;
+	env.trim = &req;
+	rc = api_query(c, &env, GMB__ENVELOPE__BODY_TRIM_REPLY, &rep, &last, err);
+	if (rc == 0 && released)
+		*released = last->trim_reply->released_bytes;
+	if (rc == 0 && pending)
+		*pending = last->trim_reply->pending_bytes;
+	gmb__reply_deinit(&rep);
+	return api_done(c, rc, err);
+}

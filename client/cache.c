@@ -1,0 +1,246 @@
+/*
+ * cache.c - the client's imported chunk handles and each allocation's last
+ * lend, kept to the rule of proto/gmb.proto that gmbd mirrors exactly:
+ *
+ *   a client holds the handle of a chunk exactly while some allocation of
+ *   it has that chunk in its last lend (active or paused).
+ *
+ * Invariants (under the client's state lock):
+ *   - refs of a cached chunk = the number of allocations whose last lend
+ *     names it; a lend that replaces a list references the new ids before it
+ *     drops the old ones, so a chunk kept across lends is never released.
+ *   - every non-zero id in a last lend is in the cache; a DropRequest removes
+ *     chunks regardless of refs and turns their ids in last lends into 0.
+ *   - freshly imported chunks sit at refs 0 until the lend that brought them
+ *     is applied; gmb__cache_sweep() releases whatever a failed request left.
+ *
+ * Nothing here calls the backend or takes a lock: handles leaving the cache
+ * go onto a release list (linked through the entries, so that dropping one
+ * can never fail for lack of memory) that the caller hands to
+ * gmb__release_run() once it dropped the lock.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/internal.h"
+
+static void cache_push(struct gmb__handle **rel, struct gmb__handle *e)
+{
+	e->next = *rel;
+	*rel = e;
+}
+
+/*
+ * gmb__cache_put() - add an imported handle at refs 0.
+ * On success the cache owns @handle; a chunk already cached (gmbd resent it)
+ * keeps its refs and its old handle moves to @rel. On -ENOMEM the caller
+ * still owns @handle.
+ */
+int gmb__cache_put(struct gmb__mem *m, uint64_t id, uint64_t handle, uint64_t size,
+		   struct gmb__handle **rel)
+{
+	struct gmb__handle *old = idmap_get(&m->cache, id);
+	struct gmb__handle *e = calloc(1, sizeof(*e));
+	int rc;
+
+	if (!e)
+		return -ENOMEM;
+	*e = (struct gmb__handle){ .id = id, .handle = handle, .size = size };
+	if (old)
+		e->refs = old->refs;
+	rc = idmap_put(&m->cache, id, e);
+	if (rc < 0) {
+		free(e);
+		return rc;
+	}
+	if (old)
+		cache_push(rel, old);
+	return 0;
+}
+
+/* Drops one reference of chunk @id; the last one moves the handle to @rel. */
+static void cache_unref(struct gmb__mem *m, uint64_t id, struct gmb__handle **rel)
+{
+	struct gmb__handle *e = id ? idmap_get(&m->cache, id) : NULL;
+
+	if (!e)
+		return;
+	if (e->refs > 0)
+		e->refs--;
+	if (e->refs == 0)
+		cache_push(rel, idmap_del(&m->cache, id));
+}
+
+static int lend_check_chunks(const struct gmb__mem *m, const uint64_t *ids, const uint64_t *sizes,
+			     size_t n, uint64_t want, char *err)
+{
+	uint64_t total = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		const struct gmb__handle *e = ids[i] ? idmap_get(&m->cache, ids[i]) : NULL;
+
+		if (!e)
+			return gmb__fail(err, -EPROTO, "gmbd lent chunk %" PRIu64 " without sending it",
+					 ids[i]);
+		if (e->size != sizes[i] || sizes[i] > UINT64_MAX - total)
+			return gmb__fail(err, -EPROTO, "gmbd lent chunk %" PRIu64 " as 0x%" PRIx64
+					 " bytes, it holds 0x%" PRIx64, ids[i], sizes[i], e->size);
+		total += sizes[i];
+	}
+	if (total != want)
+		return gmb__fail(err, -EPROTO, "gmbd lent chunks of 0x%" PRIx64 " bytes in all for an"
+				 " allocation of 0x%" PRIx64, total, want);
+	return 0;
+}
+
+/*
+ * gmb__lend_check() - is @l a lend this client can map for @a?
+ * Return: 0, or -EPROTO with a sentence in @err.
+ */
+int gmb__lend_check(const struct gmb__mem *m, const struct gmb__alloc *a, const Gmb__Lend *l,
+		    char *err)
+{
+	if (!l)
+		return gmb__fail(err, -EPROTO, "gmbd's reply lacks the lend");
+	if (l->alloc_id != a->id || l->device != (uint32_t)a->dev || l->size != a->size)
+		return gmb__fail(err, -EPROTO, "gmbd lent allocation %" PRIu64 " (device %u, 0x%"
+				 PRIx64 " bytes) for allocation %" PRIu64 " (device %d, 0x%" PRIx64
+				 " bytes)", l->alloc_id, l->device, l->size, a->id, a->dev, a->size);
+	if (l->n_chunk_ids == 0 || l->n_chunk_ids != l->n_chunk_sizes ||
+	    l->n_chunk_ids > UINT32_MAX)
+		return gmb__fail(err, -EPROTO, "gmbd lent %zu chunk ids with %zu sizes",
+				 l->n_chunk_ids, l->n_chunk_sizes);
+	return lend_check_chunks(m, l->chunk_ids, l->chunk_sizes, l->n_chunk_ids, a->size, err);
+}
+
+/*
+ * gmb__lend_set() - make @ids/@sizes the last lend of @a.
+ * Every id must be cached (-EPROTO otherwise, nothing changed); -ENOMEM
+ * changes nothing either. Handles of the old list that no allocation names
+ * any more move to @rel.
+ */
+int gmb__lend_set(struct gmb__mem *m, struct gmb__alloc *a, const uint64_t *ids,
+		  const uint64_t *sizes, uint32_t n, struct gmb__handle **rel)
+{
+	uint64_t *nids, *nsizes;
+
+	for (uint32_t i = 0; i < n; i++)
+		if (!ids[i] || !idmap_get(&m->cache, ids[i]))
+			return -EPROTO;
+	nids = malloc((n ? n : 1) * sizeof(*nids));
+	nsizes = malloc((n ? n : 1) * sizeof(*nsizes));
+	if (!nids || !nsizes) {
+		free(nids);
+		free(nsizes);
+		return -ENOMEM;
+	}
+	memcpy(nids, ids, n * sizeof(*nids));
+	memcpy(nsizes, sizes, n * sizeof(*nsizes));
+	/* New references first: a chunk in both lists must not touch 0 between. */
+	for (uint32_t i = 0; i < n; i++)
+		((struct gmb__handle *)idmap_get(&m->cache, ids[i]))->refs++;
+	gmb__lend_clear(m, a, rel);
+	a->chunk_ids = nids;
+	a->chunk_sizes = nsizes;
+	a->nchunks = n;
+	return 0;
+}
+
+/* gmb__lend_clear() - forget @a's last lend (a free); unnamed handles to @rel. */
+void gmb__lend_clear(struct gmb__mem *m, struct gmb__alloc *a, struct gmb__handle **rel)
+{
+	for (uint32_t i = 0; i < a->nchunks; i++)
+		cache_unref(m, a->chunk_ids[i], rel);
+	free(a->chunk_ids);
+	free(a->chunk_sizes);
+	a->chunk_ids = NULL;
+	a->chunk_sizes = NULL;
+	a->nchunks = 0;
+}
+
+/*
+ * gmb__cache_drop() - a DropRequest: the named chunks leave the cache
+ * whatever their refs (unknown ids were dropped already), and last lends
+ * stop naming them, so that neither side counts them any more.
+ */
+void gmb__cache_drop(struct gmb__mem *m, const uint64_t *ids, size_t n, struct gmb__handle **rel)
+{
+	bool named = false;
+	struct gmb__alloc *a;
+	size_t it = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		struct gmb__handle *e = ids[i] ? idmap_del(&m->cache, ids[i]) : NULL;
+
+		if (!e)
+			continue;
+		named |= e->refs > 0;
+		cache_push(rel, e);
+	}
+	if (!named)
+		return;
+	/* Every non-zero id of a last lend is cached, so a missing one was just dropped. */
+	while (idmap_next(&m->by_id, &it, NULL, (void **)&a))
+		for (uint32_t i = 0; i < a->nchunks; i++)
+			if (a->chunk_ids[i] && !idmap_get(&m->cache, a->chunk_ids[i]))
+				a->chunk_ids[i] = 0;
+}
+
+/* gmb__cache_sweep() - release chunks no last lend names (left by a failed request). */
+void gmb__cache_sweep(struct gmb__mem *m, struct gmb__handle **rel)
+{
+	struct gmb__handle *e;
+	uint64_t id;
+	size_t it = 0;
+
+	while (idmap_next(&m->cache, &it, &id, (void **)&e))
+		if (e->refs == 0)
+			cache_push(rel, idmap_del(&m->cache, id));
+}
+
+/* gmb__cache_clear() - every handle to @rel (gmb_close). */
+void gmb__cache_clear(struct gmb__mem *m, struct gmb__handle **rel)
+{
+	struct gmb__handle *e;
+	uint64_t id;
+	size_t it = 0;
+
+	while (idmap_next(&m->cache, &it, &id, (void **)&e))
+		cache_push(rel, idmap_del(&m->cache, id));
+	idmap_deinit(&m->cache);
+}
+
+/*
+ * gmb__lend_handles() - the backend handles of @a's last lend, in mapping
+ * order, into @handles (a->nchunks entries). -EPROTO when a chunk of it was
+ * dropped: the lend can no longer be mapped.
+ */
+int gmb__lend_handles(const struct gmb__mem *m, const struct gmb__alloc *a, uint64_t *handles,
+		      char *err)
+{
+	for (uint32_t i = 0; i < a->nchunks; i++) {
+		const struct gmb__handle *e = idmap_get(&m->cache, a->chunk_ids[i]);
+
+		if (!e)
+			return gmb__fail(err, -EPROTO, "chunk %u of allocation %" PRIu64
+					 " was dropped while lent", i, a->id);
+		handles[i] = e->handle;
+	}
+	return 0;
+}
+
+/* gmb__release_run() - release and free every entry of @rel; @be NULL only frees. */
+void gmb__release_run(struct backend *be, struct gmb__handle *rel)
+{
+	while (rel) {
+		struct gmb__handle *next = rel->next;
+
+		/* A failed release leaves nothing to retry: the handle is gone either way. */
+		if (be)
+			be->ops->chunk_release(be, rel->handle);
+		free(rel);
+		rel = next;
+	}
+}

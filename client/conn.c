@@ -1,0 +1,559 @@
+/*
+ * conn.c - libgmb's connection to gmbd: hello, the two library threads and
+ * request/reply matching.
+ *
+ * The reader thread owns every read of the socket. A reply part goes to the
+ * pending request it answers (by reply_to); the chunk fds it carries are
+ * imported into the handle cache at once and closed, so that a reply lending
+ * thousands of chunks never holds more than one batch of fds. DropRequests
+ * are handled on the reader too: they touch only the handle cache under the
+ * state lock, never the operation lock, so a drop gmbd waits for is answered
+ * even while an operation of this client waits for gmbd. ControlCommands go
+ * to the worker thread, which may run the application's handler and take
+ * the operation lock; the reader never waits on either.
+ *
+ * Invariants:
+ *   - connected is true from hello to the reader's exit; once false, every
+ *     pending request has completed with -ENOTCONN and new ones fail at once.
+ *   - A pending entry lives on its requester's stack; only the requester
+ *     unlinks it, after done (or after its send failed, when no reply can
+ *     come), so the reader may use it outside the lock in between.
+ *   - After a read error the socket stays open: gmbd keeps counting this
+ *     client's memory as lent (it still is mapped here) until gmb_close()
+ *     unmaps it and closes the socket.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "client/internal.h"
+
+static void *conn_reader_main(void *arg);
+static void *conn_worker_main(void *arg);
+
+/**
+ * gmb__fail() - write a sentence into @err (ERR_MSG_MAX bytes; NULL ignored).
+ * Return: @code, so that callers can `return gmb__fail(err, -EINVAL, ...)`.
+ */
+int gmb__fail(char *err, int code, const char *fmt, ...)
+{
+	char msg[ERR_MSG_MAX];
+	va_list ap;
+
+	if (!err)
+		return code;
+	/* Formatted aside: @err may be one of the arguments. */
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	memcpy(err, msg, sizeof(msg));
+	return code;
+}
+
+static int conn_take_devices(struct gmb_client *c, const Gmb__HelloReply *hr, char *err)
+{
+	if (hr->n_devices == 0 || hr->n_devices > BACKEND_MAX_DEVICES)
+		return gmb__fail(err, -EPROTO, "gmbd reported %zu devices (want 1..%d)",
+				 hr->n_devices, BACKEND_MAX_DEVICES);
+	for (size_t i = 0; i < hr->n_devices; i++) {
+		uint64_t g = hr->devices[i]->granularity;
+
+		if (g == 0 || (g & (g - 1)))
+			return gmb__fail(err, -EPROTO, "gmbd reported granularity 0x%" PRIx64
+					 " for device %zu", g, i);
+		c->granularity[i] = g;
+	}
+	c->ndevices = (int)hr->n_devices;
+	c->device_bytes = hr->devices[0]->total_bytes;
+	return 0;
+}
+
+static int conn_take_hello(struct gmb_client *c, const Gmb__Envelope *rep, uint64_t id,
+			   char *err)
+{
+	const Gmb__HelloReply *hr = rep->hello_reply;
+
+	if (rep->reply_to != id || rep->more)
+		return gmb__fail(err, -EPROTO, "gmbd answered hello out of turn");
+	if (rep->status < 0)
+		return gmb__fail(err, rep->status, "gmbd refused hello: %s",
+				 rep->error && *rep->error ? rep->error : strerror(-rep->status));
+	if (rep->body_case != GMB__ENVELOPE__BODY_HELLO_REPLY)
+		return gmb__fail(err, -EPROTO, "gmbd answered hello with message %d",
+				 (int)rep->body_case);
+	if (hr->version != GMB_PROTOCOL_VERSION)
+		return gmb__fail(err, -EPROTO, "gmbd speaks protocol %u, libgmb %d", hr->version,
+				 GMB_PROTOCOL_VERSION);
+	if (!hr->backend || (strcmp(hr->backend, "host") && strcmp(hr->backend, "cuda")))
+		return gmb__fail(err, -EPROTO, "gmbd runs an unknown backend \"%s\"",
+				 hr->backend ? hr->backend : "");
+	snprintf(c->backend_kind, sizeof(c->backend_kind), "%s", hr->backend);
+	c->id = hr->client_id;
+	return conn_take_devices(c, hr, err);
+}
+
+/* Hello before the threads start: the daemon sends nothing else until it answers. */
+static int conn_hello(struct gmb_client *c, const char *name, unsigned flags, char *err)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT, *rep = NULL;
+	Gmb__Hello hello = GMB__HELLO__INIT;
+	int fds[WIRE_MAX_FDS], nfds = 0, rc;
+
+	hello.version = GMB_PROTOCOL_VERSION;
+	hello.name = (char *)name;
+	/* Control is always offered: without a handler, commands are refused with a reason. */
+	hello.tool = (flags & GMB_CONNECT_TOOL) != 0;
+	hello.control = !hello.tool;
+	env.id = ++c->next_id;
+	env.body_case = GMB__ENVELOPE__BODY_HELLO;
+	env.hello = &hello;
+	rc = wire_send(c->sock, &env, NULL, 0);
+	if (rc < 0)
+		return gmb__fail(err, rc, "sending hello to gmbd: %s", strerror(-rc));
+	rc = wire_recv(c->sock, &rep, fds, &nfds);
+	if (rc < 0)
+		return gmb__fail(err, rc, "reading gmbd's hello reply: %s", strerror(-rc));
+	if (nfds > 0) {
+		wire_close_fds(fds, nfds);
+		rc = gmb__fail(err, -EPROTO, "gmbd sent fds with its hello reply");
+		goto out_rep;
+	}
+	rc = conn_take_hello(c, rep, env.id, err);
+out_rep:
+	gmb__envelope__free_unpacked(rep, NULL);
+	return rc;
+}
+
+/**
+ * gmb__conn_open() - connect to @path (NULL: the default) and say hello.
+ * The socket is c->sock on success (owned by @c), closed on failure.
+ */
+int gmb__conn_open(struct gmb_client *c, const char *path, const char *name, unsigned flags,
+		   char *err)
+{
+	int rc;
+
+	if (!path)
+		path = wire_default_socket();
+	if (!name)
+		name = program_invocation_short_name;
+	rc = wire_connect(path, &c->sock);
+	if (rc == -ENOENT || rc == -ECONNREFUSED)
+		return gmb__fail(err, rc, "no gmbd listens on %s (%s)", path, strerror(-rc));
+	if (rc < 0)
+		return gmb__fail(err, rc, "connecting to gmbd at %s: %s", path, strerror(-rc));
+	c->flags = flags;
+	rc = conn_hello(c, name, flags, err);
+	if (rc < 0)
+		goto out_sock;
+	c->connected = true;
+	return 0;
+
+out_sock:
+	close(c->sock);
+	c->sock = -1;
+	return rc;
+}
+
+/* Library threads take no signals: those belong to the application's threads. */
+static int conn_spawn(pthread_t *t, void *(*fn)(void *), struct gmb_client *c)
+{
+	sigset_t all, old;
+	int rc;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	rc = -pthread_create(t, NULL, fn, c);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return rc;
+}
+
+/** gmb__conn_start() - start the reader and the worker. */
+int gmb__conn_start(struct gmb_client *c, char *err)
+{
+	int rc = conn_spawn(&c->reader, conn_reader_main, c);
+
+	if (rc < 0)
+		return gmb__fail(err, rc, "starting libgmb's reader thread: %s", strerror(-rc));
+	c->reader_started = true;
+	rc = conn_spawn(&c->worker, conn_worker_main, c);
+	if (rc < 0)
+		return gmb__fail(err, rc, "starting libgmb's worker thread: %s", strerror(-rc));
+	c->worker_started = true;
+	return 0;
+}
+
+/**
+ * gmb__conn_stop() - end the connection and join the threads. The socket
+ * fd stays open (the caller closes it): only shutdown() wakes the reader.
+ */
+void gmb__conn_stop(struct gmb_client *c)
+{
+	if (c->sock >= 0)
+		shutdown(c->sock, SHUT_RDWR);
+	if (c->reader_started)
+		pthread_join(c->reader, NULL);
+	c->reader_started = false;
+	/* The reader's exit marked the connection lost, which wakes the worker. */
+	pthread_mutex_lock(&c->lock);
+	c->connected = false;
+	pthread_cond_broadcast(&c->work_cond);
+	pthread_mutex_unlock(&c->lock);
+	if (c->worker_started)
+		pthread_join(c->worker, NULL);
+	c->worker_started = false;
+}
+
+/* Requests and replies. */
+
+static void conn_unlink(struct gmb_client *c, struct gmb__pending *p)
+{
+	for (struct gmb__pending **pp = &c->pending; *pp; pp = &(*pp)->next) {
+		if (*pp == p) {
+			*pp = p->next;
+			return;
+		}
+	}
+}
+
+static struct gmb__pending *conn_find(struct gmb_client *c, uint64_t id)
+{
+	for (struct gmb__pending *p = c->pending; p; p = p->next)
+		if (p->id == id && !p->done)
+			return p;
+	return NULL;
+}
+
+/** gmb__reply_deinit() - free every part of @rep. */
+void gmb__reply_deinit(struct gmb__reply *rep)
+{
+	for (size_t i = 0; i < rep->nparts; i++)
+		gmb__envelope__free_unpacked(rep->parts[i], NULL);
+	free(rep->parts);
+	rep->parts = NULL;
+	rep->nparts = rep->cap = 0;
+}
+
+static int conn_result(const struct gmb__reply *rep, char *err)
+{
+	if (rep->status < 0)
+		return gmb__fail(err, rep->status, "%s",
+				 *rep->error ? rep->error : strerror(-rep->status));
+	if (rep->import_err < 0)
+		return gmb__fail(err, rep->import_err, "%s", rep->import_msg);
+	return 0;
+}
+
+static int conn_send(struct gmb_client *c, const Gmb__Envelope *env)
+{
+	int rc;
+
+	pthread_mutex_lock(&c->send_lock);
+	rc = wire_send(c->sock, env, NULL, 0);
+	pthread_mutex_unlock(&c->send_lock);
+	/* A peer gone mid-send is the same lost connection the reader reports. */
+	if (rc == -EPIPE || rc == -ECONNRESET)
+		rc = -ENOTCONN;
+	return rc;
+}
+
+/**
+ * gmb__request() - send @env as a request and wait for its whole reply.
+ * env->id is assigned here. @rep receives every part (the caller owns it:
+ * gmb__reply_deinit(), also on failure); rep->status is gmbd's status, or
+ * -ENOTCONN when the connection was lost on the way.
+ * Return: 0; gmbd's status with its message in @err; -ENOTCONN; or an
+ * import failure of the reply's fds (rep->status then is 0: gmbd lent).
+ */
+int gmb__request(struct gmb_client *c, Gmb__Envelope *env, struct gmb__reply *rep, char *err)
+{
+	struct gmb__pending p = { 0 };
+	int rc;
+
+	pthread_mutex_lock(&c->lock);
+	if (!c->connected) {
+		pthread_mutex_unlock(&c->lock);
+		*rep = (struct gmb__reply)GMB__REPLY_INIT;
+		rep->status = -ENOTCONN;
+		return gmb__fail(err, -ENOTCONN, "the connection to gmbd is lost");
+	}
+	p.id = ++c->next_id;
+	p.next = c->pending;
+	c->pending = &p;
+	pthread_mutex_unlock(&c->lock);
+	env->id = p.id;
+	env->reply_to = 0;
+	rc = conn_send(c, env);
+	pthread_mutex_lock(&c->lock);
+	while (rc == 0 && !p.done)
+		pthread_cond_wait(&c->reply_cond, &c->lock);
+	conn_unlink(c, &p);
+	pthread_mutex_unlock(&c->lock);
+	*rep = p.reply;
+	if (rc < 0) {
+		rep->status = rc;
+		return gmb__fail(err, rc, "sending to gmbd: %s", strerror(-rc));
+	}
+	return conn_result(rep, err);
+}
+
+/** gmb__send_reply() - answer gmbd's request @reply_to. */
+int gmb__send_reply(struct gmb_client *c, uint64_t reply_to, int status, const char *error)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+
+	env.reply_to = reply_to;
+	env.status = status;
+	env.error = (char *)(error ? error : "");
+	return conn_send(c, &env);
+}
+
+/* The reader thread. */
+
+static void conn_import_fail(struct gmb__reply *rep, int rc, const char *what, uint64_t id)
+{
+	if (rep->import_err < 0)
+		return;
+	rep->import_err = rc;
+	snprintf(rep->import_msg, sizeof(rep->import_msg), "importing chunk %" PRIu64 ": %s", id,
+		 what);
+}
+
+/* Imports @env's fds into the handle cache and closes them, whatever happens. */
+static void conn_import(struct gmb_client *c, const Gmb__Envelope *env, int *fds, int nfds,
+			struct gmb__reply *rep)
+{
+	struct gmb__handle *rel = NULL;
+	struct backend *be;
+
+	pthread_mutex_lock(&c->lock);
+	be = c->be;
+	pthread_mutex_unlock(&c->lock);
+	for (int i = 0; i < nfds; i++) {
+		uint64_t id = env->fd_chunks[i], h;
+		int rc;
+
+		if (!be) {
+			conn_import_fail(rep, -EPROTO, "gmbd sent a chunk before any allocation", id);
+			continue;
+		}
+		rc = be->ops->chunk_import(be, fds[i], env->fd_sizes[i], &h);
+		if (rc < 0) {
+			conn_import_fail(rep, rc, backend_last_error(), id);
+			continue;
+		}
+		pthread_mutex_lock(&c->lock);
+		rc = gmb__cache_put(&c->mem, id, h, env->fd_sizes[i], &rel);
+		pthread_mutex_unlock(&c->lock);
+		if (rc < 0) {
+			be->ops->chunk_release(be, h);
+			conn_import_fail(rep, rc, strerror(-rc), id);
+		}
+	}
+	wire_close_fds(fds, nfds);
+	gmb__release_run(be, rel);
+}
+
+/* Keeps @env in @rep (consumed either way). */
+static void conn_keep_part(struct gmb__reply *rep, Gmb__Envelope *env)
+{
+	if (rep->nparts == rep->cap) {
+		size_t cap = rep->cap ? rep->cap * 2 : 4;
+		Gmb__Envelope **v = realloc(rep->parts, cap * sizeof(*v));
+
+		if (!v) {
+			conn_import_fail(rep, -ENOMEM, "no memory to keep gmbd's reply", 0);
+			gmb__envelope__free_unpacked(env, NULL);
+			return;
+		}
+		rep->parts = v;
+		rep->cap = cap;
+	}
+	rep->parts[rep->nparts++] = env;
+}
+
+/* Files a part of a reply with its request; consumes @env and @fds. */
+static void conn_on_reply(struct gmb_client *c, Gmb__Envelope *env, int *fds, int nfds)
+{
+	struct gmb__pending *p;
+	struct gmb__reply *rep;
+
+	pthread_mutex_lock(&c->lock);
+	p = conn_find(c, env->reply_to);
+	pthread_mutex_unlock(&c->lock);
+	if (!p) {
+		/* An answer to nothing of ours (a request given up on): nothing to do. */
+		wire_close_fds(fds, nfds);
+		gmb__envelope__free_unpacked(env, NULL);
+		return;
+	}
+	rep = &p->reply;
+	conn_import(c, env, fds, nfds, rep);
+	pthread_mutex_lock(&c->lock);
+	if (!env->more) {
+		p->done = true;
+		rep->status = env->status > 0 ? -EPROTO : env->status;
+		snprintf(rep->error, sizeof(rep->error), "%s", env->error ? env->error : "");
+		pthread_cond_broadcast(&c->reply_cond);
+	}
+	conn_keep_part(rep, env);
+	pthread_mutex_unlock(&c->lock);
+}
+
+static void conn_handled(struct gmb_client *c)
+{
+	pthread_mutex_lock(&c->lock);
+	c->handled++;
+	pthread_cond_broadcast(&c->poll_cond);
+	pthread_mutex_unlock(&c->lock);
+}
+
+static int conn_enqueue(struct gmb_client *c, Gmb__Envelope *env)
+{
+	struct gmb__job *job = malloc(sizeof(*job));
+
+	if (!job)
+		return -ENOMEM;
+	*job = (struct gmb__job){ .env = env };
+	pthread_mutex_lock(&c->lock);
+	*c->jobs_tail = job;
+	c->jobs_tail = &job->next;
+	pthread_cond_signal(&c->work_cond);
+	pthread_mutex_unlock(&c->lock);
+	return 0;
+}
+
+/* A request from gmbd; consumes @env. */
+static void conn_on_request(struct gmb_client *c, Gmb__Envelope *env)
+{
+	uint64_t id = env->id;
+
+	switch (env->body_case) {
+	case GMB__ENVELOPE__BODY_DROP:
+		gmb__mem_drop(c, env->drop->chunk_ids, env->drop->n_chunk_ids);
+		gmb__send_reply(c, id, 0, NULL);
+		conn_handled(c);
+		break;
+	case GMB__ENVELOPE__BODY_CONTROL_CMD:
+		if (conn_enqueue(c, env) == 0)
+			return;
+		gmb__send_reply(c, id, -ENOMEM, "libgmb is out of memory");
+		break;
+	default:
+		gmb__send_reply(c, id, -EOPNOTSUPP, "libgmb does not handle this request");
+		break;
+	}
+	gmb__envelope__free_unpacked(env, NULL);
+}
+
+/* One packet. Return: 0, or why reading must stop. */
+static int conn_read_one(struct gmb_client *c)
+{
+	Gmb__Envelope *env = NULL;
+	int fds[WIRE_MAX_FDS], nfds = 0, rc;
+
+	rc = wire_recv(c->sock, &env, fds, &nfds);
+	if (rc < 0)
+		return rc;
+	/* Requests carry no fds, and every fd needs its chunk's size. */
+	if (env->n_fd_sizes != env->n_fd_chunks || (nfds > 0 && !env->reply_to)) {
+		wire_close_fds(fds, nfds);
+		gmb__envelope__free_unpacked(env, NULL);
+		return -EPROTO;
+	}
+	if (env->reply_to)
+		conn_on_reply(c, env, fds, nfds);
+	else if (env->id)
+		conn_on_request(c, env);
+	else
+		gmb__envelope__free_unpacked(env, NULL);
+	return 0;
+}
+
+/* Every waiter learns the connection is gone; new requests fail at once. */
+static void conn_lost(struct gmb_client *c)
+{
+	pthread_mutex_lock(&c->lock);
+	c->connected = false;
+	for (struct gmb__pending *p = c->pending; p; p = p->next) {
+		if (p->done)
+			continue;
+		p->done = true;
+		p->reply.status = -ENOTCONN;
+		snprintf(p->reply.error, sizeof(p->reply.error),
+			 "the connection to gmbd was lost before it answered");
+	}
+	pthread_cond_broadcast(&c->reply_cond);
+	pthread_cond_broadcast(&c->work_cond);
+	pthread_cond_broadcast(&c->poll_cond);
+	pthread_mutex_unlock(&c->lock);
+}
+
+static void *conn_reader_main(void *arg)
+{
+	struct gmb_client *c = arg;
+
+	while (conn_read_one(c) == 0)
+		;
+	conn_lost(c);
+	return NULL;
+}
+
+/* The worker thread. */
+
+static struct gmb__job *conn_next_job(struct gmb_client *c)
+{
+	struct gmb__job *job;
+
+	pthread_mutex_lock(&c->lock);
+	while (!c->jobs && c->connected)
+		pthread_cond_wait(&c->work_cond, &c->lock);
+	job = c->connected ? c->jobs : NULL;
+	if (job) {
+		c->jobs = job->next;
+		if (!c->jobs)
+			c->jobs_tail = &c->jobs;
+	}
+	pthread_mutex_unlock(&c->lock);
+	return job;
+}
+
+/* Commands that arrived before the connection died can no longer be answered. */
+static void conn_drop_jobs(struct gmb_client *c)
+{
+	struct gmb__job *job;
+
+	pthread_mutex_lock(&c->lock);
+	job = c->jobs;
+	c->jobs = NULL;
+	c->jobs_tail = &c->jobs;
+	pthread_mutex_unlock(&c->lock);
+	while (job) {
+		struct gmb__job *next = job->next;
+
+		gmb__envelope__free_unpacked(job->env, NULL);
+		free(job);
+		job = next;
+	}
+}
+
+static void *conn_worker_main(void *arg)
+{
+	struct gmb_client *c = arg;
+	struct gmb__job *job;
+
+	while ((job = conn_next_job(c))) {
+		gmb__control_run(c, job->env);
+		gmb__envelope__free_unpacked(job->env, NULL);
+		free(job);
+		conn_handled(c);
+	}
+	conn_drop_jobs(c);
+	return NULL;
+}

@@ -1,0 +1,340 @@
+/*
+ * cycle.c - pause and resume of tags: the part of libgmb that gives memory
+ * back to gmbd and takes it again at the same addresses.
+ *
+ * Pause: drain the devices, copy PRESERVE bytes to their staging buffers,
+ * unmap each allocation (one call each; the VA stays reserved), then tell
+ * gmbd. Resume: ask gmbd, adopt each lend as the allocation's last lend
+ * (cache.c's rule), map it back to back with one set_access, then restore
+ * the bytes per mode. Runs under the operation lock.
+ *
+ * Invariants: an active tag's allocations are all mapped, a paused tag's all
+ * unmapped; any failure leaves the tags as they were (mapped and active, or
+ * unmapped and paused) and gmbd agreeing: a failed pause maps back the same
+ * chunks (still lent to us), a failed resume unmaps and pauses again.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/internal.h"
+
+/* Devices as a bit mask: BACKEND_MAX_DEVICES is 64. */
+#define CYCLE_DEV_BIT(d) (1ULL << (unsigned)(d))
+
+/* Tags. */
+
+static bool cycle_tag_any(struct gmb_client *c, bool paused)
+{
+	for (struct gmb__tag *t = c->mem.tags; t; t = t->next)
+		if (t->paused == paused)
+			return true;
+	return false;
+}
+
+/* The tags an operation on @only (NULL: all) in state @paused acts on. */
+static bool cycle_tag_in(const struct gmb__tag *t, const struct gmb__tag *only, bool paused)
+{
+	return (!only || t == only) && t->paused == paused;
+}
+
+/* Pause. */
+
+/* The devices of the allocations of the tags in (@only, @paused). */
+static uint64_t cycle_devices(struct gmb_client *c, const struct gmb__tag *only, bool paused)
+{
+	uint64_t mask = 0;
+
+	for (struct gmb__tag *t = c->mem.tags; t; t = t->next) {
+		if (!cycle_tag_in(t, only, paused))
+			continue;
+		for (struct gmb__alloc *a = t->allocs; a; a = a->next)
+			mask |= CYCLE_DEV_BIT(a->dev);
+	}
+	return mask;
+}
+
+/* PRESERVE tags: device to host, before anything is unmapped. */
+static int cycle_save(struct gmb_client *c, const struct gmb__tag *only, char *err)
+{
+	struct backend *be = c->be;
+
+	for (struct gmb__tag *t = c->mem.tags; t; t = t->next) {
+		if (!cycle_tag_in(t, only, false) || t->mode != GMB_MODE_PRESERVE)
+			continue;
+		for (struct gmb__alloc *a = t->allocs; a; a = a->next) {
+			int rc = gmb__mem_staging_new(c, a, err);
+
+			if (rc == 0)
+				rc = be->ops->copy_to_host(be, a->dev, a->staging, a->va, a->size);
+			if (rc < 0)
+				return gmb__mem_be_fail(err, rc, "saving a preserved allocation");
+			a->saved = true;
+		}
+	}
+	return 0;
+}
+
+/* Maps again what a failed pause unmapped (best effort: the chunks are still ours). */
+static void cycle_remap(struct gmb_client *c, const struct gmb__tag *only)
+{
+	for (struct gmb__tag *t = c->mem.tags; t; t = t->next) {
+		if (!cycle_tag_in(t, only, false))
+			continue;
+		for (struct gmb__alloc *a = t->allocs; a; a = a->next)
+			if (!a->mapped)
+				gmb__mem_map(c, a, NULL);
+	}
+}
+
+static int cycle_unmap_tags(struct gmb_client *c, const struct gmb__tag *only, bool paused,
+			    char *err)
+{
+	for (struct gmb__tag *t = c->mem.tags; t; t = t->next) {
+		if (!cycle_tag_in(t, only, paused))
+			continue;
+		for (struct gmb__alloc *a = t->allocs; a; a = a->next) {
+			int rc = a->mapped ? gmb__mem_unmap(c, a, err) : 0;
+
+			if (rc < 0)
+				return rc;
+		}
+	}
+	return 0;
+}
+
+static void cycle_mark(struct gmb_client *c, const struct gmb__tag *only, bool from, bool to)
+{
+	for (struct gmb__tag *t = c->mem.tags; t; t = t->next) {
+		if (!cycle_tag_in(t, only, from))
+			continue;
+		t->paused = to;
+		if (to)
+			continue;
+		for (struct gmb__alloc *a = t->allocs; a; a = a->next)
+			a->saved = false;
+	}
+}
+
+/**
+ * gmb__cycle_pause() - drain, save PRESERVE bytes, unmap (VA kept), tell gmbd.
+ * @name NULL or "": every active tag. A paused tag is a no-op success.
+ */
+int gmb__cycle_pause(struct gmb_client *c, const char *name, char *err)
+{
+	struct gmb__tag *only = NULL;
+	uint64_t mask;
+	int rc;
+
+	if (name && *name) {
+		only = gmb__mem_tag_find(c, name);
+		if (!only)
+			return gmb__fail(err, -ENOENT, "no tag \"%s\"", name);
+		if (only->paused)
+			return 0;
+	} else if (!cycle_tag_any(c, false)) {
+		return 0;
+	}
+	mask = cycle_devices(c, only, false);
+	rc = gmb__mem_sync(c, mask, err);
+	if (rc == 0)
+		rc = cycle_save(c, only, err);
+	/* Copies may be asynchronous: they must land before the memory goes. */
+	if (rc == 0)
+		rc = gmb__mem_sync(c, mask, err);
+	if (rc == 0)
+		rc = cycle_unmap_tags(c, only, false, err);
+	if (rc == 0)
+		rc = gmb__mem_send_pause(c, only ? only->name : "", err);
+	if (rc < 0) {
+		cycle_remap(c, only);
+		return rc;
+	}
+	cycle_mark(c, only, false, true);
+	return 0;
+}
+
+/* Resume. */
+
+/* Every lend of every part of a ResumeReply, in order, into a malloc'd array. */
+static int cycle_collect_lends(const struct gmb__reply *rep, const Gmb__Lend ***out, size_t *n,
+			       char *err)
+{
+	const Gmb__Lend **v;
+	size_t total = 0, k = 0;
+
+	for (size_t i = 0; i < rep->nparts; i++)
+		if (rep->parts[i]->body_case == GMB__ENVELOPE__BODY_RESUME_REPLY)
+			total += rep->parts[i]->resume_reply->n_lends;
+	v = calloc(total ? total : 1, sizeof(*v));
+	if (!v)
+		return gmb__fail(err, -ENOMEM, "out of memory reading gmbd's resume reply");
+	for (size_t i = 0; i < rep->nparts; i++) {
+		const Gmb__Envelope *e = rep->parts[i];
+
+		if (e->body_case != GMB__ENVELOPE__BODY_RESUME_REPLY)
+			continue;
+		for (size_t j = 0; j < e->resume_reply->n_lends; j++)
+			v[k++] = e->resume_reply->lends[j];
+	}
+	*out = v;
+	*n = total;
+	return 0;
+}
+
+/* Each lend is for a distinct allocation of the resumed tags, and mappable. */
+static int cycle_check_lends(struct gmb_client *c, const struct gmb__tag *only,
+			     const Gmb__Lend **lends, size_t n, char *err)
+{
+	int rc = 0;
+
+	for (struct gmb__tag *t = c->mem.tags; t; t = t->next)
+		for (struct gmb__alloc *a = t->allocs; a; a = a->next)
+			a->marked = false;
+	pthread_mutex_lock(&c->lock);
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		struct gmb__alloc *a = lends[i] ? idmap_get(&c->mem.by_id, lends[i]->alloc_id) : NULL;
+
+		if (!a || a->marked || !cycle_tag_in(a->tag, only, true))
+			rc = gmb__fail(err, -EPROTO, "gmbd lent allocation %" PRIu64 " in a resume"
+				       " that does not cover it", lends[i] ? lends[i]->alloc_id : 0);
+		else
+			rc = gmb__lend_check(&c->mem, a, lends[i], err);
+		if (a)
+			a->marked = true;
+	}
+	pthread_mutex_unlock(&c->lock);
+	for (struct gmb__tag *t = c->mem.tags; t && rc == 0; t = t->next)
+		for (struct gmb__alloc *a = t->allocs; a && rc == 0; a = a->next)
+			if (cycle_tag_in(t, only, true) && !a->marked)
+				rc = gmb__fail(err, -EPROTO, "gmbd's resume left allocation %" PRIu64
+					       " of tag \"%s\" without memory", a->id, t->name);
+	return rc;
+}
+
+/* The lends become the allocations' last lends, then each is mapped. */
+static int cycle_apply_lends(struct gmb_client *c, const Gmb__Lend **lends, size_t n, char *err)
+{
+	struct gmb__handle *rel = NULL;
+	int rc = 0;
+
+	pthread_mutex_lock(&c->lock);
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		struct gmb__alloc *a = idmap_get(&c->mem.by_id, lends[i]->alloc_id);
+
+		rc = gmb__lend_set(&c->mem, a, lends[i]->chunk_ids, lends[i]->chunk_sizes,
+				   (uint32_t)lends[i]->n_chunk_ids, &rel);
+	}
+	pthread_mutex_unlock(&c->lock);
+	gmb__release_run(c->be, rel);
+	if (rc == -ENOMEM)
+		return gmb__fail(err, rc, "out of memory recording gmbd's lends");
+	if (rc < 0)
+		return gmb__fail(err, rc, "a chunk gmbd lent was dropped before it was mapped");
+	for (size_t i = 0; i < n && rc == 0; i++)
+		rc = gmb__mem_map(c, idmap_get(&c->mem.by_id, lends[i]->alloc_id), err);
+	return rc;
+}
+
+/* ZERO: zero-filled; PRESERVE: the saved bytes (zero-filled if none were saved). */
+static int cycle_restore(struct gmb_client *c, const struct gmb__tag *only, char *err)
+{
+	struct backend *be = c->be;
+
+	for (struct gmb__tag *t = c->mem.tags; t; t = t->next) {
+		if (!cycle_tag_in(t, only, true) || t->mode == GMB_MODE_DISCARD)
+			continue;
+		for (struct gmb__alloc *a = t->allocs; a; a = a->next) {
+			int rc = a->saved && a->staging
+					 ? be->ops->copy_from_host(be, a->dev, a->va, a->staging, a->size)
+					 : be->ops->zero(be, a->dev, a->va, a->size);
+
+			if (rc < 0)
+				return gmb__mem_be_fail(err, rc, "restoring an allocation's contents");
+		}
+	}
+	/* The application's next kernel must see the restored bytes. */
+	return gmb__mem_sync(c, cycle_devices(c, only, true), err);
+}
+
+/* Puts a failed resume back: unmapped here, paused at gmbd, tag by tag. */
+static void cycle_repause(struct gmb_client *c, const struct gmb__tag *only)
+{
+	cycle_unmap_tags(c, only, true, NULL);
+	for (struct gmb__tag *t = c->mem.tags; t; t = t->next)
+		if (cycle_tag_in(t, only, true))
+			gmb__mem_send_pause(c, t->name, NULL);
+}
+
+static int cycle_resume_reply(struct gmb_client *c, const struct gmb__tag *only,
+			      const struct gmb__reply *rep, char *err)
+{
+	const Gmb__Lend **lends = NULL;
+	size_t n = 0;
+	int rc;
+
+	rc = cycle_collect_lends(rep, &lends, &n, err);
+	if (rc == 0)
+		rc = cycle_check_lends(c, only, lends, n, err);
+	if (rc == 0)
+		rc = cycle_apply_lends(c, lends, n, err);
+	if (rc == 0)
+		rc = cycle_restore(c, only, err);
+	free(lends);
+	return rc;
+}
+
+/**
+ * gmb__cycle_resume() - lend, map at the same addresses, restore contents.
+ * @name NULL or "": every paused tag. An active tag is a no-op success; on
+ * any failure (-ENOMEM from gmbd among them) the tags stay paused.
+ */
+int gmb__cycle_resume(struct gmb_client *c, const char *name, char *err)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__ResumeRequest req = GMB__RESUME_REQUEST__INIT;
+	struct gmb__tag *only = NULL;
+	struct gmb__reply rep;
+	int rc;
+
+	if (name && *name) {
+		only = gmb__mem_tag_find(c, name);
+		if (!only)
+			return gmb__fail(err, -ENOENT, "no tag \"%s\"", name);
+		if (!only->paused)
+			return 0;
+	} else if (!cycle_tag_any(c, true)) {
+		return 0;
+	}
+	req.tag = only ? only->name : "";
+	env.body_case = GMB__ENVELOPE__BODY_RESUME;
+	env.resume = &req;
+	rc = gmb__request(c, &env, &rep, err);
+	if (rep.status < 0)
+		goto out_rep; /* nothing was lent: still paused on both sides */
+	if (rc == 0)
+		rc = cycle_resume_reply(c, only, &rep, err);
+	if (rc < 0)
+		cycle_repause(c, only);
+	else
+		cycle_mark(c, only, true, false);
+out_rep:
+	gmb__mem_sweep(c);
+	gmb__reply_deinit(&rep);
+	return rc;
+}
+
+/* Close. */
+
+/**
+ * gmb__cycle_close() - drain and unmap every active allocation (gmb_close),
+ * before the connection ends: gmbd may lend the chunks to others then.
+ */
+void gmb__cycle_close(struct gmb_client *c)
+{
+	if (!c->be)
+		return;
+	gmb__mem_sync(c, cycle_devices(c, NULL, false), NULL);
+	cycle_unmap_tags(c, NULL, false, NULL);
+}

@@ -1,0 +1,538 @@
+/*
+ * gmbctl.c - the operator's CLI of gmbd: status, pause/resume, trim.
+ *
+ * Three tables drive everything: ctl_opts[] (global options), ctl_kinds[]
+ * (what each kind of argument is and how it is checked) and ctl_cmds[]
+ * (one row per command: name, arguments, flags, handler, help). --help,
+ * each command's usage line and every usage error are printed from them,
+ * so the help cannot disagree with the parser. ctl_parse() checks every
+ * argument before anything connects; a handler gets checked values and only
+ * talks to the broker, returning 0 or -errno.
+ *
+ * gmbctl uses the public libgmb API only. Results go to stdout, errors to
+ * stderr only. Exit status: 0 done; 1 the broker refused or failed, or
+ * cannot be reached; 2 usage error.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gmb.h"
+
+#define CTL_NAME "gmbctl"
+#define CTL_DEFAULT_SOCKET "/run/gmbd/gmbd.sock"
+#define CTL_MAX_ARGS 2
+#define CTL_SIZE_MAX 16 /* "1023.9 EiB" and a NUL fit */
+
+enum { CTL_EXIT_OK = 0, CTL_EXIT_FAIL = 1, CTL_EXIT_USAGE = 2 };
+
+/* ctl_cmd.flags */
+enum { CTL_F_JSON = 1u << 0 /* takes --json */ };
+
+/* getopt keys of long-only options: past every char. */
+enum { CTL_OPT_JSON = 256 };
+
+enum ctl_kind { CTL_ARG_NONE, CTL_ARG_CLIENT, CTL_ARG_TAG, CTL_ARG_DEVICE };
+
+/* A command's arguments, checked: what a handler gets. */
+struct ctl_args {
+	const char *client;
+	const char *tag; /* NULL: every tag */
+	int device;	 /* -1: every device */
+	bool json;
+};
+
+struct ctl_kind_info {
+	const char *metavar;
+	const char *help;
+	/* Checks @s and stores it in @a; -EINVAL with a reason in @why. */
+	int (*check)(const char *s, struct ctl_args *a, const char **why);
+};
+
+struct ctl_cmd {
+	const char *name;
+	enum ctl_kind args[CTL_MAX_ARGS]; /* in order; CTL_ARG_NONE ends */
+	int min_args;			  /* the rest are optional */
+	int max_args;
+	unsigned flags;
+	int (*run)(gmb_client *c, const struct ctl_args *a);
+	const char *help;
+};
+
+struct ctl_opt {
+	const char *name;
+	int key;	    /* the short letter, or CTL_OPT_* for long-only */
+	const char *metavar; /* NULL: takes no value */
+	const char *help;
+};
+
+/* What the command line asks for. */
+struct ctl_cli {
+	const char *socket; /* NULL: $GMB_SOCKET, else the default */
+	bool json;
+	bool help;
+	bool version;
+	const struct ctl_cmd *cmd; /* NULL: no command given */
+	struct ctl_args args;
+};
+
+static int ctl_check_client(const char *s, struct ctl_args *a, const char **why);
+static int ctl_check_tag(const char *s, struct ctl_args *a, const char **why);
+static int ctl_check_device(const char *s, struct ctl_args *a, const char **why);
+static int ctl_status(gmb_client *c, const struct ctl_args *a);
+static int ctl_pause(gmb_client *c, const struct ctl_args *a);
+static int ctl_resume(gmb_client *c, const struct ctl_args *a);
+static int ctl_trim(gmb_client *c, const struct ctl_args *a);
+
+static const struct ctl_kind_info ctl_kinds[] = {
+	[CTL_ARG_CLIENT] = { "CLIENT", "a client's name, pid, or id as #ID or ID (see status)",
+			     ctl_check_client },
+	[CTL_ARG_TAG] = { "TAG", "a tag of that client; every tag when omitted", ctl_check_tag },
+	[CTL_ARG_DEVICE] = { "DEVICE", "a device index (see status); every device when omitted",
+			     ctl_check_device },
+};
+
+static const struct ctl_cmd ctl_cmds[] = {
+	{ "status", { CTL_ARG_NONE }, 0, 0, CTL_F_JSON, ctl_status,
+	  "show devices, pools, clients and their tags" },
+	{ "pause", { CTL_ARG_CLIENT, CTL_ARG_TAG }, 1, 2, 0, ctl_pause,
+	  "pause a client's tag: memory back to the pool, addresses kept" },
+	{ "resume", { CTL_ARG_CLIENT, CTL_ARG_TAG }, 1, 2, 0, ctl_resume,
+	  "resume a paused tag at the same addresses" },
+	{ "trim", { CTL_ARG_DEVICE }, 0, 1, CTL_F_JSON, ctl_trim,
+	  "release the pool's free memory to the driver" },
+};
+
+static const struct ctl_opt ctl_opts[] = {
+	{ "socket", 's', "PATH", "gmbd's socket (default: $GMB_SOCKET, else " CTL_DEFAULT_SOCKET ")" },
+	{ "json", CTL_OPT_JSON, NULL, "print JSON (commands marked [--json])" },
+	{ "help", 'h', NULL, "show this help (after a command: that command's) and exit" },
+	{ "version", 'V', NULL, "show the version and exit" },
+};
+
+#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/* --- checks of arguments ------------------------------------------------ */
+
+static bool ctl_is_number(const char *s)
+{
+	if (!*s)
+		return false;
+	for (; *s; s++)
+		if (*s < '0' || *s > '9')
+			return false;
+	return true;
+}
+
+/*
+ * The broker resolves the target (name, pid or id), so it is passed as
+ * typed; only what can never match is refused here: "" and "#" followed by
+ * anything but an id.
+ */
+static int ctl_check_client(const char *s, struct ctl_args *a, const char **why)
+{
+	if (!*s) {
+		*why = "empty client";
+		return -EINVAL;
+	}
+	if (s[0] == '#' && !ctl_is_number(s + 1)) {
+		*why = "a client id is #ID, ID a number";
+		return -EINVAL;
+	}
+	a->client = s;
+	return 0;
+}
+
+/* "" would mean every tag on the wire; omitting TAG says that explicitly. */
+static int ctl_check_tag(const char *s, struct ctl_args *a, const char **why)
+{
+	if (!*s) {
+		*why = "empty tag (omit TAG for every tag)";
+		return -EINVAL;
+	}
+	a->tag = s;
+	return 0;
+}
+
+static int ctl_check_device(const char *s, struct ctl_args *a, const char **why)
+{
+	unsigned long v;
+
+	errno = 0;
+	v = ctl_is_number(s) ? strtoul(s, NULL, 10) : ULONG_MAX;
+	if (errno || v > INT_MAX) {
+		*why = "bad device number";
+		return -EINVAL;
+	}
+	a->device = (int)v;
+	return 0;
+}
+
+/* --- output helpers ----------------------------------------------------- */
+
+/* "512 B", "1.5 KiB" .. "16.0 EiB": the units of `gmbctl status`. */
+static const char *ctl_size(uint64_t v, char buf[CTL_SIZE_MAX])
+{
+	static const char units[] = "KMGTPE";
+	double d = (double)v / 1024;
+	int u = 0;
+
+	if (v < 1024) {
+		snprintf(buf, CTL_SIZE_MAX, "%" PRIu64 " B", v);
+		return buf;
+	}
+	/* 1023.96 KiB would print as "1024.0 KiB": move up a unit before that. */
+	while (d >= 1023.95 && u < (int)sizeof(units) - 2) {
+		d /= 1024;
+		u++;
+	}
+	snprintf(buf, CTL_SIZE_MAX, "%.1f %ciB", d, units[u]);
+	return buf;
+}
+
+/*
+ * Writes a broker message to stderr. It may quote a client's name, and a
+ * client can name itself anything, so no control byte reaches the terminal.
+ */
+static void ctl_put_safe(const char *s)
+{
+	for (; *s; s++)
+		fputc((unsigned char)*s < 0x20 || *s == 0x7f ? '?' : *s, stderr);
+}
+
+static const char *ctl_socket_path(const struct ctl_cli *cli)
+{
+	const char *env = getenv("GMB_SOCKET");
+
+	if (cli->socket)
+		return cli->socket;
+	return env && *env ? env : CTL_DEFAULT_SOCKET;
+}
+
+/* --- usage and help, from the tables ------------------------------------ */
+
+/* "pause CLIENT [TAG]", "trim [DEVICE] [--json]" into @buf. */
+static const char *ctl_cmd_synopsis(const struct ctl_cmd *cmd, char *buf, size_t size)
+{
+	size_t n = (size_t)snprintf(buf, size, "%s", cmd->name);
+	int i;
+
+	for (i = 0; i < cmd->max_args && n < size; i++)
+		n += (size_t)snprintf(buf + n, size - n, i < cmd->min_args ? " %s" : " [%s]",
+				      ctl_kinds[cmd->args[i]].metavar);
+	if ((cmd->flags & CTL_F_JSON) && n < size)
+		snprintf(buf + n, size - n, " [--json]");
+	return buf;
+}
+
+/* "-s, --socket PATH" or "    --json" into @buf. */
+static const char *ctl_opt_synopsis(const struct ctl_opt *o, char *buf, size_t size)
+{
+	if (o->key < 256)
+		snprintf(buf, size, "-%c, --%s%s%s", o->key, o->name, o->metavar ? " " : "",
+			 o->metavar ? o->metavar : "");
+	else
+		snprintf(buf, size, "    --%s%s%s", o->name, o->metavar ? " " : "",
+			 o->metavar ? o->metavar : "");
+	return buf;
+}
+
+static void ctl_print_cmd_usage(FILE *f, const struct ctl_cmd *cmd)
+{
+	char syn[128];
+
+	fprintf(f, "Usage: " CTL_NAME " [OPTIONS] %s\n", ctl_cmd_synopsis(cmd, syn, sizeof(syn)));
+}
+
+/* A usage error: the reason, then the usage line; exit status 2. */
+__attribute__((format(printf, 2, 3))) static int ctl_usage_error(const struct ctl_cmd *cmd,
+								const char *fmt, ...)
+{
+	va_list ap;
+
+	fputs(CTL_NAME ": ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	if (cmd)
+		ctl_print_cmd_usage(stderr, cmd);
+	else
+		fputs("Usage: " CTL_NAME " [OPTIONS] COMMAND [ARGS]\n"
+		      "Try '" CTL_NAME " --help' for more information.\n",
+		      stderr);
+	return -EINVAL;
+}
+
+static void ctl_print_help(void)
+{
+	char syn[128];
+	size_t i;
+
+	printf("Usage: " CTL_NAME " [OPTIONS] COMMAND [ARGS]\n"
+	       "Control gmbd, the GPU memory broker of this node.\n\nCommands:\n");
+	for (i = 0; i < ARRAY_SIZE(ctl_cmds); i++)
+		printf("  %-24s %s\n", ctl_cmd_synopsis(&ctl_cmds[i], syn, sizeof(syn)),
+		       ctl_cmds[i].help);
+	printf("\nArguments:\n");
+	for (i = 1; i < ARRAY_SIZE(ctl_kinds); i++)
+		printf("  %-24s %s\n", ctl_kinds[i].metavar, ctl_kinds[i].help);
+	printf("\nOptions:\n");
+	for (i = 0; i < ARRAY_SIZE(ctl_opts); i++)
+		printf("  %-24s %s\n", ctl_opt_synopsis(&ctl_opts[i], syn, sizeof(syn)),
+		       ctl_opts[i].help);
+	printf("\nExit status: 0 on success; 1 when gmbd refused or failed, or cannot be\n"
+	       "reached; 2 on a usage error.\n");
+}
+
+/* --- parsing ------------------------------------------------------------ */
+
+/* getopt_long's tables, built from ctl_opts[] so that --help matches them. */
+static void ctl_getopt_tables(struct option *lo, char *so)
+{
+	size_t i;
+
+	*so++ = '+'; /* stop at the command: what follows it is the command's */
+	*so++ = ':'; /* report a missing value as ':' */
+	for (i = 0; i < ARRAY_SIZE(ctl_opts); i++) {
+		lo[i] = (struct option){ ctl_opts[i].name,
+					 ctl_opts[i].metavar ? required_argument : no_argument, NULL,
+					 ctl_opts[i].key };
+		if (ctl_opts[i].key < 256) {
+			*so++ = (char)ctl_opts[i].key;
+			if (ctl_opts[i].metavar)
+				*so++ = ':';
+		}
+	}
+	lo[i] = (struct option){ 0 };
+	*so = '\0';
+}
+
+static int ctl_parse_opt(struct ctl_cli *cli, int key, char **argv)
+{
+	switch (key) {
+	case 's':
+		if (!*optarg)
+			return ctl_usage_error(NULL, "empty socket path");
+		cli->socket = optarg;
+		return 0;
+	case CTL_OPT_JSON:
+		cli->json = true;
+		return 0;
+	case 'h':
+		cli->help = true;
+		return 0;
+	case 'V':
+		cli->version = true;
+		return 0;
+	case ':':
+		return ctl_usage_error(NULL, "option '%s' needs a value", argv[optind - 1]);
+	default:
+		if (optopt && optopt < 256)
+			return ctl_usage_error(NULL, "unknown option '-%c'", optopt);
+		return ctl_usage_error(NULL, "unknown option '%s'", argv[optind - 1]);
+	}
+}
+
+/* Global options up to the command; *@next gets the command's index. */
+static int ctl_parse_opts(struct ctl_cli *cli, int argc, char **argv, int *next)
+{
+	struct option lo[ARRAY_SIZE(ctl_opts) + 1];
+	char so[2 + 2 * ARRAY_SIZE(ctl_opts) + 1];
+	int key, r;
+
+	ctl_getopt_tables(lo, so);
+	opterr = 0; /* errors are reported from ctl_parse_opt, with the usage */
+	while ((key = getopt_long(argc, argv, so, lo, NULL)) != -1) {
+		r = ctl_parse_opt(cli, key, argv);
+		if (r < 0)
+			return r;
+	}
+	*next = optind;
+	return 0;
+}
+
+static const struct ctl_cmd *ctl_find_cmd(const char *name)
+{
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(ctl_cmds); i++)
+		if (!strcmp(ctl_cmds[i].name, name))
+			return &ctl_cmds[i];
+	return NULL;
+}
+
+/*
+ * The command's own words: --json and --help anywhere, "--" before a
+ * positional that starts with '-', the positionals checked by kind. A
+ * negative number is left to its check ("bad device number" says more
+ * than "unknown option '-1'").
+ */
+static int ctl_parse_cmd_args(struct ctl_cli *cli, int argc, char **argv)
+{
+	const struct ctl_cmd *cmd = cli->cmd;
+	const char *why = NULL;
+	bool opts = true;
+	int i, n = 0;
+
+	for (i = 0; i < argc; i++) {
+		if (opts && !strcmp(argv[i], "--")) {
+			opts = false;
+		} else if (opts && !strcmp(argv[i], "--json")) {
+			cli->json = true;
+		} else if (opts && (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))) {
+			cli->help = true;
+		} else if (opts && argv[i][0] == '-' && argv[i][1] && !ctl_is_number(argv[i] + 1)) {
+			return ctl_usage_error(cmd, "%s: unknown option '%s'", cmd->name, argv[i]);
+		} else if (n >= cmd->max_args) {
+			return ctl_usage_error(cmd, "%s: too many arguments", cmd->name);
+		} else if (ctl_kinds[cmd->args[n]].check(argv[i], &cli->args, &why) < 0) {
+			return ctl_usage_error(cmd, "%s: %s: '%s'", cmd->name, why, argv[i]);
+		} else {
+			n++;
+		}
+	}
+	if (cli->help)
+		return 0;
+	if (n < cmd->min_args)
+		return ctl_usage_error(cmd, "%s: missing %s", cmd->name,
+				       ctl_kinds[cmd->args[n]].metavar);
+	if (cli->json && !(cmd->flags & CTL_F_JSON))
+		return ctl_usage_error(cmd, "%s: does not take --json", cmd->name);
+	cli->args.json = cli->json;
+	return 0;
+}
+
+/**
+ * ctl_parse() - the whole command line into @cli, checked.
+ * Return: 0 (cli->help/version may ask for text instead of a command), or
+ * -EINVAL after the reason and usage went to stderr.
+ */
+static int ctl_parse(struct ctl_cli *cli, int argc, char **argv)
+{
+	int i, r;
+
+	*cli = (struct ctl_cli){ .args = { .device = -1 } };
+	r = ctl_parse_opts(cli, argc, argv, &i);
+	if (r < 0 || cli->help || cli->version)
+		return r;
+	if (i >= argc)
+		return ctl_usage_error(NULL, "missing command");
+	cli->cmd = ctl_find_cmd(argv[i]);
+	if (!cli->cmd)
+		return ctl_usage_error(NULL, "unknown command '%s'", argv[i]);
+	return ctl_parse_cmd_args(cli, argc - i - 1, argv + i + 1);
+}
+
+/* --- commands ----------------------------------------------------------- */
+
+static int ctl_status(gmb_client *c, const struct ctl_args *a)
+{
+	char *text = NULL;
+	size_t n;
+	int r;
+
+	r = a->json ? gmb_status_json(c, &text) : gmb_status_text(c, &text);
+	if (r < 0)
+		return r;
+	n = strlen(text);
+	fputs(text, stdout);
+	if (!n || text[n - 1] != '\n')
+		putchar('\n');
+	free(text);
+	return 0;
+}
+
+static int ctl_pause(gmb_client *c, const struct ctl_args *a)
+{
+	return gmb_control(c, a->client, GMB_OP_PAUSE, a->tag);
+}
+
+static int ctl_resume(gmb_client *c, const struct ctl_args *a)
+{
+	return gmb_control(c, a->client, GMB_OP_RESUME, a->tag);
+}
+
+static int ctl_trim(gmb_client *c, const struct ctl_args *a)
+{
+	char rel[CTL_SIZE_MAX], pend[CTL_SIZE_MAX];
+	uint64_t released = 0, pending = 0;
+	int r;
+
+	r = gmb_trim(c, a->device, &released, &pending);
+	if (r < 0)
+		return r;
+	if (a->json)
+		printf("{\"released_bytes\":%" PRIu64 ",\"pending_bytes\":%" PRIu64 "}\n", released,
+		       pending);
+	else
+		printf("released %s, pending %s\n", ctl_size(released, rel),
+		       ctl_size(pending, pend));
+	return 0;
+}
+
+/* --- main --------------------------------------------------------------- */
+
+/* "gmbctl: pause: <why>", the broker's sentence when it gave one. */
+static void ctl_report(const struct ctl_cmd *cmd, gmb_client *c, int err)
+{
+	const char *msg = c ? gmb_last_error(c) : NULL;
+
+	fprintf(stderr, CTL_NAME ": %s: ", cmd->name);
+	ctl_put_safe(msg && *msg ? msg : gmb_strerror(err));
+	fputc('\n', stderr);
+}
+
+static int ctl_run(const struct ctl_cli *cli)
+{
+	gmb_client *c = NULL;
+	int r;
+
+	r = gmb_connect_flags(cli->socket, CTL_NAME, GMB_CONNECT_TOOL, &c);
+	if (r < 0) {
+		fprintf(stderr, CTL_NAME ": %s: cannot connect to gmbd at ", cli->cmd->name);
+		ctl_put_safe(ctl_socket_path(cli));
+		fprintf(stderr, ": %s\n", gmb_strerror(r));
+		return CTL_EXIT_FAIL;
+	}
+	r = cli->cmd->run(c, &cli->args);
+	if (r < 0)
+		ctl_report(cli->cmd, c, r);
+	gmb_close(c);
+	return r < 0 ? CTL_EXIT_FAIL : CTL_EXIT_OK;
+}
+
+int main(int argc, char **argv)
+{
+	struct ctl_cli cli;
+	int code;
+
+	if (ctl_parse(&cli, argc, argv) < 0)
+		return CTL_EXIT_USAGE;
+	if (cli.help && cli.cmd) {
+		ctl_print_cmd_usage(stdout, cli.cmd);
+		printf("%s\n", cli.cmd->help);
+		code = CTL_EXIT_OK;
+	} else if (cli.help) {
+		ctl_print_help();
+		code = CTL_EXIT_OK;
+	} else if (cli.version) {
+		printf(CTL_NAME " %s\n", GMB_VERSION);
+		code = CTL_EXIT_OK;
+	} else {
+		code = ctl_run(&cli);
+	}
+	/* A result that did not reach stdout (full disk, closed pipe) is a failure. */
+	if (fflush(stdout) != 0 || ferror(stdout)) {
+		fprintf(stderr, CTL_NAME ": cannot write output: %s\n", strerror(errno));
+		return CTL_EXIT_FAIL;
+	}
+	return code;
+}

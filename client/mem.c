@@ -1,0 +1,607 @@
+/*
+ * mem.c - libgmb's allocations and tags: malloc, free, mode, drops, and the
+ * mapping helpers that cycle.c (pause/resume) shares.
+ *
+ * An allocation is one VA range reserved at malloc and kept until free, so
+ * its address never changes; its last lend (cache.c) is mapped back to back
+ * from the base, and one set_access covers the whole range. Every function
+ * here runs under the operation lock, except gmb__mem_drop() (the reader's);
+ * the memory tables the reader also touches (handle cache, alloc tables,
+ * last lends' ids) change under the state lock as well.
+ *
+ * Invariants (between operations):
+ *   - an allocation is in by_id and by_va, in its tag's list, and its last
+ *     lend is non-empty from the moment gmb_malloc() returns it to its free;
+ *   - a PRESERVE tag's allocations each have a staging buffer (made at
+ *     malloc or set_mode, never during a pause: pinning is slow); saved says
+ *     it holds the bytes of the pause in progress;
+ *   - a failed malloc leaves nothing behind, gmbd's side included.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/internal.h"
+
+/* Devices as a bit mask: BACKEND_MAX_DEVICES is 64. */
+#define MEM_DEV_BIT(d) (1ULL << (unsigned)(d))
+
+int gmb__mem_be_fail(char *err, int rc, const char *what)
+{
+	return gmb__fail(err, rc, "%s: %s", what, *backend_last_error() ? backend_last_error()
+				  : strerror(-rc));
+}
+
+static int mem_check_name(const char *name, char *err)
+{
+	size_t n = strlen(name);
+
+	if (n == 0)
+		return gmb__fail(err, -EINVAL, "empty tag name");
+	if (n > WIRE_MAX_NAME)
+		return gmb__fail(err, -ENAMETOOLONG, "tag name of %zu bytes (at most %d)", n,
+				 WIRE_MAX_NAME);
+	return 0;
+}
+
+/**
+ * gmb__mem_backend() - open the backend that maps gmbd's chunks, once.
+ * Tools that never allocate never pay for it (cuda: a driver init).
+ */
+int gmb__mem_backend(struct gmb_client *c, char *err)
+{
+	struct backend_host_opts o = BACKEND_HOST_OPTS_INIT;
+	struct backend *be = NULL;
+	int rc;
+
+	if (c->be)
+		return 0;
+	o.ndevices = c->ndevices;
+	o.granularity = c->granularity[0];
+	o.memory = c->device_bytes > o.granularity ? c->device_bytes : o.granularity;
+	if (strcmp(c->backend_kind, "host") == 0)
+		rc = backend_host_open(&o, &be);
+	else
+		rc = backend_open(c->backend_kind, &o, &be);
+	if (rc < 0)
+		return gmb__mem_be_fail(err, rc, "opening libgmb's backend");
+	/* The reader imports with it: publish it under the state lock. */
+	pthread_mutex_lock(&c->lock);
+	c->be = be;
+	pthread_mutex_unlock(&c->lock);
+	return 0;
+}
+
+/* Tags. */
+
+struct gmb__tag *gmb__mem_tag_find(struct gmb_client *c, const char *name)
+{
+	for (struct gmb__tag *t = c->mem.tags; t; t = t->next)
+		if (strcmp(t->name, name) == 0)
+			return t;
+	return NULL;
+}
+
+/* The tag named @name, created (DISCARD, active) if new; *@created says which. */
+static int mem_tag_get(struct gmb_client *c, const char *name, struct gmb__tag **out,
+		       bool *created, char *err)
+{
+	struct gmb__tag *t = gmb__mem_tag_find(c, name);
+
+	*created = false;
+	if (!t) {
+		t = calloc(1, sizeof(*t));
+		if (!t)
+			return gmb__fail(err, -ENOMEM, "out of memory for tag \"%s\"", name);
+		snprintf(t->name, sizeof(t->name), "%s", name);
+		t->next = c->mem.tags;
+		c->mem.tags = t;
+		*created = true;
+	}
+	*out = t;
+	return 0;
+}
+
+/* Undoes mem_tag_get() of a tag that is still empty. */
+static void mem_tag_drop(struct gmb_client *c, struct gmb__tag *t)
+{
+	for (struct gmb__tag **pp = &c->mem.tags; *pp; pp = &(*pp)->next) {
+		if (*pp == t) {
+			*pp = t->next;
+			free(t);
+			return;
+		}
+	}
+}
+
+/* Sends Pause{@name} ("" = every tag) and waits for the answer. */
+int gmb__mem_send_pause(struct gmb_client *c, const char *name, char *err)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__PauseRequest req = GMB__PAUSE_REQUEST__INIT;
+	struct gmb__reply rep;
+	int rc;
+
+	req.tag = (char *)name;
+	env.body_case = GMB__ENVELOPE__BODY_PAUSE;
+	env.pause = &req;
+	rc = gmb__request(c, &env, &rep, err);
+	gmb__reply_deinit(&rep);
+	return rc;
+}
+
+static int mem_send_free(struct gmb_client *c, uint64_t id, char *err)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__FreeRequest req = GMB__FREE_REQUEST__INIT;
+	struct gmb__reply rep;
+	int rc;
+
+	req.alloc_id = id;
+	env.body_case = GMB__ENVELOPE__BODY_FREE;
+	env.free = &req;
+	rc = gmb__request(c, &env, &rep, err);
+	gmb__reply_deinit(&rep);
+	return rc;
+}
+
+/* Mapping. */
+
+/* Maps @a's last lend at its base, back to back, then one set_access. */
+int gmb__mem_map(struct gmb_client *c, struct gmb__alloc *a, char *err)
+{
+	struct backend *be = c->be;
+	uint64_t *h = calloc(a->nchunks ? a->nchunks : 1, sizeof(*h)), off = 0;
+	int rc;
+
+	if (!h)
+		return gmb__fail(err, -ENOMEM, "out of memory mapping allocation %" PRIu64, a->id);
+	pthread_mutex_lock(&c->lock);
+	rc = gmb__lend_handles(&c->mem, a, h, err);
+	pthread_mutex_unlock(&c->lock);
+	if (rc < 0)
+		goto out_h;
+	for (uint32_t i = 0; i < a->nchunks; i++) {
+		rc = be->ops->map(be, a->va + off, a->chunk_sizes[i], h[i]);
+		if (rc < 0) {
+			rc = gmb__mem_be_fail(err, rc, "mapping a chunk");
+			goto out_unmap;
+		}
+		off += a->chunk_sizes[i];
+	}
+	/* One call for the range: the driver charges per call, not per mapping. */
+	rc = be->ops->set_access(be, a->dev, a->va, a->size);
+	if (rc < 0) {
+		rc = gmb__mem_be_fail(err, rc, "setting access");
+		goto out_unmap;
+	}
+	a->mapped = true;
+	free(h);
+	return 0;
+
+out_unmap:
+	if (off)
+		be->ops->unmap(be, a->va, off);
+out_h:
+	free(h);
+	return rc;
+}
+
+int gmb__mem_unmap(struct gmb_client *c, struct gmb__alloc *a, char *err)
+{
+	int rc = c->be->ops->unmap(c->be, a->va, a->size);
+
+	if (rc < 0)
+		return gmb__mem_be_fail(err, rc, "unmapping an allocation");
+	a->mapped = false;
+	return 0;
+}
+
+/* Drains every device in @mask: unmap and copies do not wait for queued work. */
+int gmb__mem_sync(struct gmb_client *c, uint64_t mask, char *err)
+{
+	for (int d = 0; d < c->ndevices; d++) {
+		int rc;
+
+		if (!(mask & MEM_DEV_BIT(d)))
+			continue;
+		rc = c->be->ops->sync(c->be, d);
+		if (rc < 0)
+			return gmb__mem_be_fail(err, rc, "draining the device");
+	}
+	return 0;
+}
+
+static void mem_staging_free(struct gmb_client *c, struct gmb__alloc *a)
+{
+	if (a->staging)
+		c->be->ops->host_free(c->be, a->staging, a->size);
+	a->staging = NULL;
+	a->saved = false;
+}
+
+int gmb__mem_staging_new(struct gmb_client *c, struct gmb__alloc *a, char *err)
+{
+	int rc;
+
+	if (a->staging)
+		return 0;
+	rc = c->be->ops->host_alloc(c->be, a->size, &a->staging);
+	if (rc < 0)
+		return gmb__mem_be_fail(err, rc, "allocating the host copy of a preserved allocation");
+	return 0;
+}
+
+/* Allocations: the record, its tables, its undoing. */
+
+/* A record with its VA range reserved (and staging for PRESERVE), not yet lent. */
+static int mem_alloc_new(struct gmb_client *c, struct gmb__tag *t, int dev, uint64_t size,
+			 struct gmb__alloc **out, char *err)
+{
+	struct gmb__alloc *a = calloc(1, sizeof(*a));
+	int rc;
+
+	if (!a)
+		return gmb__fail(err, -ENOMEM, "out of memory for an allocation record");
+	*a = (struct gmb__alloc){ .dev = dev, .size = size, .tag = t };
+	rc = c->be->ops->va_reserve(c->be, size, c->granularity[dev], &a->va);
+	if (rc < 0) {
+		rc = gmb__mem_be_fail(err, rc, "reserving the address range");
+		goto out_a;
+	}
+	if (t->mode == GMB_MODE_PRESERVE) {
+		rc = gmb__mem_staging_new(c, a, err);
+		if (rc < 0)
+			goto out_va;
+	}
+	*out = a;
+	return 0;
+
+out_va:
+	c->be->ops->va_free(c->be, a->va, a->size);
+out_a:
+	free(a);
+	return rc;
+}
+
+/* Frees what mem_alloc_new() made; @a is out of every table. */
+static void mem_alloc_destroy(struct gmb_client *c, struct gmb__alloc *a)
+{
+	/* Only gmb_close() gets here mapped: the VA cannot be freed under a mapping. */
+	if (a->mapped)
+		c->be->ops->unmap(c->be, a->va, a->size);
+	mem_staging_free(c, a);
+	c->be->ops->va_free(c->be, a->va, a->size);
+	free(a->chunk_ids);
+	free(a->chunk_sizes);
+	free(a);
+}
+
+static void mem_tag_link(struct gmb__tag *t, struct gmb__alloc *a)
+{
+	a->prev = NULL;
+	a->next = t->allocs;
+	if (t->allocs)
+		t->allocs->prev = a;
+	t->allocs = a;
+	t->nallocs++;
+}
+
+static void mem_tag_unlink(struct gmb__tag *t, struct gmb__alloc *a)
+{
+	if (a->prev)
+		a->prev->next = a->next;
+	else
+		t->allocs = a->next;
+	if (a->next)
+		a->next->prev = a->prev;
+	t->nallocs--;
+}
+
+/* Enters @a (id set) in the tables with @l as its last lend. */
+static int mem_adopt(struct gmb_client *c, struct gmb__alloc *a, const Gmb__Lend *l, char *err)
+{
+	struct gmb__handle *rel = NULL;
+	struct gmb__mem *m = &c->mem;
+	int rc;
+
+	pthread_mutex_lock(&c->lock);
+	rc = gmb__lend_check(m, a, l, err);
+	if (rc == 0 && idmap_get(&m->by_id, a->id))
+		rc = gmb__fail(err, -EPROTO, "gmbd lent allocation %" PRIu64 " twice", a->id);
+	if (rc == 0)
+		rc = idmap_put(&m->by_id, a->id, a);
+	if (rc == 0) {
+		rc = idmap_put(&m->by_va, a->va, a);
+		if (rc == 0)
+			rc = gmb__lend_set(m, a, l->chunk_ids, l->chunk_sizes,
+					   (uint32_t)l->n_chunk_ids, &rel);
+		if (rc < 0) {
+			idmap_del(&m->by_va, a->va);
+			idmap_del(&m->by_id, a->id);
+		}
+	}
+	pthread_mutex_unlock(&c->lock);
+	gmb__release_run(c->be, rel);
+	if (rc == -ENOMEM)
+		return gmb__fail(err, rc, "out of memory recording allocation %" PRIu64, a->id);
+	return rc;
+}
+
+/* Takes @a out of the tables and drops its last lend's references. */
+static void mem_forget(struct gmb_client *c, struct gmb__alloc *a)
+{
+	struct gmb__handle *rel = NULL;
+
+	pthread_mutex_lock(&c->lock);
+	if (idmap_get(&c->mem.by_id, a->id) == a)
+		idmap_del(&c->mem.by_id, a->id);
+	if (idmap_get(&c->mem.by_va, a->va) == a)
+		idmap_del(&c->mem.by_va, a->va);
+	gmb__lend_clear(&c->mem, a, &rel);
+	pthread_mutex_unlock(&c->lock);
+	gmb__release_run(c->be, rel);
+}
+
+/* Releases the handles a failed request imported but no lend names. */
+void gmb__mem_sweep(struct gmb_client *c)
+{
+	struct gmb__handle *rel = NULL;
+
+	pthread_mutex_lock(&c->lock);
+	gmb__cache_sweep(&c->mem, &rel);
+	pthread_mutex_unlock(&c->lock);
+	gmb__release_run(c->be, rel);
+}
+
+static const Gmb__Lend *mem_alloc_lend(const struct gmb__reply *rep)
+{
+	const Gmb__Envelope *last = rep->nparts ? rep->parts[rep->nparts - 1] : NULL;
+
+	if (!last || last->body_case != GMB__ENVELOPE__BODY_ALLOC_REPLY || !last->alloc_reply)
+		return NULL;
+	return last->alloc_reply->lend;
+}
+
+/* AllocRequest for @a, then adopt and map the lend; on failure gmbd gets it back. */
+static int mem_alloc_lend_map(struct gmb_client *c, struct gmb__alloc *a, char *err)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__AllocRequest req = GMB__ALLOC_REQUEST__INIT;
+	struct gmb__reply rep;
+	const Gmb__Lend *l;
+	int rc;
+
+	req.device = (uint32_t)a->dev;
+	req.size = a->size;
+	req.tag = a->tag->name;
+	env.body_case = GMB__ENVELOPE__BODY_ALLOC;
+	env.alloc = &req;
+	rc = gmb__request(c, &env, &rep, err);
+	if (rep.status < 0)
+		goto out_rep; /* nothing was lent */
+	l = mem_alloc_lend(&rep);
+	a->id = l ? l->alloc_id : 0;
+	if (rc == 0 && !a->id)
+		rc = gmb__fail(err, -EPROTO, "gmbd's allocation reply lacks an allocation id");
+	if (rc == 0)
+		rc = mem_adopt(c, a, l, err);
+	if (rc == 0) {
+		rc = gmb__mem_map(c, a, err);
+		if (rc < 0)
+			mem_forget(c, a);
+	}
+	/* gmbd lent (status 0) but this side failed: give it back, keep our reason. */
+	if (rc < 0 && a->id)
+		mem_send_free(c, a->id, NULL);
+out_rep:
+	gmb__mem_sweep(c);
+	gmb__reply_deinit(&rep);
+	return rc;
+}
+
+static int mem_malloc_check(struct gmb_client *c, void **ptr, size_t size, int dev,
+			    const char *tag, char *err)
+{
+	if (!ptr)
+		return gmb__fail(err, -EINVAL, "no place for the pointer");
+	if (size == 0)
+		return gmb__fail(err, -EINVAL, "allocation of 0 bytes");
+	if (dev < 0 || dev >= c->ndevices)
+		return gmb__fail(err, -ENODEV, "no device %d: gmbd manages %d", dev, c->ndevices);
+	if ((uint64_t)size > UINT64_MAX - c->granularity[dev])
+		return gmb__fail(err, -ENOMEM, "allocation of %zu bytes is too large", size);
+	return mem_check_name(tag, err);
+}
+
+/**
+ * gmb__mem_malloc() - reserve, lend, map. *@ptr is set only on success; on
+ * failure everything is undone, including gmbd's side.
+ */
+int gmb__mem_malloc(struct gmb_client *c, void **ptr, size_t size, int dev, const char *tag,
+		    char *err)
+{
+	struct gmb__alloc *a = NULL;
+	struct gmb__tag *t;
+	bool created;
+	int rc;
+
+	if (!tag)
+		tag = "default";
+	rc = mem_malloc_check(c, ptr, size, dev, tag, err);
+	if (rc == 0)
+		rc = gmb__mem_backend(c, err);
+	if (rc < 0)
+		return rc;
+	t = gmb__mem_tag_find(c, tag);
+	if (t && t->paused)
+		return gmb__fail(err, -EBUSY, "tag \"%s\" is paused: resume it to allocate", tag);
+	rc = mem_tag_get(c, tag, &t, &created, err);
+	if (rc < 0)
+		return rc;
+	rc = mem_alloc_new(c, t, dev, backend_round_up(size, c->granularity[dev]), &a, err);
+	if (rc < 0)
+		goto out_tag;
+	rc = mem_alloc_lend_map(c, a, err);
+	if (rc < 0)
+		goto out_alloc;
+	mem_tag_link(t, a);
+	*ptr = (void *)a->va;
+	return 0;
+
+out_alloc:
+	mem_alloc_destroy(c, a);
+out_tag:
+	if (created)
+		mem_tag_drop(c, t);
+	return rc;
+}
+
+/**
+ * gmb__mem_free() - unmap (if active), tell gmbd, release. The allocation
+ * is gone locally even when gmbd answers an error (that error is returned);
+ * a lost connection is no error: gmbd took everything back then.
+ */
+int gmb__mem_free(struct gmb_client *c, void *ptr, char *err)
+{
+	struct gmb__alloc *a;
+	int rc;
+
+	pthread_mutex_lock(&c->lock);
+	a = ptr ? idmap_get(&c->mem.by_va, (uintptr_t)ptr) : NULL;
+	pthread_mutex_unlock(&c->lock);
+	if (!a)
+		return gmb__fail(err, -EINVAL, "pointer %p was not allocated by gmb_malloc", ptr);
+	if (a->mapped) {
+		rc = gmb__mem_sync(c, MEM_DEV_BIT(a->dev), err);
+		if (rc == 0)
+			rc = gmb__mem_unmap(c, a, err);
+		if (rc < 0)
+			return rc;
+	}
+	rc = mem_send_free(c, a->id, err);
+	if (rc == -ENOTCONN)
+		rc = 0;
+	mem_forget(c, a);
+	mem_tag_unlink(a->tag, a);
+	mem_alloc_destroy(c, a);
+	return rc;
+}
+
+/* Mode. */
+
+static void mem_staging_free_tag(struct gmb_client *c, struct gmb__tag *t)
+{
+	for (struct gmb__alloc *a = t->allocs; a; a = a->next)
+		mem_staging_free(c, a);
+}
+
+static int mem_staging_new_tag(struct gmb_client *c, struct gmb__tag *t, char *err)
+{
+	for (struct gmb__alloc *a = t->allocs; a; a = a->next) {
+		int rc = gmb__mem_staging_new(c, a, err);
+
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+static int mem_send_mode(struct gmb_client *c, const char *name, int mode, char *err)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__TagModeRequest req = GMB__TAG_MODE_REQUEST__INIT;
+	struct gmb__reply rep;
+	int rc;
+
+	req.tag = (char *)name;
+	req.mode = (Gmb__Mode)mode;
+	env.body_case = GMB__ENVELOPE__BODY_TAG_MODE;
+	env.tag_mode = &req;
+	rc = gmb__request(c, &env, &rep, err);
+	gmb__reply_deinit(&rep);
+	return rc;
+}
+
+/**
+ * gmb__mem_set_mode() - set @name's mode (creating the tag). Switching to
+ * PRESERVE makes the host copies now, before any pause needs them; a paused
+ * tag switched to PRESERVE has nothing saved yet and resumes zero-filled.
+ */
+int gmb__mem_set_mode(struct gmb_client *c, const char *name, int mode, char *err)
+{
+	struct gmb__tag *t;
+	bool created;
+	int rc;
+
+	if (!name)
+		name = "default";
+	if (mode < GMB_MODE_DISCARD || mode > GMB_MODE_PRESERVE)
+		return gmb__fail(err, -EINVAL, "unknown mode %d (want 0 discard, 1 zero, 2 preserve)",
+				 mode);
+	rc = mem_check_name(name, err);
+	if (rc == 0)
+		rc = mem_tag_get(c, name, &t, &created, err);
+	if (rc < 0)
+		return rc;
+	if (mode == GMB_MODE_PRESERVE) {
+		rc = mem_staging_new_tag(c, t, err);
+		if (rc < 0)
+			goto out_staging;
+	}
+	rc = mem_send_mode(c, name, mode, err);
+	if (rc < 0)
+		goto out_staging;
+	if (mode != GMB_MODE_PRESERVE)
+		mem_staging_free_tag(c, t);
+	t->mode = mode;
+	return 0;
+
+out_staging:
+	if (t->mode != GMB_MODE_PRESERVE)
+		mem_staging_free_tag(c, t);
+	if (created)
+		mem_tag_drop(c, t);
+	return rc;
+}
+
+/* Drops, close. */
+
+/** gmb__mem_drop() - gmbd's DropRequest, on the reader thread. */
+void gmb__mem_drop(struct gmb_client *c, const uint64_t *ids, size_t n)
+{
+	struct gmb__handle *rel = NULL;
+	struct backend *be;
+
+	pthread_mutex_lock(&c->lock);
+	be = c->be;
+	gmb__cache_drop(&c->mem, ids, n, &rel);
+	pthread_mutex_unlock(&c->lock);
+	gmb__release_run(be, rel);
+}
+
+/** gmb__mem_deinit() - free every tag, allocation and handle; close the backend. */
+void gmb__mem_deinit(struct gmb_client *c)
+{
+	struct gmb__handle *rel = NULL;
+	struct gmb__tag *t;
+
+	while ((t = c->mem.tags)) {
+		struct gmb__alloc *a;
+
+		while ((a = t->allocs)) {
+			mem_tag_unlink(t, a);
+			mem_alloc_destroy(c, a);
+		}
+		c->mem.tags = t->next;
+		free(t);
+	}
+	gmb__cache_clear(&c->mem, &rel);
+	gmb__release_run(c->be, rel);
+	idmap_deinit(&c->mem.by_id);
+	idmap_deinit(&c->mem.by_va);
+	backend_close(c->be);
+	c->be = NULL;
+}

@@ -1,0 +1,632 @@
+/*
+ * status_json.c - renders a StatusReply for programs and for people.
+ *
+ * gmb__status_to_json() makes the document that `gmbctl status --json`
+ * prints; gmb__status_to_table() makes the aligned text of `gmbctl status`.
+ * Both only read the reply and hand back one malloc'd string, or -ENOMEM
+ * with nothing left allocated.
+ *
+ * Names and tags come from clients, so no string in a reply is trusted:
+ * JSON gets RFC 8259 escapes and valid UTF-8 only (bad bytes become U+FFFD),
+ * and the table gets no byte a terminal would act on (controls and bad
+ * bytes become \xHH). Renderers append to a buffer whose first failed
+ * allocation sticks, and check once at the end.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/internal.h"
+#include "proto/gmb.pb-c.h"
+
+#define SBUF_MIN_CAP 256
+#define TABLE_MAX_COLS 8
+#define SIZE_STR_MAX 16 /* "1023.9 EiB" and a NUL fit */
+
+/* A growable NUL-terminated string; err is sticky (0 or -ENOMEM). */
+struct sbuf {
+	char *buf;
+	size_t len;
+	size_t cap;
+	int err;
+};
+
+#define SBUF_INIT { NULL, 0, 0, 0 }
+
+struct table_col {
+	const char *title;
+	bool right; /* numbers and sizes align right */
+};
+
+/*
+ * A table's cells, NUL-separated and already terminal-safe in @text, are
+ * added row by row and read back in the same order (@cursor), so no
+ * per-cell index is needed; @width grows as cells arrive.
+ */
+struct table {
+	const struct table_col *cols;
+	size_t ncols;
+	size_t next_col;
+	struct sbuf text;
+	size_t cursor;
+	size_t width[TABLE_MAX_COLS];
+};
+
+static const char *const status_mode_names[] = {
+	[GMB__MODE__MODE_DISCARD] = "discard",
+	[GMB__MODE__MODE_ZERO] = "zero",
+	[GMB__MODE__MODE_PRESERVE] = "preserve",
+};
+
+static const struct table_col status_dev_cols[] = {
+	{ "DEV", true },     { "NAME", false }, { "TOTAL", true }, { "BUDGET", true },
+	{ "POOL", true },    { "USED", true },  { "FREE", true },
+};
+
+static const struct table_col status_client_cols[] = {
+	{ "CLIENT", false }, { "NAME", false }, { "PID", true },
+	{ "UID", true },     { "GID", true },   { "CONTROL", false },
+};
+
+static const struct table_col status_tag_cols[] = {
+	{ "TAG", false },  { "DEVICE", true }, { "STATE", false },
+	{ "MODE", false }, { "ALLOCS", true }, { "BYTES", true },
+};
+
+#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Tag rows sit under their client's row, indented past the CLIENT column. */
+#define STATUS_TAG_INDENT "    "
+
+/* Makes room for @more bytes plus the NUL; sets the sticky error on failure. */
+static int sbuf_reserve(struct sbuf *b, size_t more)
+{
+	size_t cap;
+	char *p;
+
+	if (b->err)
+		return b->err;
+	if (b->cap && more < b->cap - b->len)
+		return 0;
+	cap = b->cap ? b->cap : SBUF_MIN_CAP;
+	while (cap - b->len <= more) {
+		if (cap > SIZE_MAX / 2)
+			goto nomem;
+		cap *= 2;
+	}
+	p = realloc(b->buf, cap);
+	if (!p)
+		goto nomem;
+	b->buf = p;
+	b->cap = cap;
+	return 0;
+nomem:
+	b->err = -ENOMEM;
+	return b->err;
+}
+
+static void sbuf_putn(struct sbuf *b, const char *s, size_t n)
+{
+	if (sbuf_reserve(b, n))
+		return;
+	memcpy(b->buf + b->len, s, n);
+	b->len += n;
+	b->buf[b->len] = '\0';
+}
+
+static void sbuf_puts(struct sbuf *b, const char *s)
+{
+	sbuf_putn(b, s, strlen(s));
+}
+
+static void sbuf_putc(struct sbuf *b, char c)
+{
+	sbuf_putn(b, &c, 1);
+}
+
+static void sbuf_pad(struct sbuf *b, size_t n)
+{
+	while (n--)
+		sbuf_putc(b, ' ');
+}
+
+__attribute__((format(printf, 2, 3))) static void sbuf_printf(struct sbuf *b, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(NULL, 0, fmt, ap);
+	va_end(ap);
+	if (n < 0 || sbuf_reserve(b, (size_t)n))
+		return;
+	va_start(ap, fmt);
+	vsnprintf(b->buf + b->len, (size_t)n + 1, fmt, ap);
+	va_end(ap);
+	b->len += (size_t)n;
+}
+
+/*
+ * sbuf_steal() - hand the string to the caller (*@out, malloc'd) or, after
+ * any failed append, free it.
+ * Return: 0 or the sticky error.
+ */
+static int sbuf_steal(struct sbuf *b, char **out)
+{
+	sbuf_reserve(b, 0); /* an empty result is still a string */
+	if (b->err) {
+		free(b->buf);
+		*b = (struct sbuf)SBUF_INIT;
+		return -ENOMEM;
+	}
+	*out = b->buf;
+	*b = (struct sbuf)SBUF_INIT;
+	return 0;
+}
+
+/*
+ * Length of the valid UTF-8 sequence at @s (at most @n bytes, n > 0) and
+ * its code point in *@cp, or 0: overlong forms, surrogates and values past
+ * U+10FFFF are invalid, as RFC 3629 says.
+ */
+static size_t utf8_seq(const unsigned char *s, size_t n, uint32_t *cp)
+{
+	size_t len, i;
+	uint32_t c;
+
+	if (s[0] < 0x80) {
+		*cp = s[0];
+		return 1;
+	}
+	if (s[0] >= 0xc2 && s[0] <= 0xdf)
+		len = 2, c = s[0] & 0x1f;
+	else if (s[0] >= 0xe0 && s[0] <= 0xef)
+		len = 3, c = s[0] & 0x0f;
+	else if (s[0] >= 0xf0 && s[0] <= 0xf4)
+		len = 4, c = s[0] & 0x07;
+	else
+		return 0;
+	if (n < len)
+		return 0;
+	for (i = 1; i < len; i++) {
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+		c = c << 6 | (s[i] & 0x3f);
+	}
+	if ((len == 3 && c < 0x800) || (len == 4 && (c < 0x10000 || c > 0x10ffff)) ||
+	    (c >= 0xd800 && c <= 0xdfff))
+		return 0;
+	*cp = c;
+	return len;
+}
+
+/* protobuf-c gives "" for unset strings, but a hand-built reply may hold NULL. */
+static const char *str_or_empty(const char *s)
+{
+	return s ? s : "";
+}
+
+static const char *status_mode_name(Gmb__Mode mode)
+{
+	if ((unsigned)mode < ARRAY_SIZE(status_mode_names))
+		return status_mode_names[mode];
+	return "unknown";
+}
+
+/* Appends @s as a JSON string: quote and backslash escaped, controls and
+ * DEL as \u00XX, invalid UTF-8 as U+FFFD so that strict parsers accept it. */
+static void json_put_str(struct sbuf *b, const char *s)
+{
+	const unsigned char *p = (const unsigned char *)str_or_empty(s);
+	size_t n = strlen((const char *)p), k;
+	uint32_t cp;
+
+	sbuf_putc(b, '"');
+	while (n) {
+		k = utf8_seq(p, n, &cp);
+		if (!k) {
+			sbuf_puts(b, "\\ufffd");
+			k = 1;
+		} else if (cp == '"' || cp == '\\') {
+			sbuf_putc(b, '\\');
+			sbuf_putc(b, (char)cp);
+		} else if (cp < 0x20 || cp == 0x7f) {
+			sbuf_printf(b, "\\u%04" PRIx32, cp);
+		} else {
+			sbuf_putn(b, (const char *)p, k);
+		}
+		p += k;
+		n -= k;
+	}
+	sbuf_putc(b, '"');
+}
+
+static void json_put_device(struct sbuf *b, const Gmb__DeviceInfo *d)
+{
+	sbuf_printf(b, "{\"index\":%" PRIu32 ",\"name\":", d->index);
+	json_put_str(b, d->name);
+	sbuf_printf(b,
+		    ",\"total_bytes\":%" PRIu64 ",\"budget_bytes\":%" PRIu64
+		    ",\"granularity\":%" PRIu64 ",\"pool_bytes\":%" PRIu64
+		    ",\"used_bytes\":%" PRIu64 ",\"free_bytes\":%" PRIu64 "}",
+		    d->total_bytes, d->budget_bytes, d->granularity, d->pool_bytes,
+		    d->used_bytes, d->free_bytes);
+}
+
+static void json_put_tag(struct sbuf *b, const Gmb__TagInfo *t)
+{
+	sbuf_puts(b, "{\"name\":");
+	json_put_str(b, t->name);
+	sbuf_printf(b, ",\"device\":%" PRId32 ",\"state\":", t->device);
+	json_put_str(b, t->state);
+	sbuf_puts(b, ",\"mode\":");
+	json_put_str(b, status_mode_name(t->mode));
+	sbuf_printf(b, ",\"allocations\":%" PRIu32 ",\"bytes\":%" PRIu64 "}", t->allocations,
+		    t->bytes);
+}
+
+static void json_put_client(struct sbuf *b, const Gmb__ClientInfo *c)
+{
+	size_t i, n = 0;
+
+	sbuf_printf(b, "{\"id\":%" PRIu64 ",\"name\":", c->id);
+	json_put_str(b, c->name);
+	sbuf_printf(b, ",\"pid\":%" PRId32 ",\"uid\":%" PRIu32 ",\"gid\":%" PRIu32
+		       ",\"control\":%s,\"tags\":[",
+		    c->pid, c->uid, c->gid, c->control ? "true" : "false");
+	for (i = 0; i < c->n_tags; i++) {
+		if (!c->tags[i])
+			continue;
+		if (n++)
+			sbuf_putc(b, ',');
+		json_put_tag(b, c->tags[i]);
+	}
+	sbuf_puts(b, "]}");
+}
+
+/**
+ * gmb__status_to_json() - the broker's state as one JSON object.
+ * @st:  the reply; only read. NULL entries in its lists are skipped.
+ * @out: receives a malloc'd NUL-terminated string, owned by the caller;
+ *       untouched on failure.
+ *
+ * Return: 0, -EINVAL for a NULL argument, or -ENOMEM (nothing allocated).
+ */
+int gmb__status_to_json(const Gmb__StatusReply *st, char **out)
+{
+	struct sbuf b = SBUF_INIT;
+	size_t i, n = 0;
+
+	if (!st || !out)
+		return -EINVAL;
+	sbuf_puts(&b, "{\"backend\":");
+	json_put_str(&b, st->backend);
+	sbuf_puts(&b, ",\"version\":");
+	json_put_str(&b, st->version);
+	sbuf_puts(&b, ",\"devices\":[");
+	for (i = 0; i < st->n_devices; i++) {
+		if (!st->devices[i])
+			continue;
+		if (n++)
+			sbuf_putc(&b, ',');
+		json_put_device(&b, st->devices[i]);
+	}
+	sbuf_puts(&b, "],\"clients\":[");
+	for (i = 0, n = 0; i < st->n_clients; i++) {
+		if (!st->clients[i])
+			continue;
+		if (n++)
+			sbuf_putc(&b, ',');
+		json_put_client(&b, st->clients[i]);
+	}
+	sbuf_puts(&b, "]}");
+	return sbuf_steal(&b, out);
+}
+
+/*
+ * Appends @s for a terminal. A client can name itself anything, so C0 and
+ * C1 controls, DEL and invalid UTF-8 become \xHH rather than reach the
+ * operator's terminal as escape sequences; "" becomes "-" so that a column
+ * never looks empty.
+ */
+static void term_put_str(struct sbuf *b, const char *s)
+{
+	const unsigned char *p = (const unsigned char *)str_or_empty(s);
+	size_t n = strlen((const char *)p), k, i;
+	uint32_t cp;
+
+	if (!n)
+		sbuf_putc(b, '-');
+	while (n) {
+		k = utf8_seq(p, n, &cp);
+		if (k && cp >= 0x20 && (cp < 0x7f || cp >= 0xa0)) {
+			sbuf_putn(b, (const char *)p, k);
+		} else {
+			k = k ? k : 1;
+			for (i = 0; i < k; i++)
+				sbuf_printf(b, "\\x%02x", p[i]);
+		}
+		p += k;
+		n -= k;
+	}
+}
+
+/*
+ * Columns a terminal gives @s, which term_put_str() made valid UTF-8: one
+ * per code point. Wide (CJK) and combining characters are off by one; the
+ * table stays readable and exact layout is what --json is for.
+ */
+static size_t term_width(const char *s)
+{
+	size_t w = 0;
+
+	for (; *s; s++)
+		w += ((unsigned char)*s & 0xc0) != 0x80;
+	return w;
+}
+
+/* "512 B", "1.5 KiB" .. "16.0 EiB": binary units, one decimal, as free -h. */
+static const char *size_human(uint64_t v, char buf[SIZE_STR_MAX])
+{
+	static const char units[] = "KMGTPE";
+	double d = (double)v / 1024;
+	int u = 0;
+
+	if (v < 1024) {
+		snprintf(buf, SIZE_STR_MAX, "%" PRIu64 " B", v);
+		return buf;
+	}
+	/* 1023.96 KiB would print as "1024.0 KiB": move up a unit before that. */
+	while (d >= 1023.95 && u < (int)sizeof(units) - 2) {
+		d /= 1024;
+		u++;
+	}
+	snprintf(buf, SIZE_STR_MAX, "%.1f %ciB", d, units[u]);
+	return buf;
+}
+
+static void table_init(struct table *t, const struct table_col *cols, size_t ncols)
+{
+	size_t i;
+
+	*t = (struct table){ .cols = cols, .ncols = ncols, .text = SBUF_INIT };
+	for (i = 0; i < ncols; i++)
+		t->width[i] = term_width(cols[i].title);
+}
+
+static void table_deinit(struct table *t)
+{
+	free(t->text.buf);
+	t->text = (struct sbuf)SBUF_INIT;
+}
+
+/* Adds the next cell of the current row; the cells of a row come in order. */
+static void table_add(struct table *t, const char *s)
+{
+	size_t start = t->text.len, w;
+
+	term_put_str(&t->text, s);
+	if (!t->text.err) {
+		w = term_width(t->text.buf + start);
+		if (w > t->width[t->next_col])
+			t->width[t->next_col] = w;
+	}
+	sbuf_putn(&t->text, "", 1); /* the NUL that ends this cell */
+	t->next_col = (t->next_col + 1) % t->ncols;
+}
+
+static void table_add_u64(struct table *t, uint64_t v)
+{
+	char num[24];
+
+	snprintf(num, sizeof(num), "%" PRIu64, v);
+	table_add(t, num);
+}
+
+static void table_add_size(struct table *t, uint64_t v)
+{
+	char size[SIZE_STR_MAX];
+
+	table_add(t, size_human(v, size));
+}
+
+/* One line: @cell[i] padded to column i's width, two spaces between. */
+static void table_put_line(const struct table *t, struct sbuf *out, const char *indent,
+			   const char *const *cell)
+{
+	size_t i, w, pad;
+
+	sbuf_puts(out, indent);
+	for (i = 0; i < t->ncols; i++) {
+		w = term_width(cell[i]);
+		pad = t->width[i] > w ? t->width[i] - w : 0;
+		if (i)
+			sbuf_puts(out, "  ");
+		if (t->cols[i].right)
+			sbuf_pad(out, pad);
+		sbuf_puts(out, cell[i]);
+		/* No trailing blanks: the last column is never padded on the right. */
+		if (!t->cols[i].right && i + 1 < t->ncols)
+			sbuf_pad(out, pad);
+	}
+	sbuf_putc(out, '\n');
+}
+
+static void table_put_header(const struct table *t, struct sbuf *out, const char *indent)
+{
+	const char *cell[TABLE_MAX_COLS];
+	size_t i;
+
+	for (i = 0; i < t->ncols; i++)
+		cell[i] = t->cols[i].title;
+	table_put_line(t, out, indent, cell);
+}
+
+/* Writes the next stored row; nothing once the cells ran out or failed. */
+static void table_put_row(struct table *t, struct sbuf *out, const char *indent)
+{
+	const char *cell[TABLE_MAX_COLS];
+	size_t i;
+
+	for (i = 0; i < t->ncols; i++) {
+		if (t->text.err || t->cursor >= t->text.len)
+			return;
+		cell[i] = t->text.buf + t->cursor;
+		t->cursor += strlen(cell[i]) + 1;
+	}
+	table_put_line(t, out, indent, cell);
+}
+
+static void status_add_device(struct table *t, const Gmb__DeviceInfo *d)
+{
+	table_add_u64(t, d->index);
+	table_add(t, d->name);
+	table_add_size(t, d->total_bytes);
+	table_add_size(t, d->budget_bytes);
+	table_add_size(t, d->pool_bytes);
+	table_add_size(t, d->used_bytes);
+	table_add_size(t, d->free_bytes);
+}
+
+/* The id as "#N", the spelling gmbctl accepts for a client id. */
+static void status_add_client(struct table *t, const Gmb__ClientInfo *c)
+{
+	char num[24];
+
+	snprintf(num, sizeof(num), "#%" PRIu64, c->id);
+	table_add(t, num);
+	table_add(t, c->name);
+	snprintf(num, sizeof(num), "%" PRId32, c->pid);
+	table_add(t, num);
+	table_add_u64(t, c->uid);
+	table_add_u64(t, c->gid);
+	table_add(t, c->control ? "yes" : "no");
+}
+
+static void status_add_tag(struct table *t, const Gmb__TagInfo *g)
+{
+	char num[24];
+
+	table_add(t, g->name);
+	snprintf(num, sizeof(num), "%" PRId32, g->device);
+	table_add(t, g->device < 0 ? "-" : num); /* -1: nothing allocated yet */
+	table_add(t, g->state);
+	table_add(t, status_mode_name(g->mode));
+	table_add_u64(t, g->allocations);
+	table_add_size(t, g->bytes);
+}
+
+static int status_put_devices(const Gmb__StatusReply *st, struct sbuf *out)
+{
+	struct table t;
+	size_t i, n = 0;
+	int r;
+
+	table_init(&t, status_dev_cols, ARRAY_SIZE(status_dev_cols));
+	for (i = 0; i < st->n_devices; i++) {
+		if (!st->devices[i])
+			continue;
+		status_add_device(&t, st->devices[i]);
+		n++;
+	}
+	if (!n)
+		sbuf_puts(out, "no devices\n");
+	else
+		table_put_header(&t, out, "");
+	while (n--)
+		table_put_row(&t, out, "");
+	r = t.text.err;
+	table_deinit(&t);
+	return r;
+}
+
+static size_t status_add_clients(const Gmb__StatusReply *st, struct table *ct, struct table *tt)
+{
+	const Gmb__ClientInfo *c;
+	size_t i, j, ntags = 0;
+
+	for (i = 0; i < st->n_clients; i++) {
+		c = st->clients[i];
+		if (!c)
+			continue;
+		status_add_client(ct, c);
+		for (j = 0; j < c->n_tags; j++) {
+			if (!c->tags[j])
+				continue;
+			status_add_tag(tt, c->tags[j]);
+			ntags++;
+		}
+	}
+	return ntags;
+}
+
+/*
+ * Clients, each followed by its tags indented below it. Client and tag
+ * columns are measured as two tables so that a long tag name does not widen
+ * the client columns, and tags line up across all clients.
+ */
+static int status_put_clients(const Gmb__StatusReply *st, struct sbuf *out)
+{
+	const Gmb__ClientInfo *c;
+	struct table ct, tt;
+	size_t i, j, ntags;
+	int r;
+
+	table_init(&ct, status_client_cols, ARRAY_SIZE(status_client_cols));
+	table_init(&tt, status_tag_cols, ARRAY_SIZE(status_tag_cols));
+	ntags = status_add_clients(st, &ct, &tt);
+	if (ct.text.len)
+		table_put_header(&ct, out, "");
+	else
+		sbuf_puts(out, "no clients\n");
+	if (ntags)
+		table_put_header(&tt, out, STATUS_TAG_INDENT);
+	for (i = 0; i < st->n_clients; i++) {
+		c = st->clients[i];
+		if (!c)
+			continue;
+		table_put_row(&ct, out, "");
+		for (j = 0; j < c->n_tags; j++)
+			if (c->tags[j])
+				table_put_row(&tt, out, STATUS_TAG_INDENT);
+	}
+	r = ct.text.err ? ct.text.err : tt.text.err;
+	table_deinit(&tt);
+	table_deinit(&ct);
+	return r;
+}
+
+/**
+ * gmb__status_to_table() - the broker's state as aligned text for people:
+ * a header line, the devices, then the clients with their tags.
+ * @st:  the reply; only read. NULL entries in its lists are skipped.
+ * @out: receives a malloc'd string ending in a newline, owned by the
+ *       caller; untouched on failure.
+ *
+ * Return: 0, -EINVAL for a NULL argument, or -ENOMEM (nothing allocated).
+ */
+int gmb__status_to_table(const Gmb__StatusReply *st, char **out)
+{
+	struct sbuf b = SBUF_INIT;
+	int r;
+
+	if (!st || !out)
+		return -EINVAL;
+	sbuf_puts(&b, "gmbd ");
+	term_put_str(&b, st->version);
+	sbuf_puts(&b, ", backend ");
+	term_put_str(&b, st->backend);
+	sbuf_puts(&b, "\n\n");
+	r = status_put_devices(st, &b);
+	sbuf_putc(&b, '\n');
+	if (!r)
+		r = status_put_clients(st, &b);
+	if (r && !b.err)
+		b.err = r;
+	return sbuf_steal(&b, out);
+}

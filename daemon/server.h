@@ -1,0 +1,66 @@
+/*
+ * server.h - gmbd's listening side: wires a listening socket to the loop,
+ * accepts connections and keeps the list of sessions.
+ *
+ * Making the socket (wire_listen(), or an fd from socket activation) is
+ * separate from this: server_start() takes any listening SOCK_SEQPACKET fd,
+ * or none, in which case sessions come only through server_adopt() (tests).
+ *
+ * The server also runs the reaper: sessions doomed in the middle of a
+ * handler (a failed send, a protocol error) are disconnected at the start of
+ * the next loop turn, never under a handler's feet.
+ */
+#ifndef GMB_SERVER_H
+#define GMB_SERVER_H
+
+#include <stdbool.h>
+#include <uv.h>
+
+#define SERVER_ACCEPT_BATCH 32
+#define SERVER_EMFILE_RETRY_MS 100
+
+struct handlers;
+struct sess;
+
+struct server {
+	uv_loop_t *loop;
+	struct handlers *handlers;  /* not owned */
+	int listen_fd;              /* owned; -1: none */
+	uv_poll_t listen;           /* initialized iff listen_fd >= 0 */
+	uv_timer_t emfile_timer;    /* accepting again after EMFILE/ENFILE */
+	uv_timer_t reap_timer;      /* disconnects doomed sessions */
+	struct sess *sessions;      /* every session not yet disconnected */
+	unsigned nsessions;
+	unsigned open_handles;      /* the server is freed when this reaches 0 */
+	bool emfile_paused;
+	bool emfile_logged;         /* said so once; said again when it ends */
+	bool stopping;
+};
+
+/**
+ * server_start() - accept connections on @listen_fd (-1: none) in @loop;
+ * each becomes a session served by @h.
+ * The server owns @listen_fd from the call on, also on failure (closed).
+ * @out is the caller's until server_stop(), which frees it.
+ * Return: 0, -ENOMEM, or libuv's error.
+ */
+int server_start(uv_loop_t *loop, int listen_fd, struct handlers *h, struct server **out);
+
+/**
+ * server_adopt() - serve the connected socket @fd as a session.
+ * Return: 0 with @fd owned by the session; or a negative errno, @fd still
+ * the caller's.
+ */
+int server_adopt(struct server *srv, int fd);
+
+/**
+ * server_stop() - stop accepting, close the listening fd and disconnect
+ * every session (their memory goes back to the pools). @srv is freed once
+ * its handles are closed, while the loop runs; do not use it afterwards.
+ */
+void server_stop(struct server *srv);
+
+/* Used by sessions: disconnect the doomed ones on the next loop turn. */
+void server_reap_later(struct server *srv);
+
+#endif

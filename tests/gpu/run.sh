@@ -1,0 +1,246 @@
+#!/usr/bin/env bash
+# run.sh - every GPU test scenario of issue 3, on the GPU machine, in one call.
+#
+#   tests/gpu/run.sh            build (tests/gpu/build.sh), then the scenarios
+#   tests/gpu/run.sh --bench    the same, then bench/run.sh (the benchmark)
+#   tests/gpu/run.sh --no-build use build-gpu/ as it is
+#   tests/gpu/run.sh --only graph_survival,reclaim   some scenarios only
+#
+# Needs .gpu-deps/ and build/proto/ from tests/gpu/pack-deps.sh (carried
+# from the build machine). Starts build-gpu/gmbd --backend cuda on a socket
+# in a temp folder (and a second one with --budget 8GiB for the budget
+# scenario), runs each scenario under `timeout`, reads its "RESULT:" line,
+# stops gmbd, and prints the summary table last. Exit status 1 if any
+# scenario failed, 0 otherwise (SKIP is not a failure).
+#
+# Logs go to $OUT (the device tool's folder) when set, else build-gpu/out:
+# gpu-tests.log (everything: build, scenarios, gmbd's logs, nvidia-smi) and
+# gpu-tests-table.txt (the summary table).
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+
+B=${GPU_BUILD_DIR:-build-gpu}
+OUTDIR=${OUT:-$PWD/$B/out}
+mkdir -p "$OUTDIR"
+LOG=$OUTDIR/gpu-tests.log
+TABLE=$OUTDIR/gpu-tests-table.txt
+BUDGET_GIB=8
+DO_BENCH=0 DO_BUILD=1 ONLY=""
+ARGS="$*"
+
+while [ $# -gt 0 ]; do
+	case $1 in
+	--bench) DO_BENCH=1 ;;
+	--no-build) DO_BUILD=0 ;;
+	--only) ONLY=",$2,"; shift ;;
+	-h | --help) sed -n '2,18p' "$0"; exit 0 ;;
+	*) echo "run.sh: unknown option $1" >&2; exit 2 ;;
+	esac
+	shift
+done
+
+# shellcheck source=tests/gpu/lib.sh
+. tests/gpu/lib.sh
+
+TMPD=$(mktemp -d /tmp/gmb-gpu.XXXXXX)
+# uid_isolation's second user must reach the socket: folder 0711, socket 0666.
+chmod 0711 "$TMPD"
+SOCK=$TMPD/gmbd.sock
+DLOG=$TMPD/gmbd.log
+SOCK2=$TMPD/gmbd-budget.sock
+DLOG2=$TMPD/gmbd-budget.log
+trap 'gmbd_stop_all; rm -rf "$TMPD"' EXIT
+
+NAMES=() RESULTS=() DETAILS=()
+record() { # record NAME VERDICT DETAIL
+	NAMES+=("$1")
+	RESULTS+=("$2")
+	DETAILS+=("$3")
+	printf '[gpu] %-15s %-4s %s\n' "$1" "$2" "$3"
+}
+
+print_table() {
+	local i pass=0 fail=0 skip=0 overall
+	for i in "${!NAMES[@]}"; do
+		case ${RESULTS[$i]} in
+		PASS) pass=$((pass + 1)) ;;
+		SKIP) skip=$((skip + 1)) ;;
+		*) fail=$((fail + 1)) ;;
+		esac
+	done
+	overall=PASS
+	[ "$fail" -gt 0 ] && overall=FAIL
+	{
+		echo
+		echo "==== gmbd GPU tests: $overall ($pass passed, $fail failed, $skip skipped) ===="
+		echo "command: tests/gpu/run.sh $ARGS"
+		machine_info
+		echo
+		echo "| scenario | result | detail |"
+		echo "|---|---|---|"
+		for i in "${!NAMES[@]}"; do
+			echo "| ${NAMES[$i]} | ${RESULTS[$i]} | ${DETAILS[$i]//|//} |"
+		done
+	} >"$TABLE"
+	cat "$TABLE" >>"$LOG"
+	cat "$TABLE"
+	[ "$fail" = 0 ]
+}
+
+wanted() { [ -z "$ONLY" ] || [[ $ONLY == *",$1,"* ]]; }
+
+# scenario NAME TIMEOUT_S COMMAND... : runs it, reads its RESULT line.
+scenario() {
+	local name=$1 limit=$2 out rc line verdict detail t0 dead=""
+	shift 2
+	wanted "$name" || return 0
+	out=$TMPD/$name.out
+	t0=$SECONDS
+	echo "==== $name: $* (timeout ${limit}s, $(date -u +%T))" >>"$LOG"
+	timeout -k 10 "$limit" "$@" >"$out" 2>&1
+	rc=$?
+	cat "$out" >>"$LOG"
+	echo "==== $name: exit $rc after $((SECONDS - t0)) s" >>"$LOG"
+	line=$(grep -a '^RESULT: ' "$out" | tail -n 1)
+	verdict=${line#RESULT: }
+	verdict=${verdict%% - *}
+	detail=${line#RESULT: * - }
+	if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+		verdict=FAIL detail="timed out after ${limit} s; last line: $(tail -n 1 "$out")"
+	elif [ -z "$line" ]; then
+		verdict=FAIL detail="exit $rc without a RESULT line; last line: $(tail -n 1 "$out")"
+	elif [ "$verdict" = PASS ] && [ "$rc" != 0 ]; then
+		verdict=FAIL detail="said PASS but exited $rc: $detail"
+	elif [ "$verdict" = SKIP ] && [ "$rc" != 77 ] && [ "$rc" != 0 ]; then
+		verdict=FAIL detail="said SKIP but exited $rc: $detail"
+	fi
+	if [ -n "$SCN_GMBD_PID" ] && ! kill -0 "$SCN_GMBD_PID" 2>/dev/null; then
+		dead=" [gmbd died during this scenario]"
+		verdict=FAIL
+		echo "==== gmbd (pid $SCN_GMBD_PID) died during $name" >>"$LOG"
+		if [ "$SCN_GMBD_PID" = "$GMBD_PID" ]; then
+			restart_gmbd
+			SCN_GMBD_PID=$GMBD_PID
+			dead=" [gmbd died during this scenario; restarted for the next]"
+		fi
+	fi
+	record "$name" "$verdict" "$detail$dead ($((SECONDS - t0)) s)"
+	if [ "$verdict" = FAIL ]; then
+		echo "---- last lines of $name ----"
+		tail -n 15 "$out"
+		echo "----"
+	fi
+	return 0
+}
+
+restart_gmbd() {
+	wait "$GMBD_PID" 2>/dev/null
+	if gmbd_start "$SOCK" "$DLOG"; then
+		GMBD_PID=$GMBD_STARTED_PID
+	else
+		GMBD_PID=""
+	fi
+	export GMBD_PID
+}
+
+: >"$LOG"
+{
+	echo "gmbd GPU tests: tests/gpu/run.sh $ARGS"
+	machine_info
+	nvidia-smi 2>&1
+	echo "ulimit -n: $(ulimit -n); uid: $(id -u)"
+} >>"$LOG"
+
+if [ "$DO_BUILD" = 1 ]; then
+	t0=$SECONDS
+	echo "==== build: tests/gpu/build.sh" >>"$LOG"
+	if timeout 600 tests/gpu/build.sh >>"$LOG" 2>&1; then
+		record build PASS "gmbd, gmbctl, libgmb.a, tests and bench ($((SECONDS - t0)) s)"
+	else
+		record build FAIL "tests/gpu/build.sh failed; see gpu-tests.log"
+		tail -n 30 "$LOG"
+		print_table
+		exit 1
+	fi
+fi
+
+# The backend alone first: no broker involved.
+if [ -x "$B/backend_smoke" ]; then
+	if wanted backend_smoke; then
+		t0=$SECONDS
+		echo "==== backend_smoke: $B/backend_smoke" >>"$LOG"
+		timeout -k 10 300 "$B/backend_smoke" >"$TMPD/smoke.out" 2>&1
+		rc=$?
+		cat "$TMPD/smoke.out" >>"$LOG"
+		np=$(grep -ac '^PASS' "$TMPD/smoke.out")
+		nf=$(grep -ac '^FAIL' "$TMPD/smoke.out")
+		if [ "$rc" = 0 ]; then v=PASS; else v=FAIL; fi
+		[ "$rc" = 124 ] && v=FAIL
+		record backend_smoke "$v" "exit $rc: $np checks passed, $nf failed ($((SECONDS - t0)) s)"
+		[ "$v" = FAIL ] && tail -n 10 "$TMPD/smoke.out"
+	fi
+elif [ -f tests/gpu/backend_smoke.c ]; then
+	record backend_smoke FAIL "tests/gpu/backend_smoke.c did not build (see gpu-tests.log)"
+else
+	record backend_smoke SKIP "tests/gpu/backend_smoke.c not present"
+fi
+
+GMBD_PID="" SCN_GMBD_PID=""
+if gmbd_start "$SOCK" "$DLOG"; then
+	GMBD_PID=$GMBD_STARTED_PID
+	SCN_GMBD_PID=$GMBD_PID # the gmbd a scenario uses: checked alive after it
+	export GMB_SOCKET=$SOCK GMBD_PID
+	record gmbd_start PASS "$B/gmbd --backend ${GMBD_BACKEND:-cuda} (pid $GMBD_PID) answered on its socket"
+else
+	record gmbd_start FAIL "gmbd did not start; see its log in gpu-tests.log"
+	append_daemon_log "gmbd log" "$DLOG"
+	print_table
+	exit 1
+fi
+
+scenario daemon_memory 120 "$B/daemon_memory"
+scenario graph_survival 420 "$B/graph_survival"
+scenario reclaim 180 "$B/reclaim"
+scenario many_allocs 420 "$B/many_allocs"
+scenario uid_isolation 300 "$B/uid_isolation"
+scenario two_gpus 180 "$B/two_gpus"
+
+if wanted budget; then
+	# The main gmbd's warm pool may hold most of device 0: give it back first.
+	echo "==== gmbctl trim (main gmbd) before the --budget gmbd" >>"$LOG"
+	GMB_SOCKET=$SOCK timeout 60 "$B/gmbctl" trim >>"$LOG" 2>&1
+	if gmbd_start "$SOCK2" "$DLOG2" --budget "${BUDGET_GIB}GiB"; then
+		BPID=$GMBD_STARTED_PID
+		export GMB_SOCKET=$SOCK2 GMB_BUDGET_GIB=$BUDGET_GIB
+		SCN_GMBD_PID=$BPID
+		scenario budget 180 "$B/budget"
+		SCN_GMBD_PID=$GMBD_PID
+		export GMB_SOCKET=$SOCK
+		gmbd_stop "$BPID" || echo "budget gmbd did not stop cleanly" >>"$LOG"
+	else
+		record budget FAIL "gmbd --budget ${BUDGET_GIB}GiB did not start"
+	fi
+fi
+
+if [ -n "$GMBD_PID" ]; then
+	echo "==== gmbctl status at the end" >>"$LOG"
+	timeout 10 "$B/gmbctl" status >>"$LOG" 2>&1
+	if gmbd_stop "$GMBD_PID"; then
+		record gmbd_stop PASS "gmbd exited 0 on SIGTERM"
+	else
+		record gmbd_stop FAIL "gmbd did not exit cleanly on SIGTERM (see gpu-tests.log)"
+	fi
+fi
+append_daemon_log "gmbd log" "$DLOG"
+append_daemon_log "gmbd --budget log" "$DLOG2"
+
+if [ "$DO_BENCH" = 1 ]; then
+	echo "==== bench: bench/run.sh (output in bench.log / bench-table.txt)" >>"$LOG"
+	if GMB_GPU_SKIP_BUILD=1 timeout -k 10 560 bench/run.sh >"$TMPD/bench.out" 2>&1; then
+		record bench PASS "$(grep -a '^RESULT: ' "$TMPD/bench.out" | tail -n 1 | sed 's/^RESULT: //')"
+	else
+		record bench FAIL "bench/run.sh failed: $(tail -n 1 "$TMPD/bench.out")"
+	fi
+fi
+
+print_table

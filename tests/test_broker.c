@@ -1,0 +1,796 @@
+/*
+ * test_broker.c - gmbd's core over the real host backend: allocations,
+ * reuse of chunks within a uid and never across uids, budgets and their
+ * messages, drops (-EAGAIN until acked), pause/resume onto the same chunks
+ * or new ones, all-or-nothing resume, client removal, trim/keep, who may
+ * control whom, and client selection.
+ *
+ * After each step check_broker() recomputes every counter and holder
+ * reference from the allocations and compares: the core's state is
+ * redundant on purpose, and this is where the redundancy is proven.
+ */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "daemon/broker.h"
+#include "gmb.h"
+
+/* Criterion's workers exit without LeakSanitizer's report: ask for it. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TEST_LSAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TEST_LSAN 1
+#endif
+#endif
+#ifdef TEST_LSAN
+#include <sanitizer/lsan_interface.h>
+#endif
+
+#define MiB (1024ULL * 1024)
+#define GiB (1024 * MiB)
+#define ANY SIZE_MAX
+
+static struct backend *be;
+static struct broker *br;
+static const struct backend_ops *real_ops;
+static struct backend_ops fail_ops;
+static int creates_left;
+
+/* What broker_flush_drops() handed over. */
+static struct {
+	struct bclient *c[8];
+	uint64_t ids[8][16];
+	size_t n[8];
+	int calls;
+} drops;
+
+static int count_memfds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	int n = 0;
+
+	cr_assert(not(eq(ptr, d, NULL)));
+	while ((e = readdir(d))) {
+		char path[300], link[256];
+		ssize_t len;
+
+		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+		len = readlink(path, link, sizeof(link) - 1);
+		if (len <= 0)
+			continue;
+		link[len] = '\0';
+		if (strncmp(link, "/memfd:gmb-chunk", 16) == 0)
+			n++;
+	}
+	closedir(d);
+	return n;
+}
+
+static void check_pool(const struct pool *p)
+{
+	uint64_t free_sum = 0, pend_sum = 0, prev = UINT64_MAX;
+
+	for (const struct chunk *c = p->free_head; c; c = c->next) {
+		cr_assert(c->free && !c->releasing && !c->lent_to);
+		cr_assert(c->size <= prev, "free list not sorted largest first");
+		prev = c->size;
+		free_sum += c->size;
+	}
+	for (const struct chunk *c = p->pending_head; c; c = c->next) {
+		cr_assert(c->releasing && !c->free && !c->lent_to && c->nholders > 0);
+		pend_sum += c->size;
+	}
+	cr_assert(eq(u64, p->free_bytes, free_sum));
+	cr_assert(eq(u64, p->pending_bytes, pend_sum));
+	cr_assert(eq(u64, p->held_bytes, p->lent_bytes + p->free_bytes + p->pending_bytes));
+	cr_assert(le(u64, p->held_bytes, p->budget));
+}
+
+/* How many allocations of @c have @ch in their last lend. */
+static uint32_t count_refs(const struct bclient *c, const struct chunk *ch)
+{
+	uint32_t n = 0;
+
+	for (const struct btag *t = c->tags; t; t = t->next)
+		for (const struct balloc *a = t->allocs; a; a = a->next)
+			for (uint32_t i = 0; i < a->nchunks; i++)
+				n += a->chunks[i] == ch;
+	return n;
+}
+
+static void check_alloc(const struct bclient *c, const struct balloc *a, uint64_t *lent)
+{
+	uint64_t sum = 0;
+
+	cr_assert(eq(ptr, idmap_get(&c->allocs, a->id), (void *)a));
+	for (uint32_t i = 0; i < a->nchunks; i++) {
+		const struct chunk *ch = a->chunks[i];
+
+		if (a->active) {
+			cr_assert(not(eq(ptr, (void *)ch, NULL)));
+			cr_assert(eq(ptr, ch->lent_to, (void *)a));
+		}
+		if (ch) {
+			cr_assert(ch->lent_to != a || a->active);
+			cr_assert(eq(i32, ch->dev, a->dev));
+			sum += ch->size;
+		}
+	}
+	if (a->active) {
+		cr_assert(eq(u64, sum, a->size), "an active lend covers the allocation");
+		lent[a->dev] += a->size;
+	}
+}
+
+static void check_clients(uint64_t *lent)
+{
+	uint32_t nclients = 0;
+
+	for (const struct bclient *c = br->clients; c; c = c->next, nclients++) {
+		size_t nallocs = 0;
+
+		for (const struct btag *t = c->tags; t; t = t->next) {
+			uint64_t bytes = 0;
+			uint32_t n = 0;
+
+			for (const struct balloc *a = t->allocs; a; a = a->next, n++) {
+				cr_assert(eq(ptr, a->tag, (void *)t));
+				cr_assert(a->active != t->paused);
+				check_alloc(c, a, lent);
+				bytes += a->size;
+			}
+			cr_assert(eq(u64, t->bytes, bytes));
+			cr_assert(eq(u32, t->nallocs, n));
+			nallocs += n;
+		}
+		cr_assert(eq(sz, c->allocs.count, nallocs));
+		cr_assert(eq(sz, c->ndrops, 0));
+	}
+	cr_assert(eq(u32, br->nclients, nclients));
+}
+
+/* Holder entries agree with the allocations' last lends. */
+static void check_holders(void)
+{
+	uint64_t key;
+	void *val;
+
+	for (size_t it = 0; idmap_next(&br->chunks, &it, &key, &val);) {
+		const struct chunk *ch = val;
+
+		cr_assert(eq(u64, ch->id, key));
+		cr_assert(not(ch->acked));
+		for (uint32_t i = 0; i < ch->nholders; i++) {
+			const struct chunk_holder *h = &ch->holders[i];
+
+			cr_assert(eq(u32, h->refs, count_refs(h->client, ch)), "chunk %llu refs",
+				  (unsigned long long)ch->id);
+			cr_assert(h->refs > 0 || h->drop_sent);
+			cr_assert(ch->releasing || h->drop_sent == false);
+		}
+	}
+}
+
+static void check_broker(void)
+{
+	uint64_t lent[BACKEND_MAX_DEVICES] = { 0 };
+	uint32_t nchunks = 0;
+
+	check_clients(lent);
+	for (int d = 0; d < br->ndevices; d++) {
+		check_pool(&br->pools[d]);
+		cr_assert(eq(u64, br->pools[d].lent_bytes, lent[d]), "device %d lent bytes", d);
+		nchunks += br->pools[d].nchunks;
+	}
+	cr_assert(eq(sz, br->chunks.count, (size_t)nchunks));
+	cr_assert(eq(i32, count_memfds(), (int)nchunks), "backend chunks alive");
+	check_holders();
+}
+
+/* Everything a failed call must leave as it was, as text. */
+static void snapshot(char *buf, size_t cap)
+{
+	FILE *f = fmemopen(buf, cap, "w");
+
+	for (int d = 0; d < br->ndevices; d++) {
+		const struct pool *p = &br->pools[d];
+
+		fprintf(f, "dev%d held=%llu lent=%llu free=%llu pend=%llu n=%u free:", d,
+			(unsigned long long)p->held_bytes, (unsigned long long)p->lent_bytes,
+			(unsigned long long)p->free_bytes, (unsigned long long)p->pending_bytes,
+			p->nchunks);
+		for (const struct chunk *c = p->free_head; c; c = c->next)
+			fprintf(f, " %llu", (unsigned long long)c->id);
+		fprintf(f, "\n");
+	}
+	for (const struct bclient *c = br->clients; c; c = c->next)
+		for (const struct btag *t = c->tags; t; t = t->next)
+			for (const struct balloc *a = t->allocs; a; a = a->next) {
+				fprintf(f, "c%llu %s%s a%llu:", (unsigned long long)c->id, t->name,
+					t->paused ? "(p)" : "", (unsigned long long)a->id);
+				for (uint32_t i = 0; i < a->nchunks; i++)
+					fprintf(f, " %llu", a->chunks[i] ?
+						(unsigned long long)a->chunks[i]->id : 0ULL);
+				fprintf(f, "\n");
+			}
+	for (uint64_t id = 1; id < br->next_chunk_id; id++) {
+		const struct chunk *ch = idmap_get(&br->chunks, id);
+
+		if (!ch)
+			continue;
+		fprintf(f, "k%llu lent=%d rel=%d", (unsigned long long)id, ch->lent_to != NULL,
+			ch->releasing);
+		for (uint32_t i = 0; i < ch->nholders; i++)
+			fprintf(f, " h%llu/%u/%d", (unsigned long long)ch->holders[i].client->id,
+				ch->holders[i].refs, ch->holders[i].drop_sent);
+		fprintf(f, "\n");
+	}
+	fclose(f);
+}
+
+static void open_broker(uint64_t budget, uint64_t keep)
+{
+	struct broker_opts o = { .max_chunk = 1 * GiB, .pool_keep = keep, .budget = budget,
+				 .daemon_uid = 999 };
+
+	if (br)
+		broker_free(br);
+	br = NULL;
+	cr_assert(eq(i32, broker_new(be, &o, &br), 0));
+}
+
+static void setup(void)
+{
+	struct backend_host_opts o = { .ndevices = 2, .memory = 8 * GiB, .granularity = 2 * MiB };
+
+	cr_assert(eq(i32, backend_host_open(&o, &be), 0));
+	open_broker(0, UINT64_MAX);
+}
+
+static void teardown(void)
+{
+	broker_free(br);
+	cr_expect(eq(i32, count_memfds(), 0), "chunks leaked past broker_free");
+	if (real_ops)
+		be->ops = real_ops;
+	backend_close(be);
+#ifdef TEST_LSAN
+	cr_expect(eq(i32, __lsan_do_recoverable_leak_check(), 0), "heap leaked: see the report");
+#endif
+}
+
+TestSuite(broker, .init = setup, .fini = teardown, .timeout = 30);
+
+static int failing_create(struct backend *b, int dev, uint64_t size, uint64_t *handle)
+{
+	if (creates_left-- <= 0)
+		return backend_fail(-EIO, "injected chunk_create failure");
+	return real_ops->chunk_create(b, dev, size, handle);
+}
+
+static struct bclient *client_gid(const char *name, pid_t pid, uid_t uid, const gid_t *groups,
+				  int ngroups)
+{
+	struct broker_peer peer = { .pid = pid, .uid = uid, .gid = uid, .groups = groups,
+				    .ngroups = ngroups };
+	struct bclient *c = NULL;
+
+	cr_assert(eq(i32, broker_client_add(br, &peer, name, true, false, &c), 0));
+	return c;
+}
+
+static struct bclient *client(const char *name, pid_t pid, uid_t uid)
+{
+	return client_gid(name, pid, uid, NULL, 0);
+}
+
+/* Allocates, checks how many chunks and fds it took, returns the allocation. */
+static struct balloc *alloc_ok(struct bclient *c, int dev, uint64_t size, const char *tag,
+			       uint32_t want_chunks, size_t want_send)
+{
+	struct broker_result res;
+	char err[ERR_MSG_MAX] = "";
+	struct balloc *a;
+
+	cr_assert(eq(i32, broker_alloc(br, c, dev, size, tag, &res, err), 0), "alloc: %s", err);
+	cr_assert(eq(sz, res.nallocs, 1));
+	a = res.allocs[0];
+	if (want_chunks != UINT32_MAX)
+		cr_assert(eq(u32, a->nchunks, want_chunks));
+	if (want_send != ANY)
+		cr_assert(eq(sz, res.nsend, want_send));
+	broker_result_deinit(&res);
+	check_broker();
+	return a;
+}
+
+static int alloc_rc(struct bclient *c, int dev, uint64_t size, const char *tag, char *err)
+{
+	struct broker_result res;
+	int rc = broker_alloc(br, c, dev, size, tag, &res, err);
+
+	if (rc < 0) {
+		cr_assert(eq(sz, res.nallocs, 0));
+		cr_assert(eq(sz, res.nsend, 0));
+	}
+	broker_result_deinit(&res);
+	check_broker();
+	return rc;
+}
+
+static void resume_ok(struct bclient *c, const char *tag, size_t want_allocs, size_t want_send)
+{
+	struct broker_result res;
+	char err[ERR_MSG_MAX] = "";
+
+	cr_assert(eq(i32, broker_resume(br, c, tag, &res, err), 0), "resume: %s", err);
+	cr_assert(eq(sz, res.nallocs, want_allocs));
+	cr_assert(eq(sz, res.nsend, want_send));
+	broker_result_deinit(&res);
+	check_broker();
+}
+
+static int resume_rc(struct bclient *c, const char *tag, char *err)
+{
+	struct broker_result res;
+	int rc = broker_resume(br, c, tag, &res, err);
+
+	broker_result_deinit(&res);
+	check_broker();
+	return rc;
+}
+
+static void pause_ok(struct bclient *c, const char *tag)
+{
+	char err[ERR_MSG_MAX] = "";
+
+	cr_assert(eq(i32, broker_pause(br, c, tag, err), 0), "pause: %s", err);
+	check_broker();
+}
+
+static void free_ok(struct bclient *c, struct balloc *a)
+{
+	char err[ERR_MSG_MAX] = "";
+
+	cr_assert(eq(i32, broker_free_alloc(br, c, a->id, err), 0), "free: %s", err);
+	check_broker();
+}
+
+static void record_drops(void *arg, struct bclient *c, const uint64_t *ids, size_t n)
+{
+	int i = drops.calls++;
+
+	cr_assert(lt(i32, i, 8));
+	cr_assert(le(sz, n, 16));
+	drops.c[i] = c;
+	drops.n[i] = n;
+	memcpy(drops.ids[i], ids, n * sizeof(*ids));
+}
+
+static void flush(int want_calls)
+{
+	memset(&drops, 0, sizeof(drops));
+	broker_flush_drops(br, record_drops, NULL);
+	cr_assert(eq(i32, drops.calls, want_calls));
+	check_broker();
+}
+
+Test(broker, alloc_sizes_chunks_and_sends_each_once)
+{
+	struct bclient *a = client("trainer", 41, 1000);
+	struct balloc *x = alloc_ok(a, 0, 20 * MiB, "kv", 1, 1);
+
+	cr_assert(eq(u64, x->chunks[0]->size, 20 * MiB));
+	x = alloc_ok(a, 0, 3 * GiB, "kv", 3, 3);
+	for (int i = 0; i < 3; i++)
+		cr_assert(eq(u64, x->chunks[i]->size, 1 * GiB));
+	x = alloc_ok(a, 1, 1, "w", 1, 1);
+	cr_assert(eq(u64, x->size, 2 * MiB), "rounded up to the granularity");
+	cr_assert(eq(u64, br->pools[0].lent_bytes, 3 * GiB + 20 * MiB));
+	cr_assert(eq(u64, br->pools[1].lent_bytes, 2 * MiB));
+}
+
+Test(broker, same_uid_reuses_chunks_without_resending_to_a_holder)
+{
+	struct bclient *a = client("trainer", 41, 1000), *b = client("eval", 43, 1000);
+	struct balloc *w = alloc_ok(a, 0, 1 * GiB, "w", 1, 1), *kv;
+	struct chunk *x = w->chunks[0];
+
+	pause_ok(a, "w");
+	kv = alloc_ok(a, 0, 1 * GiB, "kv", 1, 0);
+	cr_assert(eq(ptr, kv->chunks[0], x), "A's own paused chunk, handle already there");
+	free_ok(a, kv);
+	cr_assert(x->free && pool_is_held_by(x, a), "w's last lend still has it");
+	kv = alloc_ok(b, 0, 1 * GiB, "kv", 1, 1);
+	cr_assert(eq(ptr, kv->chunks[0], x), "another client of the same uid gets it, with its fd");
+	cr_assert(eq(u32, br->pools[0].nchunks, 1));
+}
+
+Test(broker, never_lends_across_uids)
+{
+	struct bclient *a = client("trainer", 41, 1000), *c = client("other", 50, 2000);
+	struct balloc *x = alloc_ok(a, 0, 1 * GiB, "w", 1, 1);
+	uint64_t old = x->chunks[0]->id;
+
+	free_ok(a, x);
+	x = alloc_ok(c, 0, 1 * GiB, "w", 1, 1);
+	cr_assert(x->chunks[0]->id != old, "a fresh chunk for uid 2000");
+	cr_assert(eq(u64, br->pools[0].free_bytes, 1 * GiB), "uid 1000's chunk stays warm");
+
+	/* With the budget full, the idle chunk of uid 1000 goes back to make room. */
+	open_broker(2 * GiB, UINT64_MAX);
+	a = client("trainer", 41, 1000);
+	c = client("other", 50, 2000);
+	x = alloc_ok(a, 0, 2 * GiB, "w", 2, 2);
+	free_ok(a, x);
+	x = alloc_ok(c, 0, 1 * GiB, "w", 1, 1);
+	cr_assert(eq(u32, br->pools[0].nchunks, 2));
+	cr_assert(eq(u64, br->pools[0].held_bytes, 2 * GiB));
+	cr_assert(eq(i32, count_memfds(), 2), "one chunk released, one created");
+	cr_assert(eq(u32, br->pools[0].free_head->uid, 1000));
+}
+
+Test(broker, budget_refusal_names_who_holds_the_memory)
+{
+	struct bclient *t, *i;
+	char err[ERR_MSG_MAX] = "", before[4096], after[4096];
+
+	open_broker(4 * GiB, UINT64_MAX);
+	t = client("trainer", 41, 1000);
+	i = client("infer", 42, 1001);
+	alloc_ok(t, 0, 3 * GiB, "w", 3, 3);
+	alloc_ok(i, 0, 512 * MiB, "kv", 1, 1);
+	snapshot(before, sizeof(before));
+	cr_assert(eq(i32, alloc_rc(i, 0, 1 * GiB, "kv", err), -ENOMEM));
+	cr_assert(not(eq(ptr, strstr(err, "device 0: budget 4.0 GiB exhausted: need 512.0 MiB more"),
+			 NULL)), "%s", err);
+	cr_assert(not(eq(ptr, strstr(err, "trainer (pid 41, uid 1000) 3.0 GiB"), NULL)), "%s", err);
+	cr_assert(not(eq(ptr, strstr(err, "infer (pid 42, uid 1001) 512.0 MiB"), NULL)), "%s", err);
+	cr_assert(not(eq(ptr, strstr(err, "free in pool 0 B"), NULL)), "%s", err);
+	snapshot(after, sizeof(after));
+	cr_assert(eq(str, after, before));
+	cr_assert(eq(i32, alloc_rc(i, 0, 5 * GiB, "kv", err), -ENOMEM));
+	cr_assert(eq(str, err, "allocation of 5.0 GiB exceeds device 0's budget of 4.0 GiB"));
+}
+
+Test(broker, eagain_until_holders_drop_then_success)
+{
+	struct bclient *a, *c;
+	struct balloc *w;
+	char err[ERR_MSG_MAX] = "";
+	uint64_t ids[2];
+
+	open_broker(2 * GiB, UINT64_MAX);
+	a = client("trainer", 41, 1000);
+	c = client("other", 50, 2000);
+	w = alloc_ok(a, 0, 1 * GiB, "w", 1, 1);
+	ids[0] = w->chunks[0]->id;
+	ids[1] = 12345;
+	pause_ok(a, "w");
+	cr_assert(eq(i32, alloc_rc(c, 0, 2 * GiB, "kv", err), -EAGAIN));
+	cr_assert(not(eq(ptr, strstr(err, "waiting for clients to drop handles to 1.0 GiB"), NULL)),
+		  "%s", err);
+	cr_assert(eq(u64, br->pools[0].pending_bytes, 1 * GiB));
+	/* An ack before the request is sent is ignored: drop_sent is not set yet. */
+	broker_dropped(br, a, ids, 1);
+	cr_assert(eq(u32, br->pools[0].nchunks, 1));
+	flush(1);
+	cr_assert(eq(ptr, drops.c[0], a));
+	cr_assert(eq(sz, drops.n[0], 1));
+	cr_assert(eq(u64, drops.ids[0][0], ids[0]));
+	flush(0);
+	cr_assert(eq(i32, alloc_rc(c, 0, 2 * GiB, "kv", err), -EAGAIN), "still waiting");
+	broker_dropped(br, c, ids, 2);
+	cr_assert(eq(u32, br->pools[0].nchunks, 1), "not c's drop to ack");
+	broker_dropped(br, a, ids, 2);
+	check_broker();
+	cr_assert(eq(u32, br->pools[0].nchunks, 0), "back to the backend");
+	cr_assert(eq(ptr, w->chunks[0], NULL), "gone from the paused lend");
+	alloc_ok(c, 0, 2 * GiB, "kv", 2, 2);
+	cr_assert(eq(i32, resume_rc(a, "w", err), -ENOMEM));
+	cr_assert(not(eq(ptr, strstr(err, "cannot resume tag 'w' of 'trainer': device 0: budget"),
+			 NULL)), "%s", err);
+	cr_assert(not(eq(ptr, strstr(err, "other (pid 50, uid 2000) 2.0 GiB"), NULL)), "%s", err);
+	cr_assert(w->tag->paused);
+}
+
+Test(broker, pause_resume_reuses_the_exact_chunks)
+{
+	struct bclient *a = client("infer", 42, 1000);
+	struct balloc *x = alloc_ok(a, 0, 1 * GiB, "kv", 1, 1);
+	struct balloc *y = alloc_ok(a, 0, 20 * MiB, "kv", 1, 1);
+	struct chunk *cx = x->chunks[0], *cy = y->chunks[0];
+	char err[ERR_MSG_MAX];
+
+	pause_ok(a, "kv");
+	cr_assert(not(x->active || y->active));
+	cr_assert(eq(u64, br->pools[0].lent_bytes, 0));
+	cr_assert(eq(u64, br->pools[0].free_bytes, 1 * GiB + 20 * MiB));
+	cr_assert(pool_is_held_by(cx, a) && pool_is_held_by(cy, a));
+	pause_ok(a, "kv");
+	cr_assert(eq(i32, alloc_rc(a, 0, 2 * MiB, "kv", err), -EBUSY));
+	resume_ok(a, "kv", 2, 0);
+	cr_assert(eq(ptr, x->chunks[0], cx));
+	cr_assert(eq(ptr, y->chunks[0], cy));
+	resume_ok(a, "kv", 0, 0);
+	pause_ok(a, NULL);
+	resume_ok(a, "", 2, 0);
+	cr_assert(eq(i32, broker_pause(br, a, "nope", err), -ENOENT));
+	cr_assert(eq(str, err, "client 'infer' has no tag 'nope'"));
+	cr_assert(eq(i32, resume_rc(a, "nope", err), -ENOENT));
+}
+
+Test(broker, resume_after_another_client_took_the_chunks)
+{
+	struct bclient *a = client("infer", 42, 1000), *b = client("eval", 43, 1000);
+	struct balloc *x = alloc_ok(a, 0, 1 * GiB, "kv", 1, 1), *y;
+	struct chunk *old = x->chunks[0];
+
+	pause_ok(a, "kv");
+	y = alloc_ok(b, 0, 1 * GiB, "kv", 1, 1);
+	cr_assert(eq(ptr, y->chunks[0], old));
+	resume_ok(a, "kv", 1, 1);
+	cr_assert(x->chunks[0] != old, "a new chunk, with its fd");
+	cr_assert(not(pool_is_held_by(old, a)), "the new lend replaced the old list");
+	cr_assert(eq(u32, old->nholders, 1));
+	cr_assert(eq(u32, br->pools[0].nchunks, 2));
+}
+
+Test(broker, failed_resume_rolls_back_new_chunks)
+{
+	struct bclient *a, *b;
+	struct balloc *x1, *x2;
+	char err[ERR_MSG_MAX], before[4096], after[4096];
+
+	open_broker(3 * GiB, UINT64_MAX);
+	a = client("infer", 42, 1000);
+	b = client("eval", 43, 1000);
+	x1 = alloc_ok(a, 0, 1 * GiB, "kv", 1, 1);
+	x2 = alloc_ok(a, 0, 1 * GiB, "kv", 1, 1);
+	pause_ok(a, "kv");
+	alloc_ok(b, 0, 2 * GiB, "w", 2, 2);
+	/* The first allocation gets a new chunk, the second finds no room. */
+	snapshot(before, sizeof(before));
+	cr_assert(eq(i32, resume_rc(a, "kv", err), -ENOMEM));
+	cr_assert(not(eq(ptr, strstr(err, "eval (pid 43, uid 1000) 2.0 GiB"), NULL)), "%s", err);
+	snapshot(after, sizeof(after));
+	cr_assert(eq(str, after, before));
+	cr_assert(eq(u32, br->pools[0].nchunks, 2), "the new chunk went back");
+	cr_assert(not(x1->active || x2->active));
+	cr_assert(x1->tag->paused);
+}
+
+Test(broker, failed_resume_rolls_back_exact_lends)
+{
+	struct bclient *a, *b, *c;
+	struct balloc *x1;
+	char err[ERR_MSG_MAX], before[4096], after[4096];
+
+	open_broker(3 * GiB, UINT64_MAX);
+	a = client("infer", 42, 1000);
+	b = client("eval", 43, 1000);
+	c = client("other", 50, 2000);
+	x1 = alloc_ok(a, 0, 1 * GiB, "kv", 1, 1);
+	alloc_ok(a, 0, 1 * GiB, "kv", 1, 1);
+	pause_ok(a, "kv");
+	alloc_ok(b, 0, 1 * GiB, "w", 1, 1);
+	alloc_ok(c, 0, 1 * GiB, "w", 1, 1);
+	/* One allocation could take its chunk back, the other has nowhere to go. */
+	snapshot(before, sizeof(before));
+	cr_assert(eq(i32, resume_rc(a, NULL, err), -ENOMEM));
+	cr_assert(not(eq(ptr, strstr(err, "cannot resume the tags of 'infer'"), NULL)), "%s", err);
+	snapshot(after, sizeof(after));
+	cr_assert(eq(str, after, before));
+	cr_assert(eq(u64, br->pools[0].free_bytes, 1 * GiB));
+	cr_assert(not(x1->active));
+}
+
+Test(broker, free_of_paused_and_unknown_allocations)
+{
+	struct bclient *a = client("infer", 42, 1000), *b = client("eval", 43, 1000);
+	struct balloc *x = alloc_ok(a, 0, 1 * GiB, "kv", 1, 1);
+	struct chunk *cx = x->chunks[0];
+	uint64_t id = x->id;
+	char err[ERR_MSG_MAX];
+
+	pause_ok(a, "kv");
+	cr_assert(eq(i32, broker_free_alloc(br, b, id, err), -ENOENT), "not b's allocation");
+	cr_assert(eq(str, err, "allocation 1 does not exist"));
+	free_ok(a, x);
+	cr_assert(cx->free && cx->nholders == 0, "back in the pool, nobody holds it");
+	cr_assert(eq(u64, broker__tag_find(a, "kv")->bytes, 0));
+	cr_assert(eq(i32, broker_free_alloc(br, a, id, err), -ENOENT));
+
+	/* Keep nothing warm: a free goes straight back to the backend. */
+	open_broker(0, 0);
+	a = client("infer", 42, 1000);
+	x = alloc_ok(a, 0, 1 * GiB, "kv", 1, 1);
+	pause_ok(a, "kv");
+	flush(1);
+	free_ok(a, x);
+	cr_assert(eq(u32, br->pools[0].nchunks, 1), "the drop of the paused chunk is unacked");
+	broker_dropped(br, a, drops.ids[0], drops.n[0]);
+	check_broker();
+	cr_assert(eq(u32, br->pools[0].nchunks, 0));
+}
+
+Test(broker, client_removal_returns_every_byte)
+{
+	struct bclient *a = client("infer", 42, 1000), *b = client("eval", 43, 1000);
+	uint64_t released, pending;
+	char err[ERR_MSG_MAX];
+
+	alloc_ok(a, 0, 1 * GiB, "w", 1, 1);
+	alloc_ok(a, 0, 20 * MiB, "kv", 1, 1);
+	alloc_ok(a, 0, 512 * MiB, "kv", 1, 1);
+	alloc_ok(a, 1, 64 * MiB, "kv", 1, 1);
+	pause_ok(a, "kv");
+	alloc_ok(b, 0, 20 * MiB, "kv", 1, 1);
+	cr_assert(eq(i32, broker_trim(br, 0, &released, &pending, err), 0));
+	cr_assert(eq(u64, released, 0));
+	cr_assert(eq(u64, pending, 512 * MiB), "held by a's paused lend");
+	flush(1);
+	broker_client_remove(br, a);
+	check_broker();
+	cr_assert(eq(u64, br->pools[0].lent_bytes, 20 * MiB), "b's lend only");
+	cr_assert(eq(u64, br->pools[0].free_bytes, 1 * GiB));
+	cr_assert(eq(u64, br->pools[0].pending_bytes, 0), "no drop owed by a gone client");
+	cr_assert(eq(u64, br->pools[1].free_bytes, 64 * MiB));
+	cr_assert(eq(u32, br->pools[0].nchunks, 2));
+	broker_client_remove(br, b);
+	check_broker();
+	cr_assert(eq(u64, br->pools[0].lent_bytes, 0));
+	cr_assert(eq(u64, br->pools[0].free_bytes, 1 * GiB + 20 * MiB));
+	cr_assert(eq(i32, broker_trim(br, -1, &released, &pending, err), 0));
+	cr_assert(eq(u64, released, 1 * GiB + 84 * MiB));
+	cr_assert(eq(u64, pending, 0));
+	cr_assert(eq(i32, count_memfds(), 0));
+}
+
+Test(broker, trim_and_keep)
+{
+	struct bclient *a;
+	struct balloc *x;
+	uint64_t released, pending, id;
+	char err[ERR_MSG_MAX];
+
+	open_broker(0, 1 * GiB);
+	a = client("infer", 42, 1000);
+	x = alloc_ok(a, 0, 3 * GiB, "w", 3, 3);
+	free_ok(a, x);
+	cr_assert(eq(u64, br->pools[0].held_bytes, 1 * GiB), "keep 1 GiB warm");
+	cr_assert(eq(i32, broker_trim(br, 5, &released, &pending, err), -ENODEV));
+	cr_assert(eq(str, err, "device 5 does not exist (2 devices)"));
+	cr_assert(eq(i32, broker_trim(br, -1, &released, &pending, err), 0));
+	cr_assert(eq(u64, released, 1 * GiB));
+	x = alloc_ok(a, 0, 1 * GiB, "kv", 1, 1);
+	pause_ok(a, "kv");
+	cr_assert(eq(i32, broker_trim(br, 0, &released, &pending, err), 0));
+	cr_assert(eq(u64, released, 0));
+	cr_assert(eq(u64, pending, 1 * GiB));
+	flush(1);
+	id = drops.ids[0][0];
+	cr_assert(eq(i32, broker_trim(br, 0, &released, &pending, err), 0));
+	cr_assert(eq(u64, pending, 1 * GiB), "still waiting; no second drop");
+	flush(0);
+	broker_dropped(br, a, &id, 1);
+	broker_dropped(br, a, &id, 1);
+	check_broker();
+	cr_assert(eq(i32, count_memfds(), 0));
+	resume_ok(a, "kv", 1, 1);
+	cr_assert(not(eq(ptr, x->chunks[0], NULL)));
+}
+
+Test(broker, may_control_rules)
+{
+	gid_t admin[] = { 5, 0 };
+	struct bclient *t = client("trainer", 41, 1000), *same = client("mate", 44, 1000);
+	struct bclient *root = client("root", 1, 0), *stranger = client("x", 45, 1001);
+	struct bclient *adm = client_gid("ops", 46, 1002, admin, 2), *gmbd = client("d", 47, 999);
+	char err[ERR_MSG_MAX];
+
+	admin[1] = 7; /* the broker keeps its own copy */
+	cr_assert(eq(i32, broker_may_control(br, root, t, err), 0));
+	cr_assert(eq(i32, broker_may_control(br, same, t, err), 0));
+	cr_assert(eq(i32, broker_may_control(br, gmbd, t, err), 0));
+	cr_assert(eq(i32, broker_may_control(br, adm, t, err), -EPERM), "no admin group set");
+	cr_assert(eq(str, err, "client 'ops' (uid 1002) may not control 'trainer' (uid 1000): "
+			       "needs root, uid 1000, uid 999 (gmbd's)"));
+	br->opts.have_admin_gid = true;
+	br->opts.admin_gid = 0;
+	cr_assert(eq(i32, broker_may_control(br, adm, t, err), 0), "supplementary group");
+	cr_assert(eq(i32, broker_may_control(br, adm, NULL, err), 0));
+	cr_assert(eq(i32, broker_may_control(br, stranger, t, err), -EPERM));
+	cr_assert(eq(str, err, "client 'x' (uid 1001) may not control 'trainer' (uid 1000): "
+			       "needs root, uid 1000, uid 999 (gmbd's) or group 'root'"));
+	cr_assert(eq(i32, broker_may_control(br, stranger, NULL, err), -EPERM));
+	cr_assert(eq(str, err, "client 'x' (uid 1001) may not trim the pools: "
+			       "needs root, uid 999 (gmbd's) or group 'root'"));
+	br->opts.admin_gid = 1001;
+	cr_assert(eq(i32, broker_may_control(br, stranger, NULL, err), 0), "primary group");
+}
+
+Test(broker, client_find_by_id_pid_and_name)
+{
+	struct broker_peer tool_peer = { .pid = 44, .uid = 1000, .gid = 1000 };
+	struct bclient *t = client("trainer", 41, 1000), *i1 = client("infer", 42, 1000);
+	struct bclient *i2 = client("infer", 43, 1000), *num = client("99999", 45, 1000), *tool;
+	char longname[300];
+
+	cr_assert(eq(i32, broker_client_add(br, &tool_peer, "gmbctl", false, true, &tool), 0));
+	cr_assert(eq(u64, t->id, 1));
+	cr_assert(eq(ptr, broker_client_find(br, "#1"), t));
+	cr_assert(eq(ptr, broker_client_find(br, "1"), t));
+	cr_assert(eq(ptr, broker_client_find(br, "2"), i1));
+	cr_assert(eq(ptr, broker_client_find(br, "43"), i2), "by pid");
+	cr_assert(eq(ptr, broker_client_find(br, "#43"), NULL), "# is an id only");
+	cr_assert(eq(ptr, broker_client_find(br, "trainer"), t));
+	cr_assert(eq(ptr, broker_client_find(br, "infer"), NULL), "ambiguous");
+	cr_assert(eq(ptr, broker_client_find(br, "99999"), num), "digits that are a name");
+	cr_assert(eq(ptr, broker_client_find(br, "gmbctl"), NULL), "tools are not selectable");
+	cr_assert(eq(ptr, broker_client_find(br, "#5"), NULL));
+	cr_assert(eq(ptr, broker_client_find(br, "44"), NULL));
+	cr_assert(eq(ptr, broker_client_find(br, ""), NULL));
+	cr_assert(eq(ptr, broker_client_find(br, "#"), NULL));
+	cr_assert(eq(ptr, broker_client_find(br, "nobody"), NULL));
+	memset(longname, 'n', sizeof(longname) - 1);
+	longname[sizeof(longname) - 1] = '\0';
+	cr_assert(eq(sz, strlen(client(longname, 50, 1000)->name), (size_t)WIRE_MAX_NAME));
+}
+
+Test(broker, alloc_and_mode_arguments_are_checked)
+{
+	struct bclient *a = client("infer", 42, 1000);
+	char err[ERR_MSG_MAX], tag[WIRE_MAX_NAME + 2];
+
+	cr_assert(eq(i32, alloc_rc(a, 3, 1 * MiB, "kv", err), -ENODEV));
+	cr_assert(eq(str, err, "device 3 does not exist (2 devices)"));
+	cr_assert(eq(i32, alloc_rc(a, -1, 1 * MiB, "kv", err), -ENODEV));
+	cr_assert(eq(i32, alloc_rc(a, 0, 0, "kv", err), -EINVAL));
+	cr_assert(eq(i32, alloc_rc(a, 0, 1 * MiB, "", err), -EINVAL));
+	memset(tag, 't', sizeof(tag) - 1);
+	tag[sizeof(tag) - 1] = '\0';
+	cr_assert(eq(i32, alloc_rc(a, 0, 1 * MiB, tag, err), -EINVAL));
+	cr_assert(eq(i32, broker_set_mode(br, a, "w", 3, err), -EINVAL));
+	cr_assert(eq(i32, broker_set_mode(br, a, "w", GMB_MODE_PRESERVE, err), 0));
+	cr_assert(eq(i32, broker__tag_find(a, "w")->mode, GMB_MODE_PRESERVE));
+	for (int i = 1; i < BROKER_MAX_TAGS; i++) {
+		snprintf(tag, sizeof(tag), "t%d", i);
+		cr_assert(eq(i32, broker_set_mode(br, a, tag, GMB_MODE_ZERO, err), 0));
+	}
+	cr_assert(eq(i32, broker_set_mode(br, a, "one-too-many", 0, err), -ENOSPC));
+	cr_assert(eq(i32, alloc_rc(a, 0, 1 * MiB, "one-too-many", err), -ENOSPC));
+	cr_assert(eq(str, err, "client 'infer' already has 256 tags, the limit"));
+	cr_assert(eq(i32, alloc_rc(a, 0, 1 * MiB, "w", err), 0));
+	cr_assert(eq(u32, a->ntags, BROKER_MAX_TAGS));
+}
+
+Test(broker, failed_alloc_leaks_nothing)
+{
+	struct bclient *a = client("infer", 42, 1000);
+	char err[ERR_MSG_MAX];
+
+	alloc_ok(a, 0, 1 * GiB, "w", 1, 1);
+	real_ops = be->ops;
+	fail_ops = *be->ops;
+	fail_ops.chunk_create = failing_create;
+	creates_left = 1;
+	be->ops = &fail_ops;
+	/* Four chunks: the first created, the second fails. */
+	cr_assert(eq(i32, alloc_rc(a, 0, 4 * GiB, "kv", err), -EIO));
+	cr_assert(not(eq(ptr, strstr(err, "injected chunk_create failure"), NULL)), "%s", err);
+	cr_assert(eq(u32, br->pools[0].nchunks, 1));
+	cr_assert(eq(ptr, broker__tag_find(a, "kv"), NULL), "no tag left behind");
+	cr_assert(eq(sz, a->allocs.count, 1));
+	be->ops = real_ops;
+	alloc_ok(a, 0, 4 * GiB, "kv", 4, 4);
+}

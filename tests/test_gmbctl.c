@@ -1,0 +1,195 @@
+/*
+ * test_gmbctl.c - every gmbctl command and exit code against a real gmbd,
+ * remote pause/resume of real worker processes, and who may do it.
+ */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tests/util.h"
+
+#define MiB (1024ULL * 1024)
+#define CAP 65536
+#define NOBODY "65534"
+
+static struct gmbd_proc gmbd;
+static char out[CAP], err[CAP];
+
+static void start(void)
+{
+	static const char *const args[] = { "--host-memory", "1GiB", "--log-level", "warning", NULL };
+
+	cr_assert(eq(i32, gmbd_start(&gmbd, args), 0), "gmbd did not start");
+	/* Let another uid reach the socket, as gmbd.socket's group would. */
+	chmod(gmbd.dir, 0711);
+	chmod(gmbd.sock, 0666);
+}
+
+static void stop(void)
+{
+	cr_expect(eq(i32, gmbd_stop(&gmbd), 0), "gmbd did not exit cleanly");
+}
+
+TestSuite(gmbctl, .init = start, .fini = stop, .timeout = 60);
+
+/* Runs gmbctl -s SOCK ARGS... (NULL-terminated), as nobody when @uid is set. */
+static int ctl_v(const char *uid, ...)
+{
+	char bin[256];
+	char *argv[16];
+	const char *a;
+	va_list ap;
+	int n = 0;
+
+	snprintf(bin, sizeof(bin), "%s/gmbctl", test_build_dir());
+	if (uid) {
+		argv[n++] = "/usr/bin/setpriv";
+		argv[n++] = "--reuid=" NOBODY;
+		argv[n++] = "--regid=" NOBODY;
+		argv[n++] = "--clear-groups";
+	}
+	argv[n++] = bin;
+	argv[n++] = "-s";
+	argv[n++] = gmbd.sock;
+	va_start(ap, uid);
+	while ((a = va_arg(ap, const char *)) && n < 15)
+		argv[n++] = (char *)a;
+	va_end(ap);
+	argv[n] = NULL;
+	return run_capture(argv, NULL, out, err, CAP);
+}
+
+#define ctl(...) ctl_v(NULL, __VA_ARGS__, (char *)NULL)
+#define ctl_as(uid, ...) ctl_v(uid, __VA_ARGS__, (char *)NULL)
+
+static void worker_up(struct worker *w, const char *name, const char *handler)
+{
+	char text[512];
+
+	cr_assert(eq(i32, worker_start(w, gmbd.sock), 0));
+	cr_assert(eq(i32, worker_cmd(w, text, sizeof(text), "connect %s", name), 0), "%s", text);
+	if (handler)
+		cr_assert(eq(i32, worker_cmd(w, NULL, 0, "handler %s", handler), 0));
+	cr_assert(eq(i32, worker_cmd(w, NULL, 0, "malloc kv %llu", 16 * MiB), 0));
+}
+
+Test(gmbctl, usage_errors_exit_2)
+{
+	cr_assert(eq(i32, ctl("--help"), 0));
+	cr_assert(not(eq(ptr, strstr(out, "pause CLIENT"), NULL)), "help lists pause: %s", out);
+	cr_assert(not(eq(ptr, strstr(out, "trim"), NULL)));
+	cr_assert(eq(i32, ctl("frobnicate"), 2));
+	cr_assert(ne(sz, strlen(err), 0), "usage error explained on stderr");
+	cr_assert(eq(i32, ctl("pause"), 2), "pause needs a client");
+	cr_assert(eq(i32, ctl("pause", "a", "b", "c"), 2), "too many arguments");
+	cr_assert(eq(i32, ctl("trim", "zero"), 2), "device must be a number");
+	cr_assert(eq(i32, ctl("status", "--bogus"), 2));
+	cr_assert(eq(i32, ctl("--version"), 0));
+}
+
+Test(gmbctl, unreachable_broker_exits_1)
+{
+	char bin[256];
+	char *argv[] = { bin, "-s", "/nonexistent/gmbd.sock", "status", NULL };
+
+	snprintf(bin, sizeof(bin), "%s/gmbctl", test_build_dir());
+	cr_assert(eq(i32, run_capture(argv, NULL, out, err, CAP), 1));
+	cr_assert(ne(sz, strlen(err), 0));
+}
+
+Test(gmbctl, status_table_and_json)
+{
+	struct worker w;
+
+	worker_up(&w, "infer-7", NULL);
+	cr_assert(eq(i32, ctl("status"), 0), "%s", err);
+	cr_assert(not(eq(ptr, strstr(out, "infer-7"), NULL)), "%s", out);
+	cr_assert(eq(i32, ctl("status", "--json"), 0), "%s", err);
+	cr_assert(not(eq(ptr, strstr(out, "\"name\":\"infer-7\""), NULL)), "%s", out);
+	cr_assert(eq(i64, json_i64(out, "used_bytes"), (int64_t)(16 * MiB)));
+	cr_assert(eq(i64, json_i64_after(out, "\"infer-7\"", "bytes"), (int64_t)(16 * MiB)));
+	cr_assert(not(eq(ptr, strstr(out, "\"state\":\"active\""), NULL)));
+	cr_assert(eq(ptr, strstr(out, "gmbctl"), NULL), "the tool itself is not listed");
+	cr_assert(eq(i32, worker_quit(&w), 0));
+}
+
+Test(gmbctl, remote_pause_and_resume)
+{
+	struct worker w;
+	char text[256];
+
+	worker_up(&w, "engine", "accept");
+	cr_assert(eq(i32, worker_cmd(&w, NULL, 0, "fill kv 0x5a"), 0));
+	cr_assert(eq(i32, ctl("pause", "engine", "kv"), 0), "%s", err);
+	cr_assert(eq(i32, ctl("status", "--json"), 0));
+	cr_assert(not(eq(ptr, strstr(out, "\"state\":\"paused\""), NULL)), "%s", out);
+	cr_assert(eq(i64, json_i64(out, "used_bytes"), 0));
+	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "poll 0"), 0));
+	cr_assert(not(eq(ptr, strstr(text, "controls=1"), NULL)), "handler ran once: %s", text);
+	cr_assert(eq(i32, ctl("resume", "engine"), 0), "%s", err);
+	cr_assert(eq(i32, ctl("status", "--json"), 0));
+	cr_assert(eq(i64, json_i64(out, "used_bytes"), (int64_t)(16 * MiB)));
+	cr_assert(eq(i32, worker_cmd(&w, NULL, 0, "fill kv 0x33"), 0), "mapped again");
+	cr_assert(eq(i32, ctl("pause", "no-such-client"), 1));
+	cr_assert(ne(sz, strlen(err), 0));
+	cr_assert(eq(i32, worker_quit(&w), 0));
+}
+
+Test(gmbctl, refusal_and_missing_handler_exit_1)
+{
+	struct worker r, n;
+
+	worker_up(&r, "stubborn", "refuse");
+	worker_up(&n, "deaf", NULL);
+	cr_assert(eq(i32, ctl("pause", "stubborn"), 1));
+	cr_assert(not(eq(ptr, strstr(err, "refused"), NULL)), "%s", err);
+	cr_assert(eq(i32, ctl("pause", "deaf"), 1));
+	cr_assert(not(eq(ptr, strstr(err, "handler"), NULL)), "%s", err);
+	cr_assert(eq(i32, ctl("status", "--json"), 0));
+	cr_assert(eq(ptr, strstr(out, "\"state\":\"paused\""), NULL), "nothing was paused");
+	cr_assert(eq(i32, worker_quit(&r), 0));
+	cr_assert(eq(i32, worker_quit(&n), 0));
+}
+
+Test(gmbctl, trim_releases_free_chunks)
+{
+	struct worker w;
+
+	worker_up(&w, "trimmed", NULL);
+	cr_assert(eq(i32, worker_cmd(&w, NULL, 0, "free kv"), 0));
+	cr_assert(eq(i32, ctl("status", "--json"), 0));
+	cr_assert(eq(i64, json_i64(out, "pool_bytes"), (int64_t)(16 * MiB)), "freed chunk stays warm");
+	cr_assert(eq(i32, ctl("trim"), 0), "%s", err);
+	cr_assert(eq(i32, ctl("status", "--json"), 0));
+	cr_assert(eq(i64, json_i64(out, "pool_bytes"), 0), "%s", out);
+	cr_assert(eq(i32, ctl("trim", "0"), 0));
+	cr_assert(eq(i32, ctl("trim", "9"), 1), "no device 9");
+	cr_assert(eq(i32, worker_quit(&w), 0));
+}
+
+Test(gmbctl, another_uid_may_not_control)
+{
+	struct worker root_w, nobody_w;
+	char text[512];
+
+	worker_up(&root_w, "rootjob", "accept");
+	cr_assert(eq(i32, worker_start(&nobody_w, gmbd.sock), 0));
+	cr_assert(eq(i32, worker_cmd(&nobody_w, NULL, 0, "uid " NOBODY), 0));
+	cr_assert(eq(i32, worker_cmd(&nobody_w, text, sizeof(text), "connect nobodyjob"), 0), "%s", text);
+	cr_assert(eq(i32, worker_cmd(&nobody_w, NULL, 0, "handler accept"), 0));
+	cr_assert(eq(i32, worker_cmd(&nobody_w, NULL, 0, "malloc kv %llu", 8 * MiB), 0));
+
+	cr_assert(eq(i32, ctl_as(NOBODY, "pause", "rootjob"), 1));
+	cr_assert(not(eq(ptr, strstr(err, "may not"), NULL)), "%s", err);
+	cr_assert(eq(i32, ctl_as(NOBODY, "trim"), 1), "trim needs privilege");
+	cr_assert(eq(i32, ctl_as(NOBODY, "pause", "nobodyjob"), 0), "same uid: %s", err);
+	cr_assert(eq(i32, ctl("resume", "nobodyjob"), 0), "root may: %s", err);
+	cr_assert(eq(i32, worker_quit(&root_w), 0));
+	cr_assert(eq(i32, worker_quit(&nobody_w), 0));
+}

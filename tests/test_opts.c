@@ -1,0 +1,226 @@
+/*
+ * test_opts.c - gmbd's command line (daemon/opts.c): defaults, sizes with
+ * every suffix, overflow, bad values and options, and that --help lists
+ * every option with its default.
+ */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "daemon/opts.h"
+
+#define KiB (1ULL << 10)
+#define MiB (1ULL << 20)
+#define GiB (1ULL << 30)
+#define TiB (1ULL << 40)
+
+static struct gmbd_opts o;
+static char err[OPTS_ERR_MAX];
+
+/* opts_parse() over a NULL-terminated argument list after "gmbd". */
+static int parse(const char *first, ...)
+{
+	char *argv[32] = { "gmbd" };
+	int argc = 1;
+	va_list ap;
+
+	va_start(ap, first);
+	for (const char *a = first; a; a = va_arg(ap, const char *))
+		argv[argc++] = (char *)a;
+	va_end(ap);
+	return opts_parse(&o, argc, argv, err);
+}
+
+TestSuite(opts, .timeout = 10);
+
+Test(opts, defaults)
+{
+	unsetenv("GMB_SOCKET");
+	cr_assert(eq(i32, parse(NULL), OPTS_RUN));
+	cr_assert(eq(str, (char *)o.socket, "/run/gmbd/gmbd.sock"));
+	cr_assert(eq(str, (char *)o.backend, "auto"));
+	cr_assert(eq(i32, o.host_devices, 1));
+	cr_assert(eq(u64, o.host_memory, 8 * GiB));
+	cr_assert(eq(u64, o.host_granularity, 2 * MiB));
+	cr_assert(eq(u64, o.max_chunk, 1 * GiB));
+	cr_assert(eq(u64, o.pool_keep, UINT64_MAX));
+	cr_assert(eq(u64, o.budget, 0));
+	cr_assert(not(o.reserve_set));
+	cr_assert(eq(str, (char *)o.admin_group, "gmb"));
+	cr_assert(eq(u32, o.control_timeout, 30));
+	cr_assert(eq(i32, o.log_level, LOG_LVL_INFO));
+}
+
+Test(opts, socket_default_follows_the_environment)
+{
+	setenv("GMB_SOCKET", "/tmp/x/gmbd.sock", 1);
+	cr_assert(eq(i32, parse(NULL), OPTS_RUN));
+	cr_assert(eq(str, (char *)o.socket, "/tmp/x/gmbd.sock"));
+	cr_assert(eq(i32, parse("--socket", "/a/b.sock", NULL), OPTS_RUN));
+	cr_assert(eq(str, (char *)o.socket, "/a/b.sock"));
+	unsetenv("GMB_SOCKET");
+}
+
+Test(opts, every_option_is_stored)
+{
+	cr_assert(eq(i32, parse("--backend=host", "--host-devices", "4", "--host-memory=16G",
+				"--host-granularity", "4MiB", "--max-chunk=512M", "--pool-keep=0",
+				"--budget", "6GiB", "--reserve", "0", "--admin-group", "wheel",
+				"--control-timeout", "5", "--log-level", "debug", NULL),
+		     OPTS_RUN), "%s", err);
+	cr_assert(eq(str, (char *)o.backend, "host"));
+	cr_assert(eq(i32, o.host_devices, 4));
+	cr_assert(eq(u64, o.host_memory, 16 * GiB));
+	cr_assert(eq(u64, o.host_granularity, 4 * MiB));
+	cr_assert(eq(u64, o.max_chunk, 512 * MiB));
+	cr_assert(eq(u64, o.pool_keep, 0));
+	cr_assert(eq(u64, o.budget, 6 * GiB));
+	cr_assert(o.reserve_set);
+	cr_assert(eq(u64, o.reserve, 0));
+	cr_assert(eq(str, (char *)o.admin_group, "wheel"));
+	cr_assert(eq(u32, o.control_timeout, 5));
+	cr_assert(eq(i32, o.log_level, LOG_LVL_DEBUG));
+	cr_assert(eq(i32, parse("--pool-keep", "unlimited", NULL), OPTS_RUN));
+	cr_assert(eq(u64, o.pool_keep, UINT64_MAX));
+}
+
+Test(opts, size_suffixes)
+{
+	static const struct {
+		const char *text;
+		uint64_t bytes;
+	} ok[] = {
+		{ "0", 0 },		{ "4096", 4096 },	 { "1K", KiB },
+		{ "1KiB", KiB },	{ "3M", 3 * MiB },	 { "3MiB", 3 * MiB },
+		{ "8G", 8 * GiB },	{ "8GiB", 8 * GiB },	 { "2T", 2 * TiB },
+		{ "2TiB", 2 * TiB },	{ "5g", 5 * GiB },	 { "7mib", 7 * MiB },
+		{ "18446744073709551615", UINT64_MAX },		 { "16777215T", 16777215 * TiB },
+	};
+
+	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+		uint64_t v = 1;
+
+		cr_assert(eq(i32, opts_size_parse(ok[i].text, &v), 0), "%s", ok[i].text);
+		cr_assert(eq(u64, v, ok[i].bytes), "%s", ok[i].text);
+	}
+}
+
+Test(opts, size_overflow_and_junk)
+{
+	static const char *const too_big[] = { "18446744073709551616", "16777216T",
+					       "17179869184G", "99999999999999999999999" };
+	static const char *const junk[] = { "", "G", "-1", "+1", " 1", "1 ", "1.5G", "1GB",
+					    "1Gi", "0x10", "1KK", "ten" };
+	uint64_t v;
+
+	for (size_t i = 0; i < sizeof(too_big) / sizeof(too_big[0]); i++)
+		cr_assert(eq(i32, opts_size_parse(too_big[i], &v), -ERANGE), "%s", too_big[i]);
+	for (size_t i = 0; i < sizeof(junk) / sizeof(junk[0]); i++)
+		cr_assert(eq(i32, opts_size_parse(junk[i], &v), -EINVAL), "'%s'", junk[i]);
+	cr_assert(eq(i32, parse("--budget", "16777216T", NULL), -EINVAL));
+	cr_assert(not(eq(ptr, strstr(err, "too large"), NULL)), "%s", err);
+}
+
+Test(opts, bad_values_name_the_option)
+{
+	static const char *const bad[][2] = {
+		{ "--backend", "gpu" },		 { "--host-devices", "0" },
+		{ "--host-devices", "65" },	 { "--host-devices", "2x" },
+		{ "--host-memory", "0" },	 { "--host-granularity", "0" },
+		{ "--max-chunk", "1.5G" },	 { "--budget", "0" },
+		{ "--reserve", "-2G" },		 { "--control-timeout", "0" },
+		{ "--control-timeout", "86401" }, { "--log-level", "chatty" },
+		{ "--socket", "" },		 { "--admin-group", "" },
+	};
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		cr_assert(eq(i32, parse(bad[i][0], bad[i][1], NULL), -EINVAL), "%s %s", bad[i][0],
+			  bad[i][1]);
+		cr_assert(not(eq(ptr, strstr(err, bad[i][0]), NULL)), "'%s' does not name %s", err,
+			  bad[i][0]);
+	}
+}
+
+Test(opts, socket_path_must_fit_sun_path)
+{
+	char path[200];
+
+	memset(path, 'a', sizeof(path) - 1);
+	path[0] = '/';
+	path[sizeof(path) - 1] = '\0';
+	cr_assert(eq(i32, parse("--socket", path, NULL), -EINVAL));
+	cr_assert(not(eq(ptr, strstr(err, "longer than"), NULL)), "%s", err);
+}
+
+Test(opts, bad_options)
+{
+	cr_assert(eq(i32, parse("--frobnicate", NULL), -EINVAL));
+	cr_assert(not(eq(ptr, strstr(err, "--frobnicate"), NULL)), "%s", err);
+	cr_assert(eq(i32, parse("-x", NULL), -EINVAL));
+	cr_assert(not(eq(ptr, strstr(err, "'x'"), NULL)), "%s", err);
+	cr_assert(eq(i32, parse("--budget", NULL), -EINVAL));
+	cr_assert(not(eq(ptr, strstr(err, "needs an argument"), NULL)), "%s", err);
+	cr_assert(eq(i32, parse("--help=yes", NULL), -EINVAL));
+	cr_assert(not(eq(ptr, strstr(err, "takes no argument"), NULL)), "%s", err);
+	cr_assert(eq(i32, parse("--host", "1", NULL), -EINVAL), "ambiguous prefix");
+	cr_assert(eq(i32, parse("extra", NULL), -EINVAL));
+	cr_assert(not(eq(ptr, strstr(err, "extra"), NULL)), "%s", err);
+}
+
+Test(opts, help_and_version)
+{
+	cr_assert(eq(i32, parse("--help", NULL), OPTS_HELP));
+	cr_assert(eq(i32, parse("-h", NULL), OPTS_HELP));
+	cr_assert(eq(i32, parse("--version", NULL), OPTS_VERSION));
+	cr_assert(eq(i32, parse("-V", NULL), OPTS_VERSION));
+	/* Parsing again after a failure starts over. */
+	cr_assert(eq(i32, parse("--bogus", NULL), -EINVAL));
+	cr_assert(eq(i32, parse("--max-chunk", "2G", NULL), OPTS_RUN));
+	cr_assert(eq(u64, o.max_chunk, 2 * GiB));
+}
+
+Test(opts, help_lists_every_option_and_its_default)
+{
+	static const char *const want[] = {
+		"--socket=PATH", "/run/gmbd/gmbd.sock", "--backend=auto|cuda|host", "--host-devices=N",
+		"--host-memory=BYTES", "(default: 8GiB)", "--host-granularity=BYTES", "(default: 2MiB)",
+		"--max-chunk=BYTES", "(default: 1GiB)", "--pool-keep=BYTES|unlimited", "unlimited",
+		"--budget=BYTES", "minus --reserve", "--reserve=BYTES", "2GiB on cuda, 0 on host",
+		"--admin-group=NAME", "(default: gmb)", "--control-timeout=SECONDS", "(default: 30)",
+		"--log-level=LEVEL", "(default: info)", "-h, --help", "-V, --version",
+	};
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+
+	opts_print_help(f);
+	fclose(f);
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+		cr_assert(not(eq(ptr, strstr(text, want[i]), NULL)), "help lacks '%s'", want[i]);
+	for (char *line = text; *line;) {
+		char *nl = strchr(line, '\n');
+		size_t n = nl ? (size_t)(nl - line) : strlen(line);
+
+		cr_assert(le(sz, n, 80), "help line over 80 columns: %.*s", (int)n, line);
+		line += n + (nl != NULL);
+	}
+	free(text);
+}
+
+Test(opts, size_format)
+{
+	char b[24];
+
+	cr_assert(eq(str, opts_size_format(0, b, sizeof(b)), "0B"));
+	cr_assert(eq(str, opts_size_format(1023, b, sizeof(b)), "1023B"));
+	cr_assert(eq(str, opts_size_format(2 * MiB, b, sizeof(b)), "2MiB"));
+	cr_assert(eq(str, opts_size_format(8 * GiB, b, sizeof(b)), "8GiB"));
+	cr_assert(eq(str, opts_size_format(3 * GiB / 2, b, sizeof(b)), "1.5GiB"));
+	cr_assert(eq(str, opts_size_format(UINT64_MAX, b, sizeof(b)), "16.0EiB"));
+}

@@ -1,0 +1,603 @@
+/*
+ * test_status_json.c - the status renderers on replies built in memory:
+ * exact JSON for a small state, escaping of hostile client names, empty
+ * lists, 64-bit values, output that strict JSON parsers accept (a checker
+ * here, and Python's json when it is installed), the human table, and
+ * -ENOMEM at every allocation with nothing leaked.
+ */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/internal.h"
+#include "proto/gmb.pb-c.h"
+
+/*
+ * Allocation failures: a second copy of the renderers, compiled here with
+ * realloc/free redirected and the entry points renamed, fails the Nth
+ * allocation and counts the blocks it holds. The linked copy (the one
+ * libgmb ships) is what every other test exercises.
+ */
+static long fault_countdown = -1; /* allocations before one fails; -1: none */
+static long fault_live;		  /* blocks the faulty copy holds now */
+
+static void *fault_realloc(void *p, size_t n)
+{
+	void *q;
+
+	if (fault_countdown == 0)
+		return NULL;
+	if (fault_countdown > 0)
+		fault_countdown--;
+	q = realloc(p, n);
+	if (q && !p)
+		fault_live++;
+	return q;
+}
+
+static void fault_free(void *p)
+{
+	if (p)
+		fault_live--;
+	free(p);
+}
+
+/* internal.h is already in, so its guard keeps these names out of it. */
+int faulty_status_to_json(const Gmb__StatusReply *st, char **out);
+int faulty_status_to_table(const Gmb__StatusReply *st, char **out);
+
+#define realloc fault_realloc
+#define free fault_free
+#define gmb__status_to_json faulty_status_to_json
+#define gmb__status_to_table faulty_status_to_table
+#include "client/status_json.c"
+#undef realloc
+#undef free
+#undef gmb__status_to_json
+#undef gmb__status_to_table
+
+#define MiB (1024ULL * 1024)
+#define GiB (1024 * MiB)
+
+/* One reply with one device, one client and one tag, all in this struct. */
+struct fixture {
+	Gmb__StatusReply st;
+	Gmb__DeviceInfo dev;
+	Gmb__DeviceInfo *devs[1];
+	Gmb__ClientInfo cli;
+	Gmb__ClientInfo *clis[1];
+	Gmb__TagInfo tag;
+	Gmb__TagInfo *tags[1];
+};
+
+static void fixture_small(struct fixture *f)
+{
+	*f = (struct fixture){ .st = GMB__STATUS_REPLY__INIT,
+			       .dev = GMB__DEVICE_INFO__INIT,
+			       .cli = GMB__CLIENT_INFO__INIT,
+			       .tag = GMB__TAG_INFO__INIT };
+	f->st.backend = "host";
+	f->st.version = "0.1.0";
+	f->dev = (Gmb__DeviceInfo){ .base = f->dev.base, .index = 0, .name = "host0",
+				    .total_bytes = 8 * GiB, .budget_bytes = 8 * GiB,
+				    .granularity = 2 * MiB, .pool_bytes = 2 * GiB,
+				    .used_bytes = 1536 * MiB, .free_bytes = 512 * MiB };
+	f->devs[0] = &f->dev;
+	f->st.n_devices = 1;
+	f->st.devices = f->devs;
+	f->cli.id = 1;
+	f->cli.name = "w";
+	f->cli.pid = 123;
+	f->cli.control = true;
+	f->tag.name = "kv";
+	f->tag.state = "active";
+	f->tag.mode = GMB__MODE__MODE_DISCARD;
+	f->tag.allocations = 2;
+	f->tag.bytes = 1536 * MiB;
+	f->tags[0] = &f->tag;
+	f->cli.n_tags = 1;
+	f->cli.tags = f->tags;
+	f->clis[0] = &f->cli;
+	f->st.n_clients = 1;
+	f->st.clients = f->clis;
+}
+
+static char *render_json(const Gmb__StatusReply *st)
+{
+	char *out = NULL;
+
+	cr_assert(eq(i32, gmb__status_to_json(st, &out), 0));
+	cr_assert(ne(ptr, out, NULL));
+	return out;
+}
+
+static char *render_table(const Gmb__StatusReply *st)
+{
+	char *out = NULL;
+
+	cr_assert(eq(i32, gmb__status_to_table(st, &out), 0));
+	cr_assert(ne(ptr, out, NULL));
+	return out;
+}
+
+/*
+ * A strict RFC 8259 checker, independent of the code under test: one value,
+ * then only whitespace. Strings must not hold raw controls or bad escapes,
+ * and their bytes must be well-formed UTF-8 (lead byte, continuation bytes).
+ */
+static bool jv_value(const char **p, int depth);
+
+static void jv_ws(const char **p)
+{
+	while (**p == ' ' || **p == '\t' || **p == '\n' || **p == '\r')
+		(*p)++;
+}
+
+static bool jv_utf8(const char **p)
+{
+	const unsigned char *s = (const unsigned char *)*p;
+	int n = s[0] >= 0xf0 && s[0] <= 0xf4 ? 3 : s[0] >= 0xe0 ? 2 : s[0] >= 0xc2 ? 1 : -1;
+
+	if (n < 0 || s[0] > 0xf4)
+		return false;
+	for (int i = 1; i <= n; i++)
+		if ((s[i] & 0xc0) != 0x80)
+			return false;
+	*p += n + 1;
+	return true;
+}
+
+static bool jv_string(const char **p)
+{
+	if (*(*p)++ != '"')
+		return false;
+	for (;;) {
+		unsigned char c = (unsigned char)**p;
+
+		if (c == '"')
+			return (*p)++, true;
+		if (c < 0x20)
+			return false;
+		if (c >= 0x80) {
+			if (!jv_utf8(p))
+				return false;
+			continue;
+		}
+		(*p)++;
+		if (c != '\\')
+			continue;
+		c = (unsigned char)*(*p)++;
+		if (c == 'u') {
+			for (int i = 0; i < 4; i++)
+				if (!strchr("0123456789abcdefABCDEF", *(*p)++) || !(*p)[-1])
+					return false;
+		} else if (!c || !strchr("\"\\/bfnrt", c)) {
+			return false;
+		}
+	}
+}
+
+static bool jv_digits(const char **p)
+{
+	const char *start = *p;
+
+	while (**p >= '0' && **p <= '9')
+		(*p)++;
+	return *p > start;
+}
+
+static bool jv_number(const char **p)
+{
+	if (**p == '-')
+		(*p)++;
+	if (**p == '0')
+		(*p)++;
+	else if (!jv_digits(p))
+		return false;
+	if (**p == '.' && ((*p)++, !jv_digits(p)))
+		return false;
+	if (**p == 'e' || **p == 'E') {
+		(*p)++;
+		if (**p == '+' || **p == '-')
+			(*p)++;
+		return jv_digits(p);
+	}
+	return true;
+}
+
+/* An array (close ']') or an object (close '}', members "key": value). */
+static bool jv_list(const char **p, char close, int depth)
+{
+	(*p)++;
+	jv_ws(p);
+	if (**p == close)
+		return (*p)++, true;
+	for (;;) {
+		if (close == '}') {
+			if (!jv_string(p))
+				return false;
+			jv_ws(p);
+			if (*(*p)++ != ':')
+				return false;
+		}
+		if (!jv_value(p, depth + 1))
+			return false;
+		if (**p == close)
+			return (*p)++, true;
+		if (*(*p)++ != ',')
+			return false;
+		jv_ws(p);
+	}
+}
+
+static bool jv_value(const char **p, int depth)
+{
+	bool ok;
+
+	if (depth > 64)
+		return false;
+	jv_ws(p);
+	if (**p == '{' || **p == '[')
+		ok = jv_list(p, **p == '{' ? '}' : ']', depth);
+	else if (**p == '"')
+		ok = jv_string(p);
+	else if (!strncmp(*p, "true", 4) || !strncmp(*p, "null", 4))
+		ok = (*p += 4, true);
+	else if (!strncmp(*p, "false", 5))
+		ok = (*p += 5, true);
+	else
+		ok = jv_number(p);
+	jv_ws(p);
+	return ok;
+}
+
+static bool json_valid(const char *s)
+{
+	return jv_value(&s, 0) && *s == '\0';
+}
+
+static const char small_json[] =
+	"{\"backend\":\"host\",\"version\":\"0.1.0\",\"devices\":[{\"index\":0,\"name\":\"host0\","
+	"\"total_bytes\":8589934592,\"budget_bytes\":8589934592,\"granularity\":2097152,"
+	"\"pool_bytes\":2147483648,\"used_bytes\":1610612736,\"free_bytes\":536870912}],"
+	"\"clients\":[{\"id\":1,\"name\":\"w\",\"pid\":123,\"uid\":0,\"gid\":0,\"control\":true,"
+	"\"tags\":[{\"name\":\"kv\",\"device\":0,\"state\":\"active\",\"mode\":\"discard\","
+	"\"allocations\":2,\"bytes\":1610612736}]}]}";
+
+static const char small_table[] =
+	"gmbd 0.1.0, backend host\n"
+	"\n"
+	"DEV  NAME     TOTAL   BUDGET     POOL     USED       FREE\n"
+	"  0  host0  8.0 GiB  8.0 GiB  2.0 GiB  1.5 GiB  512.0 MiB\n"
+	"\n"
+	"CLIENT  NAME  PID  UID  GID  CONTROL\n"
+	"    TAG  DEVICE  STATE   MODE     ALLOCS    BYTES\n"
+	"#1      w     123    0    0  yes\n"
+	"    kv        0  active  discard       2  1.5 GiB\n";
+
+/* Hostile names: quote, backslash, newline, \x01, DEL, an ANSI escape. */
+static const char hostile[] = "a\"b\\c\nd\x01" "e\x7f\x1b[31m";
+
+TestSuite(status_json, .timeout = 30);
+
+Test(status_json, small_state_renders_exact_document)
+{
+	struct fixture f;
+	char *json;
+
+	fixture_small(&f);
+	json = render_json(&f.st);
+	cr_expect(eq(str, json, (char *)small_json));
+	cr_expect(json_valid(json));
+	free(json);
+}
+
+Test(status_json, hostile_names_are_escaped)
+{
+	struct fixture f;
+	char *json;
+
+	fixture_small(&f);
+	f.cli.name = (char *)hostile;
+	f.tag.name = "\t";
+	json = render_json(&f.st);
+	cr_expect(ne(ptr, strstr(json, "\"name\":\"a\\\"b\\\\c\\u000ad\\u0001e\\u007f\\u001b[31m\""),
+		     NULL), "%s", json);
+	cr_expect(ne(ptr, strstr(json, "\"name\":\"\\u0009\""), NULL), "%s", json);
+	cr_expect(json_valid(json), "%s", json);
+	free(json);
+}
+
+Test(status_json, invalid_utf8_becomes_replacement_and_valid_utf8_stays)
+{
+	struct fixture f;
+	char *json;
+
+	fixture_small(&f);
+	/* é, a lone continuation byte, an overlong '/', a surrogate, 0xff, a cut 3-byte seq. */
+	f.cli.name = "\xc3\xa9|\x80|\xc0\xaf|\xed\xa0\x80|\xff|\xe2\x82";
+	json = render_json(&f.st);
+	cr_expect(ne(ptr,
+		     strstr(json, "\"name\":\"\xc3\xa9|\\ufffd|\\ufffd\\ufffd|"
+				  "\\ufffd\\ufffd\\ufffd|\\ufffd|\\ufffd\\ufffd\""),
+		     NULL),
+		  "%s", json);
+	cr_expect(json_valid(json), "%s", json);
+	free(json);
+}
+
+Test(status_json, empty_reply_has_empty_lists)
+{
+	Gmb__StatusReply st = GMB__STATUS_REPLY__INIT;
+	struct fixture f;
+	char *json;
+
+	json = render_json(&st);
+	cr_expect(eq(str, json, "{\"backend\":\"\",\"version\":\"\",\"devices\":[],\"clients\":[]}"));
+	free(json);
+
+	/* A client without tags; NULL strings of a hand-built reply read as "". */
+	fixture_small(&f);
+	f.cli.n_tags = 0;
+	f.cli.tags = NULL;
+	f.st.backend = NULL;
+	json = render_json(&f.st);
+	cr_expect(ne(ptr, strstr(json, "\"control\":true,\"tags\":[]}]}"), NULL), "%s", json);
+	cr_expect(ne(ptr, strstr(json, "{\"backend\":\"\","), NULL), "%s", json);
+	cr_expect(json_valid(json));
+	free(json);
+}
+
+Test(status_json, values_keep_all_64_bits_and_signs)
+{
+	struct fixture f;
+	char *json;
+
+	fixture_small(&f);
+	f.dev.total_bytes = UINT64_MAX;
+	f.dev.index = UINT32_MAX;
+	f.cli.id = UINT64_MAX - 1;
+	f.cli.pid = -1;
+	f.cli.uid = UINT32_MAX;
+	f.cli.control = false;
+	f.tag.device = -1;
+	f.tag.bytes = (1ULL << 63) + 1;
+	f.tag.mode = GMB__MODE__MODE_PRESERVE;
+	json = render_json(&f.st);
+	cr_expect(ne(ptr, strstr(json, "\"index\":4294967295,"), NULL), "%s", json);
+	cr_expect(ne(ptr, strstr(json, "\"total_bytes\":18446744073709551615,"), NULL), "%s", json);
+	cr_expect(ne(ptr, strstr(json, "\"id\":18446744073709551614,"), NULL), "%s", json);
+	cr_expect(ne(ptr, strstr(json, "\"pid\":-1,\"uid\":4294967295,"), NULL), "%s", json);
+	cr_expect(ne(ptr, strstr(json, "\"control\":false"), NULL), "%s", json);
+	cr_expect(ne(ptr, strstr(json, "\"device\":-1,"), NULL), "%s", json);
+	cr_expect(ne(ptr, strstr(json, "\"mode\":\"preserve\""), NULL), "%s", json);
+	cr_expect(ne(ptr, strstr(json, "\"bytes\":9223372036854775809}"), NULL), "%s", json);
+	cr_expect(json_valid(json), "%s", json);
+	free(json);
+}
+
+Test(status_json, many_clients_and_null_entries)
+{
+	Gmb__ClientInfo cli[3] = { GMB__CLIENT_INFO__INIT, GMB__CLIENT_INFO__INIT,
+				   GMB__CLIENT_INFO__INIT };
+	Gmb__ClientInfo *clis[4] = { &cli[0], NULL, &cli[1], &cli[2] };
+	Gmb__StatusReply st = GMB__STATUS_REPLY__INIT;
+	char *json;
+
+	for (int i = 0; i < 3; i++)
+		cli[i].id = (uint64_t)i + 1;
+	st.n_clients = 4;
+	st.clients = clis;
+	json = render_json(&st);
+	cr_expect(ne(ptr, strstr(json, "\"tags\":[]},{\"id\":2,"), NULL), "%s", json);
+	cr_expect(ne(ptr, strstr(json, "\"tags\":[]},{\"id\":3,"), NULL), "%s", json);
+	cr_expect(json_valid(json), "%s", json);
+	free(json);
+}
+
+Test(status_json, checker_rejects_broken_documents)
+{
+	static const char *const bad[] = {
+		"{\"a\":1,}", "{\"a\" 1}", "[1 2]", "\"x\ny\"", "\"\\x41\"", "\"\\u12\"",
+		"01", "{\"a\":1}x", "\"\xff\"", "[", "",
+	};
+
+	cr_expect(json_valid("{\"a\":[1,-2.5e3,true,null,\"\\u00e9\xc3\xa9\"],\"b\":{}}"));
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		cr_expect(not(json_valid(bad[i])), "accepted: %s", bad[i]);
+}
+
+/* Python's json decodes the document and gets the hostile name back intact. */
+Test(status_json, python_json_decodes_hostile_names_back)
+{
+	char path[] = "/tmp/test_status_json.XXXXXX", cmd[256], hex[256] = "", want[256];
+	struct fixture f;
+	FILE *p;
+	char *json;
+	int fd;
+
+	if (system("python3 -c 'import json' >/dev/null 2>&1") != 0)
+		cr_skip_test("python3 not installed");
+	fixture_small(&f);
+	f.cli.name = (char *)hostile;
+	json = render_json(&f.st);
+	fd = mkstemp(path);
+	cr_assert(ge(i32, fd, 0));
+	cr_assert(eq(sz, (size_t)write(fd, json, strlen(json)), strlen(json)));
+	close(fd);
+	snprintf(cmd, sizeof(cmd),
+		 "python3 -c 'import json,sys; d=json.load(open(sys.argv[1],encoding=\"utf-8\"));"
+		 " print(d[\"clients\"][0][\"name\"].encode().hex())' %s",
+		 path);
+	p = popen(cmd, "r");
+	cr_assert(ne(ptr, p, NULL));
+	cr_expect(ne(ptr, fgets(hex, sizeof(hex), p), NULL));
+	cr_expect(eq(i32, pclose(p), 0), "python3 rejected: %s", json);
+	unlink(path);
+	for (size_t i = 0; hostile[i]; i++)
+		sprintf(want + 2 * i, "%02x", (unsigned char)hostile[i]);
+	strcat(want, "\n");
+	cr_expect(eq(str, hex, want));
+	free(json);
+}
+
+Test(status_json, null_arguments_are_einval)
+{
+	Gmb__StatusReply st = GMB__STATUS_REPLY__INIT;
+	char *out = NULL;
+
+	cr_expect(eq(i32, gmb__status_to_json(NULL, &out), -EINVAL));
+	cr_expect(eq(i32, gmb__status_to_json(&st, NULL), -EINVAL));
+	cr_expect(eq(i32, gmb__status_to_table(NULL, &out), -EINVAL));
+	cr_expect(eq(i32, gmb__status_to_table(&st, NULL), -EINVAL));
+	cr_expect(eq(ptr, out, NULL));
+}
+
+/*
+ * Fails each allocation in turn until the renderer succeeds: every failure
+ * is -ENOMEM, leaves *out alone and holds no block; the success matches the
+ * linked copy's output.
+ */
+static void expect_enomem_paths(int (*faulty)(const Gmb__StatusReply *, char **),
+				int (*real)(const Gmb__StatusReply *, char **),
+				const Gmb__StatusReply *st)
+{
+	char sentinel[] = "untouched", *out, *want = NULL;
+	long k;
+	int r;
+
+	cr_assert(eq(i32, real(st, &want), 0));
+	for (k = 0;; k++) {
+		out = sentinel;
+		fault_live = 0;
+		fault_countdown = k;
+		r = faulty(st, &out);
+		fault_countdown = -1;
+		if (r == 0)
+			break;
+		cr_assert(eq(i32, r, -ENOMEM), "allocation %ld", k);
+		cr_assert(eq(ptr, out, sentinel), "allocation %ld", k);
+		cr_assert(eq(i64, fault_live, 0), "leak after failing allocation %ld", k);
+	}
+	cr_expect(gt(i64, k, 2), "only %ld allocations: growth not exercised", k);
+	cr_expect(eq(str, out, want));
+	fault_free(out);
+	cr_expect(eq(i64, fault_live, 0));
+	free(want);
+}
+
+Test(status_json, enomem_at_every_allocation_leaks_nothing)
+{
+	char longname[3000];
+	struct fixture f;
+
+	/* Long names make every buffer grow more than once. */
+	memset(longname, 'n', sizeof(longname) - 1);
+	longname[sizeof(longname) - 1] = '\0';
+	fixture_small(&f);
+	f.cli.name = longname;
+	f.tag.name = longname;
+	f.dev.name = longname;
+	expect_enomem_paths(faulty_status_to_json, gmb__status_to_json, &f.st);
+	expect_enomem_paths(faulty_status_to_table, gmb__status_to_table, &f.st);
+}
+
+Test(status_table, small_state_renders_aligned_rows)
+{
+	struct fixture f;
+	char *text;
+
+	fixture_small(&f);
+	text = render_table(&f.st);
+	cr_expect(eq(str, text, (char *)small_table));
+	free(text);
+}
+
+Test(status_table, columns_widen_for_long_values_and_tags_align)
+{
+	Gmb__TagInfo tag2 = GMB__TAG_INFO__INIT;
+	Gmb__TagInfo *tags[2];
+	struct fixture f;
+	char *text;
+
+	fixture_small(&f);
+	f.dev.name = "a-long-device";
+	tag2.name = "weights";
+	tag2.device = -1;
+	tag2.state = "paused";
+	tag2.mode = GMB__MODE__MODE_PRESERVE;
+	tag2.bytes = 0;
+	tags[0] = &f.tag;
+	tags[1] = &tag2;
+	f.cli.tags = tags;
+	f.cli.n_tags = 2;
+	text = render_table(&f.st);
+	cr_expect(ne(ptr, strstr(text, "DEV  NAME             TOTAL"), NULL), "%s", text);
+	cr_expect(ne(ptr, strstr(text, "  0  a-long-device  8.0 GiB"), NULL), "%s", text);
+	cr_expect(ne(ptr, strstr(text, "    TAG      DEVICE  STATE   MODE      ALLOCS    BYTES\n"), NULL),
+		  "%s", text);
+	cr_expect(ne(ptr, strstr(text, "    kv            0  active  discard        2  1.5 GiB\n"), NULL),
+		  "%s", text);
+	cr_expect(ne(ptr, strstr(text, "    weights       -  paused  preserve       0      0 B\n"), NULL),
+		  "%s", text);
+	free(text);
+}
+
+Test(status_table, hostile_names_cannot_reach_the_terminal_raw)
+{
+	struct fixture f;
+	char *text;
+
+	fixture_small(&f);
+	f.cli.name = (char *)hostile;
+	f.tag.name = "\xc2\x9b" "2J\xff"; /* C1 CSI, then a byte that is not UTF-8 */
+	f.dev.name = "gpu\xc3\xa9";
+	text = render_table(&f.st);
+	cr_expect(ne(ptr, strstr(text, "a\"b\\c\\x0ad\\x01e\\x7f\\x1b[31m"), NULL), "%s", text);
+	cr_expect(ne(ptr, strstr(text, "\\xc2\\x9b2J\\xff"), NULL), "%s", text);
+	cr_expect(ne(ptr, strstr(text, "gpu\xc3\xa9"), NULL), "%s", text);
+	for (const char *p = text; *p; p++) {
+		bool printable = (unsigned char)*p >= 0x20 || *p == '\n';
+
+		cr_assert(printable, "raw control at %zu: %s", (size_t)(p - text), text);
+	}
+	free(text);
+}
+
+Test(status_table, empty_reply_says_so)
+{
+	Gmb__StatusReply st = GMB__STATUS_REPLY__INIT;
+	char *text;
+
+	st.backend = "cuda";
+	st.version = "0.1.0";
+	text = render_table(&st);
+	cr_expect(eq(str, text, "gmbd 0.1.0, backend cuda\n\nno devices\n\nno clients\n"));
+	free(text);
+}
+
+Test(status_table, sizes_use_binary_units)
+{
+	static const struct {
+		uint64_t v;
+		const char *s;
+	} cases[] = {
+		{ 0, "0 B" },
+		{ 1023, "1023 B" },
+		{ 1024, "1.0 KiB" },
+		{ 1536, "1.5 KiB" },
+		{ 1024 * 1024 - 1, "1.0 MiB" },
+		{ 8 * GiB, "8.0 GiB" },
+		{ UINT64_MAX, "16.0 EiB" },
+	};
+	char buf[SIZE_STR_MAX];
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		cr_expect(eq(str, (char *)size_human(cases[i].v, buf), (char *)cases[i].s));
+}

@@ -1,0 +1,334 @@
+/*
+ * util.c - integration test helpers: see util.h.
+ */
+#include "tests/util.h"
+
+#include <dirent.h>
+#include <stdarg.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *test_build_dir(void)
+{
+	const char *b = getenv("GMB_BUILD_DIR");
+
+	return b && *b ? b : "build";
+}
+
+static int notify_socket(const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd;
+
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return -ENAMETOOLONG;
+	strcpy(sa.sun_path, path);
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int err = -errno;
+
+		close(fd);
+		return err;
+	}
+	return fd;
+}
+
+/* Reads notify datagrams until one holds READY=1; the child's death ends it. */
+static int wait_ready(int nfd, pid_t pid, int ms)
+{
+	char buf[512];
+
+	while (ms > 0) {
+		struct pollfd p = { .fd = nfd, .events = POLLIN };
+		int n = poll(&p, 1, 100);
+
+		ms -= 100;
+		if (n > 0) {
+			ssize_t len = recv(nfd, buf, sizeof(buf) - 1, 0);
+
+			if (len > 0) {
+				buf[len] = 0;
+				if (strstr(buf, "READY=1"))
+					return 0;
+			}
+		}
+		if (waitpid(pid, NULL, WNOHANG) == pid)
+			return -ECHILD;
+	}
+	return -ETIMEDOUT;
+}
+
+static void gmbd_exec(struct gmbd_proc *d, const char *notify, const char *const *args)
+{
+	const char *argv[64];
+	char bin[256];
+	int n = 0;
+
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	snprintf(bin, sizeof(bin), "%s/gmbd", test_build_dir());
+	argv[n++] = bin;
+	argv[n++] = "--backend";
+	argv[n++] = "host";
+	argv[n++] = "--socket";
+	argv[n++] = d->sock;
+	for (; args && *args && n < 62; args++)
+		argv[n++] = *args;
+	argv[n] = NULL;
+	setenv("NOTIFY_SOCKET", notify, 1);
+	execv(bin, (char *const *)argv);
+	_exit(127);
+}
+
+int gmbd_start(struct gmbd_proc *d, const char *const *args)
+{
+	char notify[300];
+	int nfd, err;
+
+	snprintf(d->dir, sizeof(d->dir), "/tmp/gmbtest.XXXXXX");
+	if (!mkdtemp(d->dir))
+		return -errno;
+	snprintf(d->sock, sizeof(d->sock), "%s/gmbd.sock", d->dir);
+	snprintf(notify, sizeof(notify), "%s/notify", d->dir);
+	nfd = notify_socket(notify);
+	if (nfd < 0)
+		return nfd;
+	d->pid = fork();
+	if (d->pid < 0) {
+		err = -errno;
+		goto out;
+	}
+	if (d->pid == 0)
+		gmbd_exec(d, notify, args);
+	err = wait_ready(nfd, d->pid, 10000);
+out:
+	close(nfd);
+	unlink(notify);
+	return err;
+}
+
+int gmbd_stop(struct gmbd_proc *d)
+{
+	char cmd[300];
+	int st = 0;
+
+	if (d->pid > 0) {
+		kill(d->pid, SIGTERM);
+		if (waitpid(d->pid, &st, 0) < 0)
+			st = -1;
+		d->pid = 0;
+	}
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d->dir);
+	if (d->dir[0] && system(cmd) != 0)
+		return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int proc_count_fds(pid_t pid)
+{
+	char path[64];
+	struct dirent *e;
+	DIR *dir;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	dir = opendir(path);
+	if (!dir)
+		return -errno;
+	while ((e = readdir(dir)))
+		n += e->d_name[0] != '.';
+	closedir(dir);
+	return n;
+}
+
+/* Drains both pipes into the caller's buffers until both reach EOF. */
+static void capture_pipes(int ofd, int efd, char *out, char *err, size_t cap)
+{
+	size_t olen = 0, elen = 0;
+	struct pollfd p[2] = { { .fd = ofd, .events = POLLIN }, { .fd = efd, .events = POLLIN } };
+	char sink[4096];
+
+	while (p[0].fd >= 0 || p[1].fd >= 0) {
+		if (poll(p, 2, -1) < 0 && errno != EINTR)
+			break;
+		for (int i = 0; i < 2; i++) {
+			char *buf = i ? err : out;
+			size_t *len = i ? &elen : &olen;
+			ssize_t r;
+
+			if (p[i].fd < 0 || !(p[i].revents & (POLLIN | POLLHUP)))
+				continue;
+			if (buf && *len + 1 < cap)
+				r = read(p[i].fd, buf + *len, cap - 1 - *len);
+			else
+				r = read(p[i].fd, sink, sizeof(sink));
+			if (r <= 0) {
+				close(p[i].fd);
+				p[i].fd = -1;
+			} else if (buf && *len + 1 < cap) {
+				*len += (size_t)r;
+			}
+		}
+	}
+	if (out && cap)
+		out[olen] = 0;
+	if (err && cap)
+		err[elen] = 0;
+}
+
+int run_capture(char *const argv[], const char *const envp_extra[], char *out, char *err,
+		size_t cap)
+{
+	int op[2], ep[2], st;
+	pid_t pid;
+
+	if (pipe2(op, O_CLOEXEC) < 0)
+		return -1;
+	if (pipe2(ep, O_CLOEXEC) < 0) {
+		close(op[0]);
+		close(op[1]);
+		return -1;
+	}
+	pid = fork();
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		dup2(op[1], 1);
+		dup2(ep[1], 2);
+		for (; envp_extra && *envp_extra; envp_extra++)
+			putenv((char *)*envp_extra);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	close(op[1]);
+	close(ep[1]);
+	capture_pipes(op[0], ep[0], out, err, cap);
+	if (pid < 0 || waitpid(pid, &st, 0) < 0)
+		return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int64_t json_i64_after(const char *json, const char *after, const char *key)
+{
+	char pat[128];
+	const char *p = json;
+
+	if (!json)
+		return -1;
+	if (after) {
+		p = strstr(json, after);
+		if (!p)
+			return -1;
+	}
+	snprintf(pat, sizeof(pat), "\"%s\":", key);
+	p = strstr(p, pat);
+	if (!p)
+		return -1;
+	p += strlen(pat);
+	while (*p == ' ')
+		p++;
+	return strtoll(p, NULL, 10);
+}
+
+int64_t json_i64(const char *json, const char *key)
+{
+	return json_i64_after(json, NULL, key);
+}
+
+int wait_until(int (*pred)(void *), void *arg, int ms)
+{
+	struct timespec ts = { .tv_nsec = 10 * 1000 * 1000 };
+
+	for (int waited = 0; waited <= ms; waited += 10) {
+		if (pred(arg))
+			return 0;
+		nanosleep(&ts, NULL);
+	}
+	return -ETIMEDOUT;
+}
+
+int worker_start(struct worker *w, const char *sock)
+{
+	int to[2], from[2];
+	char bin[256];
+
+	snprintf(bin, sizeof(bin), "%s/tests/prog_worker", test_build_dir());
+	if (pipe2(to, O_CLOEXEC) < 0)
+		return -errno;
+	if (pipe2(from, O_CLOEXEC) < 0) {
+		close(to[0]);
+		close(to[1]);
+		return -errno;
+	}
+	w->pid = fork();
+	if (w->pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		dup2(to[0], 0);
+		dup2(from[1], 1);
+		setenv("GMB_SOCKET", sock, 1);
+		execl(bin, bin, (char *)NULL);
+		_exit(127);
+	}
+	close(to[0]);
+	close(from[1]);
+	w->in = fdopen(to[1], "w");
+	w->out = fdopen(from[0], "r");
+	if (w->pid < 0 || !w->in || !w->out)
+		return -EIO;
+	setvbuf(w->in, NULL, _IOLBF, 0);
+	return 0;
+}
+
+int worker_cmd(struct worker *w, char *text, size_t cap, const char *fmt, ...)
+{
+	static char line[1 << 16];
+	va_list ap;
+	char *sp;
+	int rc;
+
+	va_start(ap, fmt);
+	vfprintf(w->in, fmt, ap);
+	va_end(ap);
+	fputc('\n', w->in);
+	if (fflush(w->in) || !fgets(line, sizeof(line), w->out))
+		return -EPIPE;
+	rc = (int)strtol(line, &sp, 10);
+	if (text && cap) {
+		while (*sp == ' ')
+			sp++;
+		snprintf(text, cap, "%s", sp);
+		text[strcspn(text, "\n")] = 0;
+	}
+	return rc;
+}
+
+int worker_quit(struct worker *w)
+{
+	int st = 0;
+
+	fputs("quit\n", w->in);
+	fclose(w->in);
+	fclose(w->out);
+	if (waitpid(w->pid, &st, 0) < 0)
+		return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+void worker_kill(struct worker *w)
+{
+	kill(w->pid, SIGKILL);
+	waitpid(w->pid, NULL, 0);
+	fclose(w->in);
+	fclose(w->out);
+}
