@@ -101,6 +101,10 @@ ASAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize
 build-asan/%: B := build-asan
 build-asan/%: EXTRA_CFLAGS += $(ASAN_FLAGS) -O1
 $(eval $(call build_tree,build-asan))
+# The same sources must build clean with clang too (compiled and linked, not run).
+build-clang/%: B := build-clang
+build-clang/%: CC := clang
+$(eval $(call build_tree,build-clang))
 
 all: build/bin ## build gmbd, gmbctl, libgmb.so, libgmb.a
 
@@ -108,15 +112,19 @@ $(CUDA_H):
 	@echo "error: $(CUDA_H) not found: gmbd builds against the CUDA Toolkit's cuda.h (no GPU needed); set CUDA_HOME" >&2; exit 1
 
 # Each test binary prints Criterion's synthesis; the run fails on any failure.
+# Criterion does not fail a test whose worker LeakSanitizer flags at exit, so
+# any sanitizer report in the output fails the run too.
 define run_tests
 	@set -e; for t in $(patsubst tests/%.c,$(1)/tests/%,$(TEST_SRC)); do \
-		echo "== $$t"; GMB_BUILD_DIR=$(1) $(2) $$t --jobs 1 $(CRITERION_ARGS); done
+		echo "== $$t"; GMB_BUILD_DIR=$(1) $(2) $$t --jobs 1 $(CRITERION_ARGS) 2>&1 | tee $$t.log; \
+		if grep -q 'ERROR: .*Sanitizer\|SUMMARY: .*Sanitizer\|runtime error:' $$t.log; then \
+			echo "$$t: sanitizer report above" >&2; exit 1; fi; done
 endef
 
-check: build/bin build/tests build-asan/bin build-asan/tests ## run every test, then under ASan+UBSan
+check: build/bin build/tests build-asan/bin build-asan/tests build-clang/bin build-clang/tests ## run every test, then under ASan+UBSan
 	$(call run_tests,build,)
 	$(call run_tests,build-asan,ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
-	@echo "check: all tests passed (build and build-asan)"
+	@echo "check: all tests passed (build and build-asan; clang build clean)"
 
 RUN_DIR := $(CURDIR)/run
 run: build/bin ## gmbd in the foreground on ./run/gmbd.sock
@@ -140,10 +148,11 @@ deps: ## install build/test dependencies with apt-get (needs root)
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
 
 clean: ## remove build folders
-	rm -rf build build-asan run
+	rm -rf build build-asan build-clang run
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-.PHONY: all check run demo deps clean help build/bin build/tests build-asan/bin build-asan/tests
+.PHONY: all check run demo deps clean help build/bin build/tests build-asan/bin build-asan/tests \
+	build-clang/bin build-clang/tests
 .SECONDARY:
