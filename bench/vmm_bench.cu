@@ -347,6 +347,10 @@ static void run_shape(const struct shape *sh, int preserve, int impl, int cycles
 	       r->pause_first * 1e3, r->pause_med * 1e3, r->resume_first * 1e3,
 	       r->resume_med * 1e3,
 	       r->intact == 0 ? "  BYTES WRONG" : r->intact == 1 ? "  bytes intact" : "");
+	printf("  every cycle, pause/resume ms:");
+	for (int k = 0; k <= cycles; k++)
+		printf(" %.2f/%.2f", tp[k] * 1e3, tr[k] * 1e3);
+	printf("\n");
 }
 
 /* ---- part 3: cross-process switch ---- */
