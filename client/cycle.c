@@ -55,25 +55,50 @@ static uint64_t cycle_devices(struct gmb_client *c, const struct gmb__tag *only,
 	return mask;
 }
 
-/* PRESERVE tags: device to host, before anything is unmapped. */
+/* Waits for the contents operations queued on the devices in @mask. */
+static int cycle_wait(struct gmb_client *c, uint64_t mask, char *err)
+{
+	int first = 0;
+
+	for (int d = 0; d < c->ndevices; d++) {
+		int rc = mask & CYCLE_DEV_BIT(d) ? c->be->ops->wait(c->be, d) : 0;
+
+		if (rc < 0 && first == 0)
+			first = gmb__mem_be_fail(err, rc, "waiting for the copies to host");
+	}
+	return first;
+}
+
+/*
+ * PRESERVE tags: device to host, before anything is unmapped. Every copy is
+ * queued first and waited for once, so many small allocations copy back to
+ * back at the link's bandwidth.
+ */
 static int cycle_save(struct gmb_client *c, const struct gmb__tag *only, char *err)
 {
 	struct backend *be = c->be;
+	uint64_t queued = 0;
+	int rc = 0, wrc;
 
-	for (struct gmb__tag *t = c->mem.tags; t; t = t->next) {
+	for (struct gmb__tag *t = c->mem.tags; t && rc == 0; t = t->next) {
 		if (!cycle_tag_in(t, only, false) || t->mode != GMB_MODE_PRESERVE)
 			continue;
-		for (struct gmb__alloc *a = t->allocs; a; a = a->next) {
-			int rc = gmb__mem_staging_new(c, a, err);
-
+		for (struct gmb__alloc *a = t->allocs; a && rc == 0; a = a->next) {
+			rc = gmb__mem_staging_new(c, a, err);
 			if (rc == 0)
-				rc = be->ops->copy_to_host(be, a->dev, a->staging, a->va, a->size);
-			if (rc < 0)
-				return gmb__mem_be_fail(err, rc, "saving a preserved allocation");
+				rc = be->ops->contents_queue(be, a->dev, BACKEND_TO_HOST, a->staging,
+							     a->va, a->size);
+			if (rc < 0) {
+				rc = gmb__mem_be_fail(err, rc, "saving a preserved allocation");
+				break;
+			}
+			queued |= CYCLE_DEV_BIT(a->dev);
 			a->saved = true;
 		}
 	}
-	return 0;
+	/* Even after a failure: queued copies still write the staging buffers. */
+	wrc = cycle_wait(c, queued, rc ? NULL : err);
+	return rc ? rc : wrc;
 }
 
 /* Maps again what a failed pause unmapped (best effort: the chunks are still ours). */
@@ -246,15 +271,21 @@ static int cycle_restore(struct gmb_client *c, const struct gmb__tag *only, char
 		if (!cycle_tag_in(t, only, true) || t->mode == GMB_MODE_DISCARD)
 			continue;
 		for (struct gmb__alloc *a = t->allocs; a; a = a->next) {
-			int rc = a->saved && a->staging
-					 ? be->ops->copy_from_host(be, a->dev, a->va, a->staging, a->size)
-					 : be->ops->zero(be, a->dev, a->va, a->size);
+			bool copy = a->saved && a->staging;
+			int rc = be->ops->contents_queue(be, a->dev, copy ? BACKEND_FROM_HOST : BACKEND_ZERO,
+							 copy ? a->staging : NULL, a->va, a->size);
 
-			if (rc < 0)
+			if (rc < 0) {
+				gmb__mem_sync(c, cycle_devices(c, only, true), NULL);
 				return gmb__mem_be_fail(err, rc, "restoring an allocation's contents");
+			}
 		}
 	}
-	/* The application's next kernel must see the restored bytes. */
+	/*
+	 * The queued copies run on the backend's stream of each device's primary
+	 * context; draining the device waits for them too, and the application's
+	 * next kernel must see the restored bytes anyway.
+	 */
 	return gmb__mem_sync(c, cycle_devices(c, only, true), err);
 }
 

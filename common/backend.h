@@ -37,6 +37,12 @@ struct backend_device {
 
 struct backend;
 
+enum backend_contents {
+	BACKEND_TO_HOST,   /* device @va -> @host */
+	BACKEND_FROM_HOST, /* @host -> device @va */
+	BACKEND_ZERO,      /* device @va = 0; @host unused */
+};
+
 struct backend_ops {
 	const char *name; /* "host" or "cuda" */
 	void (*close)(struct backend *b);
@@ -61,6 +67,18 @@ struct backend_ops {
 	int (*zero)(struct backend *b, int dev, uintptr_t va, uint64_t size);
 	int (*copy_to_host)(struct backend *b, int dev, void *dst, uintptr_t src, uint64_t size);
 	int (*copy_from_host)(struct backend *b, int dev, uintptr_t dst, const void *src, uint64_t size);
+	/*
+	 * The same three, queued: they return once queued in order on the
+	 * device's own stream, and wait(dev) returns when all are done. Many
+	 * small copies then run back to back instead of one wait each (20 MiB
+	 * pieces waited for one by one reach under 90% of the copy bandwidth).
+	 * @host must stay valid until wait(). On an error the operation waits
+	 * for what it queued before returning. The host backend runs them at
+	 * once.
+	 */
+	int (*contents_queue)(struct backend *b, int dev, enum backend_contents op, void *host,
+			      uintptr_t va, uint64_t size);
+	int (*wait)(struct backend *b, int dev);
 	/* Host staging memory for preserved tags (pinned on cuda). */
 	int (*host_alloc)(struct backend *b, uint64_t size, void **p);
 	void (*host_free)(struct backend *b, void *p, uint64_t size);

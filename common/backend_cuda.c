@@ -133,7 +133,6 @@ struct cuda_priv {
 	struct cuda_dev devs[BACKEND_MAX_DEVICES];
 };
 
-enum cuda_op { CUDA_OP_TO_HOST, CUDA_OP_FROM_HOST, CUDA_OP_ZERO };
 
 #define CUDA_ROW(fn, ver, dl) { "cu" #fn, ver, offsetof(struct cuda_api, fn), dl },
 static const struct cuda_sym cuda_boot_syms[] = { CUDA_BOOT_SYMS(CUDA_ROW) };
@@ -632,28 +631,31 @@ static int cuda_sync(struct backend *b, int dev)
 }
 
 static const char *const cuda_op_call[] = {
-	[CUDA_OP_TO_HOST] = "cuMemcpyDtoHAsync",
-	[CUDA_OP_FROM_HOST] = "cuMemcpyHtoDAsync",
-	[CUDA_OP_ZERO] = "cuMemsetD8Async",
+	[BACKEND_TO_HOST] = "cuMemcpyDtoHAsync",
+	[BACKEND_FROM_HOST] = "cuMemcpyHtoDAsync",
+	[BACKEND_ZERO] = "cuMemsetD8Async",
 };
 
-static CUresult cuda_enqueue(struct cuda_priv *c, enum cuda_op op, CUstream s, char *host,
+static CUresult cuda_enqueue(struct cuda_priv *c, enum backend_contents op, CUstream s, char *host,
 			     CUdeviceptr va, size_t n)
 {
 	switch (op) {
-	case CUDA_OP_TO_HOST:
+	case BACKEND_TO_HOST:
 		return c->api.MemcpyDtoHAsync(host, va, n, s);
-	case CUDA_OP_FROM_HOST:
+	case BACKEND_FROM_HOST:
 		return c->api.MemcpyHtoDAsync(va, host, n, s);
-	case CUDA_OP_ZERO:
+	case BACKEND_ZERO:
 		return c->api.MemsetD8Async(va, 0, n, s);
 	}
 	return CUDA_ERROR_INVALID_VALUE;
 }
 
-/* Enqueues @op over [va, va+size) in pieces on @dev's stream, then waits once. */
-static int cuda_contents_run(struct cuda_priv *c, int dev, enum cuda_op op, char *host,
-			     uintptr_t va, uint64_t size)
+/*
+ * Enqueues @op over [va, va+size) in pieces on @dev's stream; waits once
+ * when @wait is set, or when enqueueing failed.
+ */
+static int cuda_contents_run(struct cuda_priv *c, int dev, enum backend_contents op, char *host,
+			     uintptr_t va, uint64_t size, bool wait)
 {
 	CUresult r = CUDA_SUCCESS, rs;
 	uint64_t off = 0, n = 0;
@@ -667,8 +669,8 @@ static int cuda_contents_run(struct cuda_priv *c, int dev, enum cuda_op op, char
 		n = size - off < CUDA_COPY_PIECE ? size - off : CUDA_COPY_PIECE;
 		r = cuda_enqueue(c, op, s, host ? host + off : NULL, va + off, n);
 	}
-	/* Always wait: pieces already queued still read or write @host. */
-	rs = c->api.StreamSynchronize(s);
+	/* On failure wait too: pieces already queued still read or write @host. */
+	rs = wait || r != CUDA_SUCCESS ? c->api.StreamSynchronize(s) : CUDA_SUCCESS;
 	if (r != CUDA_SUCCESS)
 		return cuda_fail(c, r, cuda_op_call[op], "dev=%d va=0x%" PRIxPTR " size=0x%" PRIx64
 				 " at=0x%" PRIx64, dev, va, size, off - n);
@@ -678,8 +680,8 @@ static int cuda_contents_run(struct cuda_priv *c, int dev, enum cuda_op op, char
 	return 0;
 }
 
-static int cuda_contents(struct backend *b, int dev, enum cuda_op op, char *host, uintptr_t va,
-			 uint64_t size)
+static int cuda_contents(struct backend *b, int dev, enum backend_contents op, char *host, uintptr_t va,
+			 uint64_t size, bool wait)
 {
 	struct cuda_priv *c = b->priv;
 	bool pushed;
@@ -688,31 +690,62 @@ static int cuda_contents(struct backend *b, int dev, enum cuda_op op, char *host
 	rc = cuda_check_dev(c, cuda_op_call[op], dev);
 	if (rc < 0 || size == 0)
 		return rc;
-	if (op != CUDA_OP_ZERO && !host)
+	if (op != BACKEND_ZERO && !host)
 		return backend_fail(-EINVAL, "cuda backend: %s: no host buffer", cuda_op_call[op]);
 	rc = cuda_dev_enter(c, dev, &pushed);
 	if (rc < 0)
 		return rc;
-	rc = cuda_contents_run(c, dev, op, host, va, size);
+	rc = cuda_contents_run(c, dev, op, host, va, size, wait);
 	cuda_ctx_pop(c, pushed);
 	return rc;
 }
 
 static int cuda_zero(struct backend *b, int dev, uintptr_t va, uint64_t size)
 {
-	return cuda_contents(b, dev, CUDA_OP_ZERO, NULL, va, size);
+	return cuda_contents(b, dev, BACKEND_ZERO, NULL, va, size, true);
 }
 
 static int cuda_copy_to_host(struct backend *b, int dev, void *dst, uintptr_t src, uint64_t size)
 {
-	return cuda_contents(b, dev, CUDA_OP_TO_HOST, dst, src, size);
+	return cuda_contents(b, dev, BACKEND_TO_HOST, dst, src, size, true);
 }
 
 static int cuda_copy_from_host(struct backend *b, int dev, uintptr_t dst, const void *src,
 			       uint64_t size)
 {
 	/* The driver only reads @src (cuMemcpyHtoDAsync takes a const pointer). */
-	return cuda_contents(b, dev, CUDA_OP_FROM_HOST, (char *)(uintptr_t)src, dst, size);
+	return cuda_contents(b, dev, BACKEND_FROM_HOST, (char *)(uintptr_t)src, dst, size, true);
+}
+
+static int cuda_contents_queue(struct backend *b, int dev, enum backend_contents op, void *host,
+			       uintptr_t va, uint64_t size)
+{
+	return cuda_contents(b, dev, op, host, va, size, false);
+}
+
+/* Waits for what contents_queue put on @dev's stream. */
+static int cuda_wait(struct backend *b, int dev)
+{
+	struct cuda_priv *c = b->priv;
+	CUstream s;
+	bool pushed;
+	CUresult r;
+	int rc;
+
+	rc = cuda_check_dev(c, "wait", dev);
+	if (rc < 0)
+		return rc;
+	rc = cuda_dev_enter(c, dev, &pushed);
+	if (rc < 0)
+		return rc;
+	rc = cuda_dev_stream(c, dev, &s);
+	if (rc == 0) {
+		r = c->api.StreamSynchronize(s);
+		if (r != CUDA_SUCCESS)
+			rc = cuda_fail(c, r, "cuStreamSynchronize", "dev=%d", dev);
+	}
+	cuda_ctx_pop(c, pushed);
+	return rc;
 }
 
 /*
@@ -888,6 +921,8 @@ static const struct backend_ops cuda_ops = {
 	.zero = cuda_zero,
 	.copy_to_host = cuda_copy_to_host,
 	.copy_from_host = cuda_copy_from_host,
+	.contents_queue = cuda_contents_queue,
+	.wait = cuda_wait,
 	.host_alloc = cuda_host_alloc,
 	.host_free = cuda_host_free,
 };

@@ -742,6 +742,26 @@ out_alloc:
 	return rc;
 }
 
+/* Host memory needs no queue: the queued operations run at once. */
+static int host_contents_queue(struct backend *b, int dev, enum backend_contents op, void *host,
+			       uintptr_t va, uint64_t size)
+{
+	switch (op) {
+	case BACKEND_TO_HOST:
+		return host_copy_to_host(b, dev, host, va, size);
+	case BACKEND_FROM_HOST:
+		return host_copy_from_host(b, dev, va, host, size);
+	case BACKEND_ZERO:
+		return host_zero(b, dev, va, size);
+	}
+	return backend_fail(-EINVAL, "host backend: contents: unknown operation %d", (int)op);
+}
+
+static int host_wait(struct backend *b, int dev)
+{
+	return host_check_dev(b, "wait", dev);
+}
+
 static const struct backend_ops host_ops = {
 	.name = "host",
 	.close = host_close,
@@ -758,6 +778,8 @@ static const struct backend_ops host_ops = {
 	.zero = host_zero,
 	.copy_to_host = host_copy_to_host,
 	.copy_from_host = host_copy_from_host,
+	.contents_queue = host_contents_queue,
+	.wait = host_wait,
 	.host_alloc = host_host_alloc,
 	.host_free = host_host_free,
 };

@@ -535,3 +535,24 @@ Test(backend_host, concurrent_threads_keep_the_tables_consistent)
 	cr_assert(eq(i32, b->ops->chunk_create(b, 0, DEV_BYTES, &h), 0));
 	cr_assert(eq(i32, b->ops->chunk_create(b, 1, DEV_BYTES, &h), 0));
 }
+
+Test(backend_host, queued_contents_are_done_by_wait)
+{
+	uintptr_t va = reserve(2 * G);
+	uint8_t *src = malloc(G), *dst = calloc(1, G);
+
+	map_rw(va, 2 * G, chunk(2 * G));
+	memset(src, 0x5c, G);
+	cr_assert(eq(i32, b->ops->contents_queue(b, 0, BACKEND_FROM_HOST, src, va, G), 0));
+	cr_assert(eq(i32, b->ops->contents_queue(b, 0, BACKEND_ZERO, NULL, va + G, G), 0));
+	cr_assert(eq(i32, b->ops->contents_queue(b, 0, BACKEND_TO_HOST, dst, va, G), 0));
+	cr_assert(eq(i32, b->ops->wait(b, 0), 0));
+	cr_assert(eq(i32, memcmp(dst, src, G), 0));
+	expect_fill(va + G, G, 0);
+	cr_assert(eq(i32, b->ops->contents_queue(b, 0, (enum backend_contents)9, dst, va, G), -EINVAL));
+	cr_assert(eq(i32, b->ops->contents_queue(b, 0, BACKEND_TO_HOST, dst, va + 2 * G, G), -EINVAL),
+		  "outside any mapping");
+	cr_assert(eq(i32, b->ops->wait(b, NDEV), -EINVAL));
+	free(src);
+	free(dst);
+}
