@@ -88,6 +88,10 @@ static void gmbd_exec(struct gmbd_proc *d, const char *notify, const char *const
 		argv[n++] = *args;
 	argv[n] = NULL;
 	setenv("NOTIFY_SOCKET", notify, 1);
+	int log = open(d->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+
+	if (log >= 0)
+		dup2(log, 2);
 	execv(bin, (char *const *)argv);
 	_exit(127);
 }
@@ -102,6 +106,7 @@ int gmbd_start(struct gmbd_proc *d, const char *const *args)
 		return -errno;
 	snprintf(d->sock, sizeof(d->sock), "%s/gmbd.sock", d->dir);
 	snprintf(notify, sizeof(notify), "%s/notify", d->dir);
+	snprintf(d->log, sizeof(d->log), "%s/gmbd.log", d->dir);
 	nfd = notify_socket(notify);
 	if (nfd < 0)
 		return nfd;
@@ -121,7 +126,7 @@ out:
 
 int gmbd_stop(struct gmbd_proc *d)
 {
-	char cmd[300];
+	char cmd[640];
 	int st = 0;
 
 	if (d->pid > 0) {
@@ -129,6 +134,11 @@ int gmbd_stop(struct gmbd_proc *d)
 		if (waitpid(d->pid, &st, 0) < 0)
 			st = -1;
 		d->pid = 0;
+	}
+	if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+		snprintf(cmd, sizeof(cmd), "cat '%s' >&2", d->log);
+		if (system(cmd) != 0)
+			fprintf(stderr, "gmbd log %s unreadable\n", d->log);
 	}
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d->dir);
 	if (d->dir[0] && system(cmd) != 0)

@@ -15,6 +15,7 @@ struct gmbd_proc {
 	pid_t pid;
 	char dir[256];  /* temporary folder, removed by gmbd_stop */
 	char sock[300];
+	char log[300];  /* gmbd's stderr; shown by gmbd_stop when it failed */
 };
 
 /* The build folder under test: $GMB_BUILD_DIR or "build". */
