@@ -4,6 +4,8 @@
 #   make check   every test, then again under AddressSanitizer + UBSan
 #   make run     gmbd in the foreground on ./run/gmbd.sock (--backend auto)
 #   make demo    two workers alternating on one simulated device
+#   make install            gmbd, gmbctl, libgmb, units, config (PREFIX, DESTDIR)
+#   make check-systemd      restart without loss under a real systemd (nspawn, root)
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 .DEFAULT_GOAL := all
@@ -35,13 +37,19 @@ LIB_LIBS := -lprotobuf-c -ldl -lpthread
 LIBS := -luv -lsystemd $(LIB_LIBS)
 TEST_LIBS := -lcriterion
 
-COMMON_SRC := common/log.c common/wire.c common/idmap.c common/backend.c \
-	common/backend_host.c common/backend_cuda.c
+COMMON_SRC := common/log.c common/wire.c common/idmap.c common/size.c common/backend.c \
+	common/backend_host.c common/backend_cuda.c common/backend_cuda_contents.c
 PROTO_SRC := proto/gmb.pb-c.c
 DAEMON_SRC := daemon/pool.c daemon/broker.c daemon/lend.c daemon/sess.c daemon/server.c \
-	daemon/sd.c daemon/handlers.c daemon/handlers_ctl.c daemon/handlers_status.c daemon/opts.c
+	daemon/sd.c daemon/handlers.c daemon/handlers_ctl.c daemon/handlers_status.c daemon/opts.c \
+	daemon/conf.c daemon/rejoin.c daemon/state.c daemon/persist.c daemon/handlers_hello.c
 DAEMON_MAIN := daemon/main.c
-LIB_SRC := client/conn.c client/cache.c client/mem.c client/cycle.c client/api.c client/status_json.c
+LIB_SRC := client/conn.c client/cache.c client/mem.c client/cycle.c client/api.c client/status_json.c \
+	client/reconnect.c
+# Regions, the default client and the PyTorch entry points; the LD_PRELOAD
+# shim is a library of its own that loads libgmb at run time (no NEEDED on it).
+LIB_SRC += client/region.c client/hook.c
+PRELOAD_SRC := client/preload.c
 CTL_SRC := client/gmbctl.c
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_HELPER_SRC := tests/util.c
@@ -77,6 +85,16 @@ $(1)/libgmb.a: $(call objs,$(1),$(LIB_SRC) $(COMMON_SRC)) $(1)/proto/gmb.pb-c.o
 $(1)/libgmb.so: $(call objs,$(1),$(LIB_SRC) $(COMMON_SRC)) $(1)/proto/gmb.pb-c.o
 	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -shared -Wl,-soname,libgmb.so.0 -Wl,--no-undefined -o $$@ $$^ $$(LIB_LIBS)
 
+$(1)/libgmb_preload.so: $(call objs,$(1),$(PRELOAD_SRC))
+	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -shared -Wl,-soname,libgmb_preload.so -Wl,--no-undefined -o $$@ $$^ -Wl,--as-needed -ldl
+
+$(1)/tests/libfake_cudart.so: $(1)/tests/fake_cudart.o
+	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -shared -Wl,-soname,libfake_cudart.so -o $$@ $$^
+
+# The stand-in runtime, never libgmb: it dlopens libgmb as Python does.
+$(1)/tests/prog_preload: $(1)/tests/prog_preload.o $(1)/tests/libfake_cudart.so
+	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$< -L$(1)/tests -lfake_cudart -Wl,-rpath,'$$$$ORIGIN' -ldl
+
 $(1)/gmbd: $(call objs,$(1),$(DAEMON_MAIN)) $(1)/libgmbd.a $(1)/libcommon.a
 	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$^ $$(LIBS)
 
@@ -91,8 +109,10 @@ $(1)/tests/test_%: $(1)/tests/test_%.o $(call objs,$(1),$(TEST_HELPER_SRC)) $(1)
 
 $(1)/bin: $(1)/gmbd $(1)/gmbctl $(1)/libgmb.so $(1)/libgmb.a
 $(1)/tests: $(patsubst tests/%.c,$(1)/tests/%,$(TEST_SRC) $(TEST_PROG_SRC))
+$(1)/bin: $(1)/libgmb_preload.so
 
--include $(shell find $(1) -name '*.d' 2>/dev/null)
+# (The nspawn tree of check-systemd lives under build/ and is full of *.d.)
+-include $(shell find $(1) -path $(1)/nspawn-root -prune -o -name '*.d' -type f -print 2>/dev/null)
 endef
 
 B := build
@@ -121,8 +141,16 @@ define run_tests
 			echo "$$t: sanitizer report above" >&2; exit 1; fi; done
 endef
 
+# The Python module's tests against a tree's libgmb.so and gmbd (no torch needed).
+define run_python_tests
+	@echo "== tests/python ($(1)/libgmb.so)"; GMB_BUILD_DIR=$(1) GMB_LIB=$(CURDIR)/$(1)/libgmb.so \
+		PYTHONPATH=$(CURDIR)/client/python PYTHONDONTWRITEBYTECODE=1 \
+		python3 -m unittest discover -s tests/python -p 'test_*.py' -v
+endef
+
 check: build/bin build/tests build-asan/bin build-asan/tests build-clang/bin build-clang/tests ## run every test, then under ASan+UBSan
 	$(call run_tests,build,)
+	$(call run_python_tests,build)
 	$(call run_tests,build-asan,ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
 	@echo "check: all tests passed (build and build-asan; clang build clean)"
 
@@ -139,7 +167,9 @@ $(DEPS_STAMP):
 	@$(MAKE) --no-print-directory deps
 	@mkdir -p $(@D) && touch $@
 
-DEPS_DEB := libuv1-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libcriterion-dev pkg-config util-linux clang
+# systemd: systemd-socket-activate for tests/test_sd.c (no need for it as PID 1).
+DEPS_DEB := libuv1-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libcriterion-dev pkg-config util-linux clang \
+	systemd
 deps: ## install build/test dependencies with apt-get (needs root)
 	@missing=$$(for p in $(DEPS_DEB); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -z "$$missing" ]; then echo "deps: all installed"; else \
@@ -147,12 +177,82 @@ deps: ## install build/test dependencies with apt-get (needs root)
 		if [ "$$(id -u)" != 0 ]; then echo "deps: run as root (apt-get)" >&2; exit 1; fi; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
 
+# ---- install ----
+# Programs under PREFIX; the configuration under SYSCONFDIR (/etc, whatever
+# PREFIX is: gmbd reads /etc/gmbd/gmbd.conf); units and sysusers.d where
+# systemd looks for PREFIX (/usr/local/lib/systemd/system is on its path).
+BINDIR ?= $(PREFIX)/bin
+SBINDIR ?= $(PREFIX)/sbin
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+DOCDIR ?= $(PREFIX)/share/doc/gmbd
+SYSCONFDIR ?= /etc
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+# The units name /usr/local; another PREFIX is written into them.
+UNIT_SED := s|/usr/local/sbin/gmbd|$(SBINDIR)/gmbd|; s|/usr/local/share/doc/gmbd|$(DOCDIR)|
+
+install: build/bin ## install (PREFIX=/usr/local, DESTDIR=); keeps an existing gmbd.conf
+	$(call say,INSTALL,$(DESTDIR)$(PREFIX))install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SBINDIR) \
+		$(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(DOCDIR) $(DESTDIR)$(UNITDIR) \
+		$(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(SYSCONFDIR)/gmbd
+	$(Q)install -m 0755 build/gmbd $(DESTDIR)$(SBINDIR)/gmbd
+	$(Q)install -m 0755 build/gmbctl $(DESTDIR)$(BINDIR)/gmbctl
+	$(Q)install -m 0755 build/libgmb.so $(DESTDIR)$(LIBDIR)/libgmb.so.0
+	$(Q)ln -sf libgmb.so.0 $(DESTDIR)$(LIBDIR)/libgmb.so
+	$(Q)install -m 0644 build/libgmb.a $(DESTDIR)$(LIBDIR)/libgmb.a
+	$(Q)install -m 0644 include/gmb.h $(DESTDIR)$(INCLUDEDIR)/gmb.h
+	$(Q)for u in gmbd.service gmbd.socket; do \
+		sed '$(UNIT_SED)' deploy/$$u > $(DESTDIR)$(UNITDIR)/$$u.tmp; \
+		chmod 0644 $(DESTDIR)$(UNITDIR)/$$u.tmp; mv $(DESTDIR)$(UNITDIR)/$$u.tmp $(DESTDIR)$(UNITDIR)/$$u; done
+	$(Q)install -m 0644 deploy/gmbd.sysusers $(DESTDIR)$(SYSUSERSDIR)/gmbd.conf
+	$(Q)install -m 0644 deploy/gmbd.conf $(DESTDIR)$(DOCDIR)/gmbd.conf.sample
+	$(Q)install -m 0644 deploy/kubernetes/gmbd-daemonset.yaml README.md $(DESTDIR)$(DOCDIR)/
+	$(Q)[ -e $(DESTDIR)$(SYSCONFDIR)/gmbd/gmbd.conf ] || \
+		install -m 0644 deploy/gmbd.conf $(DESTDIR)$(SYSCONFDIR)/gmbd/gmbd.conf
+	@# The group the socket needs, now rather than at the next boot.
+	$(Q)if command -v systemd-sysusers >/dev/null; then \
+		systemd-sysusers --root=$(if $(DESTDIR),$(DESTDIR),/) $(DESTDIR)$(SYSUSERSDIR)/gmbd.conf; fi
+	$(Q)if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+	@echo "install: done; enable with: systemctl enable --now gmbd.socket"
+
+# ---- check-systemd: a real systemd 252 in systemd-nspawn ----
+# A debootstrap'd Debian 12 tree, built once and kept under build/, boots
+# with gmbd installed into it and a unit that runs tests/systemd/scenario.sh
+# and powers off; the scenario's verdict comes back through a file.
+NSPAWN_ROOT := build/nspawn-root
+NSPAWN_STAMP := $(NSPAWN_ROOT)/.gmbd-tree
+NSPAWN_SUITE := bookworm
+NSPAWN_MIRROR ?= http://deb.debian.org/debian
+# gmbd and the test client link libuv and protobuf-c dynamically.
+NSPAWN_INCLUDE := systemd,dbus,libuv1,libprotobuf-c1
+NSPAWN_DEB := debootstrap systemd-container
+
+nspawn-deps: ## debootstrap and systemd-nspawn on this machine (apt-get, as root)
+	@if [ "$$(id -u)" != 0 ]; then echo "check-systemd: run as root (debootstrap, nspawn)" >&2; exit 1; fi
+	@missing=$$(for p in $(NSPAWN_DEB); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then echo "nspawn-deps: installing $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
+
+$(NSPAWN_STAMP):
+	@$(MAKE) --no-print-directory nspawn-deps
+	@echo "  DEBOOTSTRAP $(NSPAWN_ROOT) ($(NSPAWN_SUITE), once)"
+	$(Q)rm -rf $(NSPAWN_ROOT) $(NSPAWN_ROOT).tmp
+	$(Q)debootstrap --variant=minbase --include=$(NSPAWN_INCLUDE) $(NSPAWN_SUITE) \
+		$(NSPAWN_ROOT).tmp $(NSPAWN_MIRROR) > build/nspawn-debootstrap.log 2>&1 || \
+		{ tail -20 build/nspawn-debootstrap.log; exit 1; }
+	$(Q)mv $(NSPAWN_ROOT).tmp $(NSPAWN_ROOT) && touch $@
+
+check-systemd: build/bin build/tests/prog_worker nspawn-deps $(NSPAWN_STAMP) ## gmbd under systemd 252 in nspawn: socket, notify, restart without loss
+	$(Q)$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/$(NSPAWN_ROOT) PREFIX=/usr/local
+	$(Q)tests/systemd/boot.sh $(NSPAWN_ROOT) build/tests/prog_worker
+
 clean: ## remove build folders
 	rm -rf build build-asan build-clang run
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-.PHONY: all check run demo deps clean help build/bin build/tests build-asan/bin build-asan/tests \
+.PHONY: all check run demo deps clean help install nspawn-deps check-systemd build/bin build/tests build-asan/bin build-asan/tests \
 	build-clang/bin build-clang/tests
 .SECONDARY:

@@ -9,8 +9,14 @@
  * interleaves with the application's own calls. Queries (status, control of
  * another client, trim) only make a round trip and take no op_lock, so a
  * gmb_control() aimed at this very client cannot deadlock.
+ *
+ * While gmbd is away (a restart), every call that needs it waits for the
+ * library to reconnect, at most $GMB_RECONNECT_TIMEOUT seconds (default
+ * 30; 0: not at all), then fails with -ENOTCONN and says so in
+ * gmb_last_error(). Memory stays mapped and usable meanwhile.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -41,12 +47,14 @@ static void api_client_free(struct gmb_client *c)
 		gmb__envelope__free_unpacked(job->env, NULL);
 		free(job);
 	}
+	pthread_cond_destroy(&c->conn_cond);
 	pthread_cond_destroy(&c->poll_cond);
 	pthread_cond_destroy(&c->work_cond);
 	pthread_cond_destroy(&c->reply_cond);
 	pthread_mutex_destroy(&c->send_lock);
 	pthread_mutex_destroy(&c->lock);
 	pthread_mutex_destroy(&c->op_lock);
+	free(c->path);
 	free(c);
 }
 
@@ -58,6 +66,7 @@ static struct gmb_client *api_client_new(void)
 	if (!c)
 		return NULL;
 	c->sock = -1;
+	c->sock_next = -1;
 	c->jobs_tail = &c->jobs;
 	pthread_mutex_init(&c->op_lock, NULL);
 	pthread_mutex_init(&c->lock, NULL);
@@ -68,6 +77,7 @@ static struct gmb_client *api_client_new(void)
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&c->poll_cond, &ca);
+	pthread_cond_init(&c->conn_cond, &ca);
 	pthread_condattr_destroy(&ca);
 	return c;
 }
@@ -125,12 +135,14 @@ GMB_API void gmb_close(gmb_client *c)
 {
 	if (!c)
 		return;
+	/* A re-announcement in progress gives up first: it would otherwise
+	 * hold the operations (and so this) until its own timeouts. */
+	gmb__conn_closing(c);
 	/* Unmap while still connected: once the socket closes gmbd may lend the
 	 * chunks to another client, and nothing here may still write to them. */
-	pthread_mutex_lock(&c->op_lock);
-	c->closing = true;
+	gmb__op_begin(c);
 	gmb__cycle_close(c);
-	pthread_mutex_unlock(&c->op_lock);
+	gmb__op_end(c);
 	gmb__conn_stop(c);
 	gmb__mem_deinit(c);
 	close(c->sock);
@@ -144,9 +156,9 @@ GMB_API int gmb_malloc(gmb_client *c, void **ptr, size_t size, int device, const
 
 	if (!c)
 		return -EINVAL;
-	pthread_mutex_lock(&c->op_lock);
+	gmb__op_begin(c);
 	rc = gmb__mem_malloc(c, ptr, size, device, tag, err);
-	pthread_mutex_unlock(&c->op_lock);
+	gmb__op_end(c);
 	return api_done(c, rc, err);
 }
 
@@ -157,9 +169,9 @@ GMB_API int gmb_free(gmb_client *c, void *ptr)
 
 	if (!c)
 		return -EINVAL;
-	pthread_mutex_lock(&c->op_lock);
+	gmb__op_begin(c);
 	rc = gmb__mem_free(c, ptr, err);
-	pthread_mutex_unlock(&c->op_lock);
+	gmb__op_end(c);
 	return api_done(c, rc, err);
 }
 
@@ -170,25 +182,29 @@ GMB_API int gmb_tag_set_mode(gmb_client *c, const char *tag, int mode)
 
 	if (!c)
 		return -EINVAL;
-	pthread_mutex_lock(&c->op_lock);
+	gmb__op_begin(c);
 	rc = gmb__mem_set_mode(c, tag, mode, err);
-	pthread_mutex_unlock(&c->op_lock);
+	gmb__op_end(c);
 	return api_done(c, rc, err);
 }
 
 /* Pause or resume under op_lock; @err receives the reason. */
 static int api_pause_resume(struct gmb_client *c, int op, const char *tag, char *err)
 {
+	bool closing;
 	int rc;
 
-	pthread_mutex_lock(&c->op_lock);
-	if (c->closing)
+	gmb__op_begin(c);
+	pthread_mutex_lock(&c->lock);
+	closing = c->closing;
+	pthread_mutex_unlock(&c->lock);
+	if (closing)
 		rc = gmb__fail(err, -ESHUTDOWN, "the client is closing");
 	else if (op == GMB_OP_PAUSE)
 		rc = gmb__cycle_pause(c, tag, err);
 	else
 		rc = gmb__cycle_resume(c, tag, err);
-	pthread_mutex_unlock(&c->op_lock);
+	gmb__op_end(c);
 	return rc;
 }
 
@@ -245,17 +261,18 @@ static int api_control_do(struct gmb_client *c, int op, const char *tag, char *e
 }
 
 /**
- * gmb__control_run() - carry out gmbd's ControlCommand @env on the worker
- * thread and answer it. @env stays the caller's.
+ * gmb__control_run() - carry out gmbd's ControlCommand of @job on the worker
+ * thread and answer it, on the connection it came on (a gmbd restarted
+ * meanwhile never asked). @job stays the caller's.
  */
-void gmb__control_run(struct gmb_client *c, const Gmb__Envelope *env)
+void gmb__control_run(struct gmb_client *c, const struct gmb__job *job)
 {
-	const Gmb__ControlCommand *cmd = env->control_cmd;
+	const Gmb__ControlCommand *cmd = job->env->control_cmd;
 	char err[ERR_MSG_MAX] = "";
 	int rc;
 
 	rc = api_control_do(c, (int)cmd->op, cmd->tag && *cmd->tag ? cmd->tag : NULL, err);
-	gmb__send_reply(c, env->id, rc, rc < 0 ? err : "");
+	gmb__send_reply(c, job->gen, job->env->id, rc, rc < 0 ? err : "");
 }
 
 static int api_poll_wait(struct gmb_client *c, int timeout_ms)
@@ -271,7 +288,8 @@ static int api_poll_wait(struct gmb_client *c, int timeout_ms)
 			until.tv_nsec -= 1000000000L;
 		}
 	}
-	while (c->handled == 0 && c->connected && timeout_ms != 0) {
+	/* A reconnect in progress is no reason to return: gmbd may still ask. */
+	while (c->handled == 0 && !c->gone && timeout_ms != 0) {
 		if (timeout_ms < 0)
 			pthread_cond_wait(&c->poll_cond, &c->lock);
 		else if (pthread_cond_timedwait(&c->poll_cond, &c->lock, &until) == ETIMEDOUT)
@@ -279,11 +297,12 @@ static int api_poll_wait(struct gmb_client *c, int timeout_ms)
 	}
 	if (c->handled > 0)
 		return (int)c->handled;
-	return c->connected ? 0 : -ENOTCONN;
+	return c->gone ? -ENOTCONN : 0;
 }
 
 GMB_API int gmb_poll(gmb_client *c, int timeout_ms)
 {
+	char msg[ERR_MSG_MAX];
 	int rc;
 
 	if (!c)
@@ -292,8 +311,10 @@ GMB_API int gmb_poll(gmb_client *c, int timeout_ms)
 	rc = api_poll_wait(c, timeout_ms);
 	if (rc > 0)
 		c->handled = 0;
+	snprintf(msg, sizeof(msg), "%s", c->lost_msg[0] ? c->lost_msg
+		 : "the connection to gmbd is lost");
 	pthread_mutex_unlock(&c->lock);
-	return api_done(c, rc, "the connection to gmbd is lost");
+	return api_done(c, rc, msg);
 }
 
 GMB_API const char *gmb_strerror(int err)

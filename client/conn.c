@@ -12,15 +12,23 @@
  * to the worker thread, which may run the application's handler and take
  * the operation lock; the reader never waits on either.
  *
+ * When the connection is lost the reader reconnects (reconnect.c) unless
+ * the client is gone for good: a tool, gmb_close(), gmbd's Bye (it stopped
+ * and keeps nothing) or a refused rejoin. Requests wait for it (bounded by
+ * reconnect_wait_ms); one whose answer the loss swallowed is sent again.
+ *
  * Invariants:
- *   - connected is true from hello to the reader's exit; once false, every
- *     pending request has completed with -ENOTCONN and new ones fail at once.
+ *   - connected is true while the current socket serves; once false, every
+ *     pending request has completed (lost, status -ENOTCONN) and new ones
+ *     wait for the next connection, or fail at once when gone.
  *   - A pending entry lives on its requester's stack; only the requester
  *     unlinks it, after done (or after its send failed, when no reply can
  *     come), so the reader may use it outside the lock in between.
- *   - After a read error the socket stays open: gmbd keeps counting this
- *     client's memory as lent (it still is mapped here) until gmb_close()
- *     unmaps it and closes the socket.
+ *   - gen counts connections; an answer to gmbd's request goes out only on
+ *     the connection the request came on.
+ *   - Once gone, the last socket stays open: a gmbd that still runs keeps
+ *     counting this client's memory as lent (it still is mapped here) until
+ *     gmb_close() unmaps it and closes the socket.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -30,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "client/internal.h"
@@ -143,6 +152,10 @@ int gmb__conn_open(struct gmb_client *c, const char *path, const char *name, uns
 		path = wire_default_socket();
 	if (!name)
 		name = program_invocation_short_name;
+	c->path = strdup(path);
+	if (!c->path)
+		return gmb__fail(err, -ENOMEM, "out of memory for the socket path");
+	snprintf(c->name, sizeof(c->name), "%s", name);
 	rc = wire_connect(path, &c->sock);
 	if (rc == -ENOENT || rc == -ECONNREFUSED)
 		return gmb__fail(err, rc, "no gmbd listens on %s (%s)", path, strerror(-rc));
@@ -153,6 +166,8 @@ int gmb__conn_open(struct gmb_client *c, const char *path, const char *name, uns
 	if (rc < 0)
 		goto out_sock;
 	c->connected = true;
+	c->gen = 1;
+	gmb__reconnect_config(c);
 	return 0;
 
 out_sock:
@@ -193,16 +208,41 @@ int gmb__conn_start(struct gmb_client *c, char *err)
  * gmb__conn_stop() - end the connection and join the threads. The socket
  * fd stays open (the caller closes it): only shutdown() wakes the reader.
  */
+/**
+ * gmb__conn_closing() - gmb_close() begins: no reconnecting from now on. A
+ * reconnect that has not published its socket yet sees closing and gives
+ * up; one that has is shut down here. The current connection stays up.
+ */
+void gmb__conn_closing(struct gmb_client *c)
+{
+	int next;
+
+	pthread_mutex_lock(&c->lock);
+	c->closing = true;
+	next = c->sock_next;
+	pthread_cond_broadcast(&c->conn_cond);
+	pthread_mutex_unlock(&c->lock);
+	if (next >= 0)
+		shutdown(next, SHUT_RDWR);
+}
+
 void gmb__conn_stop(struct gmb_client *c)
 {
-	if (c->sock >= 0)
-		shutdown(c->sock, SHUT_RDWR);
+	int sock;
+
+	gmb__conn_closing(c);
+	pthread_mutex_lock(&c->lock);
+	sock = c->sock;
+	pthread_mutex_unlock(&c->lock);
+	if (sock >= 0)
+		shutdown(sock, SHUT_RDWR);
 	if (c->reader_started)
 		pthread_join(c->reader, NULL);
 	c->reader_started = false;
-	/* The reader's exit marked the connection lost, which wakes the worker. */
+	/* The reader's exit marked the client gone, which wakes the worker. */
 	pthread_mutex_lock(&c->lock);
 	c->connected = false;
+	c->gone = true;
 	pthread_cond_broadcast(&c->work_cond);
 	pthread_mutex_unlock(&c->lock);
 	if (c->worker_started)
@@ -250,12 +290,13 @@ static int conn_result(const struct gmb__reply *rep, char *err)
 	return 0;
 }
 
-static int conn_send(struct gmb_client *c, const Gmb__Envelope *env)
+/* Sends on connection @gen only; 0: whichever is current. */
+static int conn_send(struct gmb_client *c, uint64_t gen, const Gmb__Envelope *env)
 {
 	int rc;
 
 	pthread_mutex_lock(&c->send_lock);
-	rc = wire_send(c->sock, env, NULL, 0);
+	rc = gen && gen != c->gen ? -ENOTCONN : wire_send(c->sock, env, NULL, 0);
 	pthread_mutex_unlock(&c->send_lock);
 	/* A peer gone mid-send is the same lost connection the reader reports. */
 	if (rc == -EPIPE || rc == -ECONNRESET)
@@ -263,55 +304,157 @@ static int conn_send(struct gmb_client *c, const Gmb__Envelope *env)
 	return rc;
 }
 
+static void conn_deadline(struct timespec *ts, unsigned ms)
+{
+	clock_gettime(CLOCK_MONOTONIC, ts);
+	ts->tv_sec += ms / 1000;
+	ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (ts->tv_nsec >= 1000000000L) {
+		ts->tv_sec++;
+		ts->tv_nsec -= 1000000000L;
+	}
+}
+
+/*
+ * Under lock: waits until a connection other than @dead serves, for at most
+ * reconnect_wait_ms. The operation holding op_lock counts as parked while
+ * it waits, so that the reader may re-announce; once a re-announcement has
+ * begun, it is waited for even past the deadline (it has its own timeouts).
+ */
+static int conn_wait_ready(struct gmb_client *c, uint64_t dead, char *err)
+{
+	bool mine = c->op_running && pthread_equal(c->op_owner, pthread_self());
+	bool expired = false;
+	struct timespec until;
+
+	conn_deadline(&until, c->reconnect_wait_ms);
+	while (!c->gone && (!c->connected || c->gen == dead) && (!expired || c->rejoining)) {
+		if (mine && !c->op_parked) {
+			c->op_parked = true;
+			pthread_cond_broadcast(&c->conn_cond);
+		}
+		if (pthread_cond_timedwait(&c->conn_cond, &c->lock, &until) == ETIMEDOUT)
+			expired = true;
+	}
+	if (mine)
+		c->op_parked = false;
+	if (c->gone)
+		return gmb__fail(err, -ENOTCONN, "%s", c->lost_msg[0] ? c->lost_msg
+				 : "the connection to gmbd is lost");
+	if (!c->connected || c->gen == dead)
+		return gmb__fail(err, -ENOTCONN, "gmbd has been unreachable for %u ms; libgmb keeps"
+				 " reconnecting", c->reconnect_wait_ms);
+	return 0;
+}
+
+/*
+ * One try on a connection other than @dead (*@gen: the one used). Return:
+ * 0 with the reply (or p->lost) in @p; -ENOTCONN from the send, when the
+ * socket died under it (nothing went out); or conn_wait_ready()'s failure
+ * with *@waited set.
+ */
+static int conn_request_once(struct gmb_client *c, Gmb__Envelope *env, struct gmb__pending *p,
+			     uint64_t dead, uint64_t *gen, bool *waited, char *err)
+{
+	int rc;
+
+	pthread_mutex_lock(&c->lock);
+	rc = conn_wait_ready(c, dead, err);
+	if (rc < 0) {
+		pthread_mutex_unlock(&c->lock);
+		*waited = true;
+		return rc;
+	}
+	*p = (struct gmb__pending){ .id = ++c->next_id, .next = c->pending };
+	c->pending = p;
+	*gen = c->gen;
+	pthread_mutex_unlock(&c->lock);
+	env->id = p->id;
+	env->reply_to = 0;
+	rc = conn_send(c, *gen, env);
+	pthread_mutex_lock(&c->lock);
+	while (rc == 0 && !p->done)
+		pthread_cond_wait(&c->reply_cond, &c->lock);
+	conn_unlink(c, p);
+	pthread_mutex_unlock(&c->lock);
+	return rc;
+}
+
 /**
  * gmb__request() - send @env as a request and wait for its whole reply.
- * env->id is assigned here. @rep receives every part (the caller owns it:
- * gmb__reply_deinit(), also on failure); rep->status is gmbd's status, or
- * -ENOTCONN when the connection was lost on the way.
+ * env->id is assigned here. While gmbd is away the call waits for the
+ * reconnection (at most reconnect_wait_ms); a request whose answer the
+ * loss swallowed is sent again once the client is back (rep->resent: the
+ * first copy may have been carried out). @rep receives every part (the
+ * caller owns it: gmb__reply_deinit(), also on failure); rep->status is
+ * gmbd's status, or -ENOTCONN when there was no connection to be had.
  * Return: 0; gmbd's status with its message in @err; -ENOTCONN; or an
  * import failure of the reply's fds (rep->status then is 0: gmbd lent).
  */
 int gmb__request(struct gmb_client *c, Gmb__Envelope *env, struct gmb__reply *rep, char *err)
 {
 	struct gmb__pending p = { 0 };
+	uint64_t dead = 0, gen = 0;
+	bool resent = false, waited = false;
 	int rc;
 
-	pthread_mutex_lock(&c->lock);
-	if (!c->connected) {
-		pthread_mutex_unlock(&c->lock);
-		*rep = (struct gmb__reply)GMB__REPLY_INIT;
-		rep->status = -ENOTCONN;
-		return gmb__fail(err, -ENOTCONN, "the connection to gmbd is lost");
+	for (;;) {
+		rc = conn_request_once(c, env, &p, dead, &gen, &waited, err);
+		if (waited || (rc == 0 && !p.lost))
+			break;
+		gmb__reply_deinit(&p.reply);
+		if (rc < 0 && rc != -ENOTCONN) {
+			gmb__fail(err, rc, "sending to gmbd: %s", strerror(-rc));
+			break;
+		}
+		/* Lost on the way, or the send met the dead socket: the next
+		 * connection (conn_wait_ready() fails once there is none). */
+		resent |= rc == 0;
+		dead = gen;
 	}
-	p.id = ++c->next_id;
-	p.next = c->pending;
-	c->pending = &p;
-	pthread_mutex_unlock(&c->lock);
-	env->id = p.id;
-	env->reply_to = 0;
-	rc = conn_send(c, env);
-	pthread_mutex_lock(&c->lock);
-	while (rc == 0 && !p.done)
-		pthread_cond_wait(&c->reply_cond, &c->lock);
-	conn_unlink(c, &p);
-	pthread_mutex_unlock(&c->lock);
 	*rep = p.reply;
-	if (rc < 0) {
+	if (waited || rc < 0) {
+		*rep = (struct gmb__reply)GMB__REPLY_INIT;
 		rep->status = rc;
-		return gmb__fail(err, rc, "sending to gmbd: %s", strerror(-rc));
 	}
+	rep->resent = resent;
+	if (rc < 0)
+		return rc;
 	return conn_result(rep, err);
 }
 
-/** gmb__send_reply() - answer gmbd's request @reply_to. */
-int gmb__send_reply(struct gmb_client *c, uint64_t reply_to, int status, const char *error)
+/** gmb__send_reply() - answer gmbd's request @reply_to of connection @gen. */
+int gmb__send_reply(struct gmb_client *c, uint64_t gen, uint64_t reply_to, int status,
+		    const char *error)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 
 	env.reply_to = reply_to;
 	env.status = status;
 	env.error = (char *)(error ? error : "");
-	return conn_send(c, &env);
+	return conn_send(c, gen, &env);
+}
+
+/** gmb__op_begin() - op_lock for an operation; see internal.h. */
+void gmb__op_begin(struct gmb_client *c)
+{
+	pthread_mutex_lock(&c->op_lock);
+	pthread_mutex_lock(&c->lock);
+	while (c->rejoining)
+		pthread_cond_wait(&c->conn_cond, &c->lock);
+	c->op_running = true;
+	c->op_parked = false;
+	c->op_owner = pthread_self();
+	pthread_mutex_unlock(&c->lock);
+}
+
+void gmb__op_end(struct gmb_client *c)
+{
+	pthread_mutex_lock(&c->lock);
+	c->op_running = false;
+	pthread_cond_broadcast(&c->conn_cond);
+	pthread_mutex_unlock(&c->lock);
+	pthread_mutex_unlock(&c->op_lock);
 }
 
 /* The reader thread. */
@@ -420,7 +563,8 @@ static int conn_enqueue(struct gmb_client *c, Gmb__Envelope *env)
 
 	if (!job)
 		return -ENOMEM;
-	*job = (struct gmb__job){ .env = env };
+	/* Only the reader changes gen, and this is the reader. */
+	*job = (struct gmb__job){ .env = env, .gen = c->gen };
 	pthread_mutex_lock(&c->lock);
 	*c->jobs_tail = job;
 	c->jobs_tail = &job->next;
@@ -437,23 +581,34 @@ static void conn_on_request(struct gmb_client *c, Gmb__Envelope *env)
 	switch (env->body_case) {
 	case GMB__ENVELOPE__BODY_DROP:
 		gmb__mem_drop(c, env->drop->chunk_ids, env->drop->n_chunk_ids);
-		gmb__send_reply(c, id, 0, NULL);
+		gmb__send_reply(c, c->gen, id, 0, NULL);
 		conn_handled(c);
 		break;
 	case GMB__ENVELOPE__BODY_CONTROL_CMD:
 		if (conn_enqueue(c, env) == 0)
 			return;
-		gmb__send_reply(c, id, -ENOMEM, "libgmb is out of memory");
+		gmb__send_reply(c, c->gen, id, -ENOMEM, "libgmb is out of memory");
 		break;
 	default:
-		gmb__send_reply(c, id, -EOPNOTSUPP, "libgmb does not handle this request");
+		gmb__send_reply(c, c->gen, id, -EOPNOTSUPP, "libgmb does not handle this request");
 		break;
 	}
 	gmb__envelope__free_unpacked(env, NULL);
 }
 
+/* gmbd stops and keeps nothing: the coming end of stream is final. */
+static void conn_on_bye(struct gmb_client *c, Gmb__Envelope *env)
+{
+	pthread_mutex_lock(&c->lock);
+	c->bye = true;
+	gmb__fail(c->lost_msg, -ENOTCONN, "gmbd stopped: %s", env->bye->reason ? env->bye->reason
+		  : "");
+	pthread_mutex_unlock(&c->lock);
+	gmb__envelope__free_unpacked(env, NULL);
+}
+
 /* One packet. Return: 0, or why reading must stop. */
-static int conn_read_one(struct gmb_client *c)
+int gmb__conn_read_one(struct gmb_client *c)
 {
 	Gmb__Envelope *env = NULL;
 	int fds[WIRE_MAX_FDS], nfds = 0, rc;
@@ -471,37 +626,85 @@ static int conn_read_one(struct gmb_client *c)
 		conn_on_reply(c, env, fds, nfds);
 	else if (env->id)
 		conn_on_request(c, env);
+	else if (env->body_case == GMB__ENVELOPE__BODY_BYE)
+		conn_on_bye(c, env);
 	else
 		gmb__envelope__free_unpacked(env, NULL);
 	return 0;
 }
 
-/* Every waiter learns the connection is gone; new requests fail at once. */
-static void conn_lost(struct gmb_client *c)
+static void conn_free_jobs(struct gmb__job *job)
 {
+	while (job) {
+		struct gmb__job *next = job->next;
+
+		gmb__envelope__free_unpacked(job->env, NULL);
+		free(job);
+		job = next;
+	}
+}
+
+/*
+ * Every waiter learns the connection is lost: pending requests complete
+ * (lost), queued commands are dropped (they can only be answered on their
+ * own connection). Return: whether to reconnect.
+ */
+static bool conn_lost(struct gmb_client *c, int why)
+{
+	struct gmb__job *jobs;
+	bool again;
+
 	pthread_mutex_lock(&c->lock);
 	c->connected = false;
 	for (struct gmb__pending *p = c->pending; p; p = p->next) {
 		if (p->done)
 			continue;
-		p->done = true;
+		p->done = p->lost = true;
 		p->reply.status = -ENOTCONN;
 		snprintf(p->reply.error, sizeof(p->reply.error),
 			 "the connection to gmbd was lost before it answered");
 	}
+	jobs = c->jobs;
+	c->jobs = NULL;
+	c->jobs_tail = &c->jobs;
+	again = c->reconnect && !c->bye && !c->closing;
+	if (!again) {
+		c->gone = true;
+		if (!c->lost_msg[0])
+			gmb__fail(c->lost_msg, -ENOTCONN, "the connection to gmbd is lost (%s)",
+				  strerror(-why));
+	}
 	pthread_cond_broadcast(&c->reply_cond);
 	pthread_cond_broadcast(&c->work_cond);
 	pthread_cond_broadcast(&c->poll_cond);
+	pthread_cond_broadcast(&c->conn_cond);
+	pthread_mutex_unlock(&c->lock);
+	conn_free_jobs(jobs);
+	return again;
+}
+
+static void conn_gone(struct gmb_client *c)
+{
+	pthread_mutex_lock(&c->lock);
+	c->connected = false;
+	c->gone = true;
+	pthread_cond_broadcast(&c->reply_cond);
+	pthread_cond_broadcast(&c->work_cond);
+	pthread_cond_broadcast(&c->poll_cond);
+	pthread_cond_broadcast(&c->conn_cond);
 	pthread_mutex_unlock(&c->lock);
 }
 
 static void *conn_reader_main(void *arg)
 {
 	struct gmb_client *c = arg;
+	int rc;
 
-	while (conn_read_one(c) == 0)
-		;
-	conn_lost(c);
+	do {
+		while ((rc = gmb__conn_read_one(c)) == 0)
+			;
+	} while (conn_lost(c, rc) && gmb__reconnect(c) == 0);
+	conn_gone(c);
 	return NULL;
 }
 
@@ -512,9 +715,9 @@ static struct gmb__job *conn_next_job(struct gmb_client *c)
 	struct gmb__job *job;
 
 	pthread_mutex_lock(&c->lock);
-	while (!c->jobs && c->connected)
+	while (!c->jobs && !c->gone)
 		pthread_cond_wait(&c->work_cond, &c->lock);
-	job = c->connected ? c->jobs : NULL;
+	job = c->gone ? NULL : c->jobs;
 	if (job) {
 		c->jobs = job->next;
 		if (!c->jobs)
@@ -534,13 +737,7 @@ static void conn_drop_jobs(struct gmb_client *c)
 	c->jobs = NULL;
 	c->jobs_tail = &c->jobs;
 	pthread_mutex_unlock(&c->lock);
-	while (job) {
-		struct gmb__job *next = job->next;
-
-		gmb__envelope__free_unpacked(job->env, NULL);
-		free(job);
-		job = next;
-	}
+	conn_free_jobs(job);
 }
 
 static void *conn_worker_main(void *arg)
@@ -549,7 +746,7 @@ static void *conn_worker_main(void *arg)
 	struct gmb__job *job;
 
 	while ((job = conn_next_job(c))) {
-		gmb__control_run(c, job->env);
+		gmb__control_run(c, job);
 		gmb__envelope__free_unpacked(job->env, NULL);
 		free(job);
 		conn_handled(c);

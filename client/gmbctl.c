@@ -24,12 +24,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/size.h"
 #include "gmb.h"
 
 #define CTL_NAME "gmbctl"
 #define CTL_DEFAULT_SOCKET "/run/gmbd/gmbd.sock"
 #define CTL_MAX_ARGS 2
-#define CTL_SIZE_MAX 16 /* "1023.9 EiB" and a NUL fit */
 
 enum { CTL_EXIT_OK = 0, CTL_EXIT_FAIL = 1, CTL_EXIT_USAGE = 2 };
 
@@ -176,26 +176,6 @@ static int ctl_check_device(const char *s, struct ctl_args *a, const char **why)
 }
 
 /* --- output helpers ----------------------------------------------------- */
-
-/* "512 B", "1.5 KiB" .. "16.0 EiB": the units of `gmbctl status`. */
-static const char *ctl_size(uint64_t v, char buf[CTL_SIZE_MAX])
-{
-	static const char units[] = "KMGTPE";
-	double d = (double)v / 1024;
-	int u = 0;
-
-	if (v < 1024) {
-		snprintf(buf, CTL_SIZE_MAX, "%" PRIu64 " B", v);
-		return buf;
-	}
-	/* 1023.96 KiB would print as "1024.0 KiB": move up a unit before that. */
-	while (d >= 1023.95 && u < (int)sizeof(units) - 2) {
-		d /= 1024;
-		u++;
-	}
-	snprintf(buf, CTL_SIZE_MAX, "%.1f %ciB", d, units[u]);
-	return buf;
-}
 
 /*
  * Writes a broker message to stderr. It may quote a client's name, and a
@@ -462,7 +442,7 @@ static int ctl_resume(gmb_client *c, const struct ctl_args *a)
 
 static int ctl_trim(gmb_client *c, const struct ctl_args *a)
 {
-	char rel[CTL_SIZE_MAX], pend[CTL_SIZE_MAX];
+	char rel[SIZE_STR_MAX], pend[SIZE_STR_MAX];
 	uint64_t released = 0, pending = 0;
 	int r;
 
@@ -473,8 +453,8 @@ static int ctl_trim(gmb_client *c, const struct ctl_args *a)
 		printf("{\"released_bytes\":%" PRIu64 ",\"pending_bytes\":%" PRIu64 "}\n", released,
 		       pending);
 	else
-		printf("released %s, pending %s\n", ctl_size(released, rel),
-		       ctl_size(pending, pend));
+		printf("released %s, pending %s\n", size_str(released, rel),
+		       size_str(pending, pend));
 	return 0;
 }
 

@@ -4,6 +4,7 @@
  *   cache.c  the handle cache and each allocation's last lend (pure state)
  *   mem.c    allocations and tags: malloc, free, modes; mapping helpers
  *   cycle.c  pause and resume of tags, and the unmapping at close
+ *   reconnect.c  after gmbd restarts: reconnect with backoff, re-announce
  *   api.c    the exported gmb_* functions, locking and last-error
  *
  * Threads: the application's threads call gmb_*; the reader thread owns
@@ -12,6 +13,17 @@
  * handler and so must never run on the reader. DropRequests stay on the
  * reader: they need only the state lock, and gmbd may hold an operation of
  * this very client (a parked alloc or resume) until the drop is answered.
+ *
+ * Reconnecting (reconnect.c): when the connection is lost, the reader
+ * thread reconnects with backoff (50 ms doubling to 2 s, until gmb_close()
+ * or until gmbd says it has nothing to rejoin) and re-announces what this
+ * client holds. Mappings are never touched for it. While it is away,
+ * requests wait (gmb__request(): at most reconnect_wait_ms, then
+ * -ENOTCONN), and a request whose answer was lost is sent again once the
+ * client is back. The re-announcement reads the memory tables without
+ * op_lock, so it first waits until no operation runs, or the one running
+ * is parked in gmb__request() waiting for the connection (op_parked), and
+ * no operation starts while it runs (rejoining).
  *
  * Locks: op_lock before lock; send_lock is never taken with lock held.
  *   op_lock    serializes the operations that change memory (malloc, free,
@@ -63,6 +75,7 @@ struct gmb__alloc {
 	uint64_t *chunk_sizes;
 	uint32_t nchunks;
 	bool mapped;
+	bool freeing;                /* a FreeRequest is on its way: not re-announced */
 	bool saved;                  /* staging holds the bytes of the last pause */
 	bool marked;                 /* scratch: got its lend in the resume at hand */
 	void *staging;               /* PRESERVE tags: host copy, size bytes */
@@ -93,6 +106,8 @@ struct gmb__reply {
 	char error[ERR_MSG_MAX];     /* the daemon's message or the transport's */
 	int import_err;              /* first failure importing this reply's fds */
 	char import_msg[ERR_MSG_MAX];
+	bool resent;                 /* sent again after a lost connection: the first
+					copy may have been carried out (or undone) */
 };
 
 #define GMB__REPLY_INIT { 0 }
@@ -100,6 +115,7 @@ struct gmb__reply {
 struct gmb__pending {
 	uint64_t id;
 	bool done;
+	bool lost;                   /* done because the connection was lost */
 	struct gmb__reply reply;
 	struct gmb__pending *next;
 };
@@ -107,13 +123,16 @@ struct gmb__pending {
 /* A daemon request waiting for the worker. */
 struct gmb__job {
 	Gmb__Envelope *env;          /* owned by the job */
+	uint64_t gen;                /* the connection it came on; answered only there */
 	struct gmb__job *next;
 };
 
 struct gmb_client {
-	int sock;
+	int sock;                    /* replaced under lock and send_lock on reconnect */
 	unsigned flags;              /* GMB_CONNECT_* */
-	uint64_t id;                 /* from HelloReply; fixed after connect */
+	uint64_t id;                 /* from HelloReply; kept across reconnects */
+	char *path;                  /* gmbd's socket, for reconnecting (owned) */
+	char name[WIRE_MAX_NAME + 1];
 	char backend_kind[16];
 	int ndevices;
 	uint64_t granularity[BACKEND_MAX_DEVICES];
@@ -125,13 +144,25 @@ struct gmb_client {
 	pthread_cond_t reply_cond;   /* a pending request completed */
 	pthread_cond_t work_cond;    /* a job was queued, or the connection ended */
 	pthread_cond_t poll_cond;    /* a daemon request was handled (CLOCK_MONOTONIC) */
+	pthread_cond_t conn_cond;    /* connection, rejoin or op state changed (MONOTONIC) */
 	pthread_t reader, worker;
 	bool reader_started, worker_started;
-	bool closing;                /* under op_lock: gmb_close() began */
 
 	/* Under lock (be: written under both locks, so op_lock holders read it freely). */
 	struct backend *be;          /* NULL until needed (tools never map) */
 	bool connected;
+	bool closing;                /* gmb_close() began: no reconnecting */
+	bool gone;                   /* for good: closing, a tool, gmbd's Bye or refusal */
+	bool bye;                    /* gmbd said it keeps nothing: do not come back */
+	bool rejoining;              /* the reader re-announces: no operation starts */
+	bool op_running;             /* an operation holds op_lock ... */
+	bool op_parked;              /* ... and waits in gmb__request() for the connection */
+	pthread_t op_owner;
+	uint64_t gen;                /* connection generation, 1 for the first */
+	int sock_next;               /* a reconnect's socket before it is c->sock; -1 */
+	bool reconnect;              /* reconnect after a loss (not tools, not GMB_RECONNECT=0) */
+	unsigned reconnect_wait_ms;  /* how long a call waits for the connection */
+	char lost_msg[ERR_MSG_MAX];  /* why the connection is gone */
 	uint64_t next_id;
 	struct gmb__pending *pending;
 	struct gmb__job *jobs, **jobs_tail;
@@ -148,9 +179,22 @@ int gmb__conn_open(struct gmb_client *c, const char *path, const char *name, uns
 		   char *err);
 int gmb__conn_start(struct gmb_client *c, char *err);
 void gmb__conn_stop(struct gmb_client *c);
+void gmb__conn_closing(struct gmb_client *c);
 int gmb__request(struct gmb_client *c, Gmb__Envelope *env, struct gmb__reply *rep, char *err);
 void gmb__reply_deinit(struct gmb__reply *rep);
-int gmb__send_reply(struct gmb_client *c, uint64_t reply_to, int status, const char *error);
+/* Answers gmbd's request @reply_to on connection @gen (dropped on another). */
+int gmb__send_reply(struct gmb_client *c, uint64_t gen, uint64_t reply_to, int status,
+		    const char *error);
+/* op_lock for an operation that changes memory (waits out a re-announcement). */
+void gmb__op_begin(struct gmb_client *c);
+void gmb__op_end(struct gmb_client *c);
+/* conn.c for reconnect.c: a packet read on the current socket (0 or -errno). */
+int gmb__conn_read_one(struct gmb_client *c);
+
+/* reconnect.c: the reader after a loss; 0 once back, or <0: gone for good. */
+int gmb__reconnect(struct gmb_client *c);
+/* Reads GMB_RECONNECT and GMB_RECONNECT_TIMEOUT into @c (at connect). */
+void gmb__reconnect_config(struct gmb_client *c);
 
 /* cache.c: the caller holds the state lock (or owns @m alone). */
 int gmb__cache_put(struct gmb__mem *m, uint64_t id, uint64_t handle, uint64_t size,
@@ -195,7 +239,7 @@ int gmb__cycle_resume(struct gmb_client *c, const char *tag, char *err);
 void gmb__cycle_close(struct gmb_client *c);
 
 /* api.c */
-void gmb__control_run(struct gmb_client *c, const Gmb__Envelope *env);
+void gmb__control_run(struct gmb_client *c, const struct gmb__job *job);
 
 /* client/status_json.c: *@out is malloc'd (JSON / an aligned table), the caller's. */
 int gmb__status_to_json(const Gmb__StatusReply *st, char **out);

@@ -132,6 +132,11 @@ int gmb__mem_send_pause(struct gmb_client *c, const char *name, char *err)
 	return rc;
 }
 
+/*
+ * FreeRequest for @id. Sent again after a lost connection, -ENOENT means
+ * the first copy freed it, or the re-announcement left it out (a free on
+ * its way is not claimed): either way it is gone, as asked.
+ */
 static int mem_send_free(struct gmb_client *c, uint64_t id, char *err)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
@@ -143,6 +148,8 @@ static int mem_send_free(struct gmb_client *c, uint64_t id, char *err)
 	env.body_case = GMB__ENVELOPE__BODY_FREE;
 	env.free = &req;
 	rc = gmb__request(c, &env, &rep, err);
+	if (rc == -ENOENT && rep.resent)
+		rc = 0;
 	gmb__reply_deinit(&rep);
 	return rc;
 }
@@ -462,7 +469,8 @@ out_tag:
 /**
  * gmb__mem_free() - unmap (if active), tell gmbd, release. The allocation
  * is gone locally even when gmbd answers an error (that error is returned);
- * a lost connection is no error: gmbd took everything back then.
+ * a connection lost for good is no error: gmbd took everything back then
+ * (or will, when it reclaims this client).
  */
 int gmb__mem_free(struct gmb_client *c, void *ptr, char *err)
 {
@@ -481,6 +489,10 @@ int gmb__mem_free(struct gmb_client *c, void *ptr, char *err)
 		if (rc < 0)
 			return rc;
 	}
+	/* Under the state lock: the reader's re-announcement reads it. */
+	pthread_mutex_lock(&c->lock);
+	a->freeing = true;
+	pthread_mutex_unlock(&c->lock);
 	rc = mem_send_free(c, a->id, err);
 	if (rc == -ENOTCONN)
 		rc = 0;

@@ -22,11 +22,12 @@
 #include <string.h>
 
 #include "client/internal.h"
+#include "common/size.h"
+#include "common/size.h"
 #include "proto/gmb.pb-c.h"
 
 #define SBUF_MIN_CAP 256
 #define TABLE_MAX_COLS 8
-#define SIZE_STR_MAX 16 /* "1023.9 EiB" and a NUL fit */
 
 /* A growable NUL-terminated string; err is sticky (0 or -ENOMEM). */
 struct sbuf {
@@ -370,25 +371,6 @@ static size_t term_width(const char *s)
 	return w;
 }
 
-/* "512 B", "1.5 KiB" .. "16.0 EiB": binary units, one decimal, as free -h. */
-static const char *size_human(uint64_t v, char buf[SIZE_STR_MAX])
-{
-	static const char units[] = "KMGTPE";
-	double d = (double)v / 1024;
-	int u = 0;
-
-	if (v < 1024) {
-		snprintf(buf, SIZE_STR_MAX, "%" PRIu64 " B", v);
-		return buf;
-	}
-	/* 1023.96 KiB would print as "1024.0 KiB": move up a unit before that. */
-	while (d >= 1023.95 && u < (int)sizeof(units) - 2) {
-		d /= 1024;
-		u++;
-	}
-	snprintf(buf, SIZE_STR_MAX, "%.1f %ciB", d, units[u]);
-	return buf;
-}
 
 static void table_init(struct table *t, const struct table_col *cols, size_t ncols)
 {
@@ -432,7 +414,7 @@ static void table_add_size(struct table *t, uint64_t v)
 {
 	char size[SIZE_STR_MAX];
 
-	table_add(t, size_human(v, size));
+	table_add(t, size_str(v, size));
 }
 
 /* One line: @cell[i] padded to column i's width, two spaces between. */

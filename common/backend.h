@@ -31,6 +31,12 @@
 
 struct backend_device {
 	char name[96];
+	/*
+	 * Names the device across processes: device indexes are per process
+	 * (CUDA_VISIBLE_DEVICES), so a client maps its own indexes to gmbd's
+	 * by uuid. The host backend makes one up from the index.
+	 */
+	uint8_t uuid[16];
 	uint64_t total_bytes;
 	uint64_t granularity;
 };

@@ -730,6 +730,9 @@ int backend_host_open(const struct backend_host_opts *opts, struct backend **out
 	b->ndevices = opts->ndevices;
 	for (int i = 0; i < b->ndevices; i++) {
 		snprintf(b->devices[i].name, sizeof(b->devices[i].name), "host%d", i);
+		/* Every process that opens the host backend sees the same uuids. */
+		memcpy(b->devices[i].uuid, "gmb-host-device", 15);
+		b->devices[i].uuid[15] = (uint8_t)i;
 		b->devices[i].total_bytes = opts->memory;
 		b->devices[i].granularity = opts->granularity;
 	}

@@ -51,24 +51,6 @@ void broker__msg_add(char *err, const char *fmt, ...)
 	va_end(ap);
 }
 
-const char *broker_fmt_bytes(char *buf, size_t len, uint64_t n)
-{
-	static const char *const units[] = { "KiB", "MiB", "GiB", "TiB", "PiB" };
-	double v = (double)n;
-	int u = -1;
-
-	if (n < 1024) {
-		snprintf(buf, len, "%llu B", (unsigned long long)n);
-		return buf;
-	}
-	while (v >= 1024 && u < 4) {
-		v /= 1024;
-		u++;
-	}
-	snprintf(buf, len, "%.1f %s", v, units[u]);
-	return buf;
-}
-
 /* The default budget leaves @reserve to processes that do not use the broker. */
 static uint64_t broker_budget(const struct backend *b, const struct broker_opts *o, int dev)
 {
@@ -101,6 +83,7 @@ int broker_new(struct backend *b, const struct broker_opts *o, struct broker **o
 			.max_chunk = br->opts.max_chunk,
 			.keep = br->opts.pool_keep,
 			.registry = &br->chunks,
+			.hooks = br->opts.hooks,
 		};
 
 		rc = pool_init(&br->pools[d], b, d, &cfg, &br->next_chunk_id);
@@ -132,8 +115,9 @@ void broker_free(struct broker *br)
 
 /* ---- clients ---- */
 
-int broker_client_add(struct broker *br, const struct broker_peer *peer, const char *name,
-		      bool control, bool tool, struct bclient **out)
+/* A client record with @id, linked last (status lists clients oldest first). */
+static int broker_client_new(struct broker *br, const struct broker_peer *peer, uint64_t id,
+			     const char *name, bool control, bool tool, struct bclient **out)
 {
 	struct bclient *c, **tail;
 	size_t len;
@@ -152,22 +136,63 @@ int broker_client_add(struct broker *br, const struct broker_peer *peer, const c
 		memcpy(c->groups, peer->groups, peer->ngroups * sizeof(*c->groups));
 	}
 	c->ngroups = peer->ngroups;
-	c->id = br->next_client_id++;
+	c->id = id;
 	len = name ? strnlen(name, WIRE_MAX_NAME) : 0;
 	memcpy(c->name, name ? name : "", len);
 	c->name[len] = '\0';
 	c->pid = peer->pid;
 	c->uid = peer->uid;
 	c->gid = peer->gid;
+	c->start_time = peer->start_time;
 	c->control = control;
 	c->tool = tool;
-	/* Oldest first, so that status lists clients in the order they came. */
 	for (tail = &br->clients; *tail; tail = &(*tail)->next)
 		c->prev = *tail;
 	*tail = c;
 	br->nclients++;
 	*out = c;
 	return 0;
+}
+
+int broker_client_add(struct broker *br, const struct broker_peer *peer, const char *name,
+		      bool control, bool tool, struct bclient **out)
+{
+	int rc;
+
+	if (!br)
+		return -EINVAL;
+	rc = broker_client_new(br, peer, br->next_client_id, name, control, tool, out);
+	if (rc == 0)
+		br->next_client_id++;
+	return rc;
+}
+
+int broker_restore_client(struct broker *br, const struct broker_peer *peer, uint64_t id,
+			  const char *name, bool control, struct bclient **out)
+{
+	int rc;
+
+	if (!br || id == 0)
+		return -EINVAL;
+	for (struct bclient *o = br->clients; o; o = o->next)
+		if (o->id == id)
+			return -EINVAL;
+	rc = broker_client_new(br, peer, id, name, control, false, out);
+	if (rc < 0)
+		return rc;
+	(*out)->orphan = true;
+	if (br->next_client_id <= id)
+		br->next_client_id = id + 1;
+	return 0;
+}
+
+uint32_t broker_orphans(const struct broker *br)
+{
+	uint32_t n = 0;
+
+	for (const struct bclient *c = br->clients; c; c = c->next)
+		n += c->orphan;
+	return n;
 }
 
 void broker_client_remove(struct broker *br, struct bclient *c)

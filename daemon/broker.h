@@ -61,6 +61,7 @@ struct broker_peer {
 	gid_t gid;
 	const gid_t *groups;       /* supplementary groups (SO_PEERGROUPS) */
 	int ngroups;
+	uint64_t start_time;       /* /proc/PID/stat starttime; 0: unknown */
 };
 
 struct bclient {
@@ -72,6 +73,11 @@ struct bclient {
 	gid_t *groups;
 	int ngroups;
 	bool control, tool;
+	uint64_t start_time;       /* tells a reused pid from the client's own */
+	/* Restored from a previous gmbd and not back yet (daemon/rejoin.c):
+	 * its memory stays counted and lent until it rejoins or is reclaimed. */
+	bool orphan;
+	void *rejoiner;            /* the session rejoining as it, if any */
 	struct btag *tags;
 	uint32_t ntags;
 	struct idmap allocs;       /* id -> balloc */
@@ -89,6 +95,7 @@ struct broker_opts {
 	gid_t admin_gid;
 	bool have_admin_gid;
 	uid_t daemon_uid;
+	const struct pool_hooks *hooks; /* handed to every pool; may be NULL */
 };
 
 struct broker {
@@ -158,8 +165,71 @@ void broker_flush_drops(struct broker *br, broker_drop_cb cb, void *arg);
 
 void broker_result_deinit(struct broker_result *r);
 
-/* "1.5 GiB", "20.0 MiB", "512 B": for messages and logs. Returns @buf. */
-const char *broker_fmt_bytes(char *buf, size_t len, uint64_t n);
+/*
+ * Restart without loss (daemon/rejoin.c). A restored client is an orphan
+ * until its process comes back and its claim of what it holds is checked
+ * against the record; broker_rejoin() accepts all of the claim or none.
+ */
+struct broker_claim_tag {
+	const char *name;
+	int mode;
+	bool paused;
+};
+
+struct broker_claim_alloc {
+	uint64_t id;
+	const char *tag;
+	int dev;
+	uint64_t size;
+	bool mapped;               /* the client maps it now */
+	const uint64_t *chunk_ids; /* its last lend as the client holds it; 0 dropped */
+	size_t nchunks;
+};
+
+struct broker_claim {
+	const struct broker_claim_tag *tags;
+	size_t ntags;
+	const struct broker_claim_alloc *allocs;
+	size_t nallocs;
+	const uint64_t *held;      /* handles the client holds */
+	size_t nheld;
+};
+
+/* What both sides forget after a rejoin; malloc'd arrays owned by the caller. */
+struct broker_rejoin_result {
+	uint64_t *cleared;         /* allocations whose last lend is cleared */
+	size_t ncleared;
+	uint64_t *drop;            /* held chunks the client must drop */
+	size_t ndrop;
+};
+
+/* A client with its old @id, as an orphan; @name copied. */
+int broker_restore_client(struct broker *br, const struct broker_peer *peer, uint64_t id,
+			  const char *name, bool control, struct bclient **out);
+/**
+ * broker_restore_alloc() - an allocation of @t as it was: @chunks (NULL
+ * entries: dropped) become its last lend, held by the client, and lent to
+ * it when @active (each must then be free; else it is restored paused).
+ * Return: 0, -EINVAL (id 0 or taken, bad device or size), -ENOMEM.
+ */
+int broker_restore_alloc(struct broker *br, struct bclient *c, struct btag *t, uint64_t id,
+			 int dev, uint64_t size, bool active, struct chunk **chunks, uint32_t n);
+/**
+ * broker_rejoin() - orphan @c is back with @claim: check it (same
+ * allocations, devices, sizes and tags; a mapped allocation over exactly its
+ * recorded chunks, each lent to it or free; no chunk mapped twice) and make
+ * the record agree with it: unclaimed allocations freed, mapped ones lent,
+ * unmapped ones back in the pool, paused ones whose claimed last lend
+ * differs cleared. Nothing changes on failure.
+ * Return: 0 with @res filled; -EPERM (a claim gmbd did not grant) or
+ * -EPROTO (a claim that contradicts itself) with @err saying which; -ENOMEM.
+ */
+int broker_rejoin(struct broker *br, struct bclient *c, const struct broker_claim *claim,
+		  struct broker_rejoin_result *res, char *err);
+void broker_rejoin_result_deinit(struct broker_rejoin_result *res);
+/* Clients restored and not back yet. */
+uint32_t broker_orphans(const struct broker *br);
+
 
 /*
  * Internals shared by daemon/broker.c (clients, tags, drops, control) and
@@ -171,6 +241,8 @@ struct btag *broker__tag_find(const struct bclient *c, const char *name);
 int broker__tag_get(struct bclient *c, const char *name, struct btag **out, bool *created,
 		    char *err);
 void broker__tag_remove(struct bclient *c, struct btag *t);
+/* Links @a first in @t's list and counts it. */
+void broker__tag_link(struct btag *t, struct balloc *a);
 /* Chunks back to the pool, holds removed, unlinked and freed; no shrink. */
 void broker__alloc_destroy(struct broker *br, struct bclient *c, struct balloc *a);
 /* err: why pool_take() failed with @rc, naming who holds @dev's memory. */

@@ -31,6 +31,7 @@
 /* Handler flags. */
 #define H_SETTLE 0x1    /* may free memory or queue drops: settle afterwards */
 #define H_INFLIGHT 0x2  /* may be parked or forwarded: counts in flight */
+#define H_STATE 0x4     /* may change the broker's record */
 
 /* A request waiting for memory that clients are dropping. */
 struct hpark {
@@ -47,7 +48,6 @@ struct handler {
 	unsigned flags;
 };
 
-static int handlers_hello(struct hreq *rq);
 static int handlers_alloc(struct hreq *rq);
 static int handlers_free(struct hreq *rq);
 static int handlers_tag_mode(struct hreq *rq);
@@ -73,23 +73,27 @@ static void handlers_retry_parked(struct handlers *h);
 
 static const struct handler handlers_table[] = {
 	[GMB__ENVELOPE__BODY__NOT_SET] = { "none", NULL, 0 },
-	[GMB__ENVELOPE__BODY_HELLO] = { "hello", handlers_hello, 0 },
+	[GMB__ENVELOPE__BODY_HELLO] = { "hello", handlers__hello, H_STATE },
 	[GMB__ENVELOPE__BODY_HELLO_REPLY] = { "hello_reply", NULL, 0 },
-	[GMB__ENVELOPE__BODY_ALLOC] = { "alloc", handlers_alloc, H_SETTLE | H_INFLIGHT },
+	[GMB__ENVELOPE__BODY_ALLOC] = { "alloc", handlers_alloc, H_SETTLE | H_INFLIGHT | H_STATE },
 	[GMB__ENVELOPE__BODY_ALLOC_REPLY] = { "alloc_reply", NULL, 0 },
-	[GMB__ENVELOPE__BODY_FREE] = { "free", handlers_free, H_SETTLE },
-	[GMB__ENVELOPE__BODY_TAG_MODE] = { "tag_mode", handlers_tag_mode, 0 },
-	[GMB__ENVELOPE__BODY_PAUSE] = { "pause", handlers_pause, H_SETTLE },
+	[GMB__ENVELOPE__BODY_FREE] = { "free", handlers_free, H_SETTLE | H_STATE },
+	[GMB__ENVELOPE__BODY_TAG_MODE] = { "tag_mode", handlers_tag_mode, H_STATE },
+	[GMB__ENVELOPE__BODY_PAUSE] = { "pause", handlers_pause, H_SETTLE | H_STATE },
 	[GMB__ENVELOPE__BODY_PAUSE_REPLY] = { "pause_reply", NULL, 0 },
-	[GMB__ENVELOPE__BODY_RESUME] = { "resume", handlers_resume, H_SETTLE | H_INFLIGHT },
+	[GMB__ENVELOPE__BODY_RESUME] = { "resume", handlers_resume,
+					 H_SETTLE | H_INFLIGHT | H_STATE },
 	[GMB__ENVELOPE__BODY_RESUME_REPLY] = { "resume_reply", NULL, 0 },
 	[GMB__ENVELOPE__BODY_STATUS_REQ] = { "status", handlers__status, 0 },
 	[GMB__ENVELOPE__BODY_STATUS_REPLY] = { "status_reply", NULL, 0 },
 	[GMB__ENVELOPE__BODY_CONTROL] = { "control", handlers__control, H_INFLIGHT },
 	[GMB__ENVELOPE__BODY_CONTROL_CMD] = { "control_cmd", NULL, 0 },
 	[GMB__ENVELOPE__BODY_DROP] = { "drop", NULL, 0 },
-	[GMB__ENVELOPE__BODY_TRIM] = { "trim", handlers_trim, H_SETTLE },
+	[GMB__ENVELOPE__BODY_TRIM] = { "trim", handlers_trim, H_SETTLE | H_STATE },
 	[GMB__ENVELOPE__BODY_TRIM_REPLY] = { "trim_reply", NULL, 0 },
+	[GMB__ENVELOPE__BODY_REJOIN] = { "rejoin", handlers__rejoin, H_SETTLE },
+	[GMB__ENVELOPE__BODY_REJOIN_REPLY] = { "rejoin_reply", NULL, 0 },
+	[GMB__ENVELOPE__BODY_BYE] = { "bye", NULL, 0 },
 };
 
 #define HANDLERS_N (sizeof(handlers_table) / sizeof(handlers_table[0]))
@@ -106,6 +110,9 @@ int handlers_init(struct handlers *h, uv_loop_t *loop, struct broker *br,
 	if (r < 0)
 		return r;
 	h->park_timer.data = h;
+	/* Cannot fail once the first one did not. */
+	uv_timer_init(loop, &h->orphan_timer);
+	h->orphan_timer.data = h;
 	return 0;
 }
 
@@ -115,6 +122,7 @@ void handlers_close(struct handlers *h)
 		return;
 	h->closed = true;
 	uv_close((uv_handle_t *)&h->park_timer, NULL);
+	uv_close((uv_handle_t *)&h->orphan_timer, NULL);
 }
 
 const char *handlers_body_name(int body_case)
@@ -171,6 +179,8 @@ void handlers_dispatch(struct handlers *h, struct sess *s, Gmb__Envelope *env)
 		goto out_free;
 	}
 	r = hd->fn(&rq);
+	if (r == HANDLERS_KEPT)
+		env = NULL; /* the handler's now (or freed already) */
 	if (r == HANDLERS_PARK) {
 		r = handlers_park(&rq);
 		if (r == 0)
@@ -180,6 +190,8 @@ void handlers_dispatch(struct handlers *h, struct sess *s, Gmb__Envelope *env)
 		handlers__reply_status(s, rq.env->id, r, rq.err);
 	if (hd->flags & H_SETTLE)
 		handlers__settle(h);
+	if (hd->flags & H_STATE)
+		handlers__changed(h);
 out_free:
 	if (env)
 		gmb__envelope__free_unpacked(env, NULL);
@@ -199,11 +211,19 @@ static int handlers_check(struct hreq *rq, const struct handler *hd)
 		sess_protocol_error(s, "a client may not send a %s message", name);
 		return -EPROTO;
 	}
-	if (!s->client && rq->env->body_case != GMB__ENVELOPE__BODY_HELLO) {
+	if (s->rejoin && rq->env->body_case != GMB__ENVELOPE__BODY_REJOIN) {
+		sess_protocol_error(s, "a %s before the rejoin claim is complete", name);
+		return -EPROTO;
+	}
+	if (!s->rejoin && rq->env->body_case == GMB__ENVELOPE__BODY_REJOIN) {
+		sess_protocol_error(s, "a rejoin claim without a rejoin hello");
+		return -EPROTO;
+	}
+	if (!s->client && !s->rejoin && rq->env->body_case != GMB__ENVELOPE__BODY_HELLO) {
 		sess_protocol_error(s, "the first request must be hello, not %s", name);
 		return -EPROTO;
 	}
-	if (s->client && rq->env->body_case == GMB__ENVELOPE__BODY_HELLO) {
+	if ((s->client || s->rejoin) && rq->env->body_case == GMB__ENVELOPE__BODY_HELLO) {
 		sess_protocol_error(s, "a second hello");
 		return -EPROTO;
 	}
@@ -265,6 +285,8 @@ void handlers__devices(const struct broker *br, Gmb__DeviceInfo *di, Gmb__Device
 		gmb__device_info__init(&di[d]);
 		di[d].index = (uint32_t)d;
 		di[d].name = (char *)br->backend->devices[d].name;
+		di[d].uuid.data = (uint8_t *)br->backend->devices[d].uuid;
+		di[d].uuid.len = sizeof(br->backend->devices[d].uuid);
 		di[d].total_bytes = p->total;
 		di[d].budget_bytes = p->budget;
 		di[d].granularity = p->granularity;
@@ -273,61 +295,6 @@ void handlers__devices(const struct broker *br, Gmb__DeviceInfo *di, Gmb__Device
 		di[d].free_bytes = p->free_bytes;
 		pdi[d] = &di[d];
 	}
-}
-
-static int handlers_send_hello_reply(struct hreq *rq)
-{
-	Gmb__Envelope env = GMB__ENVELOPE__INIT;
-	Gmb__HelloReply hr = GMB__HELLO_REPLY__INIT;
-	Gmb__DeviceInfo di[BACKEND_MAX_DEVICES], *pdi[BACKEND_MAX_DEVICES];
-	const struct broker *br = rq->h->broker;
-
-	handlers__devices(br, di, pdi);
-	hr.version = GMB_PROTOCOL_VERSION;
-	hr.client_id = rq->s->client->id;
-	hr.backend = (char *)br->backend->ops->name;
-	hr.n_devices = (size_t)br->ndevices;
-	hr.devices = pdi;
-	env.reply_to = rq->env->id;
-	env.body_case = GMB__ENVELOPE__BODY_HELLO_REPLY;
-	env.hello_reply = &hr;
-	sess_send(rq->s, &env);
-	return 0;
-}
-
-static int handlers_hello(struct hreq *rq)
-{
-	const Gmb__Hello *m = rq->env->hello;
-	struct sess *s = rq->s;
-	const char *given = m->name ? m->name : "";
-	struct broker_peer peer = { .pid = s->pid, .uid = s->uid, .gid = s->gid,
-				    .groups = s->groups, .ngroups = s->ngroups };
-	char name[WIRE_MAX_NAME + 1];
-	struct bclient *c;
-	int r;
-
-	if (m->version != GMB_PROTOCOL_VERSION) {
-		handlers__fail(rq, -EPROTO, "protocol version %u, gmbd speaks %d", m->version,
-			       GMB_PROTOCOL_VERSION);
-		handlers__reply_status(s, rq->env->id, -EPROTO, rq->err);
-		sess_doom(s, LOG_LVL_NOTICE, "%s", rq->err);
-		return 0;
-	}
-	r = handlers__check_name(rq, "the client name", given);
-	if (r < 0)
-		return r;
-	if (given[0])
-		snprintf(name, sizeof(name), "%s", given);
-	else
-		snprintf(name, sizeof(name), "pid-%d", (int)s->pid);
-	r = broker_client_add(rq->h->broker, &peer, name, m->control, m->tool, &c);
-	if (r < 0)
-		return handlers__fail(rq, r, "cannot register client '%s': %s", name, strerror(-r));
-	c->transport = s;
-	s->client = c;
-	log_info("client connected " SESS_FMT " control=%d tool=%d", SESS_ARGS(s),
-		 m->control ? 1 : 0, m->tool ? 1 : 0);
-	return handlers_send_hello_reply(rq);
 }
 
 static int handlers_alloc(struct hreq *rq)
@@ -725,6 +692,7 @@ void handlers__settle(struct handlers *h)
 	handlers_retry_parked(h);
 	h->retrying = false;
 	broker_flush_drops(h->broker, handlers__send_drops, h);
+	handlers__changed(h);
 }
 
 /* ---- fds and sessions ---- */
@@ -762,14 +730,20 @@ void handlers_sess_gone(struct handlers *h, struct sess *s)
 	}
 	handlers_park_arm(h);
 	handlers__dreqs_fail(h, s);
+	handlers__rejoin_gone(h, s);
 	if (!s->client) {
 		log_debug("connection closed pid=%d uid=%u", (int)s->pid, (unsigned)s->uid);
 		return;
 	}
 	handlers_tag_usage(s->client, "", &bytes, &chunks);
-	log_info("client disconnected " SESS_FMT " returned=%s chunks=%" PRIu64, SESS_ARGS(s),
-		 opts_size_format(bytes, b, sizeof(b)), chunks);
+	if (h->handover)
+		log_debug("client left for the next gmbd " SESS_FMT, SESS_ARGS(s));
+	else
+		log_at(s->client->tool ? LOG_LVL_DEBUG : LOG_LVL_INFO, "client disconnected "
+		       SESS_FMT " returned=%s chunks=%" PRIu64, SESS_ARGS(s),
+		       opts_size_format(bytes, b, sizeof(b)), chunks);
 	broker_client_remove(h->broker, s->client);
 	s->client = NULL;
 	handlers__settle(h);
+	handlers__changed(h);
 }

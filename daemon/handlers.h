@@ -20,6 +20,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <uv.h>
 
 #include "common/err.h"
@@ -45,8 +46,16 @@ struct handlers {
 	uint64_t park_timeout_ms;
 	struct hpark *parked, *parked_tail; /* arrival order */
 	uv_timer_t park_timer;          /* the first parked request's deadline */
+	/* Called after anything that changes the broker's record (gmbd: the
+	 * fd store's state and STATUS=); NULL: nobody cares. */
+	void (*changed)(void *arg);
+	void *changed_arg;
+	uv_timer_t orphan_timer;        	uint64_t orphan_deadline;       /* uv_now() ms: orphans left are reclaimed */
+	uint64_t orphan_grace_ms;
 	bool retrying;                  /* guards against nested retries */
 	bool closed;
+	bool handover;                  /* stopping, the clients' state kept for the next
+					   gmbd: disconnects return nothing */
 };
 
 /**
@@ -57,8 +66,22 @@ struct handlers {
 int handlers_init(struct handlers *h, uv_loop_t *loop, struct broker *br,
 		  uint64_t control_timeout_ms);
 
-/* Closes the park timer; every session must be disconnected already. */
+/* Closes the timers; every session must be disconnected already. */
 void handlers_close(struct handlers *h);
+
+/**
+ * handlers_orphans_start() - clients restored from the previous gmbd are
+ * waiting to rejoin: reclaim at once those whose process is gone, the
+ * others as soon as it goes, and all left after @grace_ms.
+ */
+void handlers_orphans_start(struct handlers *h, uint64_t grace_ms);
+
+/**
+ * handlers_goodbye() - gmbd stops and keeps no state: tell every client
+ * (Bye) not to come back. The packets leave with the sessions' disconnect.
+ */
+struct server;
+void handlers_goodbye(struct handlers *h, struct server *srv, const char *reason);
 
 /**
  * handlers_dispatch() - handle one envelope of @s.
@@ -87,8 +110,9 @@ const char *handlers_body_name(int body_case);
 
 /*
  * Internals shared by daemon/handlers.c (dispatch, memory requests, parking),
- * daemon/handlers_ctl.c (daemon requests: drops, forwarded control) and
- * daemon/handlers_status.c (status); nothing else uses them.
+ * daemon/handlers_ctl.c (daemon requests: drops, forwarded control),
+ * daemon/handlers_status.c (status) and daemon/handlers_hello.c (hello,
+ * rejoin after a restart); nothing else uses them.
  */
 
 /* One request on its way through a handler. */
@@ -100,8 +124,10 @@ struct hreq {
 };
 
 /* A handler's return besides 0 (replied or will reply) and -errno (the
- * dispatcher replies with that status and rq->err): park the request. */
+ * dispatcher replies with that status and rq->err): park the request; or
+ * the handler kept (or already freed) the envelope. */
 #define HANDLERS_PARK 1
+#define HANDLERS_KEPT 2
 
 typedef int (*handlers_fn)(struct hreq *rq);
 
@@ -142,6 +168,20 @@ int handlers__check_name(struct hreq *rq, const char *what, const char *name);
 void handlers__devices(const struct broker *br, Gmb__DeviceInfo *di, Gmb__DeviceInfo **pdi);
 /* Flush queued drops to their clients, then retry parked requests. */
 void handlers__settle(struct handlers *h);
+
+/* handlers_hello.c */
+int handlers__hello(struct hreq *rq);
+/* HelloReply for @c; @rejoined: it is an orphan coming back. */
+int handlers__send_hello_reply(struct hreq *rq, const struct bclient *c, bool rejoined);
+/* Tells the owner the record changed. */
+void handlers__changed(struct handlers *h);
+
+int handlers__rejoin_hello(struct hreq *rq, bool control);
+int handlers__rejoin(struct hreq *rq);
+/* @s goes (or finished its claim): forget the claim, free the orphan. */
+void handlers__rejoin_gone(struct handlers *h, struct sess *s);
+/* /proc/PID/stat's start time, 0 if unknown (*@err, may be NULL, says why). */
+uint64_t handlers__pid_start_time(pid_t pid, int *err);
 
 /* handlers_ctl.c */
 int handlers__control(struct hreq *rq);

@@ -110,6 +110,7 @@ static void handlers_drop_acked(struct handlers *h, struct sess *s, struct hdreq
 	}
 	broker_dropped(h->broker, s->client, d->ids, d->nids);
 	handlers__settle(h);
+	handlers__changed(h);
 }
 
 static void handlers_dreq_free(struct hdreq *d)

@@ -16,6 +16,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "common/size.h"
 #include "daemon/broker.h"
 
 /* One allocation's progress through a request, for commit or rollback. */
@@ -45,7 +46,7 @@ static void lend_msg_holders(const struct broker *br, int dev, char *err)
 {
 	const struct pool *p = &br->pools[dev];
 	const char *sep = "; lent: ";
-	char b[32];
+	char b[SIZE_STR_MAX];
 
 	for (const struct bclient *c = br->clients; c; c = c->next) {
 		uint64_t n = lend_client_bytes(c, dev);
@@ -53,25 +54,25 @@ static void lend_msg_holders(const struct broker *br, int dev, char *err)
 		if (n == 0)
 			continue;
 		broker__msg_add(err, "%s%s (pid %d, uid %u) %s", sep, c->name, (int)c->pid,
-				(unsigned)c->uid, broker_fmt_bytes(b, sizeof(b), n));
+				(unsigned)c->uid, size_str(n, b));
 		sep = ", ";
 	}
-	broker__msg_add(err, "; free in pool %s", broker_fmt_bytes(b, sizeof(b), p->free_bytes));
+	broker__msg_add(err, "; free in pool %s", size_str(p->free_bytes, b));
 	if (p->pending_bytes)
 		broker__msg_add(err, "; %s waiting for clients to drop handles",
-				broker_fmt_bytes(b, sizeof(b), p->pending_bytes));
+				size_str(p->pending_bytes, b));
 }
 
 void broker__take_error(const struct broker *br, int dev, int rc, const struct pool_take *t,
 			char *err)
 {
 	const struct pool *p = &br->pools[dev];
-	char b1[32], b2[32];
+	char b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
 
 	if (rc == -ENOMEM && t->shortfall) {
 		broker__msg_add(err, "device %d: budget %s exhausted: need %s more", dev,
-				broker_fmt_bytes(b1, sizeof(b1), p->budget),
-				broker_fmt_bytes(b2, sizeof(b2), t->shortfall));
+				size_str(p->budget, b1),
+				size_str(t->shortfall, b2));
 		lend_msg_holders(br, dev, err);
 	} else if (rc == -ENOMEM) {
 		/* The driver (or malloc) said no before the budget did. */
@@ -79,7 +80,7 @@ void broker__take_error(const struct broker *br, int dev, int rc, const struct p
 		lend_msg_holders(br, dev, err);
 	} else if (rc == -EAGAIN) {
 		broker__msg_add(err, "device %d: waiting for clients to drop handles to %s", dev,
-				broker_fmt_bytes(b1, sizeof(b1), p->pending_bytes));
+				size_str(p->pending_bytes, b1));
 	} else {
 		broker__msg_add(err, "device %d: creating a chunk failed: %s", dev,
 				backend_last_error());
@@ -149,7 +150,7 @@ err_unacquire:
 	return rc;
 }
 
-static void lend_tag_link(struct btag *t, struct balloc *a)
+void broker__tag_link(struct btag *t, struct balloc *a)
 {
 	a->prev = NULL;
 	a->next = t->allocs;
@@ -196,7 +197,7 @@ void broker__alloc_destroy(struct broker *br, struct bclient *c, struct balloc *
 static int lend_check_alloc(const struct broker *br, const struct bclient *c, int dev,
 			    uint64_t size, char *err)
 {
-	char b1[32], b2[32];
+	char b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
 
 	if (dev < 0 || dev >= br->ndevices)
 		return broker__fail(err, -ENODEV, "device %d does not exist (%d devices)", dev,
@@ -205,8 +206,8 @@ static int lend_check_alloc(const struct broker *br, const struct bclient *c, in
 		return broker__fail(err, -EINVAL, "allocation size must be positive");
 	if (size > br->pools[dev].budget)
 		return broker__fail(err, -ENOMEM, "allocation of %s exceeds device %d's budget of %s",
-				    broker_fmt_bytes(b1, sizeof(b1), size), dev,
-				    broker_fmt_bytes(b2, sizeof(b2), br->pools[dev].budget));
+				    size_str(size, b1), dev,
+				    size_str(br->pools[dev].budget, b2));
 	if (c->allocs.count >= BROKER_MAX_ALLOCS)
 		return broker__fail(err, -ENOSPC, "client '%s' already has %d allocations, the limit",
 				    c->name, BROKER_MAX_ALLOCS);
@@ -219,7 +220,7 @@ int broker_alloc(struct broker *br, struct bclient *c, int dev, uint64_t size, c
 	struct lend_step s = { 0 };
 	struct btag *t;
 	bool created;
-	char b[32];
+	char b[SIZE_STR_MAX];
 	int rc;
 
 	*res = (struct broker_result)BROKER_RESULT_INIT;
@@ -243,7 +244,7 @@ int broker_alloc(struct broker *br, struct bclient *c, int dev, uint64_t size, c
 	*s.a = (struct balloc){ .id = br->next_alloc_id++, .dev = dev, .tag = t,
 				.size = backend_round_up(size, br->pools[dev].granularity) };
 	broker__fail(err, 0, "cannot allocate %s in tag '%s': ",
-		     broker_fmt_bytes(b, sizeof(b), s.a->size), t->name);
+		     size_str(s.a->size, b), t->name);
 	rc = lend_acquire(br, c, &s, res, err);
 	if (rc < 0)
 		goto err_mem;
@@ -255,7 +256,7 @@ int broker_alloc(struct broker *br, struct bclient *c, int dev, uint64_t size, c
 	s.a->chunks = s.t.chunks;
 	s.a->nchunks = s.t.nchunks;
 	s.a->active = true;
-	lend_tag_link(t, s.a);
+	broker__tag_link(t, s.a);
 	res->allocs[0] = s.a;
 	res->nallocs = 1;
 	if (err)

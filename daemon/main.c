@@ -1,9 +1,15 @@
 /*
- * main.c - gmbd: parse the options, open the backend, start the broker and
- * the server, run the loop until SIGINT or SIGTERM, then take it all down
- * in reverse: stop accepting, disconnect every client (their memory goes
- * back to the pools), free the broker (the pools go back to the driver),
- * close the backend, remove the socket file.
+ * main.c - gmbd: parse the options, take the fds the service manager passed
+ * (listening socket, fd store), open the backend, start the broker (restored
+ * from the fd store after a restart), serve, say READY=1 and run the loop
+ * until SIGINT or SIGTERM. Then take it all down in reverse: stop
+ * accepting, disconnect every client, free the broker, close the backend,
+ * remove the socket file (unless the manager owns it).
+ *
+ * SIGTERM under systemd with an fd store is usually a restart: the record
+ * and the chunk fds are frozen for the next gmbd first (persist_handover()),
+ * so that the teardown returns nothing anyone could notice. Without an fd
+ * store, clients are told (Bye) that their memory goes with this gmbd.
  *
  * Exit status: 0 after a signal, 1 when gmbd cannot start (one log line
  * says why), 2 for a bad option (one line on stderr, then a hint).
@@ -25,6 +31,7 @@
 #include "daemon/broker.h"
 #include "daemon/handlers.h"
 #include "daemon/opts.h"
+#include "daemon/persist.h"
 #include "daemon/sd.h"
 #include "daemon/server.h"
 #include "include/gmb.h"
@@ -32,10 +39,14 @@
 struct gmbd {
 	const struct gmbd_opts *opts;
 	uv_loop_t loop;
+	struct sd_fds fds;          /* what the service manager passed */
+	bool activated;             /* the listening socket is the manager's */
 	struct backend *backend;
+	struct persist *persist;
 	struct broker *broker;
 	struct handlers handlers;
 	struct server *server;
+	struct sd_glue sd;
 	uv_signal_t sigint, sigterm;
 	bool stopping;
 };
@@ -45,8 +56,12 @@ static int gmbd_open_backend(struct gmbd *g);
 static void gmbd_log_backend(const struct gmbd *g);
 static int gmbd_check_sizes(const struct gmbd *g, uint64_t reserve);
 static int gmbd_open_broker(struct gmbd *g);
+static int gmbd_restore(struct gmbd *g);
 static int gmbd_admin_group(const char *name, gid_t *gid);
 static int gmbd_serve(struct gmbd *g);
+static int gmbd_listen(struct gmbd *g, int *fd);
+static void gmbd_on_changed(void *arg);
+static void gmbd_status(void *arg, char *buf, size_t len);
 static int gmbd_make_dir(const char *path);
 static int gmbd_signals(struct gmbd *g);
 static void gmbd_on_signal(uv_signal_t *sig, int signum);
@@ -60,20 +75,23 @@ int main(int argc, char **argv)
 	r = opts_parse(&o, argc, argv, err);
 	if (r < 0) {
 		fprintf(stderr, "gmbd: %s\nTry 'gmbd --help'.\n", err);
+		opts_deinit(&o);
 		return 2;
 	}
-	if (r == OPTS_HELP) {
+	if (r == OPTS_HELP)
 		opts_print_help(stdout);
-		return 0;
-	}
-	if (r == OPTS_VERSION) {
+	else if (r == OPTS_VERSION)
 		printf("gmbd %s\n", GMB_VERSION);
+	if (r != OPTS_RUN) {
+		opts_deinit(&o);
 		return 0;
 	}
 	log_max_level = o.log_level;
 	/* A client that vanishes mid-send is an error return, not a death. */
 	signal(SIGPIPE, SIG_IGN);
-	return gmbd_run(&o) < 0 ? 1 : 0;
+	r = gmbd_run(&o);
+	opts_deinit(&o);
+	return r < 0 ? 1 : 0;
 }
 
 static int gmbd_run(const struct gmbd_opts *o)
@@ -86,25 +104,43 @@ static int gmbd_run(const struct gmbd_opts *o)
 		log_err("cannot start the event loop err=\"%s\"", uv_strerror(r));
 		return r;
 	}
-	r = gmbd_open_backend(&g);
+	if (o->config)
+		log_info("configuration read path=%s", o->config);
+	r = sd_glue_take_fds(&g.fds);
 	if (r < 0)
 		goto err_loop;
-	r = gmbd_open_broker(&g);
+	r = gmbd_open_backend(&g);
+	if (r < 0)
+		goto err_fds;
+	r = persist_new(g.backend, o->fdstore_max, &g.persist);
 	if (r < 0)
 		goto err_backend;
+	r = gmbd_open_broker(&g);
+	if (r < 0)
+		goto err_persist;
+	r = gmbd_restore(&g);
+	if (r < 0)
+		goto err_broker;
 	r = gmbd_serve(&g);
 	if (r < 0)
 		goto err_broker;
-	log_info("gmbd ready version=%s socket=%s", GMB_VERSION, o->socket);
-	sd_glue_ready("serving");
+	log_info("gmbd ready version=%s socket=%s activated=%d", GMB_VERSION, o->socket,
+		 g.activated ? 1 : 0);
+	sd_glue_ready(sd_glue_status_now(&g.sd));
 	uv_run(&g.loop, UV_RUN_DEFAULT);
-	if (unlink(o->socket) < 0 && errno != ENOENT)
+	if (!g.activated && unlink(o->socket) < 0 && errno != ENOENT)
 		log_errno(LOG_LVL_WARNING, -errno, "cannot remove the socket path=%s", o->socket);
 	log_info("gmbd stopped");
 err_broker:
+	/* What the fd store holds is the next gmbd's, whatever happened here. */
+	persist_freeze(g.persist);
 	broker_free(g.broker);
+err_persist:
+	persist_free(g.persist);
 err_backend:
 	backend_close(g.backend);
+err_fds:
+	sd_glue_fds_free(&g.fds);
 err_loop:
 	/* Handles closed on the way down still need their close callbacks. */
 	uv_run(&g.loop, UV_RUN_DEFAULT);
@@ -185,6 +221,7 @@ static int gmbd_open_broker(struct gmbd *g)
 		.budget = o->budget,
 		.reserve = o->reserve_set ? o->reserve : cuda ? OPTS_RESERVE_CUDA : 0,
 		.daemon_uid = geteuid(),
+		.hooks = persist_hooks(g->persist),
 	};
 	char b1[24], b2[24];
 	int r;
@@ -203,6 +240,25 @@ static int gmbd_open_broker(struct gmbd *g)
 			 g->backend->devices[d].name,
 			 opts_size_format(g->broker->pools[d].budget, b1, sizeof(b1)),
 			 opts_size_format(g->broker->pools[d].max_chunk, b2, sizeof(b2)));
+	return 0;
+}
+
+/* The previous gmbd's chunks and clients, from the fds the manager passed. */
+static int gmbd_restore(struct gmbd *g)
+{
+	struct state_stats st;
+	char b[24];
+	int r;
+
+	r = persist_restore(g->persist, g->broker, g->fds.named, g->fds.nnamed, &st);
+	if (r < 0) {
+		log_errno(LOG_LVL_ERR, r, "cannot take over the fd store");
+		return r;
+	}
+	if (st.clients || st.chunks || st.lost)
+		log_notice("restored after a restart clients=%u chunks=%u bytes=%s lost_chunks=%u",
+			   st.clients, st.chunks, opts_size_format(st.bytes, b, sizeof(b)),
+			   st.lost);
 	return 0;
 }
 
@@ -229,14 +285,64 @@ static int gmbd_admin_group(const char *name, gid_t *gid)
 
 static int gmbd_serve(struct gmbd *g)
 {
-	const char *path = g->opts->socket;
 	int fd = -1;
 	int r;
 
+	r = gmbd_listen(g, &fd);
+	if (r < 0)
+		return r;
+	r = handlers_init(&g->handlers, &g->loop, g->broker,
+			  (uint64_t)g->opts->control_timeout * 1000);
+	if (r < 0)
+		goto err_close_fd;
+	g->handlers.changed = gmbd_on_changed;
+	g->handlers.changed_arg = g;
+	r = server_start(&g->loop, fd, &g->handlers, &g->server);
+	fd = -1; /* the server's, even on failure */
+	if (r < 0)
+		goto err_handlers;
+	/* With a manager to keep fds, replies wait for the record each turn. */
+	if (g->opts->fdstore_max >= 2 && sd_glue_has_manager())
+		r = server_cork(g->server, persist_flush, g->persist);
+	if (r == 0)
+		r = sd_glue_start(&g->sd, &g->loop, gmbd_status, g);
+	if (r == 0)
+		r = gmbd_signals(g);
+	if (r < 0)
+		goto err_server;
+	handlers_orphans_start(&g->handlers, (uint64_t)g->opts->rejoin_grace * 1000);
+	return 0;
+
+err_server:
+	sd_glue_stop(&g->sd);
+	server_stop(g->server);
+err_handlers:
+	handlers_close(&g->handlers);
+err_close_fd:
+	if (fd >= 0)
+		close(fd);
+	if (!g->activated)
+		unlink(g->opts->socket);
+	log_err("cannot serve err=\"%s\"", uv_strerror(r));
+	return r;
+}
+
+/* The manager's listening socket, else one of our own at --socket. */
+static int gmbd_listen(struct gmbd *g, int *fd)
+{
+	const char *path = g->opts->socket;
+	int r;
+
+	if (g->fds.listen_fd >= 0) {
+		*fd = g->fds.listen_fd;
+		g->fds.listen_fd = -1;
+		g->activated = true;
+		return 0;
+	}
 	r = gmbd_make_dir(path);
 	if (r < 0)
 		return r;
-	r = wire_listen(path, &fd);
+	r = wire_listen(path, fd);
 	if (r < 0) {
 		if (r == -EADDRINUSE)
 			log_err("another gmbd is listening path=%s", path);
@@ -247,29 +353,40 @@ static int gmbd_serve(struct gmbd *g)
 	/* Any user may connect: what each may do is decided per uid. */
 	if (chmod(path, 0666) < 0)
 		log_errno(LOG_LVL_WARNING, -errno, "cannot make the socket 0666 path=%s", path);
-	r = handlers_init(&g->handlers, &g->loop, g->broker,
-			  (uint64_t)g->opts->control_timeout * 1000);
-	if (r < 0)
-		goto err_close_fd;
-	r = server_start(&g->loop, fd, &g->handlers, &g->server);
-	fd = -1; /* the server's, even on failure */
-	if (r < 0)
-		goto err_handlers;
-	r = gmbd_signals(g);
-	if (r < 0)
-		goto err_server;
 	return 0;
+}
 
-err_server:
-	server_stop(g->server);
-err_handlers:
-	handlers_close(&g->handlers);
-err_close_fd:
-	if (fd >= 0)
-		close(fd);
-	unlink(path);
-	log_err("cannot serve err=\"%s\"", uv_strerror(r));
-	return r;
+static void gmbd_on_changed(void *arg)
+{
+	struct gmbd *g = arg;
+
+	persist_changed(g->persist);
+	sd_glue_changed(&g->sd);
+}
+
+/* "2 clients, 1.5GiB lent of 2.0GiB held on 1 device (host)[, 1 rejoining]" */
+static void gmbd_status(void *arg, char *buf, size_t len)
+{
+	const struct gmbd *g = arg;
+	const struct broker *br = g->broker;
+	uint64_t lent = 0, held = 0;
+	uint32_t clients = 0, orphans = broker_orphans(br);
+	char b1[24], b2[24];
+	int n;
+
+	for (const struct bclient *c = br->clients; c; c = c->next)
+		clients += !c->tool;
+	for (int d = 0; d < br->ndevices; d++) {
+		lent += br->pools[d].lent_bytes;
+		held += br->pools[d].held_bytes;
+	}
+	n = snprintf(buf, len, "%u client%s, %s lent of %s held on %d device%s (%s)", clients,
+		     clients == 1 ? "" : "s", opts_size_format(lent, b1, sizeof(b1)),
+		     opts_size_format(held, b2, sizeof(b2)), br->ndevices,
+		     br->ndevices == 1 ? "" : "s", g->backend->ops->name);
+	if (orphans && n > 0 && (size_t)n < len)
+		snprintf(buf + n, len - (size_t)n, ", %u restored client%s not back yet", orphans,
+			 orphans == 1 ? "" : "s");
 }
 
 /* mkdir -p of the socket's directory, 0755 for what it creates. */
@@ -325,9 +442,17 @@ static void gmbd_on_signal(uv_signal_t *sig, int signum)
 	if (g->stopping)
 		return;
 	g->stopping = true;
-	log_info("shutting down signal=%s clients=%u", signum == SIGINT ? "SIGINT" : "SIGTERM",
-		 g->broker->nclients);
 	sd_glue_stopping();
+	if (persist_handover(g->persist)) {
+		log_info("shutting down, clients will rejoin the next gmbd signal=%s clients=%u",
+			 signum == SIGINT ? "SIGINT" : "SIGTERM", g->broker->nclients);
+		g->handlers.handover = true;
+	} else {
+		log_info("shutting down signal=%s clients=%u", signum == SIGINT ? "SIGINT" : "SIGTERM",
+			 g->broker->nclients);
+		handlers_goodbye(&g->handlers, g->server, "gmbd stopped and kept no state");
+	}
+	sd_glue_stop(&g->sd);
 	server_stop(g->server);
 	g->server = NULL;
 	handlers_close(&g->handlers);

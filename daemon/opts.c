@@ -19,11 +19,13 @@
 #include "common/backend.h"
 #include "common/log.h"
 #include "common/wire.h"
+#include "daemon/conf.h"
 #include "daemon/opts.h"
 #include "include/gmb.h"
 
 #define OPTS_HELP_COL 32
 #define OPTS_MAX_TIMEOUT 86400
+#define OPTS_MAX_FDSTORE (1u << 20)
 
 struct opts_entry {
 	const char *name;
@@ -51,6 +53,11 @@ static int opts_set_admin_group(struct gmbd_opts *o, const char *name, const cha
 static int opts_set_control_timeout(struct gmbd_opts *o, const char *name, const char *arg,
 				    char *err);
 static int opts_set_log_level(struct gmbd_opts *o, const char *name, const char *arg, char *err);
+static int opts_set_fdstore_max(struct gmbd_opts *o, const char *name, const char *arg,
+				char *err);
+static int opts_set_rejoin_grace(struct gmbd_opts *o, const char *name, const char *arg,
+				 char *err);
+static int opts_set_config(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 static int opts_set_help(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 static int opts_set_version(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 
@@ -106,6 +113,24 @@ static const struct opts_entry opts_table[] = {
 	  "err, warning, notice, info or debug (debug\n"
 	  "logs every message in and out)",
 	  opts_set_log_level },
+	{ "fdstore-max", 0, "N", "16384",
+	  "the unit's FileDescriptorStoreMax=: under\n"
+	  "systemd, gmbd keeps its state and up to N-1\n"
+	  "chunks in the fd store so that a restart\n"
+	  "loses no memory, and creates no chunk beyond\n"
+	  "that (ENOSPC); 0 turns the fd store off",
+	  opts_set_fdstore_max },
+	{ "rejoin-grace", 0, "SECONDS", "30",
+	  "after a restart, how long a client whose\n"
+	  "process is still alive has to reconnect\n"
+	  "before gmbd takes its memory back (0-86400)",
+	  opts_set_rejoin_grace },
+	{ "config", 0, "PATH", OPTS_DEFAULT_CONFIG " if it exists",
+	  "read 'name = value' settings from PATH first,\n"
+	  "one per line, for any option above; the\n"
+	  "command line wins; a PATH that cannot be read\n"
+	  "is an error",
+	  opts_set_config },
 	{ "help", 'h', NULL, NULL, "print this help and exit", opts_set_help },
 	{ "version", 'V', NULL, NULL, "print the version and exit", opts_set_version },
 };
@@ -304,6 +329,34 @@ static int opts_set_log_level(struct gmbd_opts *o, const char *name, const char 
 	return 0;
 }
 
+static int opts_set_fdstore_max(struct gmbd_opts *o, const char *name, const char *arg,
+				char *err)
+{
+	unsigned long v;
+	int r = opts_uint_arg(name, arg, 0, OPTS_MAX_FDSTORE, &v, err);
+
+	if (r == 0)
+		o->fdstore_max = (unsigned)v;
+	return r;
+}
+
+static int opts_set_rejoin_grace(struct gmbd_opts *o, const char *name, const char *arg,
+				 char *err)
+{
+	unsigned long v;
+	int r = opts_uint_arg(name, arg, 0, OPTS_MAX_TIMEOUT, &v, err);
+
+	if (r == 0)
+		o->rejoin_grace = (unsigned)v;
+	return r;
+}
+
+/* Read before the command line (opts_load_config()); nothing to do here. */
+static int opts_set_config(struct gmbd_opts *o, const char *name, const char *arg, char *err)
+{
+	return 0;
+}
+
 static int opts_set_help(struct gmbd_opts *o, const char *name, const char *arg, char *err)
 {
 	return OPTS_HELP;
@@ -330,6 +383,8 @@ static void opts_defaults(struct gmbd_opts *o)
 		.admin_group = "gmb",
 		.control_timeout = 30,
 		.log_level = LOG_LVL_INFO,
+		.fdstore_max = OPTS_FDSTORE_MAX,
+		.rejoin_grace = 30,
 	};
 }
 
@@ -381,15 +436,92 @@ static int opts_bad_option(int c, int argc, char **argv, char *err)
 	return opts_fail(err, "unknown or ambiguous option '%s'", word);
 }
 
+/* One "name = value" of the configuration file: the option's own setter. */
+static int opts_conf_set(void *arg, const char *name, const char *value, char *msg, size_t len)
+{
+	struct gmbd_opts *o = arg;
+	char err[OPTS_ERR_MAX];
+	const struct opts_entry *e = NULL;
+	int r;
+
+	for (size_t i = 0; i < OPTS_N && !e; i++)
+		if (strcmp(opts_table[i].name, name) == 0)
+			e = &opts_table[i];
+	if (!e || !e->arg || e->set == opts_set_config) {
+		snprintf(msg, len, "'%s' is not a setting (the settings are gmbd's long options"
+			 " that take a value, but config)", name);
+		return -EINVAL;
+	}
+	r = e->set(o, e->name, value, err);
+	if (r < 0)
+		snprintf(msg, len, "%s", err);
+	return r < 0 ? r : 0;
+}
+
+/*
+ * A first pass over @argv finds --config (and whether --help or --version
+ * make the file moot); getopt_long() is used so that abbreviations such as
+ * --conf work as they do in the real pass. Errors are left to that pass.
+ */
+static const char *opts_find_config(int argc, char **argv, const struct option *lopts,
+				    const char *sopts, bool *explicit, bool *moot)
+{
+	const char *path = OPTS_DEFAULT_CONFIG;
+	int c;
+
+	*explicit = *moot = false;
+	optind = 0;
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, sopts, lopts, NULL)) != -1) {
+		const struct opts_entry *e = opts_find(c);
+
+		if (!e)
+			continue;
+		if (e->set == opts_set_config) {
+			path = optarg;
+			*explicit = true;
+		} else if (e->set == opts_set_help || e->set == opts_set_version) {
+			*moot = true;
+		}
+	}
+	return path;
+}
+
+static int opts_load_config(struct gmbd_opts *o, int argc, char **argv,
+			    const struct option *lopts, const char *sopts, char *err)
+{
+	bool explicit, moot;
+	const char *path = opts_find_config(argc, argv, lopts, sopts, &explicit, &moot);
+	int r;
+
+	if (moot)
+		return 0;
+	r = conf_load(path, explicit, opts_conf_set, o, &o->storage, err, OPTS_ERR_MAX);
+	if (r < 0)
+		return r;
+	if (o->storage)
+		o->config = path;
+	return 0;
+}
+
+void opts_deinit(struct gmbd_opts *o)
+{
+	free(o->storage);
+	o->storage = NULL;
+}
+
 int opts_parse(struct gmbd_opts *o, int argc, char **argv, char *err)
 {
 	struct option lopts[OPTS_N + 1];
 	char sopts[2 * OPTS_N + 2];
-	int c;
+	int c, rc;
 
 	opts_defaults(o);
 	opts_build(lopts, sopts);
 	err[0] = '\0';
+	rc = opts_load_config(o, argc, argv, lopts, sopts, err);
+	if (rc < 0)
+		return rc;
 	/* 0, not 1: glibc then starts over, so that tests can parse again. */
 	optind = 0;
 	opterr = 0;
@@ -450,7 +582,11 @@ void opts_print_help(FILE *f)
 		opts_print_entry(f, &opts_table[i]);
 	fputs("\nBYTES: a number with an optional suffix K, M, G or T (or KiB, MiB, GiB,\n"
 	      "TiB), all powers of 1024; a plain number is bytes.\n"
+	      "Configuration: every option above but help, version and config can also\n"
+	      "be set in " OPTS_DEFAULT_CONFIG " (or the file --config names), one\n"
+	      "'name = value' per line, '#' starting a comment line; the command line\n"
+	      "wins over the file.\n"
 	      "Exit status: 0 after SIGINT/SIGTERM, 1 when gmbd cannot start, 2 for a bad\n"
-	      "option.\n",
+	      "option or configuration file.\n",
 	      f);
 }

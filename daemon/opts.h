@@ -23,6 +23,8 @@ enum opts_action {
 
 #define OPTS_RESERVE_CUDA (2ULL << 30) /* --reserve default on cuda */
 #define OPTS_ERR_MAX 256
+#define OPTS_DEFAULT_CONFIG "/etc/gmbd/gmbd.conf"
+#define OPTS_FDSTORE_MAX 16384        /* the shipped unit's FileDescriptorStoreMax= */
 
 struct gmbd_opts {
 	const char *socket;         /* argv or wire_default_socket(); not owned */
@@ -38,15 +40,25 @@ struct gmbd_opts {
 	const char *admin_group;
 	unsigned control_timeout;   /* seconds */
 	int log_level;              /* LOG_LVL_* */
+	unsigned fdstore_max;       /* the unit's FileDescriptorStoreMax=; 0: no fd store */
+	unsigned rejoin_grace;      /* seconds a restored client has to come back */
+	const char *config;         /* the file read, or NULL */
+	char *storage;              /* the file's text (values point into it); owned */
 };
 
 /**
- * opts_parse() - fill @o with the defaults, then with @argv.
- * @argv is permuted by getopt_long(); strings in @o point into it or to
- * static storage. @err (OPTS_ERR_MAX bytes) receives one sentence on failure.
- * Return: an enum opts_action, or -EINVAL for a bad option or value.
+ * opts_parse() - fill @o with the defaults, then the configuration file
+ * (--config PATH, else OPTS_DEFAULT_CONFIG if it exists), then @argv: the
+ * command line wins. Every long option but help, version and config can be
+ * set in the file as "name = value".
+ * @argv is permuted by getopt_long(); strings in @o point into it, into
+ * o->storage or to static storage: opts_deinit() frees o->storage. @err
+ * (OPTS_ERR_MAX bytes) receives one sentence on failure.
+ * Return: an enum opts_action, or -EINVAL for a bad option or value (or a
+ * negative errno for a configuration file that cannot be read).
  */
 int opts_parse(struct gmbd_opts *o, int argc, char **argv, char *err);
+void opts_deinit(struct gmbd_opts *o);
 
 /** opts_print_help() - the usage text, generated from the option table. */
 void opts_print_help(FILE *f);

@@ -73,6 +73,7 @@ int pool_init(struct pool *p, struct backend *b, int dev, const struct pool_cfg 
 		.keep = cfg->keep,
 		.next_id = next_id,
 		.registry = cfg->registry,
+		.hooks = cfg->hooks,
 	};
 	return 0;
 }
@@ -80,7 +81,11 @@ int pool_init(struct pool *p, struct backend *b, int dev, const struct pool_cfg 
 /* Backend release, registry, counters, memory. The caller took @c off every list. */
 static void pool_chunk_destroy(struct pool *p, struct chunk *c)
 {
-	int rc = p->backend->ops->chunk_release(p->backend, c->handle);
+	int rc;
+
+	if (p->hooks && p->hooks->destroyed)
+		p->hooks->destroyed(p->hooks->arg, c);
+	rc = p->backend->ops->chunk_release(p->backend, c->handle);
 
 	/* The handle is gone for us either way; a failure can only be logged. */
 	if (rc < 0)
@@ -113,12 +118,20 @@ static int pool_chunk_new(struct pool *p, uint64_t size, struct chunk **out)
 		if (rc < 0)
 			goto err_register;
 	}
+	if (p->hooks && p->hooks->created) {
+		rc = p->hooks->created(p->hooks->arg, c);
+		if (rc < 0)
+			goto err_hook;
+	}
 	p->nchunks++;
 	p->held_bytes += size;
 	p->lent_bytes += size;
 	*out = c;
 	return 0;
 
+err_hook:
+	if (p->registry)
+		idmap_del(p->registry, c->id);
 err_register:
 	p->backend->ops->chunk_release(p->backend, c->handle);
 err_create:
@@ -532,6 +545,32 @@ uint64_t pool_available(const struct pool *p, uid_t uid)
 		if (pool_uid_ok(c, uid) || c->nholders == 0)
 			n += c->size;
 	return n;
+}
+
+int pool_adopt(struct pool *p, uint64_t id, uint64_t size, uint64_t handle, struct chunk **out)
+{
+	struct chunk *c;
+	int rc;
+
+	if (id == 0 || size == 0 || size % p->granularity ||
+	    (p->registry && idmap_get(p->registry, id)))
+		return -EINVAL;
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	*c = (struct chunk){ .id = id, .dev = p->dev, .size = size, .handle = handle };
+	if (p->registry) {
+		rc = idmap_put(p->registry, id, c);
+		if (rc < 0) {
+			free(c);
+			return rc;
+		}
+	}
+	p->nchunks++;
+	p->held_bytes += size;
+	pool_free_link(p, c);
+	*out = c;
+	return 0;
 }
 
 void pool_deinit(struct pool *p)

@@ -58,11 +58,24 @@ struct chunk {
 	bool acked;               /* scratch flag of broker_dropped() */
 };
 
+/*
+ * What the pool tells its owner as chunks come and go (gmbd: the service
+ * manager's fd store, daemon/persist.c). created() may refuse a new chunk
+ * with a negative errno (its reason in backend_fail()); the chunk then goes
+ * back to the backend at once. destroyed() runs before the backend release.
+ */
+struct pool_hooks {
+	int (*created)(void *arg, const struct chunk *c);
+	void (*destroyed)(void *arg, const struct chunk *c);
+	void *arg;
+};
+
 struct pool_cfg {
 	uint64_t budget;    /* 0: the device's total */
 	uint64_t max_chunk; /* rounded down to the granularity */
 	uint64_t keep;      /* free bytes kept warm; UINT64_MAX: all */
 	struct idmap *registry; /* optional id -> chunk map, owned by the caller */
+	const struct pool_hooks *hooks; /* optional, not owned */
 };
 
 struct pool {
@@ -76,6 +89,7 @@ struct pool {
 	struct chunk *pending_head; /* releasing, waiting for drops */
 	uint64_t pending_bytes;
 	struct idmap *registry;   /* not owned; NULL: none */
+	const struct pool_hooks *hooks; /* not owned; NULL: none */
 };
 
 /* What pool_take() needs to decide and what it hands back. */
@@ -93,6 +107,18 @@ int pool_init(struct pool *p, struct backend *b, int dev, const struct pool_cfg 
 	      uint64_t *next_id);
 /* Releases every chunk; callers make sure no client holds any. */
 void pool_deinit(struct pool *p);
+
+/**
+ * pool_adopt() - a chunk a previous gmbd made, handed over through the fd
+ * store: @handle (imported by the caller, owned by the pool from now on on
+ * success) becomes a free chunk with its old @id. The created() hook is not
+ * called: the chunk is stored already. It may take the pool over budget
+ * (a smaller --budget after a restart); nothing is created until it is
+ * back under.
+ * Return: 0; -EINVAL (size not a granularity multiple, id 0 or taken);
+ * -ENOMEM.
+ */
+int pool_adopt(struct pool *p, uint64_t id, uint64_t size, uint64_t handle, struct chunk **out);
 
 /**
  * pool_take() - pick chunks for @t->size bytes, all or nothing.

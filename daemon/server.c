@@ -21,6 +21,7 @@ static void server_accept_failed(struct server *srv, int err);
 static void server_on_emfile_timer(uv_timer_t *timer);
 static void server_on_reap(uv_timer_t *timer);
 static void server_close_handles(struct server *srv);
+static void server_on_uncork(uv_check_t *check);
 static void server_on_closed(uv_handle_t *handle);
 
 int server_start(uv_loop_t *loop, int listen_fd, struct handlers *h, struct server **out)
@@ -147,6 +148,33 @@ static void server_on_emfile_timer(uv_timer_t *timer)
 		log_err("cannot poll the listening socket again err=\"%s\"", uv_strerror(r));
 }
 
+int server_cork(struct server *srv, void (*cb)(void *arg), void *arg)
+{
+	int r;
+
+	if (srv->cork_cb || srv->stopping)
+		return -EINVAL;
+	r = uv_check_init(srv->loop, &srv->uncork);
+	if (r < 0)
+		return r;
+	srv->uncork.data = srv;
+	srv->cork_cb = cb;
+	srv->cork_arg = arg;
+	srv->open_handles++;
+	/* Every turn, and it keeps nothing alive on its own. */
+	uv_unref((uv_handle_t *)&srv->uncork);
+	return uv_check_start(&srv->uncork, server_on_uncork);
+}
+
+static void server_on_uncork(uv_check_t *check)
+{
+	struct server *srv = check->data;
+
+	srv->cork_cb(srv->cork_arg);
+	for (struct sess *s = srv->sessions; s; s = s->next)
+		sess_uncork(s);
+}
+
 void server_reap_later(struct server *srv)
 {
 	if (srv->stopping)
@@ -185,6 +213,8 @@ static void server_close_handles(struct server *srv)
 	}
 	uv_close((uv_handle_t *)&srv->emfile_timer, server_on_closed);
 	uv_close((uv_handle_t *)&srv->reap_timer, server_on_closed);
+	if (srv->cork_cb)
+		uv_close((uv_handle_t *)&srv->uncork, server_on_closed);
 }
 
 static void server_on_closed(uv_handle_t *handle)

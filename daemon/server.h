@@ -35,6 +35,10 @@ struct server {
 	bool emfile_paused;
 	bool emfile_logged;         /* said so once; said again when it ends */
 	bool stopping;
+	/* Corked: packets wait until the end of the loop turn, after cork_cb. */
+	uv_check_t uncork;          /* initialized iff cork_cb != NULL */
+	void (*cork_cb)(void *arg);
+	void *cork_arg;
 };
 
 /**
@@ -59,6 +63,14 @@ int server_adopt(struct server *srv, int fd);
  * its handles are closed, while the loop runs; do not use it afterwards.
  */
 void server_stop(struct server *srv);
+
+/**
+ * server_cork() - from now on, what sessions send leaves at the end of the
+ * loop turn, right after @cb(@arg) ran (gmbd: the state is written to the
+ * fd store before any reply of the turn, so no client learns of a lend that
+ * a restart would not know). Return: 0 or libuv's error.
+ */
+int server_cork(struct server *srv, void (*cb)(void *arg), void *arg);
 
 /* Used by sessions: disconnect the doomed ones on the next loop turn. */
 void server_reap_later(struct server *srv);

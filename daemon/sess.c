@@ -216,7 +216,8 @@ static void sess_on_poll(uv_poll_t *poll, int status, int events)
 		sess_poll_failed(s, status);
 		return;
 	}
-	if (events & UV_WRITABLE)
+	/* Corked, the end of the turn sends: not before the state is written. */
+	if ((events & UV_WRITABLE) && !s->srv->cork_cb)
 		sess_flushed(s, sess_flush(s));
 	if ((events & UV_READABLE) && s->state == SESS_OPEN)
 		sess_read(s);
@@ -323,9 +324,17 @@ int sess_send(struct sess *s, const Gmb__Envelope *env)
 	s->out_tail = o;
 	s->out_bytes += o->len;
 	s->out_count++;
+	if (s->srv->cork_cb)
+		return 0;
 	r = sess_flush(s);
 	sess_flushed(s, r);
 	return r == -EAGAIN ? 0 : r;
+}
+
+void sess_uncork(struct sess *s)
+{
+	if (s->state == SESS_OPEN && s->out_head)
+		sess_flushed(s, sess_flush(s));
 }
 
 static int sess_out_new(const Gmb__Envelope *env, struct sess_out **out)

@@ -16,7 +16,9 @@
  * may send to any session (which at worst dooms it) and keep its pointers.
  *
  * Outgoing packets are sent at once when the socket takes them, else queued
- * (bounded: a client that stops reading is disconnected). The fds of the
+ * (bounded: a client that stops reading is disconnected). On a corked
+ * server (server_cork()) they are always queued, and leave at the end of
+ * the loop turn. The fds of the
  * chunks a packet names in fd_chunks are exported from the chunk handles at
  * send time and closed right after sendmsg(), so at most one batch of
  * exported fds exists at a time.
@@ -47,6 +49,7 @@ enum sess_state {
 struct server;
 struct bclient;
 struct hfwd;
+struct hrejoin;
 struct sess_out;
 
 struct sess {
@@ -75,6 +78,7 @@ struct sess {
 	struct idmap dreqs;       /* id -> struct hdreq: daemon requests unanswered */
 	uint32_t inflight;        /* parked + forwarded requests of this client */
 	struct hfwd *ctl_in;      /* the control request this client carries out */
+	struct hrejoin *rejoin;   /* between a rejoin hello and the end of its claim */
 
 	struct sess *prev, *next; /* the server's list */
 };
@@ -123,6 +127,9 @@ void sess_disconnect(struct sess *s);
  * Return: 0, or a negative errno (-EPIPE once the session is not OPEN).
  */
 int sess_send(struct sess *s, const Gmb__Envelope *env);
+
+/* Corked server: send what this session queued this turn (server.c). */
+void sess_uncork(struct sess *s);
 
 /* The client's name and broker id for logs ("-" and 0 before hello). */
 const char *sess_name(const struct sess *s);

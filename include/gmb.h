@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -140,6 +141,110 @@ GMB_API int gmb_status_text(gmb_client *c, char **text);
 
 /** gmb_trim() - release free pool chunks of @device (-1: all) to the backend. */
 GMB_API int gmb_trim(gmb_client *c, int device, uint64_t *released, uint64_t *pending);
+
+/*
+ * Regions and the process's default client: what the LD_PRELOAD shim
+ * (libgmb_preload.so), the PyTorch allocator entry points and the Python
+ * module build on.
+ *
+ * A region says which tag the calling thread's allocations go to. Regions
+ * are per thread and nest; other threads are not affected (NCCL's or a
+ * helper thread's allocations during a region stay outside it). Outside any
+ * region, $GMB_DEFAULT_TAG (with $GMB_DEFAULT_MODE: discard, zero or
+ * preserve, default preserve) makes every allocation of the process a region
+ * allocation; a region with a NULL tag ("plain") turns that off again for
+ * its extent.
+ *
+ * The default client is one connection per process, made on first use:
+ * $GMB_SOCKET (or the built-in path), named $GMB_CLIENT_NAME or
+ * "<program>-<pid>". $GMB_CONTROL=accept installs a handler that agrees to
+ * every remote pause/resume (for workers that cannot install their own).
+ */
+
+/**
+ * gmb_region_begin() - route this thread's allocations to @tag until the
+ * matching gmb_region_end(). @tag NULL: a plain region (allocations go to
+ * the real allocator, even under $GMB_DEFAULT_TAG). @mode (GMB_MODE_*) is
+ * the tag's mode when its first allocation is made; a tag's mode only ever
+ * grows stronger (DISCARD < ZERO or PRESERVE), and ZERO against PRESERVE is
+ * refused at allocation time with -EINVAL.
+ * Return: 0, -EINVAL (bad mode or empty tag), -ENAMETOOLONG, or -E2BIG when
+ * GMB_REGION_MAX regions are already open on this thread.
+ */
+#define GMB_REGION_MAX 16
+GMB_API int gmb_region_begin(const char *tag, int mode);
+
+/** gmb_region_end() - close this thread's innermost region; -EINVAL if none. */
+GMB_API int gmb_region_end(void);
+
+/**
+ * gmb_region_current() - the calling thread's current tag and mode (either
+ * may be NULL). Return: 1 inside a region (or under $GMB_DEFAULT_TAG), 0
+ * outside (or in a plain region), -EINVAL when $GMB_DEFAULT_MODE is bad, or
+ * -ENOBUFS when @tag's @cap is too small.
+ */
+GMB_API int gmb_region_current(char *tag, size_t cap, int *mode);
+
+/**
+ * gmb_region_malloc() - gmb_malloc() in the current region's tag, setting
+ * the tag's mode from the region first; outside a region, tag "default".
+ * @c NULL: the default client (connected now if needed). Honours the
+ * process's memory margin (gmb_set_memory_margin). On failure,
+ * gmb_region_last_error() says why.
+ */
+GMB_API int gmb_region_malloc(gmb_client *c, void **ptr, size_t size, int device);
+
+/** gmb_region_last_error() - why this thread's last gmb_region_* / hook call failed. */
+GMB_API const char *gmb_region_last_error(void);
+
+/**
+ * gmb_default_client() - the process's default client, connected on the
+ * first call with @socket_path / @client_name (NULL: from the environment,
+ * see above); later calls return it and ignore both. It is never closed:
+ * gmbd takes its memory back when the process exits.
+ * Return: 0 (connected now), 1 (already connected), or a negative errno.
+ */
+GMB_API int gmb_default_client(const char *socket_path, const char *client_name,
+			       gmb_client **out);
+
+/**
+ * gmb_owns() - 1 if @ptr is the address of one of @c's allocations (@c
+ * NULL: the default client, 0 if it was never made), else 0. Takes no
+ * operation lock, so an allocation hook can ask while a pause runs.
+ */
+GMB_API int gmb_owns(gmb_client *c, const void *ptr);
+
+/**
+ * gmb_host_copy() - the host copy of [@ptr, @ptr+@size) inside one of @c's
+ * allocations (@c NULL: the default client). *@host is NULL while the tag is
+ * active, else the saved bytes of a paused PRESERVE tag (valid until the
+ * allocation is freed; rewritten by each pause).
+ * Return: 0, -ENOENT (no allocation holds the range) or -ENODATA (paused,
+ * but its tag is not PRESERVE).
+ */
+GMB_API int gmb_host_copy(gmb_client *c, const void *ptr, size_t size, void **host);
+
+/**
+ * gmb_set_memory_margin() - region allocations of this process fail with
+ * -ENOMEM when they would leave less than @bytes of the device's budget
+ * unlent at gmbd (0, the default: no check; each check costs a status query).
+ */
+GMB_API void gmb_set_memory_margin(uint64_t bytes);
+
+/*
+ * PyTorch pluggable allocator entry points, for
+ * torch.cuda.memory.CUDAPluggableAllocator(path, "gmb_torch_malloc",
+ * "gmb_torch_free") and torch.cuda.MemPool. Inside a region the memory comes
+ * from gmbd (default client) on @device; outside, from the CUDA runtime's
+ * cudaMalloc found in the process. @stream is a cudaStream_t, unused.
+ * gmb_torch_malloc() returns NULL on failure (PyTorch reports it as out of
+ * memory); gmb_region_last_error() says why.
+ */
+GMB_API void *gmb_torch_malloc(ssize_t size, int device, void *stream);
+GMB_API void gmb_torch_free(void *ptr, ssize_t size, int device, void *stream);
+
+/** gmb_library_path() - the file this libgmb was loaded from ("" if unknown). */
+GMB_API const char *gmb_library_path(void);
 
 #ifdef __cplusplus
 }

@@ -599,5 +599,5 @@ Test(status_table, sizes_use_binary_units)
 	char buf[SIZE_STR_MAX];
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-		cr_expect(eq(str, (char *)size_human(cases[i].v, buf), (char *)cases[i].s));
+		cr_expect(eq(str, (char *)size_str(cases[i].v, buf), (char *)cases[i].s));
 }

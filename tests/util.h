@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <pthread.h>
 #include <sys/types.h>
 
 struct gmbd_proc {
@@ -30,6 +31,8 @@ const char *test_build_dir(void);
 int gmbd_start(struct gmbd_proc *d, const char *const *args);
 /* SIGTERM, wait; returns gmbd's exit status (or -1 if killed by a signal). */
 int gmbd_stop(struct gmbd_proc *d);
+/* Waits for gmbd to exit (signalled already); its exit status, -1 for a signal. */
+int gmbd_wait(struct gmbd_proc *d);
 
 /* Open fds of @pid (/proc/PID/fd), -errno on failure. */
 int proc_count_fds(pid_t pid);
@@ -70,5 +73,64 @@ int worker_cmd(struct worker *w, char *text, size_t cap, const char *fmt, ...)
 int worker_quit(struct worker *w);
 /* SIGKILL, wait. */
 void worker_kill(struct worker *w);
+
+
+/*
+ * A fake service manager: the datagram socket gmbd's $NOTIFY_SOCKET names,
+ * read by a thread of its own (sd_notify() blocks on a full socket). It
+ * keeps what systemd would: READY=1, STOPPING=1 and WATCHDOG=1 counts, the
+ * last STATUS=, and the fd store (FDSTORE=1 + FDNAME=, FDSTOREREMOVE=1).
+ * The store's fds are the manager's (closed by fake_sd_close()).
+ */
+#define FAKE_SD_MAX_FDS 1024
+
+struct fake_sd_fd {
+	int fd;
+	char name[256];
+};
+
+struct fake_sd {
+	char path[300];
+	int sock;
+	int stop[2];                   /* the thread's wake-up pipe */
+	pthread_t thread;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;           /* something arrived */
+	unsigned ready, stopping, watchdog, syncs;
+	char status[512];
+	struct fake_sd_fd store[FAKE_SD_MAX_FDS];
+	int nstore;
+	int overflow;                  /* FDSTOREs beyond FAKE_SD_MAX_FDS */
+};
+
+/* Binds @path and starts reading. 0 or -errno. */
+int fake_sd_open(struct fake_sd *m, const char *path);
+void fake_sd_close(struct fake_sd *m);
+/* Waits until every datagram sent before the call has been read (10 s). */
+int fake_sd_sync(struct fake_sd *m);
+/* Waits (at most @ms) until *@counter (a field of @m) reaches @n. */
+int fake_sd_wait_count(struct fake_sd *m, const unsigned *counter, unsigned n, int ms);
+/* Waits (at most @ms) until the last STATUS= contains @needle. */
+int fake_sd_wait_status(struct fake_sd *m, const char *needle, int ms);
+/* How many stored fds have a name starting with @prefix. */
+int fake_sd_count(struct fake_sd *m, const char *prefix);
+
+/* An fd handed to gmbd at start as systemd does (LISTEN_FDS, LISTEN_FDNAMES). */
+struct sd_pass {
+	int fd;                        /* stays the caller's */
+	const char *name;
+};
+
+/**
+ * gmbd_spawn() - exec BUILD/gmbd --backend host --socket @d->sock plus @args
+ * with NOTIFY_SOCKET=@notify and @fds passed at 3.. (LISTEN_PID is gmbd's
+ * own pid); returns once forked: wait for READY=1 on the fake manager.
+ * @d->dir and @d->sock must be set. Return: 0 or -errno.
+ */
+int gmbd_spawn(struct gmbd_proc *d, const char *notify, const struct sd_pass *fds, int nfds,
+	       const char *const *args);
+
+/* Every fd of @m's store, with its name, for gmbd_spawn() (@out: @max entries). */
+int fake_sd_pass(struct fake_sd *m, struct sd_pass *out, int max);
 
 #endif

@@ -5,6 +5,8 @@
 #   tests/gpu/run.sh --bench    the same, then bench/run.sh (the benchmark)
 #   tests/gpu/run.sh --no-build use build-gpu/ as it is
 #   tests/gpu/run.sh --only graph_survival,reclaim   some scenarios only
+#   tests/gpu/run.sh --no-torch the PyTorch scenarios (tests/gpu/torch_run.sh)
+#                               are run too unless this is given
 #
 # Needs .gpu-deps/ and build/proto/ from tests/gpu/pack-deps.sh (carried
 # from the build machine). Starts build-gpu/gmbd --backend cuda on a socket
@@ -25,13 +27,14 @@ mkdir -p "$OUTDIR"
 LOG=$OUTDIR/gpu-tests.log
 TABLE=$OUTDIR/gpu-tests-table.txt
 BUDGET_GIB=8
-DO_BENCH=0 DO_BUILD=1 ONLY=""
+DO_BENCH=0 DO_BUILD=1 DO_TORCH=1 ONLY=""
 ARGS="$*"
 
 while [ $# -gt 0 ]; do
 	case $1 in
 	--bench) DO_BENCH=1 ;;
 	--no-build) DO_BUILD=0 ;;
+	--no-torch) DO_TORCH=0 ;;
 	--only) ONLY=",$2,"; shift ;;
 	-h | --help) sed -n '2,18p' "$0"; exit 0 ;;
 	*) echo "run.sh: unknown option $1" >&2; exit 2 ;;
@@ -234,6 +237,23 @@ if [ -n "$GMBD_PID" ]; then
 fi
 append_daemon_log "gmbd log" "$DLOG"
 append_daemon_log "gmbd --budget log" "$DLOG2"
+
+# What one driver call costs over several mappings (informs the layout).
+scenario unmap_probe 120 "$B/unmap_probe"
+
+# The PyTorch scenarios start their own gmbd; each of their rows joins this table.
+if [ "$DO_TORCH" = 1 ] && [ -x tests/gpu/torch_run.sh ]; then
+	echo "==== torch: tests/gpu/torch_run.sh (its log: torch-tests.log)" >>"$LOG"
+	timeout -k 10 480 tests/gpu/torch_run.sh >"$TMPD/torch.out" 2>&1
+	rc=$?
+	rows=$(grep -a '^| torch' "$OUTDIR/torch-tests-table.txt" 2>/dev/null)
+	if [ -z "$rows" ]; then
+		record torch FAIL "torch_run.sh exit $rc without a table: $(tail -n 1 "$TMPD/torch.out")"
+	fi
+	while IFS='|' read -r _ n v d _; do
+		[ -n "$n" ] && record "$(echo $n)" "$(echo $v)" "$(echo "$d" | sed 's/^ *//; s/ *$//')"
+	done <<<"$rows"
+fi
 
 if [ "$DO_BENCH" = 1 ]; then
 	echo "==== bench: bench/run.sh (output in bench.log / bench-table.txt)" >>"$LOG"

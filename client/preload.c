@@ -1,0 +1,393 @@
+/*
+ * preload.c - libgmb_preload.so, the LD_PRELOAD shim: routes the CUDA
+ * runtime's device allocations made inside a region (client/region.c) to
+ * gmbd, and everything else to the real runtime.
+ *
+ * Covered: cudaMalloc and cudaFree (PyTorch's caching allocator, including
+ * the private pools of CUDA graphs, which it fills with cudaMalloc under a
+ * relaxed capture mode), cudaMallocAsync and cudaFreeAsync (PyTorch's
+ * cudaMallocAsync backend) outside stream capture. Not covered: memory the
+ * driver API makes directly (PyTorch's expandable segments, NCCL's cuMem
+ * buffers), cudaMallocManaged, cudaMallocPitch/3D, the _ptsz variants.
+ *
+ * Invariants:
+ *   - No link-time tie to libcudart, libcuda or libgmb: a preloaded library
+ *     whose NEEDED entry cannot be resolved kills every process it is
+ *     preloaded into. The real runtime functions come from dlsym(RTLD_NEXT);
+ *     libgmb is the copy already loaded in the process (by Python's gmb
+ *     module or the application: dlopen of its soname with RTLD_NOLOAD), or,
+ *     when $GMB_DEFAULT_TAG asks for broker memory from the first
+ *     allocation, $GMB_LIB or the libgmb.so next to this file. So the shim,
+ *     Python and PyTorch's pluggable allocator share one libgmb, one
+ *     default client and one region stack per thread.
+ *   - The connection to gmbd is made on the first allocation in a region.
+ *   - Nothing here exits, aborts or prints: a failure is a cudaError_t
+ *     (gmbd's ENOMEM is cudaErrorMemoryAllocation, so PyTorch frees its
+ *     cache and retries) and a sentence in gmb_region_last_error() (libgmb)
+ *     or gmb_preload_error() (this file: libgmb or the runtime not found).
+ *   - A pointer is gmbd's if the default client owns it, whichever thread
+ *     and region frees it; its free drains the device first, as the
+ *     runtime's cudaFree does.
+ * Thread-safety: the resolved functions are published once with atomics;
+ * the rest is per call or per thread.
+ */
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gmb.h"
+
+#define SHIM_API __attribute__((visibility("default")))
+#define SHIM_ERR_MAX 512
+
+/* The real runtime functions, by index into shim_real_names. */
+enum shim_real_fn {
+	SHIM_MALLOC,
+	SHIM_FREE,
+	SHIM_GET_DEVICE,
+	SHIM_SYNC,
+	SHIM_MALLOC_ASYNC,
+	SHIM_FREE_ASYNC,
+	SHIM_IS_CAPTURING,
+	SHIM_NREAL
+};
+
+static const char *const shim_real_names[SHIM_NREAL] = {
+	[SHIM_MALLOC] = "cudaMalloc",
+	[SHIM_FREE] = "cudaFree",
+	[SHIM_GET_DEVICE] = "cudaGetDevice",
+	[SHIM_SYNC] = "cudaDeviceSynchronize",
+	[SHIM_MALLOC_ASYNC] = "cudaMallocAsync",
+	[SHIM_FREE_ASYNC] = "cudaFreeAsync",
+	[SHIM_IS_CAPTURING] = "cudaStreamIsCapturing",
+};
+
+/* What the shim calls in libgmb (include/gmb.h). */
+struct shim_gmb {
+	int (*region_current)(char *tag, size_t cap, int *mode);
+	int (*region_malloc)(gmb_client *c, void **ptr, size_t size, int device);
+	int (*owns)(gmb_client *c, const void *ptr);
+	int (*default_client)(const char *path, const char *name, gmb_client **out);
+	int (*free)(gmb_client *c, void *ptr);
+};
+
+static _Atomic(void *) shim_real[SHIM_NREAL];
+static struct shim_gmb shim_gmb_fns;
+static atomic_bool shim_gmb_ready;
+static pthread_mutex_t shim_lock = PTHREAD_MUTEX_INITIALIZER;
+static __thread char shim_error[SHIM_ERR_MAX];
+static const char shim_anchor;
+
+/* Errors. */
+
+static void shim_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static void shim_fail(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(shim_error, sizeof(shim_error), fmt, ap);
+	va_end(ap);
+}
+
+/* gmbd's -errno as the runtime's nearest status. */
+static cudaError_t shim_status(int rc)
+{
+	switch (rc) {
+	case 0:
+		return cudaSuccess;
+	case -ENOMEM:
+		return cudaErrorMemoryAllocation;
+	case -EBUSY:
+		return cudaErrorNotPermitted; /* the tag is paused */
+	case -EINVAL:
+	case -ENAMETOOLONG:
+		return cudaErrorInvalidValue;
+	case -ENODEV:
+		return cudaErrorInvalidDevice;
+	case -ENOENT:
+	case -ECONNREFUSED:
+	case -ENOTCONN:
+	case -ECONNRESET:
+	case -EPIPE:
+		return cudaErrorDevicesUnavailable; /* no gmbd, or it went away */
+	case -ENOSYS:
+		return cudaErrorInitializationError;
+	default:
+		return cudaErrorUnknown;
+	}
+}
+
+/* The real runtime. */
+
+/* The next definition of @fn after this library, or NULL (retried next time). */
+static void *shim_real_sym(enum shim_real_fn fn)
+{
+	void *p = atomic_load_explicit(&shim_real[fn], memory_order_acquire);
+
+	if (p)
+		return p;
+	p = dlsym(RTLD_NEXT, shim_real_names[fn]);
+	if (!p) {
+		shim_fail("%s: no CUDA runtime after libgmb_preload.so in the process",
+			  shim_real_names[fn]);
+		return NULL;
+	}
+	atomic_store_explicit(&shim_real[fn], p, memory_order_release);
+	return p;
+}
+
+/* POSIX guarantees a void * holds a function pointer (dlsym). */
+#define SHIM_CALL(fn, type, ...)                                                        \
+	__extension__({                                                                 \
+		void *sym_ = shim_real_sym(fn);                                         \
+		type f_;                                                                \
+		memcpy(&f_, &sym_, sizeof(f_));                                         \
+		sym_ ? f_(__VA_ARGS__) : cudaErrorInitializationError;                  \
+	})
+
+typedef cudaError_t (*shim_malloc_fn)(void **, size_t);
+typedef cudaError_t (*shim_free_fn)(void *);
+typedef cudaError_t (*shim_get_device_fn)(int *);
+typedef cudaError_t (*shim_sync_fn)(void);
+typedef cudaError_t (*shim_malloc_async_fn)(void **, size_t, cudaStream_t);
+typedef cudaError_t (*shim_free_async_fn)(void *, cudaStream_t);
+typedef cudaError_t (*shim_is_capturing_fn)(cudaStream_t, enum cudaStreamCaptureStatus *);
+
+/* libgmb. */
+
+static bool shim_default_tag(void)
+{
+	const char *t = getenv("GMB_DEFAULT_TAG");
+
+	return t && *t;
+}
+
+static int shim_gmb_bind(void *h)
+{
+	static const char *const names[] = { "gmb_region_current", "gmb_region_malloc",
+					     "gmb_owns", "gmb_default_client", "gmb_free" };
+	void *syms[sizeof(names) / sizeof(names[0])];
+
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		syms[i] = dlsym(h, names[i]);
+		if (!syms[i]) {
+			shim_fail("libgmb lacks %s: an older libgmb?", names[i]);
+			return -ENOSYS;
+		}
+	}
+	memcpy(&shim_gmb_fns.region_current, &syms[0], sizeof(void *));
+	memcpy(&shim_gmb_fns.region_malloc, &syms[1], sizeof(void *));
+	memcpy(&shim_gmb_fns.owns, &syms[2], sizeof(void *));
+	memcpy(&shim_gmb_fns.default_client, &syms[3], sizeof(void *));
+	memcpy(&shim_gmb_fns.free, &syms[4], sizeof(void *));
+	return 0;
+}
+
+/* libgmb.so from $GMB_LIB (only there when set), else next to this file. */
+static void *shim_gmb_open(void)
+{
+	const char *env = getenv("GMB_LIB");
+	char path[PATH_MAX];
+	Dl_info info;
+	void *h;
+
+	if (env && *env) {
+		h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+		if (!h)
+			shim_fail("GMB_LIB=%s: %s", env, dlerror());
+		return h;
+	}
+	if (dladdr(&shim_anchor, &info) && info.dli_fname && strrchr(info.dli_fname, '/')) {
+		int n = (int)(strrchr(info.dli_fname, '/') - info.dli_fname);
+
+		snprintf(path, sizeof(path), "%.*s/libgmb.so", n, info.dli_fname);
+		h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+		if (h)
+			return h;
+	}
+	h = dlopen("libgmb.so.0", RTLD_NOW | RTLD_LOCAL);
+	if (!h)
+		shim_fail("libgmb not found next to libgmb_preload.so nor as libgmb.so.0 "
+			  "(set GMB_LIB): %s", dlerror());
+	return h;
+}
+
+/*
+ * The process's libgmb, or NULL. Loaded here only when @load; otherwise
+ * only found if someone loaded it (a region needs libgmb's API to begin).
+ */
+static const struct shim_gmb *shim_gmb(bool load)
+{
+	void *h;
+
+	if (atomic_load_explicit(&shim_gmb_ready, memory_order_acquire))
+		return &shim_gmb_fns;
+	pthread_mutex_lock(&shim_lock);
+	if (!atomic_load_explicit(&shim_gmb_ready, memory_order_relaxed)) {
+		/* By soname: whatever path Python or the application used. */
+		h = dlopen("libgmb.so.0", RTLD_NOW | RTLD_NOLOAD);
+		if (!h && load)
+			h = shim_gmb_open();
+		if (h && shim_gmb_bind(h) == 0)
+			atomic_store_explicit(&shim_gmb_ready, true, memory_order_release);
+		else if (h)
+			dlclose(h);
+	}
+	pthread_mutex_unlock(&shim_lock);
+	return atomic_load_explicit(&shim_gmb_ready, memory_order_acquire) ? &shim_gmb_fns : NULL;
+}
+
+/*
+ * 1 when this thread's allocation belongs to gmbd, 0 when it goes to the
+ * runtime, or a cudaError_t (negated) when it cannot be decided.
+ */
+static int shim_in_region(const struct shim_gmb **g)
+{
+	bool want = shim_default_tag();
+	int rc;
+
+	*g = shim_gmb(want);
+	if (!*g)
+		return want ? -(int)cudaErrorInitializationError : 0;
+	rc = (*g)->region_current(NULL, 0, NULL);
+	return rc < 0 ? -(int)shim_status(rc) : rc;
+}
+
+/* A region allocation on the current device. */
+static cudaError_t shim_broker_malloc(const struct shim_gmb *g, void **ptr, size_t size)
+{
+	int dev = 0;
+	cudaError_t r;
+
+	/* cudaMalloc(p, 0) succeeds with NULL; gmbd has no empty allocations. */
+	if (size == 0) {
+		*ptr = NULL;
+		return cudaSuccess;
+	}
+	r = SHIM_CALL(SHIM_GET_DEVICE, shim_get_device_fn, &dev);
+	if (r != cudaSuccess)
+		return r;
+	return shim_status(g->region_malloc(NULL, ptr, size, dev));
+}
+
+/* 1 if @ptr is gmbd's (then *@g is set), else 0. */
+static int shim_is_broker(void *ptr, const struct shim_gmb **g)
+{
+	*g = ptr ? shim_gmb(false) : NULL;
+	return *g && (*g)->owns(NULL, ptr) == 1;
+}
+
+static cudaError_t shim_broker_free(const struct shim_gmb *g, void *ptr)
+{
+	gmb_client *c;
+	cudaError_t r;
+	int rc;
+
+	/* The runtime's cudaFree waits for the device; so does this (and gmb_free). */
+	r = SHIM_CALL(SHIM_SYNC, shim_sync_fn);
+	if (r != cudaSuccess)
+		return r;
+	rc = g->default_client(NULL, NULL, &c);
+	if (rc >= 0)
+		rc = g->free(c, ptr);
+	return shim_status(rc);
+}
+
+/* The overrides. */
+
+SHIM_API cudaError_t cudaMalloc(void **ptr, size_t size)
+{
+	const struct shim_gmb *g;
+	int in;
+
+	if (!ptr)
+		return cudaErrorInvalidValue;
+	in = shim_in_region(&g);
+	if (in < 0)
+		return (cudaError_t)-in;
+	if (in == 0)
+		return SHIM_CALL(SHIM_MALLOC, shim_malloc_fn, ptr, size);
+	return shim_broker_malloc(g, ptr, size);
+}
+
+SHIM_API cudaError_t cudaFree(void *ptr)
+{
+	const struct shim_gmb *g;
+
+	if (shim_is_broker(ptr, &g))
+		return shim_broker_free(g, ptr);
+	return SHIM_CALL(SHIM_FREE, shim_free_fn, ptr);
+}
+
+/* Capturing streams record allocations as graph nodes: leave them to the runtime. */
+static int shim_capturing(cudaStream_t stream)
+{
+	enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+	cudaError_t r = SHIM_CALL(SHIM_IS_CAPTURING, shim_is_capturing_fn, stream, &st);
+
+	return r != cudaSuccess ? -(int)r : st != cudaStreamCaptureStatusNone;
+}
+
+SHIM_API cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream)
+{
+	const struct shim_gmb *g;
+	int in, cap;
+
+	if (!ptr)
+		return cudaErrorInvalidValue;
+	in = shim_in_region(&g);
+	if (in < 0)
+		return (cudaError_t)-in;
+	cap = in ? shim_capturing(stream) : 0;
+	if (cap < 0)
+		return (cudaError_t)-cap;
+	if (in == 0 || cap)
+		return SHIM_CALL(SHIM_MALLOC_ASYNC, shim_malloc_async_fn, ptr, size, stream);
+	return shim_broker_malloc(g, ptr, size);
+}
+
+SHIM_API cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream)
+{
+	const struct shim_gmb *g;
+	int cap;
+
+	if (!shim_is_broker(ptr, &g))
+		return SHIM_CALL(SHIM_FREE_ASYNC, shim_free_async_fn, ptr, stream);
+	/* gmbd's free waits for the device, which a capture cannot record. */
+	cap = shim_capturing(stream);
+	if (cap < 0)
+		return (cudaError_t)-cap;
+	if (cap) {
+		shim_fail("cudaFreeAsync of gmbd memory %p on a capturing stream", ptr);
+		return cudaErrorStreamCaptureUnsupported;
+	}
+	return shim_broker_free(g, ptr);
+}
+
+/*
+ * For Python's gmb module (found with dlsym(RTLD_DEFAULT)): the shim's
+ * version, present only when it is preloaded, and why it last failed on the
+ * calling thread.
+ */
+SHIM_API const char *gmb_preload_version(void);
+SHIM_API const char *gmb_preload_error(void);
+
+SHIM_API const char *gmb_preload_version(void)
+{
+	return GMB_VERSION;
+}
+
+SHIM_API const char *gmb_preload_error(void)
+{
+	return shim_error;
+}

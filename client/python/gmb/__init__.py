@@ -1,0 +1,300 @@
+"""gmb - Python client of gmbd, the GPU memory broker (pure ctypes over libgmb).
+
+Importable without torch and without a GPU. The native API::
+
+    import gmb
+    c = gmb.Client()                       # the process's default client
+    with c.region("weights", "preserve"):  # this thread's allocations go to "weights"
+        p = c.malloc(64 << 20)             # a raw buffer (or tensors, via the preload
+                                           # shim or PyTorch's pluggable allocator)
+    c.pause("weights")                     # memory back to gmbd, address kept
+    c.resume("weights")                    # same address, same bytes
+    c.status()                             # the dict of `gmbctl status --json`
+    c.on_control(lambda op, tag: True)     # let `gmbctl pause/resume` act on us
+
+``gmb.torch_memory_saver`` is a drop-in for torch_memory_saver's API.
+
+Regions are per thread and nest; they route the thread's allocations made by
+``Client.malloc``, by the preload shim (libgmb_preload.so) and by the
+pluggable allocator (``gmb_torch_malloc``). The latter two always use the
+process's default client, so ``Client()`` (no ``private=True``) is the one to
+pause. Failures raise ``GmbError`` (an ``OSError`` with gmbd's sentence).
+"""
+
+import ctypes
+import json
+import logging
+import os
+from contextlib import contextmanager
+from ctypes import byref, c_int, c_uint64, c_void_p
+
+from . import _lib
+
+__all__ = [
+    "Client", "GmbError", "MODES", "MODE_DISCARD", "MODE_ZERO", "MODE_PRESERVE",
+    "default_client", "region", "current_region", "set_memory_margin", "last_error",
+    "library_path", "preload_active", "preload_path",
+]
+
+__version__ = "0.1.0"
+
+MODE_DISCARD, MODE_ZERO, MODE_PRESERVE = 0, 1, 2
+MODES = {"discard": MODE_DISCARD, "zero": MODE_ZERO, "preserve": MODE_PRESERVE}
+_OPS = {"pause": 1, "resume": 2}
+_OP_NAMES = {v: k for k, v in _OPS.items()}
+_CONNECT_TOOL = 1
+
+log = logging.getLogger("gmb")
+
+
+class GmbError(OSError):
+    """A libgmb call failed: ``errno`` is the code, ``strerror`` gmbd's or libgmb's sentence."""
+
+
+def _b(s):
+    return s.encode() if isinstance(s, str) else s
+
+
+def _s(b):
+    return b.decode(errors="replace") if b else ""
+
+
+def _mode(mode):
+    if isinstance(mode, int) and mode in MODES.values():
+        return mode
+    if mode in MODES:
+        return MODES[mode]
+    raise ValueError(f"gmb: unknown mode {mode!r} (want one of {', '.join(MODES)})")
+
+
+def _raise(rc, why):
+    err = -rc
+    raise GmbError(err, why or os.strerror(err))
+
+
+def last_error():
+    """Why this thread's last region, allocation-hook or default-client call failed."""
+    return _s(_lib.lib().gmb_region_last_error())
+
+
+def _check_hook(rc):
+    if rc < 0:
+        _raise(rc, last_error())
+    return rc
+
+
+@contextmanager
+def region(tag, mode="discard"):
+    """Route this thread's allocations to ``tag`` (``None``: outside gmbd) until exit."""
+    _check_hook(_lib.lib().gmb_region_begin(_b(tag), _mode(mode)))
+    try:
+        yield
+    finally:
+        _lib.lib().gmb_region_end()
+
+
+def current_region():
+    """``(tag, mode_name)`` in force on this thread, or ``None`` outside any region."""
+    buf = ctypes.create_string_buffer(256)
+    mode = c_int(0)
+    rc = _check_hook(_lib.lib().gmb_region_current(buf, len(buf), byref(mode)))
+    if rc == 0:
+        return None
+    return _s(buf.value), {v: k for k, v in MODES.items()}[mode.value]
+
+
+def set_memory_margin(nbytes):
+    """Refuse region allocations that would leave less than ``nbytes`` of the budget unlent."""
+    _lib.lib().gmb_set_memory_margin(int(nbytes))
+
+
+def library_path():
+    """The libgmb.so this process uses (for CUDAPluggableAllocator)."""
+    return _s(_lib.lib().gmb_library_path())
+
+
+def preload_active():
+    """Whether libgmb_preload.so is preloaded into this process."""
+    return _lib.process_symbol("gmb_preload_version") is not None
+
+
+def preload_path():
+    """libgmb_preload.so: $GMB_PRELOAD_LIB, else next to libgmb.so."""
+    env = os.environ.get("GMB_PRELOAD_LIB")
+    if env:
+        return env
+    return os.path.join(os.path.dirname(library_path()), "libgmb_preload.so")
+
+
+class Client:
+    """A connection to gmbd.
+
+    ``Client(socket=None, name=None)`` is the process's default client (the
+    one the preload shim and the pluggable allocator allocate through),
+    connected on first use from ``socket``/``name`` or $GMB_SOCKET and
+    $GMB_CLIENT_NAME; later calls return the same connection. With
+    ``private=True``, a connection of its own (``close()`` it).
+    """
+
+    def __init__(self, socket=None, name=None, *, private=False, tool=False):
+        lib = _lib.lib()
+        h = c_void_p()
+        self._private = private or tool
+        self._handler = None
+        if self._private:
+            rc = lib.gmb_connect_flags(_b(socket), _b(name), _CONNECT_TOOL if tool else 0,
+                                       byref(h))
+            if rc < 0:
+                _raise(rc, _s(lib.gmb_last_error(None)))
+        else:
+            _check_hook(lib.gmb_default_client(_b(socket), _b(name), byref(h)))
+        self._h = h.value
+
+    # Lifetime.
+
+    def close(self):
+        """Disconnect a private client (gmbd takes its memory back); no-op for the default one."""
+        if self._private and self._h:
+            self._lib().gmb_close(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _lib(self):
+        return _lib.lib()
+
+    def _handle(self):
+        if not self._h:
+            raise GmbError(107, "gmb: this client is closed")
+        return self._h
+
+    def _check(self, rc):
+        if rc < 0:
+            _raise(rc, self.last_error)
+        return rc
+
+    @property
+    def id(self):
+        """gmbd's id for this client."""
+        return int(self._lib().gmb_client_id(self._handle()))
+
+    @property
+    def last_error(self):
+        """gmbd's or libgmb's sentence for this client's last failure."""
+        return _s(self._lib().gmb_last_error(self._handle()))
+
+    # Memory.
+
+    def region(self, tag, mode="discard"):
+        """``gmb.region``: regions belong to threads, not clients."""
+        return region(tag, mode)
+
+    def malloc(self, size, device=0):
+        """Allocate ``size`` bytes in the current region's tag (else "default"); the address."""
+        p = c_void_p()
+        rc = self._lib().gmb_region_malloc(self._handle(), byref(p), int(size), int(device))
+        if rc < 0:
+            _raise(rc, last_error())
+        return p.value
+
+    def free(self, ptr):
+        self._check(self._lib().gmb_free(self._handle(), c_void_p(ptr)))
+
+    def owns(self, ptr):
+        """Whether ``ptr`` is the address of one of this client's allocations."""
+        return self._lib().gmb_owns(self._handle(), c_void_p(ptr)) == 1
+
+    def host_copy(self, ptr, size):
+        """Address of the saved bytes of ``[ptr, ptr+size)`` while its PRESERVE tag is paused, else None."""
+        h = c_void_p()
+        rc = self._lib().gmb_host_copy(self._handle(), c_void_p(ptr), int(size), byref(h))
+        if rc < 0:
+            _raise(rc, last_error())
+        return h.value
+
+    def set_mode(self, tag, mode):
+        self._check(self._lib().gmb_tag_set_mode(self._handle(), _b(tag), _mode(mode)))
+
+    def pause(self, tag=None):
+        """Give ``tag``'s memory (``None``: every tag) back to gmbd; drains the device first."""
+        self._check(self._lib().gmb_pause(self._handle(), _b(tag)))
+
+    def resume(self, tag=None):
+        """Map memory again at the same addresses; GmbError(ENOMEM) names who holds it."""
+        self._check(self._lib().gmb_resume(self._handle(), _b(tag)))
+
+    # The node.
+
+    def _string(self, fn):
+        out = c_void_p()
+        self._check(fn(self._handle(), byref(out)))
+        try:
+            return ctypes.string_at(out.value).decode()
+        finally:
+            _lib.libc().free(out)
+
+    def status(self):
+        """The node's state: the dict of ``gmbctl status --json``."""
+        return json.loads(self._string(self._lib().gmb_status_json))
+
+    def status_text(self):
+        """The node's state as ``gmbctl status`` prints it."""
+        return self._string(self._lib().gmb_status_text)
+
+    def control(self, target, op, tag=None):
+        """What ``gmbctl pause|resume TARGET [TAG]`` does; returns once the target did it."""
+        if op not in _OPS:
+            raise ValueError(f"gmb: op must be 'pause' or 'resume', not {op!r}")
+        self._check(self._lib().gmb_control(self._handle(), _b(str(target)), _OPS[op], _b(tag)))
+
+    def trim(self, device=-1):
+        """Release gmbd's free pool chunks to the driver; ``(released, pending)`` bytes."""
+        rel, pend = c_uint64(), c_uint64()
+        self._check(self._lib().gmb_trim(self._handle(), int(device), byref(rel), byref(pend)))
+        return rel.value, pend.value
+
+    # Remote control.
+
+    def on_control(self, fn):
+        """Let operators pause/resume this client: ``fn(op, tag)`` decides.
+
+        ``op`` is "pause" or "resume", ``tag`` a name or ``None`` (every tag).
+        It runs on libgmb's thread before the library acts; for a pause, the
+        application must have stopped using the memory when it returns.
+        Returning ``None``/``True`` agrees, ``False`` refuses (ECANCELED), a
+        negative int refuses with that errno; an exception refuses too.
+        ``fn=None`` removes the handler.
+        """
+        if fn is None:
+            self._check(self._lib().gmb_set_control_handler(self._handle(), _lib.CONTROL_FN(), None))
+            self._handler = None
+            return
+
+        def trampoline(arg, op, tag):
+            try:
+                r = fn(_OP_NAMES.get(op, str(op)), _s(tag) or None)
+            except Exception:  # noqa: BLE001 - never let ctypes swallow it as "agreed"
+                log.exception("gmb: control handler raised; refusing")
+                return -125  # ECANCELED
+            if r is None or r is True:
+                return 0
+            if r is False:
+                return -125
+            return int(r) if int(r) < 0 else 0
+
+        cb = _lib.CONTROL_FN(trampoline)
+        self._check(self._lib().gmb_set_control_handler(self._handle(), cb, None))
+        self._handler = cb  # the C side keeps only the pointer
+
+    def poll(self, timeout_ms=-1):
+        """Wait for the next request from gmbd to be handled; how many were (0: timeout)."""
+        return self._check(self._lib().gmb_poll(self._handle(), int(timeout_ms)))
+
+
+def default_client():
+    """The process's default client (connected on first use)."""
+    return Client()

@@ -1,0 +1,521 @@
+/*
+ * reconnect.c - libgmb after its connection to gmbd is lost (gmbd
+ * restarted, crashed, or was upgraded): reconnect with backoff and
+ * re-announce what this client holds, on the reader thread.
+ *
+ * One attempt: connect (non-blocking, so that a full backlog is a retry,
+ * not a hang), wait until no operation runs or the one running is parked
+ * waiting for the connection (the tables are then still), say hello with
+ * the client id of before (rejoin_id), send the claim in parts, apply the
+ * answer (last lends gmbd cleared, handles to drop), then make the new
+ * socket the client's. Mappings are never touched: the application's
+ * pointers stay valid throughout, whatever gmbd answers.
+ *
+ * Transport failures are retried, 50 ms after the first and doubling up to
+ * 2 s, until gmb_close(). A refusal (gmbd has no record of this client:
+ * it was stopped rather than restarted, or reclaimed the client after its
+ * grace period; or it refused the claim) is final: the client is gone and
+ * every later call fails with -ENOTCONN and gmbd's reason.
+ *
+ * The handshake has its own timeouts (a gmbd that accepted and hangs must
+ * not hold the re-announcement, and with it the application, forever).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/internal.h"
+
+#define RECONNECT_FIRST_MS 50
+#define RECONNECT_MAX_MS 2000
+#define RECONNECT_HANDSHAKE_S 10
+#define RECONNECT_WAIT_S 30         /* GMB_RECONNECT_TIMEOUT's default */
+#define RECONNECT_PART_BYTES (WIRE_MAX_MSG / 2)
+#define RECONNECT_RETRY 1           /* an attempt's "try again later" */
+
+/* The claim, built from the memory tables; strings and ids point into them. */
+struct reconnect_claim {
+	Gmb__RejoinTag *tags, **ptags;
+	size_t ntags;
+	Gmb__RejoinAlloc *allocs, **pallocs;
+	size_t nallocs;
+	uint64_t *held;
+	size_t nheld;
+};
+
+/* What gmbd answered: last lends to clear, handles to drop (malloc'd). */
+struct reconnect_answer {
+	uint64_t *cleared, *drop;
+	size_t ncleared, ndrop;
+};
+
+void gmb__reconnect_config(struct gmb_client *c)
+{
+	const char *on = getenv("GMB_RECONNECT");
+	const char *wait = getenv("GMB_RECONNECT_TIMEOUT");
+	char *end;
+	unsigned long s = RECONNECT_WAIT_S;
+
+	c->sock_next = -1;
+	c->reconnect = !(c->flags & GMB_CONNECT_TOOL) && !(on && strcmp(on, "0") == 0);
+	if (wait && *wait) {
+		errno = 0;
+		s = strtoul(wait, &end, 10);
+		if (errno || *end || s > 86400)
+			s = RECONNECT_WAIT_S;
+	}
+	c->reconnect_wait_ms = (unsigned)s * 1000;
+}
+
+/* ---- the socket ---- */
+
+static int reconnect_socket(const char *path, int *out)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct timeval tv = { .tv_sec = RECONNECT_HANDSHAKE_S };
+	int fd, rc;
+
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return -ENAMETOOLONG;
+	strcpy(sa.sun_path, path);
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return -errno;
+	/* Non-blocking: with a full backlog connect() fails (EAGAIN) instead of
+	 * hanging where gmb_close() could not reach it. */
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		rc = -errno;
+		close(fd);
+		return rc;
+	}
+	if (fcntl(fd, F_SETFL, 0) < 0 ||
+	    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
+	    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0) {
+		rc = -errno;
+		close(fd);
+		return rc;
+	}
+	*out = fd;
+	return 0;
+}
+
+/* Publishes @fd so that gmb_close() can shut it down; false when closing. */
+static bool reconnect_publish(struct gmb_client *c, int fd)
+{
+	bool ok;
+
+	pthread_mutex_lock(&c->lock);
+	ok = !c->closing;
+	if (ok)
+		c->sock_next = fd;
+	pthread_mutex_unlock(&c->lock);
+	return ok;
+}
+
+/* Waits @ms or until gmb_close(); false when closing. */
+static bool reconnect_sleep(struct gmb_client *c, unsigned ms)
+{
+	struct timespec until;
+	bool closing;
+
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	until.tv_sec += ms / 1000;
+	until.tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&c->lock);
+	while (!c->closing && pthread_cond_timedwait(&c->conn_cond, &c->lock, &until) != ETIMEDOUT)
+		;
+	closing = c->closing;
+	pthread_mutex_unlock(&c->lock);
+	return !closing;
+}
+
+/* No operation runs, or the one running is parked; none starts. */
+static bool reconnect_quiesce(struct gmb_client *c)
+{
+	bool ok;
+
+	pthread_mutex_lock(&c->lock);
+	while (c->op_running && !c->op_parked && !c->closing)
+		pthread_cond_wait(&c->conn_cond, &c->lock);
+	ok = !c->closing;
+	c->rejoining = ok;
+	pthread_mutex_unlock(&c->lock);
+	return ok;
+}
+
+/* Ends an attempt that failed: operations may run again. */
+static void reconnect_abandon(struct gmb_client *c, int fd)
+{
+	pthread_mutex_lock(&c->lock);
+	c->rejoining = false;
+	c->sock_next = -1;
+	pthread_cond_broadcast(&c->conn_cond);
+	pthread_mutex_unlock(&c->lock);
+	if (fd >= 0)
+		close(fd);
+}
+
+/* A final refusal: the client is gone, for this reason. */
+static int reconnect_refused(struct gmb_client *c, int rc, const char *fmt, const char *why)
+{
+	pthread_mutex_lock(&c->lock);
+	gmb__fail(c->lost_msg, rc, fmt, why);
+	pthread_mutex_unlock(&c->lock);
+	return rc < 0 ? rc : -EPROTO;
+}
+
+/* ---- talking ---- */
+
+/* Sends @env as request @id and reads the next packet: its answer. */
+static int reconnect_ask(int fd, Gmb__Envelope *env, uint64_t id, Gmb__Envelope **rep)
+{
+	int fds[WIRE_MAX_FDS], nfds = 0, rc;
+
+	env->id = id;
+	rc = wire_send(fd, env, NULL, 0);
+	if (rc == 0)
+		rc = wire_recv(fd, rep, fds, &nfds);
+	if (rc == 0 && (nfds > 0 || (*rep)->reply_to != id)) {
+		wire_close_fds(fds, nfds);
+		gmb__envelope__free_unpacked(*rep, NULL);
+		rc = -EPROTO;
+	}
+	return rc;
+}
+
+/* gmbd's devices must be the ones this client reserved its ranges for. */
+static bool reconnect_same_devices(const struct gmb_client *c, const Gmb__HelloReply *hr)
+{
+	if (!hr->backend || strcmp(hr->backend, c->backend_kind) != 0 ||
+	    hr->n_devices != (size_t)c->ndevices)
+		return false;
+	for (size_t i = 0; i < hr->n_devices; i++)
+		if (hr->devices[i]->granularity != c->granularity[i])
+			return false;
+	return true;
+}
+
+static int reconnect_hello(struct gmb_client *c, int fd, uint64_t *next_id)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT, *rep = NULL;
+	Gmb__Hello hello = GMB__HELLO__INIT;
+	const Gmb__HelloReply *hr;
+	int rc;
+
+	hello.version = GMB_PROTOCOL_VERSION;
+	hello.name = c->name;
+	hello.control = !(c->flags & GMB_CONNECT_TOOL);
+	hello.rejoin_id = c->id;
+	env.body_case = GMB__ENVELOPE__BODY_HELLO;
+	env.hello = &hello;
+	rc = reconnect_ask(fd, &env, ++*next_id, &rep);
+	if (rc < 0)
+		return RECONNECT_RETRY;
+	hr = rep->body_case == GMB__ENVELOPE__BODY_HELLO_REPLY ? rep->hello_reply : NULL;
+	if (rep->status < 0)
+		rc = reconnect_refused(c, rep->status, "gmbd restarted and refused this client: %s",
+				       rep->error ? rep->error : "");
+	else if (!hr || !hr->rejoined || hr->client_id != c->id)
+		rc = reconnect_refused(c, -EPROTO, "%s", "gmbd answered the rejoin out of turn");
+	else if (!reconnect_same_devices(c, hr))
+		rc = reconnect_refused(c, -ENODEV, "%s", "gmbd came back with other devices than"
+				       " the ones this client's memory is on");
+	gmb__envelope__free_unpacked(rep, NULL);
+	return rc;
+}
+
+/* ---- the claim ---- */
+
+static void reconnect_claim_free(struct reconnect_claim *cl)
+{
+	free(cl->tags);
+	free(cl->ptags);
+	free(cl->allocs);
+	free(cl->pallocs);
+	free(cl->held);
+}
+
+static void reconnect_claim_counts(struct gmb_client *c, size_t *ntags, size_t *nallocs)
+{
+	*ntags = *nallocs = 0;
+	for (struct gmb__tag *t = c->mem.tags; t; t = t->next) {
+		(*ntags)++;
+		*nallocs += t->nallocs;
+	}
+}
+
+static void reconnect_claim_tag(struct reconnect_claim *cl, struct gmb__tag *t)
+{
+	Gmb__RejoinTag *rt = &cl->tags[cl->ntags];
+
+	gmb__rejoin_tag__init(rt);
+	rt->name = t->name;
+	rt->mode = (Gmb__Mode)t->mode;
+	rt->paused = t->paused;
+	cl->ptags[cl->ntags++] = rt;
+	for (struct gmb__alloc *a = t->allocs; a; a = a->next) {
+		Gmb__RejoinAlloc *ra = &cl->allocs[cl->nallocs];
+
+		/* A free on its way is not claimed: gmbd lets the allocation go. */
+		if (!a->id || a->freeing)
+			continue;
+		gmb__rejoin_alloc__init(ra);
+		ra->alloc_id = a->id;
+		ra->tag = t->name;
+		ra->device = (uint32_t)a->dev;
+		ra->size = a->size;
+		ra->mapped = a->mapped;
+		ra->n_chunk_ids = a->nchunks;
+		ra->chunk_ids = a->chunk_ids;
+		cl->pallocs[cl->nallocs++] = ra;
+	}
+}
+
+/* Everything this client holds, read while every operation is still. */
+static int reconnect_claim_build(struct gmb_client *c, struct reconnect_claim *cl)
+{
+	struct gmb__handle *e;
+	size_t ntags, nallocs, it = 0;
+	uint64_t id;
+
+	*cl = (struct reconnect_claim){ 0 };
+	reconnect_claim_counts(c, &ntags, &nallocs);
+	pthread_mutex_lock(&c->lock);
+	cl->tags = calloc(ntags + 1, sizeof(*cl->tags));
+	cl->ptags = calloc(ntags + 1, sizeof(*cl->ptags));
+	cl->allocs = calloc(nallocs + 1, sizeof(*cl->allocs));
+	cl->pallocs = calloc(nallocs + 1, sizeof(*cl->pallocs));
+	cl->held = calloc(c->mem.cache.count + 1, sizeof(*cl->held));
+	if (cl->tags && cl->ptags && cl->allocs && cl->pallocs && cl->held) {
+		for (struct gmb__tag *t = c->mem.tags; t; t = t->next)
+			reconnect_claim_tag(cl, t);
+		while (idmap_next(&c->mem.cache, &it, &id, (void **)&e))
+			if (e->refs > 0)
+				cl->held[cl->nheld++] = id;
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (!cl->tags || !cl->ptags || !cl->allocs || !cl->pallocs || !cl->held) {
+		reconnect_claim_free(cl);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+/* The next part from *@t, *@a, *@h on: as much as RECONNECT_PART_BYTES holds. */
+static void reconnect_part(const struct reconnect_claim *cl, size_t *t, size_t *a, size_t *h,
+			   Gmb__RejoinRequest *req)
+{
+	size_t bytes = 64;
+
+	req->tags = cl->ptags + *t;
+	while (*t < cl->ntags && (req->n_tags == 0 ||
+	       bytes + gmb__rejoin_tag__get_packed_size(cl->ptags[*t]) + 8 < RECONNECT_PART_BYTES)) {
+		bytes += gmb__rejoin_tag__get_packed_size(cl->ptags[(*t)++]) + 8;
+		req->n_tags++;
+	}
+	/* Every part makes progress: a tag, or else an allocation even if it
+	 * is larger than a part should be (it goes alone, as gmbd lent it). */
+	req->allocs = cl->pallocs + *a;
+	while (*a < cl->nallocs && ((req->n_allocs == 0 && req->n_tags == 0) ||
+	       bytes + gmb__rejoin_alloc__get_packed_size(cl->pallocs[*a]) + 8 <
+	       RECONNECT_PART_BYTES)) {
+		bytes += gmb__rejoin_alloc__get_packed_size(cl->pallocs[(*a)++]) + 8;
+		req->n_allocs++;
+	}
+	req->held_chunk_ids = cl->held + *h;
+	while (*h < cl->nheld && bytes + 11 < RECONNECT_PART_BYTES) {
+		bytes += 11;
+		(*h)++;
+		req->n_held_chunk_ids++;
+	}
+	req->last = *t == cl->ntags && *a == cl->nallocs && *h == cl->nheld;
+}
+
+static int reconnect_answer_add(uint64_t **v, size_t *n, const uint64_t *ids, size_t k)
+{
+	uint64_t *nv;
+
+	if (!k)
+		return 0;
+	nv = realloc(*v, (*n + k) * sizeof(*nv));
+	if (!nv)
+		return -ENOMEM;
+	memcpy(nv + *n, ids, k * sizeof(*nv));
+	*v = nv;
+	*n += k;
+	return 0;
+}
+
+/* The rest of gmbd's answer to the last part: RejoinReply parts. */
+static int reconnect_read_answer(struct gmb_client *c, int fd, Gmb__Envelope *rep, uint64_t id,
+				 struct reconnect_answer *ans)
+{
+	int fds[WIRE_MAX_FDS], nfds = 0, rc = 0;
+
+	for (;;) {
+		const Gmb__RejoinReply *rr = rep->rejoin_reply;
+		bool more = rep->more;
+
+		if (rep->status < 0)
+			rc = reconnect_refused(c, rep->status, "gmbd refused this client's claim"
+					       " after its restart: %s", rep->error ? rep->error : "");
+		else if (rep->body_case != GMB__ENVELOPE__BODY_REJOIN_REPLY)
+			rc = RECONNECT_RETRY;
+		else if (reconnect_answer_add(&ans->cleared, &ans->ncleared, rr->cleared_alloc_ids,
+					      rr->n_cleared_alloc_ids) < 0 ||
+			 reconnect_answer_add(&ans->drop, &ans->ndrop, rr->drop_chunk_ids,
+					      rr->n_drop_chunk_ids) < 0)
+			rc = RECONNECT_RETRY;
+		gmb__envelope__free_unpacked(rep, NULL);
+		if (rc != 0 || !more)
+			return rc;
+		if (wire_recv(fd, &rep, fds, &nfds) < 0)
+			return RECONNECT_RETRY;
+		if (nfds || rep->reply_to != id) {
+			wire_close_fds(fds, nfds);
+			gmb__envelope__free_unpacked(rep, NULL);
+			return RECONNECT_RETRY;
+		}
+	}
+}
+
+/* Every part, each answered; the last one's answer into @ans. */
+static int reconnect_send_claim(struct gmb_client *c, int fd, const struct reconnect_claim *cl,
+				uint64_t *next_id, struct reconnect_answer *ans)
+{
+	size_t t = 0, a = 0, h = 0;
+
+	for (;;) {
+		Gmb__Envelope env = GMB__ENVELOPE__INIT, *rep = NULL;
+		Gmb__RejoinRequest req = GMB__REJOIN_REQUEST__INIT;
+		uint64_t id = ++*next_id;
+
+		reconnect_part(cl, &t, &a, &h, &req);
+		env.body_case = GMB__ENVELOPE__BODY_REJOIN;
+		env.rejoin = &req;
+		if (reconnect_ask(fd, &env, id, &rep) < 0)
+			return RECONNECT_RETRY;
+		if (req.last)
+			return reconnect_read_answer(c, fd, rep, id, ans);
+		if (rep->status < 0) {
+			int rc = reconnect_refused(c, rep->status, "gmbd refused this client's claim"
+						   " after its restart: %s",
+						   rep->error ? rep->error : "");
+
+			gmb__envelope__free_unpacked(rep, NULL);
+			return rc;
+		}
+		gmb__envelope__free_unpacked(rep, NULL);
+	}
+}
+
+/* gmbd's answer, applied to the tables: both sides now agree. */
+static void reconnect_apply(struct gmb_client *c, const struct reconnect_answer *ans)
+{
+	struct gmb__handle *rel = NULL;
+
+	pthread_mutex_lock(&c->lock);
+	for (size_t i = 0; i < ans->ncleared; i++) {
+		struct gmb__alloc *a = idmap_get(&c->mem.by_id, ans->cleared[i]);
+
+		/* gmbd clears only unmapped ones; a mapped one keeps its lend. */
+		if (a && !a->mapped)
+			gmb__lend_clear(&c->mem, a, &rel);
+	}
+	gmb__cache_drop(&c->mem, ans->drop, ans->ndrop, &rel);
+	pthread_mutex_unlock(&c->lock);
+	gmb__release_run(c->be, rel);
+}
+
+/* The new socket becomes the client's; the old one is closed. */
+static int reconnect_commit(struct gmb_client *c, int fd, uint64_t next_id)
+{
+	struct timeval none = { 0 };
+	int old = -1;
+	bool ok;
+
+	/* From now on the reader waits as long as gmbd is quiet. */
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof(none));
+	pthread_mutex_lock(&c->send_lock);
+	pthread_mutex_lock(&c->lock);
+	ok = !c->closing;
+	if (ok) {
+		old = c->sock;
+		c->sock = fd;
+		c->gen++;
+		c->connected = true;
+		if (c->next_id < next_id)
+			c->next_id = next_id;
+	}
+	c->sock_next = -1;
+	c->rejoining = false;
+	pthread_cond_broadcast(&c->conn_cond);
+	pthread_mutex_unlock(&c->lock);
+	pthread_mutex_unlock(&c->send_lock);
+	close(ok ? old : fd);
+	return ok ? 0 : -ESHUTDOWN;
+}
+
+/* One attempt: 0 (back), RECONNECT_RETRY, or a final negative errno. */
+static int reconnect_once(struct gmb_client *c)
+{
+	struct reconnect_answer ans = { 0 };
+	struct reconnect_claim cl;
+	uint64_t next_id;
+	int fd = -1, rc;
+
+	if (reconnect_socket(c->path, &fd) < 0)
+		return RECONNECT_RETRY;
+	if (!reconnect_publish(c, fd) || !reconnect_quiesce(c)) {
+		reconnect_abandon(c, fd);
+		return -ESHUTDOWN;
+	}
+	pthread_mutex_lock(&c->lock);
+	next_id = c->next_id;
+	pthread_mutex_unlock(&c->lock);
+	rc = reconnect_hello(c, fd, &next_id);
+	if (rc == 0)
+		rc = reconnect_claim_build(c, &cl) < 0 ? RECONNECT_RETRY : 0;
+	if (rc == 0) {
+		rc = reconnect_send_claim(c, fd, &cl, &next_id, &ans);
+		reconnect_claim_free(&cl);
+	}
+	if (rc == 0)
+		reconnect_apply(c, &ans);
+	free(ans.cleared);
+	free(ans.drop);
+	if (rc != 0) {
+		reconnect_abandon(c, fd);
+		return rc;
+	}
+	return reconnect_commit(c, fd, next_id);
+}
+
+int gmb__reconnect(struct gmb_client *c)
+{
+	unsigned delay = RECONNECT_FIRST_MS;
+
+	/* The first try at once: under socket activation the manager queues
+	 * the connection until the next gmbd accepts it. */
+	for (;;) {
+		int rc = reconnect_once(c);
+
+		if (rc <= 0)
+			return rc;
+		if (!reconnect_sleep(c, delay))
+			return -ESHUTDOWN;
+		delay = delay * 2 < RECONNECT_MAX_MS ? delay * 2 : RECONNECT_MAX_MS;
+	}
+}

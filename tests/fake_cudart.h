@@ -1,0 +1,25 @@
+/*
+ * fake_cudart.h - the test hooks of libfake_cudart.so (tests/fake_cudart.c),
+ * the stand-in CUDA runtime of the preload shim's tests.
+ */
+#ifndef GMB_TEST_FAKE_CUDART_H
+#define GMB_TEST_FAKE_CUDART_H
+
+#include <stddef.h>
+
+#define FAKE_API __attribute__((visibility("default")))
+
+/* Calls served by the stand-in since the process started. */
+struct fake_stats {
+	int mallocs, frees, bad_frees, syncs, amallocs, afrees;
+};
+
+FAKE_API void fake_cudart_stats(struct fake_stats *out);
+/* What cudaGetDevice() answers (default 0). */
+FAKE_API void fake_cudart_set_device(int dev);
+/* Whether cudaStreamIsCapturing() says every stream is capturing. */
+FAKE_API void fake_cudart_set_capturing(int on);
+/* Allocations above @bytes fail with cudaErrorMemoryAllocation (default 1 GiB). */
+FAKE_API void fake_cudart_set_limit(size_t bytes);
+
+#endif

@@ -1,0 +1,255 @@
+#!/usr/bin/env bash
+# torch_run.sh - the PyTorch GPU tests of issue 5, on the GPU machine, in one call.
+#
+#   tests/gpu/torch_run.sh              build what is missing, then every scenario
+#   tests/gpu/torch_run.sh --no-build   use build-gpu/ as it is
+#   tests/gpu/torch_run.sh --only torch_graph,torch_rl_warm
+#
+# Scenarios (each prints "RESULT: PASS|FAIL - detail" last):
+#   torch_model_preload  a transformer's weights (preserve) and KV cache (discard)
+#   torch_model_torch    pause, another process takes the GPU through gmbd and
+#   torch_model_tms      pauses, resume: the CUDA graph replays bit for bit; through
+#                        the preload shim, the pluggable allocator, gmb.torch_memory_saver
+#   torch_graph          a graph's own pool (tag cuda_graph) freed on pause (cuMemGetInfo);
+#   torch_graph_thread_local  the same captured in thread_local mode (a diagnostic:
+#                        see torch_graph.py on capture modes)
+#   torch_rl_warm        trainer (AdamW, GMB_DEFAULT_TAG=train) and inference engine
+#   torch_rl_cold        alternate 5 rounds driven by gmbctl; switch times next to the
+#                        create-per-allocation baseline (warm: gmbd's pool; cold: a
+#                        second gmbd with --pool-keep 0, memory back to the driver)
+#
+# Needs, carried from the build machine: .gpu-deps (tests/gpu/pack-deps.sh, then
+# tests/gpu/torch-deps.sh for libprotobuf-c.so.1) and build/proto. Builds
+# gmbd/gmbctl with tests/gpu/build.sh if absent, and libgmb.so,
+# libgmb_preload.so and torch_baseline itself. PyTorch: $TORCH_PYTHON, else
+# /opt/torch/.venv/bin/python3, else python3 (the first with CUDA).
+#
+# Logs go to $OUT when set (the device tool's folder), else build-gpu/out:
+# torch-tests.log (everything), torch-tests-table.txt (the summary), and
+# torch-rl-{warm,cold}.json. Exit 1 if a scenario failed. The last line is
+# "RESULT: PASS|FAIL - n passed, m failed", so run.sh can wrap this script.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+
+B=${GPU_BUILD_DIR:-build-gpu}
+OUTDIR=${OUT:-$PWD/$B/out}
+mkdir -p "$OUTDIR"
+LOG=$OUTDIR/torch-tests.log
+TABLE=$OUTDIR/torch-tests-table.txt
+D=.gpu-deps
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+CC=${CC:-gcc}
+DO_BUILD=1 ONLY=""
+ARGS="$*"
+
+while [ $# -gt 0 ]; do
+	case $1 in
+	--no-build) DO_BUILD=0 ;;
+	--only) ONLY=",$2,"; shift ;;
+	-h | --help) sed -n '2,30p' "$0"; exit 0 ;;
+	*) echo "torch_run.sh: unknown option $1" >&2; exit 2 ;;
+	esac
+	shift
+done
+
+# shellcheck source=tests/gpu/lib.sh
+. tests/gpu/lib.sh
+
+TMPD=$(mktemp -d /tmp/gmb-torch.XXXXXX)
+trap 'gmbd_stop_all; rm -rf "$TMPD"' EXIT
+: >"$LOG"
+
+NAMES=() RESULTS=() DETAILS=()
+record() {
+	NAMES+=("$1") RESULTS+=("$2") DETAILS+=("$3")
+	printf '[torch] %-20s %-4s %s\n' "$1" "$2" "$3"
+}
+
+finish() {
+	local i pass=0 fail=0 overall=PASS
+	for i in "${!NAMES[@]}"; do
+		if [ "${RESULTS[$i]}" = PASS ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
+	done
+	[ "$fail" -gt 0 ] && overall=FAIL
+	{
+		echo
+		echo "==== gmbd PyTorch GPU tests: $overall ($pass passed, $fail failed) ===="
+		echo "command: tests/gpu/torch_run.sh $ARGS; python: ${PY:-none} (torch ${TORCH_VERSION:-?})"
+		machine_info
+		echo
+		echo "| scenario | result | detail |"
+		echo "|---|---|---|"
+		for i in "${!NAMES[@]}"; do
+			echo "| ${NAMES[$i]} | ${RESULTS[$i]} | ${DETAILS[$i]//|//} |"
+		done
+	} >"$TABLE"
+	cat "$TABLE" >>"$LOG"
+	cat "$TABLE"
+	echo "RESULT: $overall - $pass passed, $fail failed (tests/gpu/torch_run.sh)"
+	[ "$fail" = 0 ]
+	exit $?
+}
+
+wanted() { [ -z "$ONLY" ] || [[ $ONLY == *",$1,"* ]]; }
+
+find_python() {
+	local p
+	for p in "${TORCH_PYTHON:-}" /opt/torch/.venv/bin/python3 python3; do
+		if [ -z "$p" ] || ! command -v "$p" >/dev/null 2>&1; then
+			continue
+		fi
+		if "$p" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' \
+			>>"$LOG" 2>&1; then
+			PY=$p
+			TORCH_VERSION=$("$p" -c 'import torch; print(torch.__version__)' 2>/dev/null)
+			return 0
+		fi
+	done
+	return 1
+}
+
+# The Makefile's source lists, without running any of its recipes.
+mkvar() {
+	make -s --no-print-directory -f Makefile -f - "torch-print-$1" 2>/dev/null <<'EOF'
+torch-print-%:
+	@echo $($*)
+EOF
+}
+
+# libgmb.so (position-independent, protobuf-c shared), libgmb_preload.so, torch_baseline.
+build_libs() {
+	local src obj objs=() flags lib_src common_src stub
+	lib_src=$(mkvar LIB_SRC)
+	common_src=$(mkvar COMMON_SRC)
+	if [ -z "$lib_src" ] || [ -z "$common_src" ]; then
+		echo "cannot read LIB_SRC/COMMON_SRC from the Makefile" >&2
+		return 1
+	fi
+	if [ ! -e "$D/so/libprotobuf-c.so.1" ]; then
+		echo "$D/so/libprotobuf-c.so.1 missing: run tests/gpu/torch-deps.sh here, carry $D" >&2
+		return 1
+	fi
+	flags=(-std=gnu11 -O2 -g -fPIC -pthread -fvisibility=hidden -Wall -Wno-unused-parameter
+		-D_GNU_SOURCE -I. -Ibuild -Iinclude -I"$D/include" -I"$CUDA_HOME/include")
+	mkdir -p "$B/pic"
+	for src in $lib_src $common_src build/proto/gmb.pb-c.c; do
+		obj=$B/pic/${src//\//_}.o
+		"$CC" "${flags[@]}" -c "$src" -o "$obj" || return 1
+		objs+=("$obj")
+	done
+	# shellcheck disable=SC2016 # $ORIGIN is the dynamic linker's, not the shell's
+	"$CC" -shared -pthread -Wl,-soname,libgmb.so.0 -Wl,--no-undefined -o "$B/libgmb.so" "${objs[@]}" \
+		"$D/so/libprotobuf-c.so.1" -ldl -Wl,-rpath,'$ORIGIN/../.gpu-deps/so' || return 1
+	"$CC" "${flags[@]}" -shared -Wl,-soname,libgmb_preload.so -Wl,--no-undefined \
+		-o "$B/libgmb_preload.so" client/preload.c -ldl || return 1
+	if readelf -d "$B/libgmb_preload.so" | grep NEEDED | grep -q 'cuda\|gmb\|protobuf'; then
+		echo "libgmb_preload.so must not need CUDA, libgmb or protobuf-c:" >&2
+		readelf -d "$B/libgmb_preload.so" | grep NEEDED >&2
+		return 1
+	fi
+	stub=$CUDA_HOME/lib64/stubs
+	[ -e "$stub/libcuda.so" ] || stub=$CUDA_HOME/targets/x86_64-linux/lib/stubs
+	"$CC" -std=gnu11 -O2 -Wall -I"$CUDA_HOME/include" -o "$B/torch_baseline" \
+		tests/gpu/torch_baseline.c -L"$stub" -lcuda
+}
+
+# scenario NAME TIMEOUT_S COMMAND...: runs it, reads its RESULT line.
+scenario() {
+	local name=$1 limit=$2 out rc line verdict detail t0
+	shift 2
+	wanted "$name" || return 0
+	out=$TMPD/$name.out
+	t0=$SECONDS
+	echo "==== $name: $* (timeout ${limit}s, $(date -u +%T))" >>"$LOG"
+	timeout -k 10 "$limit" "$@" >"$out" 2>&1
+	rc=$?
+	cat "$out" >>"$LOG"
+	line=$(grep -a '^RESULT: ' "$out" | tail -n 1)
+	verdict=${line#RESULT: }
+	verdict=${verdict%% - *}
+	detail=${line#RESULT: * - }
+	if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+		verdict=FAIL detail="timed out after ${limit} s; last line: $(tail -n 1 "$out")"
+	elif [ -z "$line" ]; then
+		verdict=FAIL detail="exit $rc without a RESULT line; last line: $(tail -n 1 "$out")"
+	elif [ "$verdict" = PASS ] && [ "$rc" != 0 ]; then
+		verdict=FAIL detail="said PASS but exited $rc: $detail"
+	fi
+	record "$name" "$verdict" "$detail ($((SECONDS - t0)) s)"
+	if [ "$verdict" != PASS ]; then
+		echo "---- last lines of $name ----"
+		tail -n 25 "$out"
+		echo "----"
+	fi
+	# Whatever the scenario left in gmbd's pool goes back to the driver.
+	GMB_SOCKET=$SOCK timeout 60 "$B/gmbctl" trim >>"$LOG" 2>&1
+	return 0
+}
+
+{
+	echo "gmbd PyTorch GPU tests: tests/gpu/torch_run.sh $ARGS"
+	machine_info
+	nvidia-smi 2>&1
+} >>"$LOG"
+
+if ! find_python; then
+	record python FAIL "no python3 with a CUDA-enabled torch (set TORCH_PYTHON)"
+	finish
+fi
+if [ "$DO_BUILD" = 1 ]; then
+	t0=$SECONDS
+	if [ ! -x "$B/gmbd" ] || [ ! -x "$B/gmbctl" ]; then
+		echo "==== build: tests/gpu/build.sh" >>"$LOG"
+		timeout 600 tests/gpu/build.sh >>"$LOG" 2>&1 || { record build FAIL "tests/gpu/build.sh failed"; finish; }
+	fi
+	echo "==== build: libgmb.so libgmb_preload.so torch_baseline" >>"$LOG"
+	if build_libs >>"$LOG" 2>&1; then
+		record build PASS "libgmb.so, libgmb_preload.so, torch_baseline ($((SECONDS - t0)) s)"
+	else
+		record build FAIL "building the shared libraries failed; see torch-tests.log"
+		tail -n 20 "$LOG"
+		finish
+	fi
+fi
+
+export LD_LIBRARY_PATH=$PWD/$D/so${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PYTHONPATH=$PWD/client/python:$PWD/tests/gpu${PYTHONPATH:+:$PYTHONPATH}
+export GMB_LIB=$PWD/$B/libgmb.so GMB_PRELOAD_LIB=$PWD/$B/libgmb_preload.so
+export PYTHONUNBUFFERED=1
+SHIM=$GMB_PRELOAD_LIB
+SOCK=$TMPD/gmbd.sock
+if ! gmbd_start "$SOCK" "$TMPD/gmbd.log"; then
+	record gmbd FAIL "gmbd did not start; see torch-tests.log"
+	append_daemon_log "gmbd log" "$TMPD/gmbd.log"
+	finish
+fi
+GMBD_PID=$GMBD_STARTED_PID
+export GMB_SOCKET=$SOCK
+
+scenario torch_model_preload 180 env LD_PRELOAD="$SHIM" "$PY" tests/gpu/torch_model.py --mode preload
+scenario torch_model_torch 180 "$PY" tests/gpu/torch_model.py --mode torch
+scenario torch_model_tms 180 env LD_PRELOAD="$SHIM" "$PY" tests/gpu/torch_model.py --mode tms
+scenario torch_graph 150 env LD_PRELOAD="$SHIM" "$PY" tests/gpu/torch_graph.py
+scenario torch_graph_thread_local 150 env LD_PRELOAD="$SHIM" "$PY" tests/gpu/torch_graph.py \
+	--capture-mode thread_local
+scenario torch_rl_warm 300 env LD_PRELOAD="$SHIM" "$PY" tests/gpu/torch_rl.py --gmbctl "$B/gmbctl" \
+	--rounds 5 --label warm --baseline "$B/torch_baseline" --json "$OUTDIR/torch-rl-warm.json"
+
+if wanted torch_rl_cold; then
+	SOCK2=$TMPD/gmbd-cold.sock
+	if gmbd_start "$SOCK2" "$TMPD/gmbd-cold.log" --pool-keep 0; then
+		COLD_PID=$GMBD_STARTED_PID
+		GMB_SOCKET=$SOCK2 scenario torch_rl_cold 300 env LD_PRELOAD="$SHIM" GMB_SOCKET="$SOCK2" \
+			"$PY" tests/gpu/torch_rl.py --gmbctl "$B/gmbctl" --rounds 5 --label cold \
+			--baseline "$B/torch_baseline" --json "$OUTDIR/torch-rl-cold.json"
+		gmbd_stop "$COLD_PID" || echo "the --pool-keep 0 gmbd did not stop cleanly" >>"$LOG"
+	else
+		record torch_rl_cold FAIL "gmbd --pool-keep 0 did not start"
+	fi
+fi
+
+GMB_SOCKET=$SOCK timeout 10 "$B/gmbctl" status >>"$LOG" 2>&1
+gmbd_stop "$GMBD_PID" || echo "gmbd did not stop cleanly" >>"$LOG"
+append_daemon_log "gmbd log" "$TMPD/gmbd.log"
+append_daemon_log "gmbd --pool-keep 0 log" "$TMPD/gmbd-cold.log"
+finish

@@ -1,0 +1,297 @@
+/*
+ * prog_preload.c - a CUDA "application" for the preload shim's tests: it is
+ * linked against the stand-in runtime (libfake_cudart.so), run with
+ * LD_PRELOAD=libgmb_preload.so, and reaches libgmb only the way Python's
+ * gmb module does, by dlopen($GMB_LIB) with RTLD_LOCAL.
+ *
+ * One command per line on stdin, one answer line "<rc> <text>" on stdout.
+ * CUDA calls answer their cudaError_t (0 = success), libgmb calls 0 or a
+ * negative errno. Commands:
+ *   gmb                    dlopen $GMB_LIB and bind the gmb_* functions
+ *   region TAG MODE        gmb_region_begin (TAG "-": plain; MODE discard|zero|preserve)
+ *   end                    gmb_region_end
+ *   malloc SIZE            cudaMalloc            -> "<err> <ptr>"
+ *   free PTR               cudaFree
+ *   amalloc SIZE           cudaMallocAsync(stream 0) -> "<err> <ptr>"
+ *   afree PTR              cudaFreeAsync(stream 0)
+ *   thread SIZE            cudaMalloc + cudaFree on a new thread -> "<err> <ptr>"
+ *   device N | capture 0|1 | limit BYTES   steer the stand-in runtime
+ *   fill PTR SIZE BYTE     memset (host memory on both sides here)
+ *   check PTR SIZE BYTE    0 if every byte equals BYTE, else -EILSEQ
+ *   stats                  the stand-in's counters
+ *   owns PTR               "0 1" if the default client owns PTR, "0 0" if not
+ *   status                 gmb_status_json of the default client, on one line
+ *   pause TAG|* / resume TAG|*   of the default client
+ *   tmalloc SIZE DEV       gmb_torch_malloc -> "0 <ptr>" or "-1 <why>"
+ *   tfree PTR              gmb_torch_free
+ *   shim                   "0 <version>" when libgmb_preload.so is preloaded
+ *   error                  gmb_region_last_error() | gmb_preload_error()
+ *   quit
+ */
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gmb.h"
+#include "tests/fake_cudart.h"
+
+struct prog_gmb {
+	int (*region_begin)(const char *, int);
+	int (*region_end)(void);
+	const char *(*region_last_error)(void);
+	int (*owns)(gmb_client *, const void *);
+	int (*default_client)(const char *, const char *, gmb_client **);
+	int (*status_json)(gmb_client *, char **);
+	int (*pause)(gmb_client *, const char *);
+	int (*resume)(gmb_client *, const char *);
+	void *(*torch_malloc)(ssize_t, int, void *);
+	void (*torch_free)(void *, ssize_t, int, void *);
+};
+
+static const char *const prog_gmb_names[] = {
+	"gmb_region_begin", "gmb_region_end", "gmb_region_last_error", "gmb_owns",
+	"gmb_default_client", "gmb_status_json", "gmb_pause", "gmb_resume",
+	"gmb_torch_malloc", "gmb_torch_free",
+};
+
+static struct prog_gmb g;
+static int g_bound;
+
+/* Every field of struct prog_gmb is one function pointer, in name order. */
+static int prog_bind(char *out, size_t cap)
+{
+	const char *path = getenv("GMB_LIB");
+	void *h = path ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : NULL;
+	void **slots = (void **)&g;
+
+	if (!h) {
+		snprintf(out, cap, "dlopen %s: %s", path ? path : "(GMB_LIB unset)", dlerror());
+		return -ENOENT;
+	}
+	for (size_t i = 0; i < sizeof(prog_gmb_names) / sizeof(prog_gmb_names[0]); i++) {
+		void *sym = dlsym(h, prog_gmb_names[i]);
+
+		if (!sym) {
+			snprintf(out, cap, "no %s", prog_gmb_names[i]);
+			return -ENOSYS;
+		}
+		memcpy(&slots[i], &sym, sizeof(sym));
+	}
+	g_bound = 1;
+	return 0;
+}
+
+static void *prog_ptr(const char *s)
+{
+	return (void *)(uintptr_t)strtoull(s, NULL, 0);
+}
+
+static int prog_mode(const char *s)
+{
+	return !strcmp(s, "zero") ? GMB_MODE_ZERO : !strcmp(s, "preserve") ? GMB_MODE_PRESERVE
+									  : GMB_MODE_DISCARD;
+}
+
+static int prog_bytes(const char *ptr, const char *size, const char *byte, int check)
+{
+	unsigned char *p = prog_ptr(ptr);
+	size_t n = strtoull(size, NULL, 0);
+	int b = (int)strtol(byte, NULL, 0);
+
+	if (!check) {
+		memset(p, b, n);
+		return 0;
+	}
+	for (size_t i = 0; i < n; i++)
+		if (p[i] != (unsigned char)b)
+			return -EILSEQ;
+	return 0;
+}
+
+struct prog_thread {
+	size_t size;
+	void *ptr;
+	cudaError_t rc;
+};
+
+static void *prog_thread_main(void *arg)
+{
+	struct prog_thread *t = arg;
+
+	t->rc = cudaMalloc(&t->ptr, t->size);
+	if (t->rc == cudaSuccess)
+		t->rc = cudaFree(t->ptr);
+	return NULL;
+}
+
+static int prog_thread(size_t size, char *out, size_t cap)
+{
+	struct prog_thread t = { .size = size };
+	pthread_t th;
+
+	if (pthread_create(&th, NULL, prog_thread_main, &t))
+		return -EAGAIN;
+	pthread_join(th, NULL);
+	snprintf(out, cap, "%p", t.ptr);
+	return (int)t.rc;
+}
+
+static int prog_cuda(const char *verb, const char *a, char *out, size_t cap)
+{
+	void *p = NULL;
+	cudaError_t r;
+
+	if (!strcmp(verb, "malloc") || !strcmp(verb, "amalloc")) {
+		r = verb[0] == 'a' ? cudaMallocAsync(&p, strtoull(a, NULL, 0), 0)
+				   : cudaMalloc(&p, strtoull(a, NULL, 0));
+		snprintf(out, cap, "%p", p);
+		return (int)r;
+	}
+	if (!strcmp(verb, "free"))
+		return (int)cudaFree(prog_ptr(a));
+	if (!strcmp(verb, "afree"))
+		return (int)cudaFreeAsync(prog_ptr(a), 0);
+	if (!strcmp(verb, "thread"))
+		return prog_thread(strtoull(a, NULL, 0), out, cap);
+	return -EINVAL;
+}
+
+static int prog_fake(const char *verb, const char *a, char *out, size_t cap)
+{
+	struct fake_stats st;
+
+	if (!strcmp(verb, "device"))
+		fake_cudart_set_device(atoi(a));
+	else if (!strcmp(verb, "capture"))
+		fake_cudart_set_capturing(atoi(a));
+	else if (!strcmp(verb, "limit"))
+		fake_cudart_set_limit(strtoull(a, NULL, 0));
+	else if (!strcmp(verb, "stats")) {
+		fake_cudart_stats(&st);
+		snprintf(out, cap, "mallocs=%d frees=%d bad_frees=%d syncs=%d amallocs=%d afrees=%d",
+			 st.mallocs, st.frees, st.bad_frees, st.syncs, st.amallocs, st.afrees);
+	} else
+		return -EINVAL;
+	return 0;
+}
+
+static int prog_status(char *out, size_t cap)
+{
+	gmb_client *c;
+	char *json = NULL;
+	int rc = g.default_client(NULL, NULL, &c);
+
+	if (rc >= 0)
+		rc = g.status_json(c, &json);
+	if (rc < 0)
+		return rc;
+	for (char *s = json; *s; s++)
+		if (*s == '\n')
+			*s = ' ';
+	snprintf(out, cap, "%s", json);
+	free(json);
+	return 0;
+}
+
+static int prog_cycle(const char *verb, const char *tag)
+{
+	gmb_client *c;
+	int rc = g.default_client(NULL, NULL, &c);
+
+	if (rc < 0)
+		return rc;
+	tag = strcmp(tag, "*") ? tag : NULL;
+	return verb[0] == 'p' ? g.pause(c, tag) : g.resume(c, tag);
+}
+
+static int prog_torch(const char *verb, const char *a, const char *b, char *out, size_t cap)
+{
+	void *p;
+
+	if (!strcmp(verb, "tfree")) {
+		g.torch_free(prog_ptr(a), 0, 0, NULL);
+		return 0;
+	}
+	p = g.torch_malloc((ssize_t)strtoll(a, NULL, 0), atoi(b), NULL);
+	snprintf(out, cap, "%p %s", p, p ? "" : g.region_last_error());
+	return p ? 0 : -1;
+}
+
+static int prog_shim(const char *verb, char *out, size_t cap)
+{
+	const char *(*fn)(void);
+	void *sym = dlsym(RTLD_DEFAULT, verb[0] == 's' ? "gmb_preload_version" : "gmb_preload_error");
+
+	if (!sym)
+		return -ENOENT;
+	memcpy(&fn, &sym, sizeof(sym));
+	if (verb[0] == 's')
+		snprintf(out, cap, "%s", fn());
+	else
+		snprintf(out, cap, "%s | %s", g_bound ? g.region_last_error() : "", fn());
+	return 0;
+}
+
+/* Commands that need libgmb bound. */
+static int prog_gmb(const char *verb, const char *a, const char *b, char *out, size_t cap)
+{
+	if (!g_bound)
+		return -ENOPKG;
+	if (!strcmp(verb, "region"))
+		return g.region_begin(strcmp(a, "-") ? a : NULL, prog_mode(b));
+	if (!strcmp(verb, "end"))
+		return g.region_end();
+	if (!strcmp(verb, "owns")) {
+		snprintf(out, cap, "%d", g.owns(NULL, prog_ptr(a)));
+		return 0;
+	}
+	if (!strcmp(verb, "status"))
+		return prog_status(out, cap);
+	if (!strcmp(verb, "pause") || !strcmp(verb, "resume"))
+		return prog_cycle(verb, a);
+	if (!strcmp(verb, "tmalloc") || !strcmp(verb, "tfree"))
+		return prog_torch(verb, a, b, out, cap);
+	return -EINVAL;
+}
+
+static int prog_run(char *line, char *out, size_t cap)
+{
+	char verb[32] = "", a[160] = "", b[64] = "", c[64] = "";
+	int n = sscanf(line, "%31s %159s %63s %63s", verb, a, b, c);
+	int rc;
+
+	if (n < 1)
+		return -EINVAL;
+	if (!strcmp(verb, "gmb"))
+		return prog_bind(out, cap);
+	if (!strcmp(verb, "fill") || !strcmp(verb, "check"))
+		return prog_bytes(a, b, c, verb[0] == 'c');
+	if (!strcmp(verb, "shim") || !strcmp(verb, "error"))
+		return prog_shim(verb, out, cap);
+	rc = prog_cuda(verb, a, out, cap);
+	if (rc == -EINVAL)
+		rc = prog_fake(verb, a, out, cap);
+	if (rc == -EINVAL)
+		rc = prog_gmb(verb, a, b, out, cap);
+	return rc;
+}
+
+int main(void)
+{
+	static char out[1 << 16];
+	char line[512];
+
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	while (fgets(line, sizeof(line), stdin)) {
+		if (!strncmp(line, "quit", 4))
+			break;
+		out[0] = 0;
+		printf("%d %s\n", prog_run(line, out, sizeof(out)), out);
+	}
+	return 0;
+}

@@ -1,0 +1,313 @@
+"""The Python module's native API against a real gmbd (host backend).
+
+Run by `make check` with the system python3 (no torch, no GPU):
+    GMB_BUILD_DIR=build GMB_LIB=$PWD/build/libgmb.so PYTHONPATH=client/python \
+        python3 -m unittest discover -s tests/python -v
+
+One gmbd serves the whole module (the process's default client connects once);
+tests that need a fresh process (environment, preload) run python3 in a child.
+Memory is host memory here, so buffers are read and written with ctypes.
+"""
+
+import ctypes
+import errno
+import importlib.util
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import unittest
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+BUILD = os.path.join(ROOT, os.environ.get("GMB_BUILD_DIR", "build"))
+os.environ.setdefault("GMB_LIB", os.path.join(BUILD, "libgmb.so"))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+
+import gmb  # noqa: E402
+import gmb.torch_memory_saver as gtms  # noqa: E402
+
+MiB = 1 << 20
+
+
+class Gmbd:
+    """build/gmbd --backend host on a temporary socket, ready when it says READY=1."""
+
+    def __init__(self, *args):
+        self.dir = tempfile.mkdtemp(prefix="gmbpy.")
+        self.sock = os.path.join(self.dir, "gmbd.sock")
+        notify = os.path.join(self.dir, "notify")
+        ns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        ns.bind(notify)
+        libc = ctypes.CDLL(None)
+        cmd = [os.path.join(BUILD, "gmbd"), "--backend", "host", "--socket", self.sock,
+               "--log-level", "warning", *args]
+        self.proc = subprocess.Popen(
+            cmd, env=dict(os.environ, NOTIFY_SOCKET=notify),
+            preexec_fn=lambda: libc.prctl(1, signal.SIGKILL))  # PR_SET_PDEATHSIG
+        try:
+            self._wait_ready(ns)
+        finally:
+            ns.close()
+
+    def _wait_ready(self, ns):
+        for _ in range(100):
+            if select.select([ns], [], [], 0.1)[0] and b"READY=1" in ns.recv(512):
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gmbd exited with {self.proc.returncode} during start")
+        raise RuntimeError("gmbd not ready within 10 s")
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(30)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return rc
+
+
+GMBD = None
+
+
+def setUpModule():
+    global GMBD
+    GMBD = Gmbd("--host-memory", "128MiB", "--host-devices", "2")
+    os.environ["GMB_SOCKET"] = GMBD.sock
+
+
+def tearDownModule():
+    assert GMBD.stop() == 0, "gmbd did not exit cleanly"
+
+
+def fill(ptr, byte, n):
+    ctypes.memset(ptr, byte, n)
+
+
+def bytes_at(ptr, n):
+    return ctypes.string_at(ptr, n)
+
+
+def tags_of(status, name):
+    """{tag name: tag dict} of client ``name`` in a status dict."""
+    for c in status["clients"]:
+        if c["name"] == name:
+            return {t["name"]: t for t in c["tags"]}
+    raise AssertionError(f"client {name} not in status: {status}")
+
+
+def run_python(code, env=None):
+    """python3 -c CODE in a fresh process with this module's environment; its stdout."""
+    full = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "client", "python"), **(env or {}))
+    p = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True,
+                       timeout=60)
+    if p.returncode != 0:
+        raise AssertionError(f"child failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    return p.stdout
+
+
+class NativeApi(unittest.TestCase):
+    def client(self, name):
+        c = gmb.Client(name=name, private=True)
+        self.addCleanup(c.close)
+        return c
+
+    def test_regions_route_raw_buffers_and_the_three_modes_hold(self):
+        c = self.client("modes")
+        with c.region("w", "preserve"):
+            w = c.malloc(3 * MiB)
+            with c.region("z", "zero"):
+                z = c.malloc(MiB)
+        k = c.malloc(MiB)
+        tags = tags_of(c.status(), "modes")
+        self.assertEqual({n: (t["mode"], t["bytes"]) for n, t in tags.items()},
+                         {"w": ("preserve", 4 * MiB), "z": ("zero", 2 * MiB),
+                          "default": ("discard", 2 * MiB)})
+        fill(w, 0x5A, 3 * MiB)
+        fill(z, 0x11, MiB)
+        c.pause()
+        self.assertTrue(all(t["state"] == "paused" for t in tags_of(c.status(), "modes").values()))
+        c.resume()
+        self.assertEqual(bytes_at(w, 3 * MiB), b"\x5a" * (3 * MiB), "preserve keeps the bytes")
+        self.assertEqual(bytes_at(z, MiB), b"\0" * MiB, "zero reads zero")
+        fill(k, 0x22, MiB)  # discard: mapped and writable again
+        for p in (w, z, k):
+            c.free(p)
+        self.assertEqual(c.status()["devices"][0]["used_bytes"], 0)
+
+    def test_regions_nest_and_belong_to_their_thread(self):
+        c = self.client("threads")
+        seen = {}
+
+        def other():
+            seen["region"] = gmb.current_region()
+            seen["ptr"] = c.malloc(MiB)
+
+        with gmb.region("outer", "zero"):
+            with gmb.region("inner"):
+                self.assertEqual(gmb.current_region(), ("inner", "discard"))
+                t = threading.Thread(target=other)
+                t.start()
+                t.join()
+            self.assertEqual(gmb.current_region(), ("outer", "zero"))
+            with gmb.region(None):
+                self.assertIsNone(gmb.current_region(), "a plain region is outside")
+        self.assertIsNone(gmb.current_region())
+        self.assertIsNone(seen["region"])
+        self.assertEqual(set(tags_of(c.status(), "threads")), {"default"})
+        c.free(seen["ptr"])
+
+    def test_an_operator_pauses_and_resumes_through_on_control(self):
+        w = self.client("pyworker")
+        op = gmb.Client(name="op", tool=True)
+        self.addCleanup(op.close)
+        with w.region("kv"):
+            p = w.malloc(2 * MiB)
+        calls = []
+        w.on_control(lambda o, tag: calls.append((o, tag)))
+        op.control("pyworker", "pause", "kv")
+        self.assertEqual(tags_of(op.status(), "pyworker")["kv"]["state"], "paused")
+        op.control(w.id, "resume")
+        self.assertEqual(calls, [("pause", "kv"), ("resume", None)])
+        self.assertEqual(tags_of(op.status(), "pyworker")["kv"]["state"], "active")
+        refusals = [(lambda o, t: False, 0), (lambda o, t: 1 / 0, 1), (lambda o, t: -errno.EBUSY, 0)]
+        for refuse, logged in refusals:
+            w.on_control(refuse)
+            with self.assertRaises(gmb.GmbError), self.assertLogs("gmb", "ERROR") as logs:
+                gmb.log.error("marker")  # assertLogs wants a record even when none is expected
+                op.control("pyworker", "pause")
+            self.assertEqual(len(logs.records), 1 + logged, "a raising handler is logged")
+            self.assertEqual(tags_of(op.status(), "pyworker")["kv"]["state"], "active")
+        w.on_control(None)
+        with self.assertRaises(gmb.GmbError):
+            op.control("pyworker", "pause")
+        w.free(p)
+
+    def test_status_is_the_document_gmbctl_prints(self):
+        c = self.client("statusy")
+        st = c.status()
+        out = subprocess.run([os.path.join(BUILD, "gmbctl"), "-s", GMBD.sock, "status", "--json"],
+                             capture_output=True, text=True, check=True).stdout
+        ctl = json.loads(out)
+        self.assertEqual(set(st), set(ctl))
+        self.assertEqual(st["backend"], "host")
+        self.assertEqual(len(st["devices"]), 2)
+        self.assertIn(c.id, [x["id"] for x in st["clients"] if x["name"] == "statusy"])
+        self.assertIn("statusy", c.status_text())
+
+    def test_failures_raise_gmberror_with_gmbds_reason(self):
+        c = self.client("errors")
+        with self.assertRaises(gmb.GmbError) as e:
+            c.free(0x1000)
+        self.assertEqual(e.exception.errno, errno.EINVAL)
+        with self.assertRaises(gmb.GmbError) as e:
+            c.pause("nosuchtag")
+        self.assertEqual(e.exception.errno, errno.ENOENT)
+        with gmb.region("t"):
+            p = c.malloc(MiB)
+            c.pause("t")
+            with self.assertRaises(gmb.GmbError) as e:
+                c.malloc(MiB)
+            self.assertEqual(e.exception.errno, errno.EBUSY)
+            self.assertIn("paused", e.exception.strerror)
+        with self.assertRaises(gmb.GmbError) as e:
+            c.malloc(1 << 40)
+        self.assertEqual(e.exception.errno, errno.ENOMEM)
+        self.assertIn("budget", e.exception.strerror)
+        with self.assertRaises(gmb.GmbError) as e:
+            with gmb.region(""):
+                pass
+        self.assertEqual(e.exception.errno, errno.EINVAL)
+        with self.assertRaises(ValueError):
+            gmb.region("t", "keep").__enter__()
+        c.free(p)
+
+    def test_host_copy_and_memory_margin(self):
+        c = self.client("backup")
+        with gmb.region("w", "preserve"):
+            p = c.malloc(2 * MiB)
+        fill(p, 0x77, 2 * MiB)
+        self.assertIsNone(c.host_copy(p + 10, 10), "no copy while active")
+        c.pause("w")
+        self.assertEqual(bytes_at(c.host_copy(p + 10, 10), 10), b"\x77" * 10)
+        c.resume("w")
+        gmb.set_memory_margin(120 * MiB)
+        try:
+            with self.assertRaises(gmb.GmbError) as e:
+                c.malloc(16 * MiB)
+            self.assertIn("margin", e.exception.strerror)
+        finally:
+            gmb.set_memory_margin(0)
+        c.free(p)
+
+    def test_the_default_client_comes_from_the_environment(self):
+        out = run_python(
+            "import gmb, json\n"
+            "c = gmb.Client()\n"
+            "p = c.malloc(1 << 20)\n"
+            "assert gmb.Client()._h == c._h\n"
+            "print(json.dumps(c.status()))\n",
+            env={"GMB_CLIENT_NAME": "envname", "GMB_DEFAULT_TAG": "train"})
+        tags = tags_of(json.loads(out), "envname")
+        self.assertEqual(tags["train"]["mode"], "preserve", "GMB_DEFAULT_TAG, preserve by default")
+
+    def test_library_path_is_the_loaded_file(self):
+        self.assertEqual(gmb.library_path(), os.path.realpath(os.environ["GMB_LIB"]))
+        self.assertEqual(gmb.preload_path(), os.path.join(BUILD, "libgmb_preload.so"))
+        self.assertFalse(gmb.preload_active())
+
+    def test_the_preloaded_shim_and_python_share_one_libgmb(self):
+        out = run_python(
+            "import gmb, ctypes\n"
+            "print(gmb.preload_active(), gmb.library_path())\n",
+            env={"LD_PRELOAD": os.path.join(BUILD, "libgmb_preload.so"),
+                 "ASAN_OPTIONS": "verify_asan_link_order=0"})
+        self.assertEqual(out.split(), ["True", os.path.realpath(os.environ["GMB_LIB"])])
+
+
+class TorchMemorySaverWithoutTorch(unittest.TestCase):
+    def test_importable_and_configurable_without_torch(self):
+        saver = gtms.TorchMemorySaver()
+        self.assertTrue(saver.enabled)
+        self.assertEqual(saver.hook_mode, "preload")
+        saver.hook_mode = "torch"
+        with self.assertRaises(ValueError):
+            saver.hook_mode = "cuda"
+        self.assertIsInstance(gtms.torch_memory_saver, gtms.TorchMemorySaver)
+        if importlib.util.find_spec("torch") is None:
+            with self.assertRaises(ImportError):
+                with saver.region("weights"):
+                    pass
+        with self.assertRaises(NotImplementedError):
+            with saver.region("w", enable_disk_backup=True):
+                pass
+
+    def test_configure_subprocess_preloads_the_shim_in_children(self):
+        before = os.environ.get("LD_PRELOAD")
+        with gtms.configure_subprocess():
+            self.assertEqual(os.environ["LD_PRELOAD"].split(":")[0], gmb.preload_path())
+            out = subprocess.run([sys.executable, "-c", "import os; print(os.environ['LD_PRELOAD'])"],
+                                 capture_output=True, text=True,
+                                 env=dict(os.environ, ASAN_OPTIONS="verify_asan_link_order=0"))
+            self.assertIn("libgmb_preload.so", out.stdout)
+        self.assertEqual(os.environ.get("LD_PRELOAD"), before or "")
+
+    def test_memory_margin_bytes_reaches_libgmb(self):
+        c = gmb.Client(name="margin", private=True)
+        self.addCleanup(c.close)
+        saver = gtms.TorchMemorySaver()
+        saver.memory_margin_bytes = 127 * MiB
+        try:
+            self.assertEqual(saver.memory_margin_bytes, 127 * MiB)
+            with self.assertRaises(gmb.GmbError):
+                c.malloc(2 * MiB)
+        finally:
+            saver.memory_margin_bytes = 0
+        c.free(c.malloc(2 * MiB))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""gpu_restart.py BUILD_DIR [GIB] - restart without loss on a real GPU.
+
+Plays systemd for gmbd on the cuda backend, the way tests/test_restart.c
+does on the host backend: holds the listening socket, keeps what gmbd
+stores with FDSTORE=1 (an exported CUDA fd per chunk, and the state memfd),
+and starts gmbd again with them in LISTEN_FDS/LISTEN_FDNAMES after killing
+it with SIGKILL while tests/systemd/gpu_restart.cu holds memory.
+
+Checks: the new gmbd re-imports the chunks instead of creating memory (its
+status is the same as before, and the GPU's used memory does not grow by
+the clients' bytes), and the client's bytes and address survive (the
+client's own RESULT line). Prints "RESULT: PASS|FAIL - why" last.
+"""
+import array
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+B = sys.argv[1]
+GIB = sys.argv[2] if len(sys.argv) > 2 else "4"
+TMP = tempfile.mkdtemp(prefix="gmbgpu.")
+SOCK = TMP + "/gmbd.sock"
+NOTIFY = TMP + "/notify"
+ENV = dict(os.environ, GMB_SOCKET=SOCK)
+
+
+def fail(why):
+    print("RESULT: FAIL - " + why, flush=True)
+    sys.exit(1)
+
+
+class Manager:
+    """The fd store and READY=1, from gmbd's notify datagrams."""
+
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(NOTIFY)
+        self.store = {}
+        self.ready = 0
+        self.syncs = 0
+        self.cond = threading.Condition()
+        threading.Thread(target=self.read, daemon=True).start()
+
+    def read(self):
+        while True:
+            msg, anc, _, _ = self.sock.recvmsg(4096, socket.CMSG_SPACE(64 * 4))
+            fds = array.array("i")
+            for level, kind, data in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+            lines = msg.decode(errors="replace").split("\n")
+            name = next((l[7:] for l in lines if l.startswith("FDNAME=")), "stored")
+            with self.cond:
+                for fd in fds:
+                    if "FDSTORE=1" in lines:
+                        if name in self.store:
+                            os.close(self.store[name])
+                        self.store[name] = fd
+                    else:
+                        os.close(fd)
+                if "FDSTOREREMOVE=1" in lines and name in self.store:
+                    os.close(self.store.pop(name))
+                self.ready += "READY=1" in lines
+                self.syncs += "SYNC=1" in lines
+                self.cond.notify_all()
+
+    def wait_ready(self, n, timeout=60):
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.ready >= n, timeout):
+                fail("gmbd did not say READY=1")
+
+    def sync(self):
+        """Datagrams are read in order: a ping of ours means all are read."""
+        with self.cond:
+            n = self.syncs
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        s.sendto(b"SYNC=1", NOTIFY)
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.syncs > n, 10):
+                fail("the notify socket did not drain")
+
+
+def spawn(mgr, listen):
+    with mgr.cond:
+        items = list(mgr.store.items())
+    fds = [listen.fileno()] + [fd for _, fd in items]
+    names = ["gmbd.socket"] + [n for n, _ in items]
+
+    def place():  # fds at 3.., as systemd passes them
+        high = [os.dup(fd) for fd in fds]
+        for i, fd in enumerate(high):
+            os.dup2(fd, 3 + i)
+
+    env = dict(os.environ, NOTIFY_SOCKET=NOTIFY, LISTEN_FDS=str(len(fds)),
+               LISTEN_FDNAMES=":".join(names))
+    cmd = ["/bin/sh", "-c", 'LISTEN_PID=$$ exec "$@"', "sh", B + "/gmbd", "--backend",
+           "cuda", "--socket", SOCK, "--log-level", "info"]
+    return subprocess.Popen(cmd, env=env, preexec_fn=place, close_fds=False)
+
+
+def status():
+    out = subprocess.run([B + "/gmbctl", "status", "--json"], env=ENV, capture_output=True,
+                         text=True, timeout=30)
+    if out.returncode:
+        fail("gmbctl status: " + out.stderr)
+    return json.loads(out.stdout)
+
+
+def gpu_used_mib():
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,"
+                          "nounits", "-i", "0"], capture_output=True, text=True)
+    return int(out.stdout.strip().splitlines()[0])
+
+
+def main():
+    mgr = Manager()
+    listen = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listen.bind(SOCK)
+    os.chmod(SOCK, 0o666)
+    listen.listen(64)
+    gmbd = spawn(mgr, listen)
+    mgr.wait_ready(1)
+    client = subprocess.Popen([B + "/gpu_restart", GIB], env=ENV, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    line = client.stdout.readline()
+    if not line.startswith("READY"):
+        fail("the client did not get ready: " + line)
+    before, used_before = status(), gpu_used_mib()
+    print("before: %s, GPU used %d MiB" % (before["devices"][0], used_before), flush=True)
+
+    gmbd.send_signal(signal.SIGKILL)
+    gmbd.wait()
+    mgr.sync()
+    chunks = [n for n in mgr.store if n.startswith("chunk.")]
+    print("gmbd killed; the store holds the state and %d chunk fds" % len(chunks), flush=True)
+    t0 = time.monotonic()
+    gmbd = spawn(mgr, listen)
+    mgr.wait_ready(1 + 1)
+    print("gmbd back in %.3f s" % (time.monotonic() - t0), flush=True)
+    after, used_after = status(), gpu_used_mib()
+    print("after:  %s, GPU used %d MiB" % (after["devices"][0], used_after), flush=True)
+    if after != before:
+        fail("status changed across the restart:\n%s\n%s" % (before, after))
+    # A re-created pool would add the clients' bytes (GiB); gmbd's own cuInit is a few MiB.
+    if abs(used_after - used_before) > 256:
+        fail("GPU memory used went from %d to %d MiB" % (used_before, used_after))
+
+    client.stdin.write("go\n")
+    client.stdin.flush()
+    out = client.stdout.read()
+    print(out, end="", flush=True)
+    if client.wait() != 0 or "RESULT: PASS" not in out:
+        fail("the client failed")
+    gmbd.send_signal(signal.SIGTERM)
+    if gmbd.wait() != 0:
+        fail("gmbd did not exit cleanly")
+    print("RESULT: PASS - the chunks came back from the fd store (same status, GPU memory "
+          "%d -> %d MiB) and the client carried on" % (used_before, used_after), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,382 @@
+/*
+ * test_restart.c - restart without loss through the fd-store protocol. The
+ * test plays systemd (tests/util.c's fake manager): it holds gmbd's
+ * listening socket, keeps what gmbd stores with FDSTORE=1 (a memfd per
+ * chunk on the host backend, and the state), kills gmbd with SIGKILL while
+ * real client processes (tests/prog_worker) hold memory, and starts it
+ * again with those fds in LISTEN_FDS/LISTEN_FDNAMES, as systemd does.
+ *
+ * What must hold afterwards: the clients' memory kept its bytes and its
+ * addresses, they carry on (libgmb reconnected and re-announced by itself),
+ * status shows the same clients, tags and bytes, no memory was created; a
+ * client that died meanwhile is reclaimed at once, one that does not come
+ * back within the grace period then, and a claim gmbd did not grant is
+ * refused.
+ */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client/internal.h"
+#include "common/wire.h"
+#include "gmb.h"
+#include "tests/util.h"
+
+#define MiB (1024ULL * 1024)
+#define WAIT_MS 10000
+
+static struct {
+	char dir[256];
+	char notify[300];
+	struct fake_sd sd;
+	struct gmbd_proc gmbd;
+	int listen_fd;
+	unsigned starts;
+} fx;
+
+static const char *const gmbd_args[] = { "--host-memory", "64MiB", "--max-chunk", "4MiB",
+					 "--rejoin-grace", "2", "--log-level", "notice", NULL };
+
+/* Starts gmbd with the listening socket and everything in the store. */
+static void gmbd_up(void)
+{
+	struct sd_pass pass[FAKE_SD_MAX_FDS + 1] = { { .fd = fx.listen_fd, .name = "gmbd.socket" } };
+	int n = 1 + fake_sd_pass(&fx.sd, pass + 1, FAKE_SD_MAX_FDS);
+
+	cr_assert(eq(i32, gmbd_spawn(&fx.gmbd, fx.notify, pass, n, gmbd_args), 0));
+	fx.starts++;
+	cr_assert(eq(i32, fake_sd_wait_count(&fx.sd, &fx.sd.ready, fx.starts, WAIT_MS), 0),
+		  "gmbd did not say READY=1");
+}
+
+/* SIGKILL, then every datagram it sent is read: the store is what it left. */
+static void gmbd_kill(void)
+{
+	kill(fx.gmbd.pid, SIGKILL);
+	cr_assert(eq(i32, waitpid(fx.gmbd.pid, NULL, 0), fx.gmbd.pid));
+	fx.gmbd.pid = 0;
+	cr_assert(eq(i32, fake_sd_sync(&fx.sd), 0));
+}
+
+static void setup(void)
+{
+	memset(&fx, 0, sizeof(fx));
+	snprintf(fx.dir, sizeof(fx.dir), "/tmp/gmbrestart.XXXXXX");
+	cr_assert(not(eq(ptr, mkdtemp(fx.dir), NULL)));
+	snprintf(fx.notify, sizeof(fx.notify), "%s/notify", fx.dir);
+	snprintf(fx.gmbd.dir, sizeof(fx.gmbd.dir), "%s", fx.dir);
+	snprintf(fx.gmbd.sock, sizeof(fx.gmbd.sock), "%s/gmbd.sock", fx.dir);
+	cr_assert(eq(i32, fake_sd_open(&fx.sd, fx.notify), 0));
+	cr_assert(eq(i32, wire_listen(fx.gmbd.sock, &fx.listen_fd), 0));
+	gmbd_up();
+}
+
+static void teardown(void)
+{
+	if (fx.gmbd.pid > 0) {
+		kill(fx.gmbd.pid, SIGTERM);
+		waitpid(fx.gmbd.pid, NULL, 0);
+	}
+	fx.gmbd.pid = 0;
+	fake_sd_close(&fx.sd);
+	close(fx.listen_fd);
+	gmbd_stop(&fx.gmbd); /* removes the folder */
+}
+
+TestSuite(restart, .init = setup, .fini = teardown, .timeout = 90);
+
+/* gmbd's status as a tool sees it (malloc'd JSON). */
+static char *status_json(void)
+{
+	gmb_client *t;
+	char *json = NULL;
+
+	cr_assert(eq(i32, gmb_connect_flags(fx.gmbd.sock, "probe", GMB_CONNECT_TOOL, &t), 0));
+	cr_assert(eq(i32, gmb_status_json(t, &json), 0));
+	gmb_close(t);
+	return json;
+}
+
+static void wcmd_ok(struct worker *w, char *out, size_t cap, const char *cmd)
+{
+	char text[512] = "";
+	int rc = worker_cmd(w, out ? out : text, out ? cap : sizeof(text), "%s", cmd);
+
+	cr_assert(eq(i32, rc, 0), "'%s' failed: %s", cmd, out ? out : text);
+}
+
+static void worker_up(struct worker *w, const char *name)
+{
+	char cmd[64];
+
+	cr_assert(eq(i32, worker_start(w, fx.gmbd.sock), 0));
+	snprintf(cmd, sizeof(cmd), "connect %s", name);
+	wcmd_ok(w, NULL, 0, cmd);
+}
+
+Test(restart, sigkill_keeps_contents_addresses_and_status)
+{
+	char a_w[64], a_kv[64], a_act[64], now[64];
+	struct worker w1, w2;
+	char *before, *after;
+	int chunks;
+
+	worker_up(&w1, "trainer");
+	wcmd_ok(&w1, NULL, 0, "mode weights preserve");
+	wcmd_ok(&w1, a_w, sizeof(a_w), "malloc weights 6291456");
+	wcmd_ok(&w1, NULL, 0, "fill weights 0x5a");
+	wcmd_ok(&w1, a_kv, sizeof(a_kv), "malloc kv 4194304");
+	wcmd_ok(&w1, NULL, 0, "pause kv");
+	worker_up(&w2, "engine");
+	wcmd_ok(&w2, a_act, sizeof(a_act), "malloc act 8388608");
+	wcmd_ok(&w2, NULL, 0, "fill act 0x77");
+	before = status_json();
+	/* act took kv's free chunk (same uid) and one new: 6 + 4 + 4 MiB held. */
+	cr_assert(eq(i32, fake_sd_wait_status(&fx.sd, "2 clients, 14MiB lent of 14MiB", WAIT_MS),
+		     0), "STATUS= says: %s", fx.sd.status);
+
+	gmbd_kill();
+	chunks = fake_sd_count(&fx.sd, "chunk.");
+	/* 6 MiB = 4 + 2, kv's 4 (lent to act now), act's other 4: each kept. */
+	cr_assert(eq(i32, chunks, 4));
+	cr_assert(eq(i32, fake_sd_count(&fx.sd, "state"), 1));
+	gmbd_up();
+
+	/* A request waits for the reconnection, then carries on. */
+	wcmd_ok(&w1, NULL, 0, "status");
+	wcmd_ok(&w2, NULL, 0, "status");
+	after = status_json();
+	cr_assert(eq(str, after, before), "status changed across the restart");
+	cr_assert(eq(i32, fake_sd_count(&fx.sd, "chunk."), chunks), "memory was created");
+	wcmd_ok(&w1, now, sizeof(now), "addr weights");
+	cr_assert(eq(str, now, a_w));
+	wcmd_ok(&w2, now, sizeof(now), "addr act");
+	cr_assert(eq(str, now, a_act));
+	wcmd_ok(&w1, NULL, 0, "check weights 0x5a");
+	wcmd_ok(&w2, NULL, 0, "check act 0x77");
+
+	/* And the memory still cycles, contents and all. */
+	wcmd_ok(&w1, NULL, 0, "pause weights");
+	wcmd_ok(&w1, NULL, 0, "resume weights");
+	wcmd_ok(&w1, NULL, 0, "check weights 0x5a");
+	wcmd_ok(&w1, now, sizeof(now), "addr weights");
+	cr_assert(eq(str, now, a_w));
+	wcmd_ok(&w1, NULL, 0, "resume kv");
+	wcmd_ok(&w1, now, sizeof(now), "addr kv");
+	cr_assert(eq(str, now, a_kv));
+	wcmd_ok(&w2, NULL, 0, "free act");
+	free(after);
+	after = status_json();
+	/* weights 6 + kv 4 (it needed a new chunk: act had its old one). */
+	cr_assert(eq(i64, json_i64(after, "used_bytes"), (int64_t)(10 * MiB)));
+	free(before);
+	free(after);
+	cr_assert(eq(i32, worker_quit(&w1), 0));
+	cr_assert(eq(i32, worker_quit(&w2), 0));
+}
+
+Test(restart, sigterm_hands_over_to_the_next_gmbd)
+{
+	struct worker w;
+	char *before, *after;
+
+	worker_up(&w, "trainer");
+	wcmd_ok(&w, NULL, 0, "mode weights preserve");
+	wcmd_ok(&w, NULL, 0, "malloc weights 6291456");
+	wcmd_ok(&w, NULL, 0, "fill weights 0x33");
+	before = status_json();
+	kill(fx.gmbd.pid, SIGTERM);
+	cr_assert(eq(i32, gmbd_wait(&fx.gmbd), 0), "gmbd did not exit cleanly");
+	cr_assert(eq(i32, fake_sd_sync(&fx.sd), 0));
+	cr_assert(ge(u32, fx.sd.stopping, 1), "no STOPPING=1");
+	cr_assert(eq(i32, fake_sd_count(&fx.sd, "chunk."), 2), "a stop released the chunks");
+	gmbd_up();
+	wcmd_ok(&w, NULL, 0, "pause weights");
+	wcmd_ok(&w, NULL, 0, "resume weights");
+	wcmd_ok(&w, NULL, 0, "check weights 0x33");
+	after = status_json();
+	cr_assert(eq(str, after, before));
+	free(before);
+	free(after);
+	cr_assert(eq(i32, worker_quit(&w), 0));
+}
+
+static bool status_lacks(const char *name)
+{
+	char *json = status_json();
+	char pat[96];
+	bool r;
+
+	snprintf(pat, sizeof(pat), "\"name\":\"%s\"", name);
+	r = !strstr(json, pat);
+	free(json);
+	return r;
+}
+
+static int lacks_silent(void *arg)
+{
+	return status_lacks("silent");
+}
+
+Test(restart, dead_and_silent_clients_are_reclaimed)
+{
+	struct worker w1, w2, w3;
+	char out[512];
+	char *json;
+
+	worker_up(&w1, "alive");
+	wcmd_ok(&w1, NULL, 0, "malloc a 4194304");
+	worker_up(&w2, "dead");
+	wcmd_ok(&w2, NULL, 0, "malloc b 4194304");
+	worker_up(&w3, "silent");
+	wcmd_ok(&w3, NULL, 0, "malloc c 4194304");
+	json = status_json();
+	cr_assert(not(eq(ptr, strstr(json, "\"name\":\"dead\""), NULL)), "%s", json);
+	free(json);
+
+	gmbd_kill();
+	worker_kill(&w2);             /* dies while gmbd is down */
+	kill(w3.pid, SIGSTOP);        /* alive, but does not come back */
+	gmbd_up();
+
+	cr_assert(status_lacks("dead"), "a client whose process is gone was not reclaimed");
+	cr_assert(not(status_lacks("silent")), "reclaimed before its grace period");
+	wcmd_ok(&w1, NULL, 0, "status");
+	cr_assert(eq(i32, wait_until(lacks_silent, NULL, WAIT_MS), 0),
+		  "not reclaimed after the grace period");
+	json = status_json();
+	cr_assert(eq(i64, json_i64(json, "used_bytes"), (int64_t)(4 * MiB)), "%s", json);
+	free(json);
+
+	/* Back too late: refused, and every call says so. */
+	kill(w3.pid, SIGCONT);
+	cr_assert(eq(i32, worker_cmd(&w3, out, sizeof(out), "status"), -ENOTCONN));
+	cr_assert(not(eq(ptr, strstr(out, "no record"), NULL)), "%s", out);
+	wcmd_ok(&w3, NULL, 0, "check c 0");
+	cr_assert(eq(i32, worker_quit(&w3), 0));
+	cr_assert(eq(i32, worker_quit(&w1), 0));
+}
+
+/* ---- claims gmbd did not grant, on a raw socket ---- */
+
+static int raw_connect(void)
+{
+	int fd;
+
+	cr_assert(eq(i32, wire_connect(fx.gmbd.sock, &fd), 0));
+	return fd;
+}
+
+/* Sends @env as request 1 and returns the answer's status (-EPIPE: hung up). */
+static int raw_ask(int fd, Gmb__Envelope *env, uint64_t id)
+{
+	Gmb__Envelope *rep = NULL;
+	int fds[WIRE_MAX_FDS], nfds = 0, st;
+
+	env->id = id;
+	if (wire_send(fd, env, NULL, 0) < 0 || wire_recv(fd, &rep, fds, &nfds) < 0)
+		return -EPIPE;
+	wire_close_fds(fds, nfds);
+	st = rep->status;
+	if (st == 0 && rep->body_case == GMB__ENVELOPE__BODY_HELLO_REPLY && !rep->hello_reply->rejoined)
+		st = -EBADMSG;
+	gmb__envelope__free_unpacked(rep, NULL);
+	return st;
+}
+
+static int raw_hello(int fd, uint64_t rejoin_id)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__Hello hello = GMB__HELLO__INIT;
+
+	hello.version = GMB_PROTOCOL_VERSION;
+	hello.name = "liar";
+	hello.rejoin_id = rejoin_id;
+	env.body_case = GMB__ENVELOPE__BODY_HELLO;
+	env.hello = &hello;
+	return raw_ask(fd, &env, 1);
+}
+
+/* Claims @a mapped over @ids, in tag "t". */
+static int raw_claim(int fd, const struct gmb__alloc *a, uint64_t *ids, size_t n)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__RejoinRequest req = GMB__REJOIN_REQUEST__INIT;
+	Gmb__RejoinTag tag = GMB__REJOIN_TAG__INIT, *ptag = &tag;
+	Gmb__RejoinAlloc ra = GMB__REJOIN_ALLOC__INIT, *pra = &ra;
+
+	tag.name = "t";
+	ra.alloc_id = a->id;
+	ra.tag = "t";
+	ra.size = a->size;
+	ra.mapped = true;
+	ra.chunk_ids = ids;
+	ra.n_chunk_ids = n;
+	req.tags = &ptag;
+	req.n_tags = 1;
+	req.allocs = &pra;
+	req.n_allocs = 1;
+	req.last = true;
+	env.body_case = GMB__ENVELOPE__BODY_REJOIN;
+	env.rejoin = &req;
+	return raw_ask(fd, &env, 2);
+}
+
+static const struct gmb__alloc *alloc_at(gmb_client *c, void *p)
+{
+	return idmap_get(&c->mem.by_va, (uintptr_t)p);
+}
+
+Test(restart, claims_gmbd_did_not_grant_are_refused)
+{
+	const struct gmb__alloc *a, *b;
+	struct worker w;
+	gmb_client *liar;
+	char *json;
+	void *pa, *pb;
+	uint64_t other;
+	int fd;
+
+	worker_up(&w, "honest");
+	wcmd_ok(&w, NULL, 0, "malloc h 4194304");
+	/* An in-process client that does not rejoin by itself: the test does. */
+	setenv("GMB_RECONNECT", "0", 1);
+	cr_assert(eq(i32, gmb_connect(fx.gmbd.sock, "liar", &liar), 0));
+	unsetenv("GMB_RECONNECT");
+	cr_assert(eq(i32, gmb_malloc(liar, &pa, 4 * MiB, 0, "t"), 0));
+	cr_assert(eq(i32, gmb_malloc(liar, &pb, 2 * MiB, 0, "t"), 0));
+	a = alloc_at(liar, pa);
+	b = alloc_at(liar, pb);
+	json = status_json();
+	/* Clients are listed oldest first: "honest"'s id precedes its name. */
+	other = (uint64_t)json_i64_after(json, "\"clients\"", "id");
+	free(json);
+	gmbd_kill();
+	gmbd_up();
+
+	fd = raw_connect();
+	cr_assert(eq(i32, raw_hello(fd, 999), -ESTALE), "an id gmbd never had");
+	close(fd);
+	fd = raw_connect();
+	cr_assert(eq(i32, raw_hello(fd, other), -EPERM), "another process's client");
+	close(fd);
+	/* Its own id, but allocation a over b's chunk: not what gmbd lent. */
+	fd = raw_connect();
+	cr_assert(eq(i32, raw_hello(fd, gmb_client_id(liar)), 0));
+	cr_assert(eq(i32, raw_claim(fd, a, b->chunk_ids, b->nchunks), -EPERM));
+	close(fd);
+	cr_assert(status_lacks("liar"), "a refused claim leaves the client's memory lent");
+	wcmd_ok(&w, NULL, 0, "status");
+	json = status_json();
+	cr_assert(eq(i64, json_i64(json, "used_bytes"), (int64_t)(4 * MiB)), "%s", json);
+	free(json);
+	gmb_close(liar);
+	cr_assert(eq(i32, worker_quit(&w), 0));
+}
