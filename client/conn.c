@@ -77,6 +77,9 @@ static int conn_take_devices(struct gmb_client *c, const Gmb__HelloReply *hr, ch
 			return gmb__fail(err, -EPROTO, "gmbd reported granularity 0x%" PRIx64
 					 " for device %zu", g, i);
 		c->granularity[i] = g;
+		memset(c->uuid[i], 0, sizeof(c->uuid[i]));
+		if (hr->devices[i]->uuid.len == sizeof(c->uuid[i]))
+			memcpy(c->uuid[i], hr->devices[i]->uuid.data, sizeof(c->uuid[i]));
 	}
 	c->ndevices = (int)hr->n_devices;
 	c->device_bytes = hr->devices[0]->total_bytes;

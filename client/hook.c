@@ -166,7 +166,10 @@ static int hook_margin_check(struct gmb_client *c, size_t size, int dev)
 	int64_t budget = -1, used = -1;
 	int rc;
 
-	if (margin == 0 || dev < 0 || dev >= c->ndevices)
+	if (margin == 0)
+		return 0;
+	dev = gmb__mem_dev_index(c, dev, NULL);
+	if (dev < 0)
 		return 0; /* a bad device is gmb_malloc's to refuse */
 	rc = hook_device_use(c, dev, &budget, &used);
 	if (rc < 0)

@@ -136,6 +136,7 @@ struct gmb_client {
 	char backend_kind[16];
 	int ndevices;
 	uint64_t granularity[BACKEND_MAX_DEVICES];
+	uint8_t uuid[BACKEND_MAX_DEVICES][16]; /* gmbd's devices, by which the backend orders ours */
 	uint64_t device_bytes;       /* device 0's total, for the host backend */
 
 	pthread_mutex_t op_lock;
@@ -214,6 +215,8 @@ void gmb__release_run(struct backend *be, struct gmb__handle *rel);
 
 /* mem.c: the caller holds op_lock; @err gets the reason on failure. */
 int gmb__mem_backend(struct gmb_client *c, char *err);
+/* gmbd's index of this process's device @ordinal (what the application calls it). */
+int gmb__mem_dev_index(struct gmb_client *c, int ordinal, char *err);
 int gmb__mem_malloc(struct gmb_client *c, void **ptr, size_t size, int dev, const char *tag,
 		    char *err);
 int gmb__mem_free(struct gmb_client *c, void *ptr, char *err);

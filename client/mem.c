@@ -63,6 +63,9 @@ int gmb__mem_backend(struct gmb_client *c, char *err)
 	o.memory = c->device_bytes > o.granularity ? c->device_bytes : o.granularity;
 	if (strcmp(c->backend_kind, "host") == 0)
 		rc = backend_host_open(&o, &be);
+	else if (strcmp(c->backend_kind, "cuda") == 0)
+		/* Our device indexes become gmbd's, whatever CUDA_VISIBLE_DEVICES says. */
+		rc = backend_cuda_open_order((const uint8_t(*)[16])c->uuid, c->ndevices, &be);
 	else
 		rc = backend_open(c->backend_kind, &o, &be);
 	if (rc < 0)
@@ -72,6 +75,19 @@ int gmb__mem_backend(struct gmb_client *c, char *err)
 	c->be = be;
 	pthread_mutex_unlock(&c->lock);
 	return 0;
+}
+
+int gmb__mem_dev_index(struct gmb_client *c, int ordinal, char *err)
+{
+	int rc = gmb__mem_backend(c, err);
+
+	if (rc < 0)
+		return rc;
+	for (int i = 0; i < c->be->ndevices && i < c->ndevices; i++)
+		if (c->be->devices[i].ordinal == ordinal && ordinal >= 0)
+			return i;
+	return gmb__fail(err, -ENODEV, "device %d of this process is none of gmbd's %d devices",
+			 ordinal, c->ndevices);
 }
 
 /* Tags. */
@@ -437,9 +453,11 @@ int gmb__mem_malloc(struct gmb_client *c, void **ptr, size_t size, int dev, cons
 
 	if (!tag)
 		tag = "default";
-	rc = mem_malloc_check(c, ptr, size, dev, tag, err);
+	rc = gmb__mem_backend(c, err);
 	if (rc == 0)
-		rc = gmb__mem_backend(c, err);
+		rc = dev = gmb__mem_dev_index(c, dev, err);
+	if (rc >= 0)
+		rc = mem_malloc_check(c, ptr, size, dev, tag, err);
 	if (rc < 0)
 		return rc;
 	t = gmb__mem_tag_find(c, tag);

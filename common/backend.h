@@ -37,6 +37,8 @@ struct backend_device {
 	 * by uuid. The host backend makes one up from the index.
 	 */
 	uint8_t uuid[16];
+	/* This process's own index for it (the CUDA ordinal); -1: not visible here. */
+	int ordinal;
 	uint64_t total_bytes;
 	uint64_t granularity;
 };
@@ -119,6 +121,13 @@ void backend_close(struct backend *b);
 
 int backend_host_open(const struct backend_host_opts *opts, struct backend **out);
 int backend_cuda_open(struct backend **out);
+/*
+ * backend_cuda_open_order() - the cuda backend with its devices in the order
+ * of @uuids (gmbd's), so that a client's device indexes are gmbd's whatever
+ * CUDA_VISIBLE_DEVICES says. A device this process cannot see keeps its
+ * place with ordinal -1 and refuses every operation (-ENODEV).
+ */
+int backend_cuda_open_order(const uint8_t (*uuids)[16], int n, struct backend **out);
 
 /* Why the calling thread's last backend operation failed ("" if unknown). */
 const char *backend_last_error(void);

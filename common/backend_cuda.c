@@ -198,6 +198,7 @@ static int cuda_dev_probe(struct cuda_priv *c, int i)
 		return cuda__fail(c, r, "cuMemGetAllocationGranularity", "dev=%d", i);
 	bd->total_bytes = total;
 	bd->granularity = gran;
+	bd->ordinal = i;
 	if (gran > c->gran)
 		c->gran = gran;
 	return 0;
@@ -224,6 +225,32 @@ static int cuda_devices(struct cuda_priv *c)
 	return 0;
 }
 
+/* Puts the probed devices in @uuids' order; unmatched uuids become holes. */
+static void cuda_devices_order(struct cuda_priv *c, const uint8_t (*uuids)[16], int n)
+{
+	static const struct backend_device hole = { .name = "not visible", .ordinal = -1 };
+	struct backend_device bd[BACKEND_MAX_DEVICES];
+	struct cuda_dev cd[BACKEND_MAX_DEVICES];
+
+	if (n > BACKEND_MAX_DEVICES)
+		n = BACKEND_MAX_DEVICES;
+	for (int i = 0; i < n; i++) {
+		bd[i] = hole;
+		memcpy(bd[i].uuid, uuids[i], sizeof(bd[i].uuid));
+		cd[i] = (struct cuda_dev){ 0 };
+		for (int j = 0; j < c->b.ndevices; j++) {
+			if (memcmp(c->b.devices[j].uuid, uuids[i], sizeof(bd[i].uuid)) == 0) {
+				bd[i] = c->b.devices[j];
+				cd[i] = c->devs[j];
+				break;
+			}
+		}
+	}
+	memcpy(c->b.devices, bd, (size_t)n * sizeof(bd[0]));
+	memcpy(c->devs, cd, (size_t)n * sizeof(cd[0]));
+	c->b.ndevices = n;
+}
+
 /* Argument checks, as the host backend makes them. */
 
 int cuda__check_dev(struct cuda_priv *c, const char *op, int dev)
@@ -231,6 +258,9 @@ int cuda__check_dev(struct cuda_priv *c, const char *op, int dev)
 	if (dev < 0 || dev >= c->b.ndevices)
 		return backend_fail(-EINVAL, "cuda backend: %s: no device %d (have %d)", op, dev,
 				    c->b.ndevices);
+	if (c->b.devices[dev].ordinal < 0)
+		return backend_fail(-ENODEV, "cuda backend: %s: device %d is not visible in this "
+				    "process (CUDA_VISIBLE_DEVICES)", op, dev);
 	return 0;
 }
 
@@ -261,7 +291,7 @@ static int cuda_chunk_create(struct backend *b, int dev, uint64_t size, uint64_t
 		rc = cuda_check_range(c, "chunk_create", 0, size);
 	if (rc < 0)
 		return rc;
-	cuda_prop_init(&prop, dev);
+	cuda_prop_init(&prop, c->b.devices[dev].ordinal);
 	r = CUDA_RELAXED(c, c->api.MemCreate(&h, size, &prop, 0));
 	if (r != CUDA_SUCCESS)
 		return cuda__fail(c, r, "cuMemCreate", "dev=%d size=0x%" PRIx64, dev, size);
@@ -400,6 +430,8 @@ static int cuda_set_access(struct backend *b, int dev, uintptr_t va, uint64_t si
 		rc = cuda_check_range(c, "set_access", va, size);
 	if (rc < 0)
 		return rc;
+	/* The driver names the device by this process's ordinal, not by our index. */
+	desc.location.id = c->b.devices[dev].ordinal;
 	/* One call over back-to-back mappings costs what one mapping does (GPU-FACTS.md). */
 	r = CUDA_RELAXED(c, c->api.MemSetAccess(va, size, &desc, 1));
 	if (r != CUDA_SUCCESS)
@@ -443,6 +475,11 @@ static void cuda_close(struct backend *b)
 
 int backend_cuda_open(struct backend **out)
 {
+	return backend_cuda_open_order(NULL, 0, out);
+}
+
+int backend_cuda_open_order(const uint8_t (*uuids)[16], int n, struct backend **out)
+{
 	struct cuda_priv *c;
 	int rc;
 
@@ -465,6 +502,8 @@ int backend_cuda_open(struct backend **out)
 		rc = cuda_devices(c);
 	if (rc < 0)
 		goto out_lib;
+	if (uuids && n > 0)
+		cuda_devices_order(c, uuids, n);
 	c->b.ops = &cuda_ops;
 	c->b.priv = c;
 	*out = &c->b;

@@ -733,6 +733,7 @@ int backend_host_open(const struct backend_host_opts *opts, struct backend **out
 		/* Every process that opens the host backend sees the same uuids. */
 		memcpy(b->devices[i].uuid, "gmb-host-device", 15);
 		b->devices[i].uuid[15] = (uint8_t)i;
+		b->devices[i].ordinal = i;
 		b->devices[i].total_bytes = opts->memory;
 		b->devices[i].granularity = opts->granularity;
 	}

@@ -7,6 +7,9 @@
  * both say the memory is on that device; the broker's used_bytes grows on
  * that device only; the driver's free memory drops on that device; a kernel
  * on that device writes and checks it, also after a pause/resume (PRESERVE).
+ * Then a process started with CUDA_VISIBLE_DEVICES=1 calls that GPU its
+ * device 0: its gmb_malloc on device 0 must land on gmbd's device 1 (libgmb
+ * maps its device indexes to gmbd's by uuid).
  * Skips (exit 77) with fewer than two GPUs.
  */
 #include "tests/gpu/gpu_util.h"
@@ -22,8 +25,41 @@ static uint64_t dev_free(int dev)
 	return f;
 }
 
-int main(void)
+/* The child of the CUDA_VISIBLE_DEVICES=1 check: its device 0 is gmbd's device 1. */
+static int visible_child(void)
 {
+	int n = 0;
+	void *p = NULL;
+
+	gu_set_name("two_gpus-visible");
+	CUDA_CK(cudaGetDeviceCount(&n));
+	CHECK(n == 1, "CUDA_VISIBLE_DEVICES=1 shows %d devices", n);
+	gu_cuda_init(0);
+	CU_CK(cuInit(0));
+	gmb_client *c = gu_connect("two-gpus-visible");
+	struct gu_dev_status b0 = gu_status(c, 0), b1 = gu_status(c, 1);
+
+	GMB_CK(c, gmb_tag_set_mode(c, "vis", GMB_MODE_PRESERVE));
+	GMB_CK(c, gmb_malloc(c, &p, 1 * GiB, 0, "vis"));
+	struct gu_dev_status a0 = gu_status(c, 0), a1 = gu_status(c, 1);
+	CHECK(a1.used >= b1.used + 1 * GiB && a0.used == b0.used,
+	      "this process's device 0 went to gmbd's device %s (dev0 +%.2f GiB, dev1 +%.2f GiB)",
+	      a1.used > b1.used ? "1" : "0", gu_gib(a0.used - b0.used), gu_gib(a1.used - b1.used));
+	gu_fill(p, 1 * GiB, 0x7e000000ULL, 0);
+	CUDA_CK(cudaDeviceSynchronize());
+	GMB_CK(c, gmb_pause(c, "vis"));
+	GMB_CK(c, gmb_resume(c, "vis"));
+	CHECK(gu_check(p, 1 * GiB, 0x7e000000ULL) == 0, "bytes lost across pause/resume");
+	GMB_CK(c, gmb_free(c, p));
+	gmb_close(c);
+	gu_result("PASS", "device 0 of a CUDA_VISIBLE_DEVICES=1 process is gmbd's device 1");
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 1 && strcmp(argv[1], "visible") == 0)
+		return visible_child();
 	gu_set_name("two_gpus");
 	int ndev = 0;
 	char tag[16], detail[512] = "";
@@ -88,6 +124,14 @@ int main(void)
 	}
 	gu_print_status(c, "two_gpus");
 	gmb_close(c);
-	gu_result("PASS", "%d GPUs; %s", ndev, detail);
+
+	char *vargv[] = { argv[0], (char *)"visible", NULL };
+	setenv("CUDA_VISIBLE_DEVICES", "1", 1);
+	pid_t pid = gu_spawn_self(vargv, -1);
+	unsetenv("CUDA_VISIBLE_DEVICES");
+	int rc = gu_wait_child(pid, 120);
+	CHECK(rc == 0, "the CUDA_VISIBLE_DEVICES=1 process failed (exit %d)", rc);
+	gu_result("PASS", "%d GPUs; %s; CUDA_VISIBLE_DEVICES=1: device 0 is gmbd's 1", ndev,
+		  detail);
 	return 0;
 }
