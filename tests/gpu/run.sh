@@ -238,13 +238,16 @@ fi
 append_daemon_log "gmbd log" "$DLOG"
 append_daemon_log "gmbd --budget log" "$DLOG2"
 
+# Restart without loss on the cuda backend: a stand-in for systemd's fd store.
+scenario restart 240 python3 tests/gpu/gpu_restart.py "$B" 8
+
 # What one driver call costs over several mappings (informs the layout).
 scenario unmap_probe 120 "$B/unmap_probe"
 
 # The PyTorch scenarios start their own gmbd; each of their rows joins this table.
 if [ "$DO_TORCH" = 1 ] && [ -x tests/gpu/torch_run.sh ]; then
 	echo "==== torch: tests/gpu/torch_run.sh (its log: torch-tests.log)" >>"$LOG"
-	timeout -k 10 480 tests/gpu/torch_run.sh >"$TMPD/torch.out" 2>&1
+	timeout -k 10 400 tests/gpu/torch_run.sh >"$TMPD/torch.out" 2>&1
 	rc=$?
 	rows=$(grep -a '^| torch' "$OUTDIR/torch-tests-table.txt" 2>/dev/null)
 	if [ -z "$rows" ]; then

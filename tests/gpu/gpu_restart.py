@@ -5,7 +5,7 @@ Plays systemd for gmbd on the cuda backend, the way tests/test_restart.c
 does on the host backend: holds the listening socket, keeps what gmbd
 stores with FDSTORE=1 (an exported CUDA fd per chunk, and the state memfd),
 and starts gmbd again with them in LISTEN_FDS/LISTEN_FDNAMES after killing
-it with SIGKILL while tests/systemd/gpu_restart.cu holds memory.
+it with SIGKILL while tests/gpu/gpu_restart.cu holds memory.
 
 Checks: the new gmbd re-imports the chunks instead of creating memory (its
 status is the same as before, and the GPU's used memory does not grow by
