@@ -1,6 +1,6 @@
 /*
  * gpu_restart.cu - the client side of restart without loss on a real GPU,
- * driven by tests/systemd/gpu_restart.py (which plays systemd for a gmbd
+ * driven by tests/gpu/gpu_restart.py (which plays systemd for a gmbd
  * on the cuda backend and kills it with SIGKILL).
  *
  * Allocates SIZE GiB in a PRESERVE tag and 1 GiB in a DISCARD tag, writes a
