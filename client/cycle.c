@@ -238,6 +238,25 @@ static int cycle_check_lends(struct gmb_client *c, const struct gmb__tag *only,
 	return rc;
 }
 
+/*
+ * ZERO: zero-filled; PRESERVE: the saved bytes (zero-filled if none were
+ * saved). Queued as soon as the allocation is mapped, so the copy of one
+ * runs while the next is mapped: mapping many small allocations would
+ * otherwise add to the copy time instead of hiding under it.
+ */
+static int cycle_restore_one(struct gmb_client *c, struct gmb__alloc *a, char *err)
+{
+	struct backend *be = c->be;
+	bool copy = a->saved && a->staging;
+	int rc;
+
+	if (a->tag->mode == GMB_MODE_DISCARD)
+		return 0;
+	rc = be->ops->contents_queue(be, a->dev, copy ? BACKEND_FROM_HOST : BACKEND_ZERO,
+				     copy ? a->staging : NULL, a->va, a->size);
+	return rc < 0 ? gmb__mem_be_fail(err, rc, "restoring an allocation's contents") : 0;
+}
+
 /* The lends become the allocations' last lends, then each is mapped. */
 static int cycle_apply_lends(struct gmb_client *c, const Gmb__Lend **lends, size_t n, char *err)
 {
@@ -257,36 +276,14 @@ static int cycle_apply_lends(struct gmb_client *c, const Gmb__Lend **lends, size
 		return gmb__fail(err, rc, "out of memory recording gmbd's lends");
 	if (rc < 0)
 		return gmb__fail(err, rc, "a chunk gmbd lent was dropped before it was mapped");
-	for (size_t i = 0; i < n && rc == 0; i++)
-		rc = gmb__mem_map(c, idmap_get(&c->mem.by_id, lends[i]->alloc_id), err);
-	return rc;
-}
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		struct gmb__alloc *a = idmap_get(&c->mem.by_id, lends[i]->alloc_id);
 
-/* ZERO: zero-filled; PRESERVE: the saved bytes (zero-filled if none were saved). */
-static int cycle_restore(struct gmb_client *c, const struct gmb__tag *only, char *err)
-{
-	struct backend *be = c->be;
-
-	for (struct gmb__tag *t = c->mem.tags; t; t = t->next) {
-		if (!cycle_tag_in(t, only, true) || t->mode == GMB_MODE_DISCARD)
-			continue;
-		for (struct gmb__alloc *a = t->allocs; a; a = a->next) {
-			bool copy = a->saved && a->staging;
-			int rc = be->ops->contents_queue(be, a->dev, copy ? BACKEND_FROM_HOST : BACKEND_ZERO,
-							 copy ? a->staging : NULL, a->va, a->size);
-
-			if (rc < 0) {
-				gmb__mem_sync(c, cycle_devices(c, only, true), NULL);
-				return gmb__mem_be_fail(err, rc, "restoring an allocation's contents");
-			}
-		}
+		rc = gmb__mem_map(c, a, err);
+		if (rc == 0)
+			rc = cycle_restore_one(c, a, err);
 	}
-	/*
-	 * The queued copies run on the backend's stream of each device's primary
-	 * context; draining the device waits for them too, and the application's
-	 * next kernel must see the restored bytes anyway.
-	 */
-	return gmb__mem_sync(c, cycle_devices(c, only, true), err);
+	return rc;
 }
 
 /* Puts a failed resume back: unmapped here, paused at gmbd, tag by tag. */
@@ -308,10 +305,18 @@ static int cycle_resume_reply(struct gmb_client *c, const struct gmb__tag *only,
 	rc = cycle_collect_lends(rep, &lends, &n, err);
 	if (rc == 0)
 		rc = cycle_check_lends(c, only, lends, n, err);
-	if (rc == 0)
+	if (rc == 0) {
 		rc = cycle_apply_lends(c, lends, n, err);
-	if (rc == 0)
-		rc = cycle_restore(c, only, err);
+		/*
+		 * Wait for the queued restores even after a failure (a repause would
+		 * unmap under them); the application's next kernel must see the
+		 * restored bytes anyway. The queue is on each device's primary
+		 * context, which draining the device waits for.
+		 */
+		int src = gmb__mem_sync(c, cycle_devices(c, only, true), rc ? NULL : err);
+
+		rc = rc ? rc : src;
+	}
 	free(lends);
 	return rc;
 }

@@ -238,6 +238,9 @@ fi
 append_daemon_log "gmbd log" "$DLOG"
 append_daemon_log "gmbd --budget log" "$DLOG2"
 
+# The main gmbd is gone: what follows starts its own.
+SCN_GMBD_PID=""
+
 # Restart without loss on the cuda backend: a stand-in for systemd's fd store.
 scenario restart 240 python3 tests/gpu/gpu_restart.py "$B" 8
 

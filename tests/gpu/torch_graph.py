@@ -59,6 +59,10 @@ def main():
     if "cuda_graph" not in tags:
         result(False, f"the graph's pool did not land in tag cuda_graph: {tags}")
     graph_bytes = tags["cuda_graph"]["bytes"]
+    with torch.no_grad():
+        g.replay()
+        torch.cuda.synchronize()
+    log(f"second replay before any pause bit-exact: {bits_equal(out, ref)}")
     c.trim()
     free0 = free_bytes()
     t0 = time.monotonic()
@@ -81,6 +85,10 @@ def main():
         g.replay()
         torch.cuda.synchronize()
     same = bits_equal(out, ref)
+    if not same:
+        diff = (out.float() - ref.float()).abs()
+        log(f"after resume: {(diff > 0).float().mean().item() * 100:.2f}% of {out.numel()} "
+            f"outputs differ, max |diff| {diff.max().item():.4g}")
     gained = free1 - free0
     freed_ok = gained >= 0.9 * graph_bytes
     detail = (f"capture mode {cmode}: graph pool {graph_bytes / GiB:.2f} GiB in {tags['cuda_graph']['allocations']} "
