@@ -189,6 +189,8 @@ DOCDIR ?= $(PREFIX)/share/doc/gmbd
 SYSCONFDIR ?= /etc
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+# The Python module: it finds libgmb through $GMB_LIB or the library path (libgmb.so.0).
+PYTHONDIR ?= $(PREFIX)/lib/python3/dist-packages
 # The units name /usr/local; another PREFIX is written into them.
 UNIT_SED := s|/usr/local/sbin/gmbd|$(SBINDIR)/gmbd|; s|/usr/local/share/doc/gmbd|$(DOCDIR)|
 
@@ -201,6 +203,9 @@ install: build/bin ## install (PREFIX=/usr/local, DESTDIR=); keeps an existing g
 	$(Q)install -m 0755 build/libgmb.so $(DESTDIR)$(LIBDIR)/libgmb.so.0
 	$(Q)ln -sf libgmb.so.0 $(DESTDIR)$(LIBDIR)/libgmb.so
 	$(Q)install -m 0644 build/libgmb.a $(DESTDIR)$(LIBDIR)/libgmb.a
+	$(Q)install -m 0755 build/libgmb_preload.so $(DESTDIR)$(LIBDIR)/libgmb_preload.so
+	$(Q)install -d $(DESTDIR)$(PYTHONDIR)/gmb
+	$(Q)install -m 0644 client/python/gmb/*.py $(DESTDIR)$(PYTHONDIR)/gmb/
 	$(Q)install -m 0644 include/gmb.h $(DESTDIR)$(INCLUDEDIR)/gmb.h
 	$(Q)for u in gmbd.service gmbd.socket; do \
 		sed '$(UNIT_SED)' deploy/$$u > $(DESTDIR)$(UNITDIR)/$$u.tmp; \
@@ -223,7 +228,8 @@ install: build/bin ## install (PREFIX=/usr/local, DESTDIR=); keeps an existing g
 NSPAWN_ROOT := build/nspawn-root
 NSPAWN_STAMP := $(NSPAWN_ROOT)/.gmbd-tree
 NSPAWN_SUITE := bookworm
-NSPAWN_MIRROR ?= http://deb.debian.org/debian
+# debootstrap's own default mirror unless NSPAWN_MIRROR names another.
+NSPAWN_MIRROR ?=
 # gmbd and the test client link libuv and protobuf-c dynamically.
 NSPAWN_INCLUDE := systemd,dbus,libuv1,libprotobuf-c1
 NSPAWN_DEB := debootstrap systemd-container

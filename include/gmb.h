@@ -98,7 +98,12 @@ GMB_API int gmb_set_control_handler(gmb_client *c, gmb_control_fn fn, void *arg)
  * gmb_poll() - wait up to @timeout_ms (-1: forever) for the next request from
  * the broker and let the library's thread handle it.
  * Return: the number of broker requests handled (0 on timeout), or
- * -ENOTCONN once the connection to the broker is lost.
+ * -ENOTCONN once the connection to the broker is lost for good. While the
+ * library reconnects (after a restart of gmbd) it just times out.
+ *
+ * Environment: GMB_RECONNECT=0 turns reconnecting off; GMB_RECONNECT_TIMEOUT
+ * (seconds, default 30; 0: fail at once) bounds how long a call that needs
+ * gmbd waits for it to come back before it returns -ENOTCONN.
  */
 GMB_API int gmb_poll(gmb_client *c, int timeout_ms);
 
