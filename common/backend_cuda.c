@@ -432,7 +432,8 @@ static int cuda_set_access(struct backend *b, int dev, uintptr_t va, uint64_t si
 		return rc;
 	/* The driver names the device by this process's ordinal, not by our index. */
 	desc.location.id = c->b.devices[dev].ordinal;
-	/* One call over back-to-back mappings costs what one mapping does (GPU-FACTS.md). */
+	/* One call over back-to-back mappings costs what one call per mapping does
+	 * (GPU-FACTS.md, bench/unmap_probe.cu): the driver charges per mapping. */
 	r = CUDA_RELAXED(c, c->api.MemSetAccess(va, size, &desc, 1));
 	if (r != CUDA_SUCCESS)
 		return cuda__fail(c, r, "cuMemSetAccess", "dev=%d va=0x%" PRIxPTR " size=0x%" PRIx64,

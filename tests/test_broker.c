@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "tests/util.h"
 #include "daemon/broker.h"
 #include "gmb.h"
 
@@ -51,29 +52,6 @@ static struct {
 	size_t n[8];
 	int calls;
 } drops;
-
-static int count_memfds(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	struct dirent *e;
-	int n = 0;
-
-	cr_assert(not(eq(ptr, d, NULL)));
-	while ((e = readdir(d))) {
-		char path[300], link[256];
-		ssize_t len;
-
-		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
-		len = readlink(path, link, sizeof(link) - 1);
-		if (len <= 0)
-			continue;
-		link[len] = '\0';
-		if (strncmp(link, "/memfd:gmb-chunk", 16) == 0)
-			n++;
-	}
-	closedir(d);
-	return n;
-}
 
 static void check_pool(const struct pool *p)
 {
@@ -192,7 +170,7 @@ static void check_broker(void)
 		nchunks += br->pools[d].nchunks;
 	}
 	cr_assert(eq(sz, br->chunks.count, (size_t)nchunks));
-	cr_assert(eq(i32, count_memfds(), (int)nchunks), "backend chunks alive");
+	cr_assert(eq(i32, proc_count_memfds(), (int)nchunks), "backend chunks alive");
 	check_holders();
 }
 
@@ -259,7 +237,7 @@ static void setup(void)
 static void teardown(void)
 {
 	broker_free(br);
-	cr_expect(eq(i32, count_memfds(), 0), "chunks leaked past broker_free");
+	cr_expect(eq(i32, proc_count_memfds(), 0), "chunks leaked past broker_free");
 	if (real_ops)
 		be->ops = real_ops;
 	backend_close(be);
@@ -435,7 +413,7 @@ Test(broker, never_lends_across_uids)
 	x = alloc_ok(c, 0, 1 * GiB, "w", 1, 1);
 	cr_assert(eq(u32, br->pools[0].nchunks, 2));
 	cr_assert(eq(u64, br->pools[0].held_bytes, 2 * GiB));
-	cr_assert(eq(i32, count_memfds(), 2), "one chunk released, one created");
+	cr_assert(eq(i32, proc_count_memfds(), 2), "one chunk released, one created");
 	cr_assert(eq(u32, br->pools[0].free_head->uid, 1000));
 }
 
@@ -653,7 +631,7 @@ Test(broker, client_removal_returns_every_byte)
 	cr_assert(eq(i32, broker_trim(br, -1, &released, &pending, err), 0));
 	cr_assert(eq(u64, released, 1 * GiB + 84 * MiB));
 	cr_assert(eq(u64, pending, 0));
-	cr_assert(eq(i32, count_memfds(), 0));
+	cr_assert(eq(i32, proc_count_memfds(), 0));
 }
 
 Test(broker, trim_and_keep)
@@ -685,7 +663,7 @@ Test(broker, trim_and_keep)
 	broker_dropped(br, a, &id, 1);
 	broker_dropped(br, a, &id, 1);
 	check_broker();
-	cr_assert(eq(i32, count_memfds(), 0));
+	cr_assert(eq(i32, proc_count_memfds(), 0));
 	resume_ok(a, "kv", 1, 1);
 	cr_assert(not(eq(ptr, x->chunks[0], NULL)));
 }

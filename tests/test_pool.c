@@ -16,6 +16,7 @@
 
 #include "common/backend.h"
 #include "common/idmap.h"
+#include "tests/util.h"
 #include "daemon/pool.h"
 
 /* Criterion's workers exit without LeakSanitizer's report: ask for it. */
@@ -47,29 +48,6 @@ static struct backend_ops fail_ops;
 static int creates_left;
 
 /* The host backend's chunks are memfds named "gmb-chunk": count the live ones. */
-static int count_memfds(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	struct dirent *e;
-	int n = 0;
-
-	cr_assert(not(eq(ptr, d, NULL)));
-	while ((e = readdir(d))) {
-		char path[300], link[256];
-		ssize_t len;
-
-		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
-		len = readlink(path, link, sizeof(link) - 1);
-		if (len <= 0)
-			continue;
-		link[len] = '\0';
-		if (strncmp(link, "/memfd:gmb-chunk", 16) == 0)
-			n++;
-	}
-	closedir(d);
-	return n;
-}
-
 /* Counters against the lists: held = lent + free + pending, free list sorted. */
 static void check_pool(const struct pool *p)
 {
@@ -91,7 +69,7 @@ static void check_pool(const struct pool *p)
 	cr_assert(eq(u64, p->held_bytes, p->lent_bytes + p->free_bytes + p->pending_bytes));
 	cr_assert(le(u32, n, p->nchunks));
 	cr_assert(eq(sz, reg.count, (size_t)p->nchunks));
-	cr_assert(eq(i32, count_memfds(), (int)p->nchunks));
+	cr_assert(eq(i32, proc_count_memfds(), (int)p->nchunks));
 }
 
 static void open_pool(uint64_t budget, uint64_t max_chunk, uint64_t keep)
@@ -114,7 +92,7 @@ static void setup(void)
 static void teardown(void)
 {
 	pool_deinit(&pool);
-	cr_expect(eq(i32, count_memfds(), 0), "chunks leaked past pool_deinit");
+	cr_expect(eq(i32, proc_count_memfds(), 0), "chunks leaked past pool_deinit");
 	idmap_deinit(&reg);
 	if (real_ops)
 		be->ops = real_ops;
@@ -303,13 +281,13 @@ Test(pool, releases_idle_chunks_to_make_room)
 	struct pool_take b;
 
 	put_all(&a);
-	cr_assert(eq(i32, count_memfds(), 4));
+	cr_assert(eq(i32, proc_count_memfds(), 4));
 	/* Another uid cannot use them; two idle ones go back for two new ones. */
 	b = take(2 * GiB, 2000, NULL, 0);
 	cr_assert(eq(u32, b.ncreated, 2));
 	cr_assert(eq(u64, pool.held_bytes, 4 * GiB));
 	cr_assert(eq(u64, pool.free_bytes, 2 * GiB));
-	cr_assert(eq(i32, count_memfds(), 4));
+	cr_assert(eq(i32, proc_count_memfds(), 4));
 	put_all(&b);
 }
 
@@ -334,7 +312,7 @@ Test(pool, eagain_when_held_chunks_must_be_dropped)
 		  "drop_sent keeps the entry until the ack");
 	cr_assert(eq(i32, pool_unhold(&pool, pool.pending_head, CA, true), 1));
 	cr_assert(eq(u64, pool.pending_bytes, 0));
-	cr_assert(eq(i32, count_memfds(), 3));
+	cr_assert(eq(i32, proc_count_memfds(), 3));
 	b = take(1 * GiB, 2000, NULL, 0);
 	cr_assert(eq(u32, b.ncreated, 1));
 	put_all(&b);

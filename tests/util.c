@@ -148,6 +148,29 @@ int gmbd_stop(struct gmbd_proc *d)
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+int proc_count_memfds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	int n = 0;
+
+	if (!d)
+		return -errno;
+	while ((e = readdir(d))) {
+		char path[300], link[256];
+		ssize_t len;
+
+		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+		len = readlink(path, link, sizeof(link) - 1);
+		if (len <= 0)
+			continue;
+		link[len] = '\0';
+		n += strncmp(link, "/memfd:gmb-chunk", 16) == 0;
+	}
+	closedir(d);
+	return n;
+}
+
 int proc_count_fds(pid_t pid)
 {
 	char path[64];

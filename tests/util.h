@@ -34,6 +34,9 @@ int gmbd_stop(struct gmbd_proc *d);
 /* Waits for gmbd to exit (signalled already); its exit status, -1 for a signal. */
 int gmbd_wait(struct gmbd_proc *d);
 
+/* Host backend chunks (memfds named gmb-chunk) this process holds open. */
+int proc_count_memfds(void);
+
 /* Open fds of @pid (/proc/PID/fd), -errno on failure. */
 int proc_count_fds(pid_t pid);
 

@@ -101,3 +101,58 @@ machine_info() {
 		echo "gpu: nvidia-smi not found"
 	fi
 }
+
+# The summary table both run.sh and torch_run.sh print last. TAG prefixes
+# the live lines; ONLY (",a,b,") picks scenarios.
+NAMES=() RESULTS=() DETAILS=()
+record() { # record NAME VERDICT DETAIL
+	NAMES+=("$1") RESULTS+=("$2") DETAILS+=("$3")
+	printf '[%s] %-20s %-4s %s\n' "${TAG:-gpu}" "$1" "$2" "$3"
+}
+
+wanted() { [ -z "$ONLY" ] || [[ $ONLY == *",$1,"* ]]; }
+
+# write_table HEADLINE...: the headline lines, the machine, then the rows, to
+# $TABLE, the log and stdout.
+write_table() {
+	local i
+	{
+		echo
+		printf '%s\n' "$@"
+		machine_info
+		echo
+		echo "| scenario | result | detail |"
+		echo "|---|---|---|"
+		for i in "${!NAMES[@]}"; do
+			echo "| ${NAMES[$i]} | ${RESULTS[$i]} | ${DETAILS[$i]//|//} |"
+		done
+	} >"$TABLE"
+	cat "$TABLE" >>"$LOG"
+	cat "$TABLE"
+}
+
+# run_result NAME LIMIT COMMAND...: runs it under timeout, its output in
+# $TMPD/NAME.out and the log, and sets VERDICT and DETAIL from its last
+# "RESULT: VERDICT - detail" line and its exit status (77: a skip).
+run_result() {
+	local name=$1 limit=$2 out=$TMPD/$1.out rc line
+	shift 2
+	echo "==== $name: $* (timeout ${limit}s, $(date -u +%T))" >>"$LOG"
+	timeout -k 10 "$limit" "$@" >"$out" 2>&1
+	rc=$?
+	cat "$out" >>"$LOG"
+	echo "==== $name: exit $rc" >>"$LOG"
+	line=$(grep -a '^RESULT: ' "$out" | tail -n 1)
+	VERDICT=${line#RESULT: }
+	VERDICT=${VERDICT%% - *}
+	DETAIL=${line#RESULT: * - }
+	if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+		VERDICT=FAIL DETAIL="timed out after ${limit} s; last line: $(tail -n 1 "$out")"
+	elif [ -z "$line" ]; then
+		VERDICT=FAIL DETAIL="exit $rc without a RESULT line; last line: $(tail -n 1 "$out")"
+	elif [ "$VERDICT" = PASS ] && [ "$rc" != 0 ]; then
+		VERDICT=FAIL DETAIL="said PASS but exited $rc: $DETAIL"
+	elif [ "$VERDICT" = SKIP ] && [ "$rc" != 77 ] && [ "$rc" != 0 ]; then
+		VERDICT=FAIL DETAIL="said SKIP but exited $rc: $DETAIL"
+	fi
+}

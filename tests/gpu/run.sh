@@ -54,14 +54,6 @@ SOCK2=$TMPD/gmbd-budget.sock
 DLOG2=$TMPD/gmbd-budget.log
 trap 'gmbd_stop_all; rm -rf "$TMPD"' EXIT
 
-NAMES=() RESULTS=() DETAILS=()
-record() { # record NAME VERDICT DETAIL
-	NAMES+=("$1")
-	RESULTS+=("$2")
-	DETAILS+=("$3")
-	printf '[gpu] %-15s %-4s %s\n' "$1" "$2" "$3"
-}
-
 print_table() {
 	local i pass=0 fail=0 skip=0 miss=0 overall
 	for i in "${!NAMES[@]}"; do
@@ -74,50 +66,18 @@ print_table() {
 	done
 	overall=PASS
 	[ "$fail" -gt 0 ] && overall=FAIL
-	{
-		echo
-		echo "==== gmbd GPU tests: $overall ($pass passed, $fail failed, $skip skipped$([ "$miss" -gt 0 ] && echo ", bench goals missed")) ===="
-		echo "command: tests/gpu/run.sh $ARGS"
-		machine_info
-		echo
-		echo "| scenario | result | detail |"
-		echo "|---|---|---|"
-		for i in "${!NAMES[@]}"; do
-			echo "| ${NAMES[$i]} | ${RESULTS[$i]} | ${DETAILS[$i]//|//} |"
-		done
-	} >"$TABLE"
-	cat "$TABLE" >>"$LOG"
-	cat "$TABLE"
+	write_table "==== gmbd GPU tests: $overall ($pass passed, $fail failed, $skip skipped$([ "$miss" -gt 0 ] && echo ", bench goals missed")) ====" \
+		"command: tests/gpu/run.sh $ARGS"
 	[ "$fail" = 0 ]
 }
 
-wanted() { [ -z "$ONLY" ] || [[ $ONLY == *",$1,"* ]]; }
-
 # scenario NAME TIMEOUT_S COMMAND... : runs it, reads its RESULT line.
 scenario() {
-	local name=$1 limit=$2 out rc line verdict detail t0 dead=""
-	shift 2
+	local name=$1 verdict detail t0 dead=""
 	wanted "$name" || return 0
-	out=$TMPD/$name.out
 	t0=$SECONDS
-	echo "==== $name: $* (timeout ${limit}s, $(date -u +%T))" >>"$LOG"
-	timeout -k 10 "$limit" "$@" >"$out" 2>&1
-	rc=$?
-	cat "$out" >>"$LOG"
-	echo "==== $name: exit $rc after $((SECONDS - t0)) s" >>"$LOG"
-	line=$(grep -a '^RESULT: ' "$out" | tail -n 1)
-	verdict=${line#RESULT: }
-	verdict=${verdict%% - *}
-	detail=${line#RESULT: * - }
-	if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-		verdict=FAIL detail="timed out after ${limit} s; last line: $(tail -n 1 "$out")"
-	elif [ -z "$line" ]; then
-		verdict=FAIL detail="exit $rc without a RESULT line; last line: $(tail -n 1 "$out")"
-	elif [ "$verdict" = PASS ] && [ "$rc" != 0 ]; then
-		verdict=FAIL detail="said PASS but exited $rc: $detail"
-	elif [ "$verdict" = SKIP ] && [ "$rc" != 77 ] && [ "$rc" != 0 ]; then
-		verdict=FAIL detail="said SKIP but exited $rc: $detail"
-	fi
+	run_result "$@"
+	verdict=$VERDICT detail=$DETAIL
 	if [ -n "$SCN_GMBD_PID" ] && ! kill -0 "$SCN_GMBD_PID" 2>/dev/null; then
 		dead=" [gmbd died during this scenario]"
 		verdict=FAIL
@@ -131,7 +91,7 @@ scenario() {
 	record "$name" "$verdict" "$detail$dead ($((SECONDS - t0)) s)"
 	if [ "$verdict" = FAIL ]; then
 		echo "---- last lines of $name ----"
-		tail -n 15 "$out"
+		tail -n 15 "$TMPD/$name.out"
 		echo "----"
 	fi
 	return 0

@@ -59,11 +59,7 @@ TMPD=$(mktemp -d /tmp/gmb-torch.XXXXXX)
 trap 'gmbd_stop_all; rm -rf "$TMPD"' EXIT
 : >"$LOG"
 
-NAMES=() RESULTS=() DETAILS=()
-record() {
-	NAMES+=("$1") RESULTS+=("$2") DETAILS+=("$3")
-	printf '[torch] %-20s %-4s %s\n' "$1" "$2" "$3"
-}
+TAG=torch
 
 finish() {
 	local i pass=0 fail=0 overall=PASS
@@ -71,26 +67,12 @@ finish() {
 		if [ "${RESULTS[$i]}" = PASS ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
 	done
 	[ "$fail" -gt 0 ] && overall=FAIL
-	{
-		echo
-		echo "==== gmbd PyTorch GPU tests: $overall ($pass passed, $fail failed) ===="
-		echo "command: tests/gpu/torch_run.sh $ARGS; python: ${PY:-none} (torch ${TORCH_VERSION:-?})"
-		machine_info
-		echo
-		echo "| scenario | result | detail |"
-		echo "|---|---|---|"
-		for i in "${!NAMES[@]}"; do
-			echo "| ${NAMES[$i]} | ${RESULTS[$i]} | ${DETAILS[$i]//|//} |"
-		done
-	} >"$TABLE"
-	cat "$TABLE" >>"$LOG"
-	cat "$TABLE"
+	write_table "==== gmbd PyTorch GPU tests: $overall ($pass passed, $fail failed) ====" \
+		"command: tests/gpu/torch_run.sh $ARGS; python: ${PY:-none} (torch ${TORCH_VERSION:-?})"
 	echo "RESULT: $overall - $pass passed, $fail failed (tests/gpu/torch_run.sh)"
 	[ "$fail" = 0 ]
 	exit $?
 }
-
-wanted() { [ -z "$ONLY" ] || [[ $ONLY == *",$1,"* ]]; }
 
 find_python() {
 	local p
@@ -155,30 +137,15 @@ build_libs() {
 
 # scenario NAME TIMEOUT_S COMMAND...: runs it, reads its RESULT line.
 scenario() {
-	local name=$1 limit=$2 out rc line verdict detail t0
-	shift 2
+	local name=$1 verdict detail t0
 	wanted "$name" || return 0
-	out=$TMPD/$name.out
 	t0=$SECONDS
-	echo "==== $name: $* (timeout ${limit}s, $(date -u +%T))" >>"$LOG"
-	timeout -k 10 "$limit" "$@" >"$out" 2>&1
-	rc=$?
-	cat "$out" >>"$LOG"
-	line=$(grep -a '^RESULT: ' "$out" | tail -n 1)
-	verdict=${line#RESULT: }
-	verdict=${verdict%% - *}
-	detail=${line#RESULT: * - }
-	if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-		verdict=FAIL detail="timed out after ${limit} s; last line: $(tail -n 1 "$out")"
-	elif [ -z "$line" ]; then
-		verdict=FAIL detail="exit $rc without a RESULT line; last line: $(tail -n 1 "$out")"
-	elif [ "$verdict" = PASS ] && [ "$rc" != 0 ]; then
-		verdict=FAIL detail="said PASS but exited $rc: $detail"
-	fi
+	run_result "$@"
+	verdict=$VERDICT detail=$DETAIL
 	record "$name" "$verdict" "$detail ($((SECONDS - t0)) s)"
 	if [ "$verdict" != PASS ]; then
 		echo "---- last lines of $name ----"
-		tail -n 25 "$out"
+		tail -n 25 "$TMPD/$name.out"
 		echo "----"
 	fi
 	# Whatever the scenario left in gmbd's pool goes back to the driver.
