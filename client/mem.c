@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/list.h"
 #include "client/internal.h"
 
 /* Devices as a bit mask: BACKEND_MAX_DEVICES is 64. */
@@ -304,22 +305,13 @@ static void mem_alloc_destroy(struct gmb_client *c, struct gmb__alloc *a)
 
 static void mem_tag_link(struct gmb__tag *t, struct gmb__alloc *a)
 {
-	a->prev = NULL;
-	a->next = t->allocs;
-	if (t->allocs)
-		t->allocs->prev = a;
-	t->allocs = a;
+	DLIST_PUSH(t->allocs, a);
 	t->nallocs++;
 }
 
 static void mem_tag_unlink(struct gmb__tag *t, struct gmb__alloc *a)
 {
-	if (a->prev)
-		a->prev->next = a->next;
-	else
-		t->allocs = a->next;
-	if (a->next)
-		a->next->prev = a->prev;
+	DLIST_UNLINK(t->allocs, a);
 	t->nallocs--;
 }
 

@@ -11,6 +11,7 @@
  *     in c->allocs and in exactly one of its tags.
  *   - c->drops is only a buffer of broker_flush_drops(): empty between calls.
  */
+#include "common/list.h"
 #include "daemon/broker.h"
 
 #include <errno.h>
@@ -209,12 +210,7 @@ void broker_client_remove(struct broker *br, struct bclient *c)
 		pool_forget(&br->pools[d], c);
 	while (c->tags)
 		broker__tag_remove(c, c->tags);
-	if (c->prev)
-		c->prev->next = c->next;
-	else
-		br->clients = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
+	DLIST_UNLINK(br->clients, c);
 	br->nclients--;
 	for (int d = 0; d < br->ndevices; d++)
 		pool_shrink(&br->pools[d], br->opts.pool_keep, NULL);

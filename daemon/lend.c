@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/list.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/size.h"
@@ -152,23 +153,14 @@ err_unacquire:
 
 void broker__tag_link(struct btag *t, struct balloc *a)
 {
-	a->prev = NULL;
-	a->next = t->allocs;
-	if (t->allocs)
-		t->allocs->prev = a;
-	t->allocs = a;
+	DLIST_PUSH(t->allocs, a);
 	t->nallocs++;
 	t->bytes += a->size;
 }
 
 static void lend_tag_unlink(struct btag *t, struct balloc *a)
 {
-	if (a->prev)
-		a->prev->next = a->next;
-	else
-		t->allocs = a->next;
-	if (a->next)
-		a->next->prev = a->prev;
+	DLIST_UNLINK(t->allocs, a);
 	t->nallocs--;
 	t->bytes -= a->size;
 }

@@ -11,6 +11,7 @@
  * helpers. Chunks are few and large (GPU-FACTS.md: costs are per handle),
  * so linear walks of the free list are fine.
  */
+#include "common/list.h"
 #include "daemon/pool.h"
 
 #include <errno.h>
@@ -159,13 +160,7 @@ static void pool_free_link(struct pool *p, struct chunk *c)
 
 static void pool_list_unlink(struct chunk **head, struct chunk *c)
 {
-	if (c->prev)
-		c->prev->next = c->next;
-	else
-		*head = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
-	c->prev = c->next = NULL;
+	DLIST_UNLINK(*head, c);
 }
 
 static void pool_free_unlink(struct pool *p, struct chunk *c)

@@ -19,6 +19,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/list.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/wire.h"
@@ -445,10 +446,7 @@ static void sess_link(struct sess *s)
 {
 	struct server *srv = s->srv;
 
-	s->next = srv->sessions;
-	if (srv->sessions)
-		srv->sessions->prev = s;
-	srv->sessions = s;
+	DLIST_PUSH(srv->sessions, s);
 	srv->nsessions++;
 }
 
@@ -456,12 +454,6 @@ static void sess_unlink(struct sess *s)
 {
 	struct server *srv = s->srv;
 
-	if (s->prev)
-		s->prev->next = s->next;
-	else
-		srv->sessions = s->next;
-	if (s->next)
-		s->next->prev = s->prev;
-	s->prev = s->next = NULL;
+	DLIST_UNLINK(srv->sessions, s);
 	srv->nsessions--;
 }
