@@ -23,27 +23,12 @@
 #include "daemon/broker.h"
 #include "gmb.h"
 
-/* Criterion's workers exit without LeakSanitizer's report: ask for it. */
-#if defined(__SANITIZE_ADDRESS__)
-#define TEST_LSAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TEST_LSAN 1
-#endif
-#endif
-#ifdef TEST_LSAN
-#include <sanitizer/lsan_interface.h>
-#endif
-
 #define MiB (1024ULL * 1024)
 #define GiB (1024 * MiB)
 #define ANY SIZE_MAX
 
 static struct backend *be;
 static struct broker *br;
-static const struct backend_ops *real_ops;
-static struct backend_ops fail_ops;
-static int creates_left;
 
 /* What broker_flush_drops() handed over. */
 static struct {
@@ -238,22 +223,12 @@ static void teardown(void)
 {
 	broker_free(br);
 	cr_expect(eq(i32, proc_count_memfds(), 0), "chunks leaked past broker_free");
-	if (real_ops)
-		be->ops = real_ops;
+	test_backend_restore(be);
 	backend_close(be);
-#ifdef TEST_LSAN
-	cr_expect(eq(i32, __lsan_do_recoverable_leak_check(), 0), "heap leaked: see the report");
-#endif
+	cr_expect(eq(i32, test_leak_check(), 0), "heap leaked: see the report");
 }
 
 TestSuite(broker, .init = setup, .fini = teardown, .timeout = 30);
-
-static int failing_create(struct backend *b, int dev, uint64_t size, uint64_t *handle)
-{
-	if (creates_left-- <= 0)
-		return backend_fail(-EIO, "injected chunk_create failure");
-	return real_ops->chunk_create(b, dev, size, handle);
-}
 
 static struct bclient *client_gid(const char *name, pid_t pid, uid_t uid, const gid_t *groups,
 				  int ngroups)
@@ -758,17 +733,13 @@ Test(broker, failed_alloc_leaks_nothing)
 	char err[ERR_MSG_MAX];
 
 	alloc_ok(a, 0, 1 * GiB, "w", 1, 1);
-	real_ops = be->ops;
-	fail_ops = *be->ops;
-	fail_ops.chunk_create = failing_create;
-	creates_left = 1;
-	be->ops = &fail_ops;
+	test_backend_fail_creates(be, 1);
 	/* Four chunks: the first created, the second fails. */
 	cr_assert(eq(i32, alloc_rc(a, 0, 4 * GiB, "kv", err), -EIO));
 	cr_assert(not(eq(ptr, strstr(err, "injected chunk_create failure"), NULL)), "%s", err);
 	cr_assert(eq(u32, br->pools[0].nchunks, 1));
 	cr_assert(eq(ptr, broker__tag_find(a, "kv"), NULL), "no tag left behind");
 	cr_assert(eq(sz, a->allocs.count, 1));
-	be->ops = real_ops;
+	test_backend_restore(be);
 	alloc_ok(a, 0, 4 * GiB, "kv", 4, 4);
 }

@@ -19,18 +19,6 @@
 #include "tests/util.h"
 #include "daemon/pool.h"
 
-/* Criterion's workers exit without LeakSanitizer's report: ask for it. */
-#if defined(__SANITIZE_ADDRESS__)
-#define TEST_LSAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TEST_LSAN 1
-#endif
-#endif
-#ifdef TEST_LSAN
-#include <sanitizer/lsan_interface.h>
-#endif
-
 #define MiB (1024ULL * 1024)
 #define GiB (1024 * MiB)
 
@@ -43,9 +31,6 @@ static struct backend *be;
 static struct pool pool;
 static struct idmap reg = IDMAP_INIT;
 static uint64_t next_id;
-static const struct backend_ops *real_ops;
-static struct backend_ops fail_ops;
-static int creates_left;
 
 /* The host backend's chunks are memfds named "gmb-chunk": count the live ones. */
 /* Counters against the lists: held = lent + free + pending, free list sorted. */
@@ -94,32 +79,12 @@ static void teardown(void)
 	pool_deinit(&pool);
 	cr_expect(eq(i32, proc_count_memfds(), 0), "chunks leaked past pool_deinit");
 	idmap_deinit(&reg);
-	if (real_ops)
-		be->ops = real_ops;
+	test_backend_restore(be);
 	backend_close(be);
-#ifdef TEST_LSAN
-	cr_expect(eq(i32, __lsan_do_recoverable_leak_check(), 0), "heap leaked: see the report");
-#endif
+	cr_expect(eq(i32, test_leak_check(), 0), "heap leaked: see the report");
 }
 
 TestSuite(pool, .init = setup, .fini = teardown, .timeout = 30);
-
-static int failing_create(struct backend *b, int dev, uint64_t size, uint64_t *handle)
-{
-	if (creates_left-- <= 0)
-		return backend_fail(-EIO, "injected chunk_create failure");
-	return real_ops->chunk_create(b, dev, size, handle);
-}
-
-/* chunk_create succeeds @n more times, then fails with -EIO. */
-static void inject_create_failure(int n)
-{
-	real_ops = be->ops;
-	fail_ops = *be->ops;
-	fail_ops.chunk_create = failing_create;
-	creates_left = n;
-	be->ops = &fail_ops;
-}
 
 /* Takes @size for @uid and lends every chunk to a dummy allocation. */
 static struct pool_take take(uint64_t size, uid_t uid, struct bclient *prefer, int want_rc)
@@ -346,7 +311,7 @@ Test(pool, backend_failure_leaks_nothing)
 	struct pool_take b = { .size = 4 * GiB, .uid = 1000 };
 
 	put_all(&a);
-	inject_create_failure(1);
+	test_backend_fail_creates(be, 1);
 	/* 1 GiB from the pool, one created, the second creation fails. */
 	cr_assert(eq(i32, pool_take(&pool, &b), -EIO));
 	cr_assert(eq(ptr, b.chunks, NULL));
@@ -354,7 +319,7 @@ Test(pool, backend_failure_leaks_nothing)
 	cr_assert(eq(u64, pool.free_bytes, 1 * GiB));
 	cr_assert(eq(u64, pool.lent_bytes, 0));
 	check_pool(&pool);
-	be->ops = real_ops;
+	test_backend_restore(be);
 }
 
 Test(pool, untake_restores_the_pool)

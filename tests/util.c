@@ -3,6 +3,20 @@
  */
 #include "tests/util.h"
 
+#include "common/backend.h"
+
+/* LeakSanitizer's interface exists in sanitizer builds only. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TEST_LSAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TEST_LSAN 1
+#endif
+#endif
+#ifdef TEST_LSAN
+#include <sanitizer/lsan_interface.h>
+#endif
+
 #include <dirent.h>
 #include <stdarg.h>
 #include <errno.h>
@@ -146,6 +160,42 @@ int gmbd_stop(struct gmbd_proc *d)
 	if (d->dir[0] && system(cmd) != 0)
 		return -1;
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static const struct backend_ops *fail_real_ops;
+static struct backend_ops fail_ops;
+static int fail_creates_left;
+
+static int fail_chunk_create(struct backend *b, int dev, uint64_t size, uint64_t *handle)
+{
+	if (fail_creates_left-- <= 0)
+		return backend_fail(-EIO, "injected chunk_create failure");
+	return fail_real_ops->chunk_create(b, dev, size, handle);
+}
+
+void test_backend_fail_creates(struct backend *b, int n)
+{
+	if (b->ops != &fail_ops)
+		fail_real_ops = b->ops;
+	fail_ops = *fail_real_ops;
+	fail_ops.chunk_create = fail_chunk_create;
+	fail_creates_left = n;
+	b->ops = &fail_ops;
+}
+
+void test_backend_restore(struct backend *b)
+{
+	if (b && b->ops == &fail_ops)
+		b->ops = fail_real_ops;
+}
+
+int test_leak_check(void)
+{
+#ifdef TEST_LSAN
+	return __lsan_do_recoverable_leak_check();
+#else
+	return 0;
+#endif
 }
 
 int proc_count_memfds(void)

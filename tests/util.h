@@ -34,6 +34,22 @@ int gmbd_stop(struct gmbd_proc *d);
 /* Waits for gmbd to exit (signalled already); its exit status, -1 for a signal. */
 int gmbd_wait(struct gmbd_proc *d);
 
+struct backend;
+
+/*
+ * test_backend_fail_creates() - @b's chunk_create succeeds @n more times,
+ * then fails with -EIO ("injected chunk_create failure"), until
+ * test_backend_restore(@b). One backend at a time.
+ */
+void test_backend_fail_creates(struct backend *b, int n);
+void test_backend_restore(struct backend *b);
+
+/*
+ * test_leak_check() - 0, or non-zero when LeakSanitizer finds leaks now
+ * (sanitizer builds; Criterion's workers would exit before its report).
+ */
+int test_leak_check(void);
+
 /* Host backend chunks (memfds named gmb-chunk) this process holds open. */
 int proc_count_memfds(void);
 
