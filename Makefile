@@ -37,7 +37,7 @@ LIB_LIBS := -lprotobuf-c -ldl -lpthread
 LIBS := -luv -lsystemd $(LIB_LIBS)
 TEST_LIBS := -lcriterion
 
-COMMON_SRC := common/log.c common/wire.c common/idmap.c common/size.c common/backend.c \
+COMMON_SRC := common/err.c common/deadline.c common/log.c common/wire.c common/idmap.c common/size.c common/backend.c \
 	common/backend_host.c common/backend_cuda.c common/backend_cuda_contents.c
 PROTO_SRC := proto/gmb.pb-c.c
 DAEMON_SRC := daemon/pool.c daemon/broker.c daemon/lend.c daemon/sess.c daemon/server.c \

@@ -21,6 +21,23 @@
 #ifndef GMB_ERR_H
 #define GMB_ERR_H
 
+#include <stdarg.h>
+#include <stddef.h>
+
 #define ERR_MSG_MAX 512
+
+/*
+ * The one way to write a failure's sentence, daemon and library alike.
+ * err_fmt() writes into @err (ERR_MSG_MAX bytes; NULL is ignored) and
+ * returns @rc, so that callers write `return err_fmt(err, -EINVAL, ...)`.
+ * Formatting goes through a local buffer first, so @err may also be one of
+ * the arguments, and errno is left as it was.
+ */
+int err_fmt(char *err, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The same into a buffer of @len bytes, from a va_list. */
+int err_vfmt(char *err, size_t len, int rc, const char *fmt, va_list ap)
+	__attribute__((format(printf, 4, 0)));
+/* Appends to the sentence already in @err (ERR_MSG_MAX bytes), truncating. */
+void err_append(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif
