@@ -293,7 +293,7 @@ class TorchMemorySaverWithoutTorch(unittest.TestCase):
                                  capture_output=True, text=True,
                                  env=dict(os.environ, ASAN_OPTIONS="verify_asan_link_order=0"))
             self.assertIn("libgmb_preload.so", out.stdout)
-        self.assertEqual(os.environ.get("LD_PRELOAD"), before or "")
+        self.assertEqual(os.environ.get("LD_PRELOAD"), before, "restored, or absent again")
 
     def test_memory_margin_bytes_reaches_libgmb(self):
         c = gmb.Client(name="margin", private=True)
