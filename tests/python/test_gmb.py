@@ -281,8 +281,8 @@ class TorchMemorySaverWithoutTorch(unittest.TestCase):
             with self.assertRaises(ImportError):
                 with saver.region("weights"):
                     pass
-        with self.assertRaises(NotImplementedError):
-            with saver.region("w", enable_disk_backup=True):
+        with self.assertRaises(ValueError):  # checked before torch is needed
+            with saver.region("w", enable_cpu_backup=True, enable_disk_backup=True):
                 pass
 
     def test_configure_subprocess_preloads_the_shim_in_children(self):
