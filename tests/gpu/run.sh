@@ -221,6 +221,16 @@ if [ "$DO_TORCH" = 1 ] && [ -x tests/gpu/torch_run.sh ]; then
 	done <<<"$rows"
 fi
 
+# torch_memory_saver's own suite and an SGLang-like engine, each on a default gmbd.
+if [ "$DO_TORCH" = 1 ]; then
+	scenario tms_suite 960 tests/gpu/tms_suite.sh
+	scenario sglang_flow 600 tests/gpu/tms_suite.sh --no-build --script tests/gpu/sglang_flow.py
+	if [ "$DO_BENCH" = 1 ]; then
+		scenario tms_bench 960 tests/gpu/tms_suite.sh --no-build --script tests/gpu/tms_bench.py \
+			--json "$OUTDIR/tms-bench.json"
+	fi
+fi
+
 if [ "$DO_BENCH" = 1 ]; then
 	echo "==== bench: bench/run.sh (output in bench.log / bench-table.txt)" >>"$LOG"
 	if GMB_GPU_SKIP_BUILD=1 timeout -k 10 560 bench/run.sh >"$TMPD/bench.out" 2>&1; then

@@ -2,6 +2,10 @@
 # tms_suite.sh - torch_memory_saver's own test suite, unchanged, on gmbd.
 #
 #   tests/gpu/tms_suite.sh [--no-build] [-k PYTEST_EXPR]
+#   tests/gpu/tms_suite.sh [--no-build] --script FILE.py [ARGS...]
+#       instead of the suite: PyTorch's python runs FILE.py with the same
+#       environment and gmbd; its own "RESULT:" line is the verdict
+#       (tests/gpu/sglang_flow.py, tests/gpu/tms_bench.py)
 #
 # Runs test/test_examples.py (over test/examples/*.py) of torch_memory_saver
 # at commit 4a43c97 from .peer/torch_memory_saver (an ignored folder carried
@@ -25,12 +29,13 @@ OUTDIR=${OUT:-$PWD/$B/out}
 mkdir -p "$OUTDIR"
 LOG=$OUTDIR/tms-suite.log
 PEER=$PWD/.peer/torch_memory_saver
-DO_BUILD=1 KEXPR=""
+DO_BUILD=1 KEXPR="" SCRIPT=""
 while [ $# -gt 0 ]; do
 	case $1 in
 	--no-build) DO_BUILD=0 ;;
 	-k) KEXPR=$2; shift ;;
-	-h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+	--script) SCRIPT=$2; shift 2; break ;;
+	-h | --help) sed -n '2,25p' "$0"; exit 0 ;;
 	*) echo "tms_suite.sh: unknown option $1" >&2; exit 2 ;;
 	esac
 	shift
@@ -85,6 +90,16 @@ SOCK=$TMPD/gmbd.sock
 gmbd_start "$SOCK" "$TMPD/gmbd.log" || { append_daemon_log "gmbd log" "$TMPD/gmbd.log"; fail "gmbd did not start (see $LOG)"; }
 GPID=$GMBD_STARTED_PID
 export GMB_SOCKET=$SOCK
+
+if [ -n "$SCRIPT" ]; then
+	echo "==== $PY $SCRIPT $*" >>"$LOG"
+	timeout -k 10 900 "$PY" "$SCRIPT" "$@" 2>&1 | tee -a "$LOG"
+	rc=${PIPESTATUS[0]}
+	kill -0 "$GPID" 2>/dev/null || { echo "RESULT: FAIL - gmbd died during $SCRIPT"; exit 1; }
+	gmbd_stop "$GPID" || echo "gmbd did not stop cleanly" >>"$LOG"
+	append_daemon_log "gmbd log" "$TMPD/gmbd.log"
+	exit "$rc"
+fi
 
 # From test/ (not the peer's root): `import torch_memory_saver` must not find
 # the peer's own package, and pytest finds `examples` next to the test file.
