@@ -1,6 +1,6 @@
 /*
  * test_client_mem.c - libgmb's handle cache and last-lend bookkeeping
- * (client/cache.c), which must follow the rule gmbd mirrors: a client holds
+ * (client/lib/cache/cache.c), which must follow the rule gmbd mirrors: a client holds
  * a chunk's handle exactly while some allocation of it has that chunk in its
  * last lend. No daemon and no backend: handles are plain numbers and the
  * release list is inspected directly.
@@ -11,11 +11,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client/internal.h"
+#include "client/lib/cache/cache.h"
+#include "gmb.h"
 
 #define MiB (1024ULL * 1024)
 
-static struct gmb__mem mem;
+static struct gmb__cache mem;
 static struct gmb__handle *rel;
 static char err[ERR_MSG_MAX];
 
