@@ -286,6 +286,41 @@ Test(client_mem, lend_check_refuses_what_cannot_be_mapped)
 	alloc_free(a);
 }
 
+/* Adoption enters both tables and references the lend, or changes nothing at all. */
+Test(client_mem, adopt_enters_the_tables_or_nothing)
+{
+	uint64_t ids[] = { 1, 2 }, sizes[] = { 2 * MiB, 2 * MiB };
+	struct gmb__alloc a = { .id = 20, .size = 4 * MiB, .va = 0x7e0000000000ULL };
+	struct gmb__alloc twin = a;
+	Gmb__Lend l = make_lend(20, 4 * MiB, ids, sizes, 2);
+
+	import(1, 2 * MiB);
+	cr_assert(eq(i32, gmb__cache_adopt(&mem, &a, &l, &rel, err), -EPROTO), "chunk 2 not sent");
+	cr_assert(eq(ptr, idmap_get(&mem.by_id, 20), NULL));
+	cr_assert(eq(ptr, idmap_get(&mem.by_va, a.va), NULL));
+	cr_assert(eq(u32, refs(1), 0));
+	import(2, 2 * MiB);
+	cr_assert(eq(i32, gmb__cache_adopt(&mem, &a, &l, &rel, err), 0), "%s", err);
+	cr_assert(eq(ptr, idmap_get(&mem.by_id, 20), &a));
+	cr_assert(eq(ptr, idmap_get(&mem.by_va, a.va), &a));
+	cr_assert(eq(u32, refs(1), 1));
+	cr_assert(eq(u32, refs(2), 1));
+	/* gmbd lending the same allocation id again is refused; the first stays. */
+	twin.va += 4 * MiB;
+	cr_assert(eq(i32, gmb__cache_adopt(&mem, &twin, &l, &rel, err), -EPROTO));
+	cr_assert(not(eq(ptr, strstr(err, "twice"), NULL)), "%s", err);
+	cr_assert(eq(ptr, idmap_get(&mem.by_id, 20), &a));
+	cr_assert(eq(ptr, idmap_get(&mem.by_va, twin.va), NULL));
+	cr_assert(eq(u32, refs(1), 1));
+	/* Forgetting takes it out of both and releases what no lend names. */
+	gmb__cache_forget(&mem, &a, &rel);
+	cr_assert(eq(ptr, idmap_get(&mem.by_id, 20), NULL));
+	cr_assert(eq(ptr, idmap_get(&mem.by_va, a.va), NULL));
+	cr_assert(eq(ptr, idmap_get(&mem.cache, 1), NULL));
+	cr_assert(eq(ptr, idmap_get(&mem.cache, 2), NULL));
+	cr_assert(eq(u32, a.nchunks, 0));
+}
+
 /*
  * The same rules end to end: a real gmbd (host backend) on a temporary
  * socket, small chunks so that allocations span several of them.

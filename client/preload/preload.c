@@ -1,6 +1,6 @@
 /*
  * preload.c - libgmb_preload.so, the LD_PRELOAD shim: routes the CUDA
- * runtime's device allocations made inside a region (client/region.c) to
+ * runtime's device allocations made inside a region (client/lib/hook/region.c) to
  * gmbd, and everything else to the real runtime.
  *
  * Covered: cudaMalloc and cudaFree (PyTorch's caching allocator, including
@@ -205,7 +205,8 @@ static void *shim_gmb_open(void)
 	}
 	h = dlopen("libgmb.so.0", RTLD_NOW | RTLD_LOCAL);
 	if (!h)
-		err_fmt(shim_error, 0, "libgmb not found next to libgmb_preload.so nor as libgmb.so.0 "
+		err_fmt(shim_error, 0,
+			"libgmb not found next to libgmb_preload.so nor as libgmb.so.0 "
 			  "(set GMB_LIB): %s", dlerror());
 	return h;
 }
@@ -356,7 +357,8 @@ SHIM_API cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream)
 	if (cap < 0)
 		return (cudaError_t)-cap;
 	if (cap) {
-		err_fmt(shim_error, 0, "cudaFreeAsync of gmbd memory %p on a capturing stream", ptr);
+		err_fmt(shim_error, 0,
+			"cudaFreeAsync of gmbd memory %p on a capturing stream", ptr);
 		return cudaErrorStreamCaptureUnsupported;
 	}
 	return shim_broker_free(g, ptr);

@@ -59,6 +59,8 @@ static struct gmb_client *api_client_new(void)
 	gmb__conn_init(&c->conn);
 	gmb__mem_init(&c->mem, &c->conn);
 	gmb__mem_cbs(&c->mem, &c->conn.cbs);
+	c->conn.cbs.claim_build = gmb__rejoin_claim_build;
+	c->conn.cbs.claim_apply = gmb__rejoin_claim_apply;
 	c->conn.cbs.ctl_arg = c;
 	c->conn.cbs.control = api_control_run;
 	c->conn.cbs.reconnect = gmb__reconnect;
@@ -245,9 +247,10 @@ static int api_control_do(struct gmb_client *c, int op, const char *tag, char *e
 }
 
 /**
- * api_control_run() - the connection's control callback: carry out gmbd's ControlCommand of @job on the worker
- * thread and answer it, on the connection it came on (a gmbd restarted
- * meanwhile never asked). @job stays the caller's.
+ * api_control_run() - the connection's control callback: carry out gmbd's
+ * ControlCommand of @job on the worker thread and answer it, on the
+ * connection it came on (a gmbd restarted meanwhile never asked). @job
+ * stays the caller's.
  */
 static void api_control_run(void *arg, const struct gmb__job *job)
 {
@@ -268,7 +271,8 @@ static int api_poll_wait(struct gmb_client *c, int timeout_ms)
 	while (c->conn.handled == 0 && !c->conn.gone && timeout_ms != 0) {
 		if (timeout_ms < 0)
 			pthread_cond_wait(&c->conn.poll_cond, &c->conn.lock);
-		else if (pthread_cond_timedwait(&c->conn.poll_cond, &c->conn.lock, &until) == ETIMEDOUT)
+		else if (pthread_cond_timedwait(&c->conn.poll_cond, &c->conn.lock, &until) ==
+			 ETIMEDOUT)
 			break;
 	}
 	if (c->conn.handled > 0)

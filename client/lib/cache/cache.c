@@ -82,7 +82,8 @@ static int lend_check_chunks(const struct gmb__cache *m, const uint64_t *ids, co
 		const struct gmb__handle *e = ids[i] ? idmap_get(&m->cache, ids[i]) : NULL;
 
 		if (!e)
-			return err_fmt(err, -EPROTO, "gmbd lent chunk %" PRIu64 " without sending it",
+			return err_fmt(err, -EPROTO,
+				       "gmbd lent chunk %" PRIu64 " without sending it",
 					 ids[i]);
 		if (e->size != sizes[i] || sizes[i] > UINT64_MAX - total)
 			return err_fmt(err, -EPROTO, "gmbd lent chunk %" PRIu64 " as 0x%" PRIx64
@@ -158,6 +159,44 @@ void gmb__lend_clear(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__han
 	a->chunk_ids = NULL;
 	a->chunk_sizes = NULL;
 	a->nchunks = 0;
+}
+
+/*
+ * gmb__cache_adopt() - enter @a (its id set) in by_id and by_va with @l as
+ * its last lend. Return: 0; -EPROTO (a lend this client cannot map, or an
+ * allocation lent twice) with a sentence in @err; or -ENOMEM. On failure
+ * nothing changed.
+ */
+int gmb__cache_adopt(struct gmb__cache *m, struct gmb__alloc *a, const Gmb__Lend *l,
+		     struct gmb__handle **rel, char *err)
+{
+	int rc = gmb__lend_check(m, a, l, err);
+
+	if (rc == 0 && idmap_get(&m->by_id, a->id))
+		rc = err_fmt(err, -EPROTO, "gmbd lent allocation %" PRIu64 " twice", a->id);
+	if (rc == 0)
+		rc = idmap_put(&m->by_id, a->id, a);
+	if (rc == 0) {
+		rc = idmap_put(&m->by_va, a->va, a);
+		if (rc == 0)
+			rc = gmb__lend_set(m, a, l->chunk_ids, l->chunk_sizes,
+					   (uint32_t)l->n_chunk_ids, rel);
+		if (rc < 0) {
+			idmap_del(&m->by_va, a->va);
+			idmap_del(&m->by_id, a->id);
+		}
+	}
+	return rc;
+}
+
+/* gmb__cache_forget() - @a leaves by_id and by_va; its last lend's unnamed handles to @rel. */
+void gmb__cache_forget(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel)
+{
+	if (idmap_get(&m->by_id, a->id) == a)
+		idmap_del(&m->by_id, a->id);
+	if (idmap_get(&m->by_va, a->va) == a)
+		idmap_del(&m->by_va, a->va);
+	gmb__lend_clear(m, a, rel);
 }
 
 /*

@@ -75,6 +75,9 @@ int gmb__lend_check(const struct gmb__cache *m, const struct gmb__alloc *a, cons
 		    char *err);
 int gmb__lend_set(struct gmb__cache *m, struct gmb__alloc *a, const uint64_t *ids,
 		  const uint64_t *sizes, uint32_t n, struct gmb__handle **rel);
+int gmb__cache_adopt(struct gmb__cache *m, struct gmb__alloc *a, const Gmb__Lend *l,
+		     struct gmb__handle **rel, char *err);
+void gmb__cache_forget(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel);
 void gmb__lend_clear(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel);
 void gmb__cache_drop(struct gmb__cache *m, const uint64_t *ids, size_t n,
 		     struct gmb__handle **rel);

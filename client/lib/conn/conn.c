@@ -445,7 +445,7 @@ int gmb__send_reply(struct gmb__conn *c, uint64_t gen, uint64_t reply_to, int st
 	return conn_send(c, gen, &env);
 }
 
-/** gmb__op_begin() - op_lock for an operation; see internal.h. */
+/** gmb__op_begin() - op_lock for an operation; see conn.h. */
 void gmb__op_begin(struct gmb__conn *c)
 {
 	pthread_mutex_lock(&c->op_lock);

@@ -127,7 +127,7 @@ struct gmb__conn {
 	pthread_cond_t work_cond;    /* a job was queued, or the connection ended */
 	pthread_cond_t poll_cond;    /* a daemon request was handled (CLOCK_MONOTONIC) */
 	pthread_cond_t conn_cond;    /* connection, rejoin or op state changed (MONOTONIC) */
-	/* The thread that opens and closes the connection's. */
+	/* Started by gmb__conn_start(), joined by gmb__conn_stop(). */
 	pthread_t reader, worker;
 	bool reader_started, worker_started;
 

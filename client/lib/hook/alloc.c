@@ -40,7 +40,8 @@ static int hook_margin_check(struct gmb_client *c, size_t size, int dev)
 		return 0; /* a bad device is gmb_malloc's to refuse */
 	rc = gmb__status_device(c, (uint32_t)dev, &budget, &used);
 	if (rc == -ENODEV)
-		return err_fmt(gmb__hook_err(), -EPROTO, "memory margin: gmbd's status lacks device %d",
+		return err_fmt(gmb__hook_err(), -EPROTO,
+			       "memory margin: gmbd's status lacks device %d",
 			       dev);
 	if (rc < 0)
 		return gmb__hook_fail_client(rc, c, "memory margin: reading gmbd's status");
@@ -69,7 +70,8 @@ static int hook_tag_mode(struct gmb_client *c, const char *tag, int want)
 	if (paused || want == have || want == GMB_MODE_DISCARD)
 		return 0;
 	if (have != GMB_MODE_DISCARD)
-		return err_fmt(gmb__hook_err(), -EINVAL, "tag \"%s\" is in mode %s; a region asks for %s",
+		return err_fmt(gmb__hook_err(), -EINVAL,
+			       "tag \"%s\" is in mode %s; a region asks for %s",
 				      tag, gmb__mode_name(have), gmb__mode_name(want));
 	rc = gmb_tag_set_mode(c, tag, want);
 	if (rc < 0)
@@ -142,13 +144,15 @@ GMB_API int gmb_host_copy(gmb_client *c, const void *ptr, size_t size, void **ho
 	if (!c)
 		c = gmb__hook_client_peek();
 	if (!c)
-		return err_fmt(gmb__hook_err(), -ENOENT, "no default client: nothing was allocated");
+		return err_fmt(gmb__hook_err(), -ENOENT,
+			       "no default client: nothing was allocated");
 	pthread_mutex_lock(&c->conn.op_lock);
 	a = hook_alloc_holding(c, (uintptr_t)ptr, size);
 	if (!a)
 		rc = err_fmt(gmb__hook_err(), -ENOENT, "no allocation holds %p + %zu", ptr, size);
 	else if (a->tag->paused && (a->tag->mode != GMB_MODE_PRESERVE || !a->saved || !a->staging))
-		rc = err_fmt(gmb__hook_err(), -ENODATA, "tag \"%s\" is paused in mode %s: no host copy",
+		rc = err_fmt(gmb__hook_err(), -ENODATA,
+			     "tag \"%s\" is paused in mode %s: no host copy",
 				    a->tag->name, gmb__mode_name(a->tag->mode));
 	else if (a->tag->paused)
 		*host = (char *)a->staging + ((uintptr_t)ptr - a->va);

@@ -93,9 +93,11 @@ static int region_check_tag(const char *tag)
 	size_t n = strlen(tag);
 
 	if (n == 0)
-		return err_fmt(region_error, -EINVAL, "a region needs a non-empty tag (NULL: plain)");
+		return err_fmt(region_error, -EINVAL,
+			       "a region needs a non-empty tag (NULL: plain)");
 	if (n > WIRE_MAX_NAME)
-		return err_fmt(region_error, -ENAMETOOLONG, "region tag of %zu bytes (at most %d)", n,
+		return err_fmt(region_error, -ENAMETOOLONG,
+			       "region tag of %zu bytes (at most %d)", n,
 				      WIRE_MAX_NAME);
 	return 0;
 }
@@ -135,7 +137,8 @@ GMB_API int gmb_region_begin(const char *tag, int mode)
 	int rc;
 
 	if (mode < GMB_MODE_DISCARD || mode > GMB_MODE_PRESERVE)
-		return err_fmt(region_error, -EINVAL, "unknown mode %d (want 0 discard, 1 zero, 2 preserve)",
+		return err_fmt(region_error, -EINVAL,
+			       "unknown mode %d (want 0 discard, 1 zero, 2 preserve)",
 				      mode);
 	if (tag) {
 		rc = region_check_tag(tag);
@@ -188,7 +191,8 @@ GMB_API int gmb_region_current(char *tag, size_t cap, int *mode)
 		return rc;
 	if (tag) {
 		if (strlen(t) >= cap)
-			return err_fmt(region_error, -ENOBUFS, "region tag \"%s\" does not fit %zu bytes",
+			return err_fmt(region_error, -ENOBUFS,
+				       "region tag \"%s\" does not fit %zu bytes",
 					      t, cap);
 		memcpy(tag, t, strlen(t) + 1);
 	}

@@ -32,7 +32,8 @@ static int hook_runtime_malloc(void **p, size_t size)
 	int r;
 
 	if (!sym)
-		return err_fmt(gmb__hook_err(), -ENOSYS, "outside a region, but no cudaMalloc in the process");
+		return err_fmt(gmb__hook_err(), -ENOSYS,
+			       "outside a region, but no cudaMalloc in the process");
 	/* POSIX guarantees a void * holds a function pointer (dlsym). */
 	memcpy(&fn, &sym, sizeof(fn));
 	r = fn(p, size);

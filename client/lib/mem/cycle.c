@@ -57,7 +57,7 @@ static int cycle_wait(struct gmb__mem *m, uint64_t mask, char *err)
 {
 	int first = 0;
 
-	for (int d = 0; d < m->conn->devs.ndevices; d++) {
+	for (int d = 0; d < m->devs->ndevices; d++) {
 		int rc = mask & GMB__DEV_BIT(d) ? m->be->ops->wait(m->be, d) : 0;
 
 		if (rc < 0 && first == 0)

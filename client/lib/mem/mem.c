@@ -57,16 +57,17 @@ int gmb__mem_backend(struct gmb__mem *m, char *err)
 
 	if (m->be)
 		return 0;
-	o.ndevices = m->conn->devs.ndevices;
-	o.granularity = m->conn->devs.granularity[0];
-	o.memory = m->conn->devs.device_bytes > o.granularity ? m->conn->devs.device_bytes : o.granularity;
-	if (strcmp(m->conn->devs.backend_kind, "host") == 0)
+	o.ndevices = m->devs->ndevices;
+	o.granularity = m->devs->granularity[0];
+	o.memory = m->devs->device_bytes > o.granularity ? m->devs->device_bytes : o.granularity;
+	if (strcmp(m->devs->backend_kind, "host") == 0)
 		rc = backend_host_open(&o, &be);
-	else if (strcmp(m->conn->devs.backend_kind, "cuda") == 0)
+	else if (strcmp(m->devs->backend_kind, "cuda") == 0)
 		/* Our device indexes become gmbd's, whatever CUDA_VISIBLE_DEVICES says. */
-		rc = backend_cuda_open_order((const uint8_t(*)[16])m->conn->devs.uuid, m->conn->devs.ndevices, &be);
+		rc = backend_cuda_open_order((const uint8_t(*)[16])m->devs->uuid, m->devs->ndevices,
+					     &be);
 	else
-		rc = backend_open(m->conn->devs.backend_kind, &o, &be);
+		rc = backend_open(m->devs->backend_kind, &o, &be);
 	if (rc < 0)
 		return gmb__mem_be_fail(err, rc, "opening libgmb's backend");
 	/* The reader imports with it: publish it under the state lock. */
@@ -82,11 +83,11 @@ int gmb__mem_dev_index(struct gmb__mem *m, int ordinal, char *err)
 
 	if (rc < 0)
 		return rc;
-	for (int i = 0; i < m->be->ndevices && i < m->conn->devs.ndevices; i++)
+	for (int i = 0; i < m->be->ndevices && i < m->devs->ndevices; i++)
 		if (m->be->devices[i].ordinal == ordinal && ordinal >= 0)
 			return i;
 	return err_fmt(err, -ENODEV, "device %d of this process is none of gmbd's %d devices",
-			 ordinal, m->conn->devs.ndevices);
+			 ordinal, m->devs->ndevices);
 }
 
 /* Tags. */
@@ -224,7 +225,7 @@ int gmb__mem_unmap(struct gmb__mem *m, struct gmb__alloc *a, char *err)
 /* Drains every device in @mask: unmap and copies do not wait for queued work. */
 int gmb__mem_sync(struct gmb__mem *m, uint64_t mask, char *err)
 {
-	for (int d = 0; d < m->conn->devs.ndevices; d++) {
+	for (int d = 0; d < m->devs->ndevices; d++) {
 		int rc;
 
 		if (!(mask & GMB__DEV_BIT(d)))
@@ -268,7 +269,7 @@ static int mem_alloc_new(struct gmb__mem *m, struct gmb__tag *t, int dev, uint64
 	if (!a)
 		return err_fmt(err, -ENOMEM, "out of memory for an allocation record");
 	*a = (struct gmb__alloc){ .dev = dev, .size = size, .tag = t };
-	rc = m->be->ops->va_reserve(m->be, size, m->conn->devs.granularity[dev], &a->va);
+	rc = m->be->ops->va_reserve(m->be, size, m->devs->granularity[dev], &a->va);
 	if (rc < 0) {
 		rc = gmb__mem_be_fail(err, rc, "reserving the address range");
 		goto out_a;
@@ -317,25 +318,10 @@ static void mem_tag_unlink(struct gmb__tag *t, struct gmb__alloc *a)
 static int mem_adopt(struct gmb__mem *m, struct gmb__alloc *a, const Gmb__Lend *l, char *err)
 {
 	struct gmb__handle *rel = NULL;
-	struct gmb__cache *tab = &m->tab;
 	int rc;
 
 	pthread_mutex_lock(&m->conn->lock);
-	rc = gmb__lend_check(tab, a, l, err);
-	if (rc == 0 && idmap_get(&tab->by_id, a->id))
-		rc = err_fmt(err, -EPROTO, "gmbd lent allocation %" PRIu64 " twice", a->id);
-	if (rc == 0)
-		rc = idmap_put(&tab->by_id, a->id, a);
-	if (rc == 0) {
-		rc = idmap_put(&tab->by_va, a->va, a);
-		if (rc == 0)
-			rc = gmb__lend_set(tab, a, l->chunk_ids, l->chunk_sizes,
-					   (uint32_t)l->n_chunk_ids, &rel);
-		if (rc < 0) {
-			idmap_del(&tab->by_va, a->va);
-			idmap_del(&tab->by_id, a->id);
-		}
-	}
+	rc = gmb__cache_adopt(&m->tab, a, l, &rel, err);
 	pthread_mutex_unlock(&m->conn->lock);
 	gmb__release_run(m->be, rel);
 	if (rc == -ENOMEM)
@@ -349,11 +335,7 @@ static void mem_forget(struct gmb__mem *m, struct gmb__alloc *a)
 	struct gmb__handle *rel = NULL;
 
 	pthread_mutex_lock(&m->conn->lock);
-	if (idmap_get(&m->tab.by_id, a->id) == a)
-		idmap_del(&m->tab.by_id, a->id);
-	if (idmap_get(&m->tab.by_va, a->va) == a)
-		idmap_del(&m->tab.by_va, a->va);
-	gmb__lend_clear(&m->tab, a, &rel);
+	gmb__cache_forget(&m->tab, a, &rel);
 	pthread_mutex_unlock(&m->conn->lock);
 	gmb__release_run(m->be, rel);
 }
@@ -422,9 +404,10 @@ static int mem_malloc_check(struct gmb__mem *m, void **ptr, size_t size, int dev
 		return err_fmt(err, -EINVAL, "no place for the pointer");
 	if (size == 0)
 		return err_fmt(err, -EINVAL, "allocation of 0 bytes");
-	if (dev < 0 || dev >= m->conn->devs.ndevices)
-		return err_fmt(err, -ENODEV, "no device %d: gmbd manages %d", dev, m->conn->devs.ndevices);
-	if ((uint64_t)size > UINT64_MAX - m->conn->devs.granularity[dev])
+	if (dev < 0 || dev >= m->devs->ndevices)
+		return err_fmt(err, -ENODEV,
+			       "no device %d: gmbd manages %d", dev, m->devs->ndevices);
+	if ((uint64_t)size > UINT64_MAX - m->devs->granularity[dev])
 		return err_fmt(err, -ENOMEM, "allocation of %zu bytes is too large", size);
 	return mem_check_name(tag, err);
 }
@@ -456,7 +439,7 @@ int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const 
 	rc = mem_tag_get(m, tag, &t, &created, err);
 	if (rc < 0)
 		return rc;
-	rc = mem_alloc_new(m, t, dev, backend_round_up(size, m->conn->devs.granularity[dev]), &a, err);
+	rc = mem_alloc_new(m, t, dev, backend_round_up(size, m->devs->granularity[dev]), &a, err);
 	if (rc < 0)
 		goto out_tag;
 	rc = mem_alloc_lend_map(m, a, err);
@@ -605,8 +588,8 @@ static void mem_import(void *arg, const Gmb__Envelope *env, const int *fds, int 
 		int rc;
 
 		if (!be) {
-			gmb__reply_import_fail(rep, -EPROTO, "gmbd sent a chunk before any allocation",
-					       id);
+			gmb__reply_import_fail(rep, -EPROTO,
+					       "gmbd sent a chunk before any allocation", id);
 			continue;
 		}
 		rc = be->ops->chunk_import(be, fds[i], env->fd_sizes[i], &h);
@@ -641,7 +624,7 @@ static void mem_drop(void *arg, const uint64_t *ids, size_t n)
 
 void gmb__mem_init(struct gmb__mem *m, struct gmb__conn *conn)
 {
-	*m = (struct gmb__mem){ .conn = conn };
+	*m = (struct gmb__mem){ .conn = conn, .devs = &conn->devs };
 }
 
 void gmb__mem_cbs(struct gmb__mem *m, struct gmb__conn_cbs *cbs)
@@ -649,8 +632,6 @@ void gmb__mem_cbs(struct gmb__mem *m, struct gmb__conn_cbs *cbs)
 	cbs->mem_arg = m;
 	cbs->import = mem_import;
 	cbs->drop = mem_drop;
-	cbs->claim_build = gmb__rejoin_claim_build;
-	cbs->claim_apply = gmb__rejoin_claim_apply;
 }
 
 /** gmb__mem_deinit() - free every tag, allocation and handle; close the backend. */

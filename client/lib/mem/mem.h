@@ -24,8 +24,9 @@
 #define GMB__DEV_BIT(d) (1ULL << (unsigned)(d))
 
 struct gmb__mem {
-	/* Set by gmb__mem_init(): the connection below (its state lock, gmbd's devices). */
+	/* Set by gmb__mem_init(): the connection below (its state lock) and gmbd's devices. */
 	struct gmb__conn *conn;
+	const struct gmb__devices *devs;
 	/* Written under op_lock and the state lock; op_lock holders read it freely. */
 	struct backend *be;          /* NULL until needed (tools never map) */
 	/* Under the state lock. */
@@ -35,7 +36,7 @@ struct gmb__mem {
 };
 
 void gmb__mem_init(struct gmb__mem *m, struct gmb__conn *conn);
-/* The connection's callbacks that are the memory layer's (import, drop, claim). */
+/* The connection's import and drop callbacks (rejoin.c has the claim's). */
 void gmb__mem_cbs(struct gmb__mem *m, struct gmb__conn_cbs *cbs);
 /* gmb_close(), once the threads are gone: free every tag, allocation, handle. */
 void gmb__mem_deinit(struct gmb__mem *m);
