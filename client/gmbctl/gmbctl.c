@@ -9,7 +9,8 @@
  * argument before anything connects; a handler gets checked values and only
  * talks to the broker, returning 0 or -errno.
  *
- * gmbctl uses the public libgmb API only. Results go to stdout, errors to
+ * gmbctl uses the public libgmb API only (and, from common/, size_str and
+ * the default socket path). Results go to stdout, errors to
  * stderr only. Exit status: 0 done; 1 the broker refused or failed, or
  * cannot be reached; 2 usage error.
  */

@@ -1,7 +1,9 @@
 /*
  * preload.c - libgmb_preload.so, the LD_PRELOAD shim: routes the CUDA
- * runtime's device allocations made inside a region (client/lib/hook/region.c) to
- * gmbd, and everything else to the real runtime.
+ * runtime's device allocations made inside a region (client/lib/hook/) to
+ * gmbd, and everything else to the real runtime. client/preload/ is this
+ * file alone; it includes include/gmb.h (for the types of what it looks up)
+ * and common/err.h, whose err.c is linked into it.
  *
  * Covered: cudaMalloc and cudaFree (PyTorch's caching allocator, including
  * the private pools of CUDA graphs, which it fills with cudaMalloc under a
@@ -127,7 +129,7 @@ static void *shim_real_sym(enum shim_real_fn fn)
 	p = dlsym(RTLD_NEXT, shim_real_names[fn]);
 	if (!p) {
 		err_fmt(shim_error, 0, "%s: no CUDA runtime after libgmb_preload.so in the process",
-			  shim_real_names[fn]);
+			shim_real_names[fn]);
 		return NULL;
 	}
 	atomic_store_explicit(&shim_real[fn], p, memory_order_release);
@@ -207,7 +209,7 @@ static void *shim_gmb_open(void)
 	if (!h)
 		err_fmt(shim_error, 0,
 			"libgmb not found next to libgmb_preload.so nor as libgmb.so.0 "
-			  "(set GMB_LIB): %s", dlerror());
+			"(set GMB_LIB): %s", dlerror());
 	return h;
 }
 

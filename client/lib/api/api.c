@@ -330,7 +330,7 @@ static int api_query(struct gmb_client *c, Gmb__Envelope *env, int want, struct 
 	*last = rep->parts[rep->nparts - 1];
 	if ((int)(*last)->body_case != want)
 		return err_fmt(err, -EPROTO, "gmbd answered with message %d, not %d",
-				 (int)(*last)->body_case, want);
+			       (int)(*last)->body_case, want);
 	return 0;
 }
 
@@ -357,7 +357,7 @@ static int api_status(struct gmb_client *c, char **out,
 		rc = fmt(last->status_reply, out);
 		if (rc < 0)
 			err_fmt(err, rc, "formatting gmbd's status as %s: %s", what,
-				  gmb_strerror(rc));
+				gmb_strerror(rc));
 	}
 	gmb__reply_deinit(&rep);
 	return api_done(c, rc, err);

@@ -84,15 +84,15 @@ static int lend_check_chunks(const struct gmb__cache *m, const uint64_t *ids, co
 		if (!e)
 			return err_fmt(err, -EPROTO,
 				       "gmbd lent chunk %" PRIu64 " without sending it",
-					 ids[i]);
+				       ids[i]);
 		if (e->size != sizes[i] || sizes[i] > UINT64_MAX - total)
 			return err_fmt(err, -EPROTO, "gmbd lent chunk %" PRIu64 " as 0x%" PRIx64
-					 " bytes, it holds 0x%" PRIx64, ids[i], sizes[i], e->size);
+				       " bytes, it holds 0x%" PRIx64, ids[i], sizes[i], e->size);
 		total += sizes[i];
 	}
 	if (total != want)
 		return err_fmt(err, -EPROTO, "gmbd lent chunks of 0x%" PRIx64 " bytes in all for an"
-				 " allocation of 0x%" PRIx64, total, want);
+			       " allocation of 0x%" PRIx64, total, want);
 	return 0;
 }
 
@@ -107,12 +107,12 @@ int gmb__lend_check(const struct gmb__cache *m, const struct gmb__alloc *a, cons
 		return err_fmt(err, -EPROTO, "gmbd's reply lacks the lend");
 	if (l->alloc_id != a->id || l->device != (uint32_t)a->dev || l->size != a->size)
 		return err_fmt(err, -EPROTO, "gmbd lent allocation %" PRIu64 " (device %u, 0x%"
-				 PRIx64 " bytes) for allocation %" PRIu64 " (device %d, 0x%" PRIx64
-				 " bytes)", l->alloc_id, l->device, l->size, a->id, a->dev, a->size);
+			       PRIx64 " bytes) for allocation %" PRIu64 " (device %d, 0x%" PRIx64
+			       " bytes)", l->alloc_id, l->device, l->size, a->id, a->dev, a->size);
 	if (l->n_chunk_ids == 0 || l->n_chunk_ids != l->n_chunk_sizes ||
 	    l->n_chunk_ids > UINT32_MAX)
 		return err_fmt(err, -EPROTO, "gmbd lent %zu chunk ids with %zu sizes",
-				 l->n_chunk_ids, l->n_chunk_sizes);
+			       l->n_chunk_ids, l->n_chunk_sizes);
 	return lend_check_chunks(m, l->chunk_ids, l->chunk_sizes, l->n_chunk_ids, a->size, err);
 }
 
@@ -264,7 +264,7 @@ int gmb__lend_handles(const struct gmb__cache *m, const struct gmb__alloc *a, ui
 
 		if (!e)
 			return err_fmt(err, -EPROTO, "chunk %u of allocation %" PRIu64
-					 " was dropped while lent", i, a->id);
+				       " was dropped while lent", i, a->id);
 		handles[i] = e->handle;
 	}
 	return 0;

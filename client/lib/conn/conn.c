@@ -51,13 +51,13 @@ static int conn_take_devices(struct gmb__conn *c, const Gmb__HelloReply *hr, cha
 {
 	if (hr->n_devices == 0 || hr->n_devices > BACKEND_MAX_DEVICES)
 		return err_fmt(err, -EPROTO, "gmbd reported %zu devices (want 1..%d)",
-				 hr->n_devices, BACKEND_MAX_DEVICES);
+			       hr->n_devices, BACKEND_MAX_DEVICES);
 	for (size_t i = 0; i < hr->n_devices; i++) {
 		uint64_t g = hr->devices[i]->granularity;
 
 		if (g == 0 || (g & (g - 1)))
 			return err_fmt(err, -EPROTO, "gmbd reported granularity 0x%" PRIx64
-					 " for device %zu", g, i);
+				       " for device %zu", g, i);
 		c->devs.granularity[i] = g;
 		memset(c->devs.uuid[i], 0, sizeof(c->devs.uuid[i]));
 		if (hr->devices[i]->uuid.len == sizeof(c->devs.uuid[i]))
@@ -77,16 +77,16 @@ static int conn_take_hello(struct gmb__conn *c, const Gmb__Envelope *rep, uint64
 		return err_fmt(err, -EPROTO, "gmbd answered hello out of turn");
 	if (rep->status < 0)
 		return err_fmt(err, rep->status, "gmbd refused hello: %s",
-				 rep->error && *rep->error ? rep->error : strerror(-rep->status));
+			       rep->error && *rep->error ? rep->error : strerror(-rep->status));
 	if (rep->body_case != GMB__ENVELOPE__BODY_HELLO_REPLY)
 		return err_fmt(err, -EPROTO, "gmbd answered hello with message %d",
-				 (int)rep->body_case);
+			       (int)rep->body_case);
 	if (hr->version != GMB_PROTOCOL_VERSION)
 		return err_fmt(err, -EPROTO, "gmbd speaks protocol %u, libgmb %d", hr->version,
-				 GMB_PROTOCOL_VERSION);
+			       GMB_PROTOCOL_VERSION);
 	if (!hr->backend || (strcmp(hr->backend, "host") && strcmp(hr->backend, "cuda")))
 		return err_fmt(err, -EPROTO, "gmbd runs an unknown backend \"%s\"",
-				 hr->backend ? hr->backend : "");
+			       hr->backend ? hr->backend : "");
 	snprintf(c->devs.backend_kind, sizeof(c->devs.backend_kind), "%s", hr->backend);
 	c->id = hr->client_id;
 	return conn_take_devices(c, hr, err);
@@ -306,7 +306,7 @@ static int conn_result(const struct gmb__reply *rep, char *err)
 {
 	if (rep->status < 0)
 		return err_fmt(err, rep->status, "%s",
-				 *rep->error ? rep->error : strerror(-rep->status));
+			       *rep->error ? rep->error : strerror(-rep->status));
 	if (rep->import_err < 0)
 		return err_fmt(err, rep->import_err, "%s", rep->import_msg);
 	return 0;
@@ -350,10 +350,10 @@ static int conn_wait_ready(struct gmb__conn *c, uint64_t dead, char *err)
 		c->op_parked = false;
 	if (c->gone)
 		return err_fmt(err, -ENOTCONN, "%s", c->lost_msg[0] ? c->lost_msg
-				 : "the connection to gmbd is lost");
+			       : "the connection to gmbd is lost");
 	if (!c->connected || c->gen == dead)
 		return err_fmt(err, -ENOTCONN, "gmbd has been unreachable for %u ms; libgmb keeps"
-				 " reconnecting", c->reconnect_wait_ms);
+			       " reconnecting", c->reconnect_wait_ms);
 	return 0;
 }
 
@@ -581,7 +581,7 @@ static void conn_on_bye(struct gmb__conn *c, Gmb__Envelope *env)
 	pthread_mutex_lock(&c->lock);
 	c->bye = true;
 	err_fmt(c->lost_msg, -ENOTCONN, "gmbd stopped: %s", env->bye->reason ? env->bye->reason
-		  : "");
+		: "");
 	pthread_mutex_unlock(&c->lock);
 	gmb__envelope__free_unpacked(env, NULL);
 }
@@ -651,7 +651,7 @@ static bool conn_lost(struct gmb__conn *c, int why)
 		c->gone = true;
 		if (!c->lost_msg[0])
 			err_fmt(c->lost_msg, -ENOTCONN, "the connection to gmbd is lost (%s)",
-				  strerror(-why));
+				strerror(-why));
 	}
 	pthread_cond_broadcast(&c->reply_cond);
 	pthread_cond_broadcast(&c->work_cond);

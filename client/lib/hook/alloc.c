@@ -72,7 +72,7 @@ static int hook_tag_mode(struct gmb_client *c, const char *tag, int want)
 	if (have != GMB_MODE_DISCARD)
 		return err_fmt(gmb__hook_err(), -EINVAL,
 			       "tag \"%s\" is in mode %s; a region asks for %s",
-				      tag, gmb__mode_name(have), gmb__mode_name(want));
+			       tag, gmb__mode_name(have), gmb__mode_name(want));
 	rc = gmb_tag_set_mode(c, tag, want);
 	if (rc < 0)
 		return gmb__hook_fail_client(rc, c, "setting the region's mode");
@@ -153,7 +153,7 @@ GMB_API int gmb_host_copy(gmb_client *c, const void *ptr, size_t size, void **ho
 	else if (a->tag->paused && (a->tag->mode != GMB_MODE_PRESERVE || !a->saved || !a->staging))
 		rc = err_fmt(gmb__hook_err(), -ENODATA,
 			     "tag \"%s\" is paused in mode %s: no host copy",
-				    a->tag->name, gmb__mode_name(a->tag->mode));
+			     a->tag->name, gmb__mode_name(a->tag->mode));
 	else if (a->tag->paused)
 		*host = (char *)a->staging + ((uintptr_t)ptr - a->va);
 	pthread_mutex_unlock(&c->conn.op_lock);

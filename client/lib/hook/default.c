@@ -63,7 +63,7 @@ static int hook_connect(const char *path, const char *name, struct gmb_client **
 	if (ctl && *ctl && strcmp(ctl, "accept") != 0)
 		return err_fmt(gmb__hook_err(), -EINVAL,
 			       "GMB_CONTROL=\"%.64s\": the only value is accept",
-				      ctl);
+			       ctl);
 	if (!name)
 		name = getenv("GMB_CLIENT_NAME");
 	if (!name || !*name) {

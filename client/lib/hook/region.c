@@ -98,7 +98,7 @@ static int region_check_tag(const char *tag)
 	if (n > WIRE_MAX_NAME)
 		return err_fmt(region_error, -ENAMETOOLONG,
 			       "region tag of %zu bytes (at most %d)", n,
-				      WIRE_MAX_NAME);
+			       WIRE_MAX_NAME);
 	return 0;
 }
 
@@ -139,7 +139,7 @@ GMB_API int gmb_region_begin(const char *tag, int mode)
 	if (mode < GMB_MODE_DISCARD || mode > GMB_MODE_PRESERVE)
 		return err_fmt(region_error, -EINVAL,
 			       "unknown mode %d (want 0 discard, 1 zero, 2 preserve)",
-				      mode);
+			       mode);
 	if (tag) {
 		rc = region_check_tag(tag);
 		if (rc < 0)
@@ -147,7 +147,7 @@ GMB_API int gmb_region_begin(const char *tag, int mode)
 	}
 	if (region_depth == GMB_REGION_MAX)
 		return err_fmt(region_error, -E2BIG, "%d regions are open on this thread already",
-				      GMB_REGION_MAX);
+			       GMB_REGION_MAX);
 	r = &region_stack[region_depth];
 	r->plain = !tag;
 	r->mode = tag ? mode : GMB_MODE_DISCARD;
@@ -193,7 +193,7 @@ GMB_API int gmb_region_current(char *tag, size_t cap, int *mode)
 		if (strlen(t) >= cap)
 			return err_fmt(region_error, -ENOBUFS,
 				       "region tag \"%s\" does not fit %zu bytes",
-					      t, cap);
+				       t, cap);
 		memcpy(tag, t, strlen(t) + 1);
 	}
 	if (mode)

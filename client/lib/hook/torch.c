@@ -40,7 +40,7 @@ static int hook_runtime_malloc(void **p, size_t size)
 	if (r == 0)
 		return 0;
 	return err_fmt(gmb__hook_err(), r == HOOK_CUDA_OOM ? -ENOMEM : -EIO,
-			      "cudaMalloc of %zu bytes returned %d", size, r);
+		       "cudaMalloc of %zu bytes returned %d", size, r);
 }
 
 GMB_API void *gmb_torch_malloc(ssize_t size, int device, void *stream)

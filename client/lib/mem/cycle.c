@@ -220,7 +220,7 @@ static int cycle_check_lends(struct gmb__mem *m, const struct gmb__tag *only,
 
 		if (!a || a->marked || !cycle_tag_in(a->tag, only, true))
 			rc = err_fmt(err, -EPROTO, "gmbd lent allocation %" PRIu64 " in a resume"
-				       " that does not cover it", lends[i] ? lends[i]->alloc_id : 0);
+				     " that does not cover it", lends[i] ? lends[i]->alloc_id : 0);
 		else
 			rc = gmb__lend_check(&m->tab, a, lends[i], err);
 		if (a)
@@ -231,7 +231,7 @@ static int cycle_check_lends(struct gmb__mem *m, const struct gmb__tag *only,
 		for (struct gmb__alloc *a = t->allocs; a && rc == 0; a = a->next)
 			if (cycle_tag_in(t, only, true) && !a->marked)
 				rc = err_fmt(err, -EPROTO, "gmbd's resume left allocation %" PRIu64
-					       " of tag \"%s\" without memory", a->id, t->name);
+					     " of tag \"%s\" without memory", a->id, t->name);
 	return rc;
 }
 

@@ -30,7 +30,7 @@
 int gmb__mem_be_fail(char *err, int rc, const char *what)
 {
 	return err_fmt(err, rc, "%s: %s", what, *backend_last_error() ? backend_last_error()
-				  : strerror(-rc));
+		       : strerror(-rc));
 }
 
 static int mem_check_name(const char *name, char *err)
@@ -41,7 +41,7 @@ static int mem_check_name(const char *name, char *err)
 		return err_fmt(err, -EINVAL, "empty tag name");
 	if (n > WIRE_MAX_NAME)
 		return err_fmt(err, -ENAMETOOLONG, "tag name of %zu bytes (at most %d)", n,
-				 WIRE_MAX_NAME);
+			       WIRE_MAX_NAME);
 	return 0;
 }
 
@@ -87,7 +87,7 @@ int gmb__mem_dev_index(struct gmb__mem *m, int ordinal, char *err)
 		if (m->be->devices[i].ordinal == ordinal && ordinal >= 0)
 			return i;
 	return err_fmt(err, -ENODEV, "device %d of this process is none of gmbd's %d devices",
-			 ordinal, m->devs->ndevices);
+		       ordinal, m->devs->ndevices);
 }
 
 /* Tags. */
@@ -543,7 +543,7 @@ int gmb__mem_set_mode(struct gmb__mem *m, const char *name, int mode, char *err)
 		name = "default";
 	if (mode < GMB_MODE_DISCARD || mode > GMB_MODE_PRESERVE)
 		return err_fmt(err, -EINVAL, "unknown mode %d (want 0 discard, 1 zero, 2 preserve)",
-				 mode);
+			       mode);
 	rc = mem_check_name(name, err);
 	if (rc == 0)
 		rc = mem_tag_get(m, name, &t, &created, err);
