@@ -44,13 +44,16 @@ DAEMON_SRC := daemon/pool.c daemon/broker.c daemon/lend.c daemon/sess.c daemon/s
 	daemon/sd.c daemon/handlers.c daemon/handlers_ctl.c daemon/handlers_status.c daemon/opts.c \
 	daemon/conf.c daemon/rejoin.c daemon/state.c daemon/persist.c daemon/handlers_hello.c
 DAEMON_MAIN := daemon/main.c
-LIB_SRC := client/conn.c client/cache.c client/mem.c client/cycle.c client/api.c client/status_json.c \
-	client/reconnect.c
-# Regions, the default client and the PyTorch entry points; the LD_PRELOAD
+# libgmb, top down: the API, the hooks above it (regions, the default client,
+# the PyTorch entry points), memory, the tables, the connection. The LD_PRELOAD
 # shim is a library of its own that loads libgmb at run time (no NEEDED on it).
-LIB_SRC += client/region.c client/hook.c
-PRELOAD_SRC := client/preload.c
-CTL_SRC := client/gmbctl.c
+LIB_SRC := client/lib/api/api.c client/lib/api/status_json.c \
+	client/lib/hook/region.c client/lib/hook/default.c client/lib/hook/alloc.c \
+	client/lib/hook/torch.c client/lib/hook/libpath.c \
+	client/lib/mem/mem.c client/lib/mem/cycle.c client/lib/mem/rejoin.c \
+	client/lib/cache/cache.c client/lib/conn/conn.c client/lib/conn/reconnect.c
+PRELOAD_SRC := client/preload/preload.c common/err.c
+CTL_SRC := client/gmbctl/gmbctl.c
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_HELPER_SRC := tests/util.c
 TEST_PROG_SRC := $(wildcard tests/prog_*.c)

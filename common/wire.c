@@ -15,17 +15,18 @@
  *     same packet).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include "common/wire.h"
 
-#define WIRE_DEFAULT_SOCKET "/run/gmbd/gmbd.sock"
 
 /* Ancillary buffer for the largest fd batch, aligned for struct cmsghdr. */
 union wire_cmsg_buf {
@@ -339,6 +340,37 @@ int wire_connect(const char *path, int *fd)
 		rc = connect(s, (const struct sockaddr *)&addr, sizeof(addr));
 	while (rc < 0 && errno == EINTR);
 	if (rc < 0) {
+		rc = -errno;
+		goto out_socket;
+	}
+	*fd = s;
+	return 0;
+
+out_socket:
+	close(s);
+	return rc;
+}
+
+int wire_connect_timed(const char *path, unsigned timeout_s, int *fd)
+{
+	struct timeval tv = { .tv_sec = timeout_s };
+	struct sockaddr_un addr;
+	int s, rc;
+
+	if (!fd)
+		return -EINVAL;
+	rc = wire_fill_addr(path, &addr);
+	if (rc < 0)
+		return rc;
+	s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (s < 0)
+		return -errno;
+	/* Non-blocking: with a full backlog connect() fails (EAGAIN) instead of
+	 * hanging where the caller's shutdown() could not reach it. */
+	if (connect(s, (const struct sockaddr *)&addr, sizeof(addr)) < 0 ||
+	    fcntl(s, F_SETFL, 0) < 0 ||
+	    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
+	    setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0) {
 		rc = -errno;
 		goto out_socket;
 	}

@@ -22,6 +22,8 @@
 /* Requests one client may have unanswered at the daemon. */
 #define WIRE_MAX_INFLIGHT 64
 #define WIRE_MAX_NAME 128 /* client names and tags, bytes */
+/* gmbd's socket when neither an option nor $GMB_SOCKET names one. */
+#define WIRE_DEFAULT_SOCKET "/run/gmbd/gmbd.sock"
 
 /**
  * wire_send() - pack @env and send it with @fds in one packet.
@@ -62,6 +64,13 @@ int wire_listen(const char *path, int *fd);
 
 /** wire_connect() - connect to @path; blocking, O_CLOEXEC fd is the caller's. */
 int wire_connect(const char *path, int *fd);
+
+/**
+ * wire_connect_timed() - connect to @path without waiting for backlog room
+ * (a full backlog is -EAGAIN), then blocking with send and receive timeouts
+ * of @timeout_s seconds. The O_CLOEXEC fd is the caller's.
+ */
+int wire_connect_timed(const char *path, unsigned timeout_s, int *fd);
 
 /** wire_default_socket() - $GMB_SOCKET if set, else /run/gmbd/gmbd.sock. */
 const char *wire_default_socket(void);

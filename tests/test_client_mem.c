@@ -1,6 +1,6 @@
 /*
  * test_client_mem.c - libgmb's handle cache and last-lend bookkeeping
- * (client/cache.c), which must follow the rule gmbd mirrors: a client holds
+ * (client/lib/cache/cache.c), which must follow the rule gmbd mirrors: a client holds
  * a chunk's handle exactly while some allocation of it has that chunk in its
  * last lend. No daemon and no backend: handles are plain numbers and the
  * release list is inspected directly.
@@ -11,11 +11,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client/internal.h"
+#include "client/lib/cache/cache.h"
+#include "gmb.h"
 
 #define MiB (1024ULL * 1024)
 
-static struct gmb__mem mem;
+static struct gmb__cache mem;
 static struct gmb__handle *rel;
 static char err[ERR_MSG_MAX];
 
@@ -283,6 +284,41 @@ Test(client_mem, lend_check_refuses_what_cannot_be_mapped)
 	cr_assert(eq(i32, gmb__lend_check(&mem, a, &l, err), -EPROTO), "ids and sizes differ");
 	cr_assert(eq(i32, gmb__lend_check(&mem, a, NULL, err), -EPROTO));
 	alloc_free(a);
+}
+
+/* Adoption enters both tables and references the lend, or changes nothing at all. */
+Test(client_mem, adopt_enters_the_tables_or_nothing)
+{
+	uint64_t ids[] = { 1, 2 }, sizes[] = { 2 * MiB, 2 * MiB };
+	struct gmb__alloc a = { .id = 20, .size = 4 * MiB, .va = 0x7e0000000000ULL };
+	struct gmb__alloc twin = a;
+	Gmb__Lend l = make_lend(20, 4 * MiB, ids, sizes, 2);
+
+	import(1, 2 * MiB);
+	cr_assert(eq(i32, gmb__cache_adopt(&mem, &a, &l, &rel, err), -EPROTO), "chunk 2 not sent");
+	cr_assert(eq(ptr, idmap_get(&mem.by_id, 20), NULL));
+	cr_assert(eq(ptr, idmap_get(&mem.by_va, a.va), NULL));
+	cr_assert(eq(u32, refs(1), 0));
+	import(2, 2 * MiB);
+	cr_assert(eq(i32, gmb__cache_adopt(&mem, &a, &l, &rel, err), 0), "%s", err);
+	cr_assert(eq(ptr, idmap_get(&mem.by_id, 20), &a));
+	cr_assert(eq(ptr, idmap_get(&mem.by_va, a.va), &a));
+	cr_assert(eq(u32, refs(1), 1));
+	cr_assert(eq(u32, refs(2), 1));
+	/* gmbd lending the same allocation id again is refused; the first stays. */
+	twin.va += 4 * MiB;
+	cr_assert(eq(i32, gmb__cache_adopt(&mem, &twin, &l, &rel, err), -EPROTO));
+	cr_assert(not(eq(ptr, strstr(err, "twice"), NULL)), "%s", err);
+	cr_assert(eq(ptr, idmap_get(&mem.by_id, 20), &a));
+	cr_assert(eq(ptr, idmap_get(&mem.by_va, twin.va), NULL));
+	cr_assert(eq(u32, refs(1), 1));
+	/* Forgetting takes it out of both and releases what no lend names. */
+	gmb__cache_forget(&mem, &a, &rel);
+	cr_assert(eq(ptr, idmap_get(&mem.by_id, 20), NULL));
+	cr_assert(eq(ptr, idmap_get(&mem.by_va, a.va), NULL));
+	cr_assert(eq(ptr, idmap_get(&mem.cache, 1), NULL));
+	cr_assert(eq(ptr, idmap_get(&mem.cache, 2), NULL));
+	cr_assert(eq(u32, a.nchunks, 0));
 }
 
 /*

@@ -1,6 +1,6 @@
 /*
- * test_region.c - regions (client/region.c) and what the allocation hooks
- * build on (client/hook.c): the per-thread region stack, $GMB_DEFAULT_TAG,
+ * test_region.c - regions (client/lib/hook/region.c) and what the hooks
+ * build on (client/lib/hook/): the per-thread region stack, $GMB_DEFAULT_TAG,
  * allocation in the current region's tag and mode, ownership and host-copy
  * queries, the memory margin, the process's default client, and PyTorch's
  * entry points, against a real gmbd (host backend).

@@ -24,7 +24,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "client/internal.h"
+#include "client/lib/api/client.h"
 #include "common/wire.h"
 #include "gmb.h"
 #include "tests/util.h"
@@ -331,7 +331,7 @@ static int raw_claim(int fd, const struct gmb__alloc *a, uint64_t *ids, size_t n
 
 static const struct gmb__alloc *alloc_at(gmb_client *c, void *p)
 {
-	return idmap_get(&c->mem.by_va, (uintptr_t)p);
+	return idmap_get(&c->mem.tab.by_va, (uintptr_t)p);
 }
 
 Test(restart, claims_gmbd_did_not_grant_are_refused)

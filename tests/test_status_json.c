@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "client/internal.h"
+#include "client/lib/api/status_json.h"
 #include "proto/gmb.pb-c.h"
 
 /*
@@ -48,7 +48,7 @@ static void fault_free(void *p)
 	free(p);
 }
 
-/* internal.h is already in, so its guard keeps these names out of it. */
+/* status_json.h is already in, so its guard keeps these names out of it. */
 int faulty_status_to_json(const Gmb__StatusReply *st, char **out);
 int faulty_status_to_table(const Gmb__StatusReply *st, char **out);
 
@@ -56,7 +56,7 @@ int faulty_status_to_table(const Gmb__StatusReply *st, char **out);
 #define free fault_free
 #define gmb__status_to_json faulty_status_to_json
 #define gmb__status_to_table faulty_status_to_table
-#include "client/status_json.c"
+#include "client/lib/api/status_json.c"
 #undef realloc
 #undef free
 #undef gmb__status_to_json

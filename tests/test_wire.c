@@ -467,3 +467,39 @@ Test(wire, default_socket_honours_gmb_socket)
 	setenv("GMB_SOCKET", "", 1);
 	cr_assert(eq(str, (char *)wire_default_socket(), "/run/gmbd/gmbd.sock"));
 }
+
+/* The reconnect socket: blocking once connected, both timeouts set; a full backlog: -EAGAIN. */
+Test(wire, connect_timed_sets_timeouts_and_never_waits_for_backlog_room)
+{
+	struct sockaddr_un addr = { .sun_family = AF_UNIX };
+	struct timeval tv = { 0 };
+	socklen_t len = sizeof(tv);
+	int lfd, first = -1, second = -1, a;
+	char path[108];
+
+	temp_socket_path(path, sizeof(path));
+	strcpy(addr.sun_path, path);
+	lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	cr_assert(eq(i32, bind(lfd, (struct sockaddr *)&addr, sizeof(addr)), 0));
+	/* Backlog 0: one connection may wait for accept, the next finds it full. */
+	cr_assert(eq(i32, listen(lfd, 0), 0));
+	cr_assert(eq(i32, wire_connect_timed(path, 7, &first), 0));
+	cr_assert(eq(i32, fcntl(first, F_GETFL) & O_NONBLOCK, 0));
+	cr_assert(eq(i32, fcntl(first, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC));
+	cr_assert(eq(i32, getsockopt(first, SOL_SOCKET, SO_RCVTIMEO, &tv, &len), 0));
+	cr_assert(eq(i64, (int64_t)tv.tv_sec, 7));
+	cr_assert(eq(i32, getsockopt(first, SOL_SOCKET, SO_SNDTIMEO, &tv, &len), 0));
+	cr_assert(eq(i64, (int64_t)tv.tv_sec, 7));
+	cr_assert(eq(i32, wire_connect_timed(path, 7, &second), -EAGAIN));
+	cr_assert(eq(i32, second, -1));
+	a = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+	cr_assert(ge(i32, a, 0));
+	send_id(first, 78);
+	expect_id(a, 78);
+	close(a);
+	close(first);
+	close(lfd);
+	cr_assert(eq(i32, wire_connect_timed(path, 7, &second), -ECONNREFUSED));
+	unlink(path);
+	cr_assert(eq(i32, wire_connect_timed(path, 7, &second), -ENOENT));
+}

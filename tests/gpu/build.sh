@@ -65,12 +65,10 @@ if ! from_make; then
 	DAEMON_MAIN=daemon/main.c
 	DAEMON_SRC="" LIB_SRC=""
 	for f in daemon/*.c; do [ "$f" = daemon/main.c ] || DAEMON_SRC+=" $f"; done
-	CTL_SRC=client/gmbctl.c
-	# Not the preload shim nor the PyTorch entry points: they define
-	# cudaMalloc-like symbols that must not land in the tests.
-	for f in client/*.c; do
-		case $f in *gmbctl* | *preload* | *shim* | *torch* | *python*) ;; *) LIB_SRC+=" $f" ;; esac
-	done
+	CTL_SRC=$(echo client/gmbctl/*.c)
+	# libgmb is client/lib/ (the preload shim, which defines cudaMalloc-like
+	# symbols that must not land in the tests, lives apart in client/preload/).
+	LIB_SRC=$(echo client/lib/*/*.c)
 fi
 # shellcheck disable=SC2206 # the lists are whitespace-separated paths
 COMMON=($COMMON_SRC) DAEMON=($DAEMON_SRC $DAEMON_MAIN) LIBC=($LIB_SRC) CTL=($CTL_SRC)

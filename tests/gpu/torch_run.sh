@@ -100,11 +100,12 @@ EOF
 
 # libgmb.so (position-independent, protobuf-c shared), libgmb_preload.so, torch_baseline.
 build_libs() {
-	local src obj objs=() flags lib_src common_src stub
+	local src obj objs=() flags lib_src common_src preload_src stub
 	lib_src=$(mkvar LIB_SRC)
 	common_src=$(mkvar COMMON_SRC)
-	if [ -z "$lib_src" ] || [ -z "$common_src" ]; then
-		echo "cannot read LIB_SRC/COMMON_SRC from the Makefile" >&2
+	preload_src=$(mkvar PRELOAD_SRC)
+	if [ -z "$lib_src" ] || [ -z "$common_src" ] || [ -z "$preload_src" ]; then
+		echo "cannot read LIB_SRC/COMMON_SRC/PRELOAD_SRC from the Makefile" >&2
 		return 1
 	fi
 	if [ ! -e "$D/so/libprotobuf-c.so.1" ]; then
@@ -122,8 +123,9 @@ build_libs() {
 	# shellcheck disable=SC2016 # $ORIGIN is the dynamic linker's, not the shell's
 	"$CC" -shared -pthread -Wl,-soname,libgmb.so.0 -Wl,--no-undefined -o "$B/libgmb.so" "${objs[@]}" \
 		"$D/so/libprotobuf-c.so.1" -ldl -Wl,-rpath,'$ORIGIN/../.gpu-deps/so' || return 1
+	# shellcheck disable=SC2086 # PRELOAD_SRC is a list of paths
 	"$CC" "${flags[@]}" -shared -Wl,-soname,libgmb_preload.so -Wl,--no-undefined \
-		-o "$B/libgmb_preload.so" client/preload.c -ldl || return 1
+		-o "$B/libgmb_preload.so" $preload_src -ldl || return 1
 	if readelf -d "$B/libgmb_preload.so" | grep NEEDED | grep -q 'cuda\|gmb\|protobuf'; then
 		echo "libgmb_preload.so must not need CUDA, libgmb or protobuf-c:" >&2
 		readelf -d "$B/libgmb_preload.so" | grep NEEDED >&2

@@ -18,16 +18,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client/internal.h"
-
-/* Devices as a bit mask: BACKEND_MAX_DEVICES is 64. */
-#define CYCLE_DEV_BIT(d) (1ULL << (unsigned)(d))
+#include "client/lib/mem/mem.h"
 
 /* Tags. */
 
-static bool cycle_tag_any(struct gmb_client *c, bool paused)
+static bool cycle_tag_any(struct gmb__mem *m, bool paused)
 {
-	for (struct gmb__tag *t = c->mem.tags; t; t = t->next)
+	for (struct gmb__tag *t = m->tags; t; t = t->next)
 		if (t->paused == paused)
 			return true;
 	return false;
@@ -42,26 +39,26 @@ static bool cycle_tag_in(const struct gmb__tag *t, const struct gmb__tag *only, 
 /* Pause. */
 
 /* The devices of the allocations of the tags in (@only, @paused). */
-static uint64_t cycle_devices(struct gmb_client *c, const struct gmb__tag *only, bool paused)
+static uint64_t cycle_devices(struct gmb__mem *m, const struct gmb__tag *only, bool paused)
 {
 	uint64_t mask = 0;
 
-	for (struct gmb__tag *t = c->mem.tags; t; t = t->next) {
+	for (struct gmb__tag *t = m->tags; t; t = t->next) {
 		if (!cycle_tag_in(t, only, paused))
 			continue;
 		for (struct gmb__alloc *a = t->allocs; a; a = a->next)
-			mask |= CYCLE_DEV_BIT(a->dev);
+			mask |= GMB__DEV_BIT(a->dev);
 	}
 	return mask;
 }
 
 /* Waits for the contents operations queued on the devices in @mask. */
-static int cycle_wait(struct gmb_client *c, uint64_t mask, char *err)
+static int cycle_wait(struct gmb__mem *m, uint64_t mask, char *err)
 {
 	int first = 0;
 
-	for (int d = 0; d < c->ndevices; d++) {
-		int rc = mask & CYCLE_DEV_BIT(d) ? c->be->ops->wait(c->be, d) : 0;
+	for (int d = 0; d < m->devs->ndevices; d++) {
+		int rc = mask & GMB__DEV_BIT(d) ? m->be->ops->wait(m->be, d) : 0;
 
 		if (rc < 0 && first == 0)
 			first = gmb__mem_be_fail(err, rc, "waiting for the copies to host");
@@ -74,17 +71,17 @@ static int cycle_wait(struct gmb_client *c, uint64_t mask, char *err)
  * queued first and waited for once, so many small allocations copy back to
  * back at the link's bandwidth.
  */
-static int cycle_save(struct gmb_client *c, const struct gmb__tag *only, char *err)
+static int cycle_save(struct gmb__mem *m, const struct gmb__tag *only, char *err)
 {
-	struct backend *be = c->be;
+	struct backend *be = m->be;
 	uint64_t queued = 0;
 	int rc = 0, wrc;
 
-	for (struct gmb__tag *t = c->mem.tags; t && rc == 0; t = t->next) {
+	for (struct gmb__tag *t = m->tags; t && rc == 0; t = t->next) {
 		if (!cycle_tag_in(t, only, false) || t->mode != GMB_MODE_PRESERVE)
 			continue;
 		for (struct gmb__alloc *a = t->allocs; a && rc == 0; a = a->next) {
-			rc = gmb__mem_staging_new(c, a, err);
+			rc = gmb__mem_staging_new(m, a, err);
 			if (rc == 0)
 				rc = be->ops->contents_queue(be, a->dev, BACKEND_TO_HOST, a->staging,
 							     a->va, a->size);
@@ -92,35 +89,35 @@ static int cycle_save(struct gmb_client *c, const struct gmb__tag *only, char *e
 				rc = gmb__mem_be_fail(err, rc, "saving a preserved allocation");
 				break;
 			}
-			queued |= CYCLE_DEV_BIT(a->dev);
+			queued |= GMB__DEV_BIT(a->dev);
 			a->saved = true;
 		}
 	}
 	/* Even after a failure: queued copies still write the staging buffers. */
-	wrc = cycle_wait(c, queued, rc ? NULL : err);
+	wrc = cycle_wait(m, queued, rc ? NULL : err);
 	return rc ? rc : wrc;
 }
 
 /* Maps again what a failed pause unmapped (best effort: the chunks are still ours). */
-static void cycle_remap(struct gmb_client *c, const struct gmb__tag *only)
+static void cycle_remap(struct gmb__mem *m, const struct gmb__tag *only)
 {
-	for (struct gmb__tag *t = c->mem.tags; t; t = t->next) {
+	for (struct gmb__tag *t = m->tags; t; t = t->next) {
 		if (!cycle_tag_in(t, only, false))
 			continue;
 		for (struct gmb__alloc *a = t->allocs; a; a = a->next)
 			if (!a->mapped)
-				gmb__mem_map(c, a, NULL);
+				gmb__mem_map(m, a, NULL);
 	}
 }
 
-static int cycle_unmap_tags(struct gmb_client *c, const struct gmb__tag *only, bool paused,
+static int cycle_unmap_tags(struct gmb__mem *m, const struct gmb__tag *only, bool paused,
 			    char *err)
 {
-	for (struct gmb__tag *t = c->mem.tags; t; t = t->next) {
+	for (struct gmb__tag *t = m->tags; t; t = t->next) {
 		if (!cycle_tag_in(t, only, paused))
 			continue;
 		for (struct gmb__alloc *a = t->allocs; a; a = a->next) {
-			int rc = a->mapped ? gmb__mem_unmap(c, a, err) : 0;
+			int rc = a->mapped ? gmb__mem_unmap(m, a, err) : 0;
 
 			if (rc < 0)
 				return rc;
@@ -129,9 +126,9 @@ static int cycle_unmap_tags(struct gmb_client *c, const struct gmb__tag *only, b
 	return 0;
 }
 
-static void cycle_mark(struct gmb_client *c, const struct gmb__tag *only, bool from, bool to)
+static void cycle_mark(struct gmb__mem *m, const struct gmb__tag *only, bool from, bool to)
 {
-	for (struct gmb__tag *t = c->mem.tags; t; t = t->next) {
+	for (struct gmb__tag *t = m->tags; t; t = t->next) {
 		if (!cycle_tag_in(t, only, from))
 			continue;
 		t->paused = to;
@@ -146,37 +143,37 @@ static void cycle_mark(struct gmb_client *c, const struct gmb__tag *only, bool f
  * gmb__cycle_pause() - drain, save PRESERVE bytes, unmap (VA kept), tell gmbd.
  * @name NULL or "": every active tag. A paused tag is a no-op success.
  */
-int gmb__cycle_pause(struct gmb_client *c, const char *name, char *err)
+int gmb__cycle_pause(struct gmb__mem *m, const char *name, char *err)
 {
 	struct gmb__tag *only = NULL;
 	uint64_t mask;
 	int rc;
 
 	if (name && *name) {
-		only = gmb__mem_tag_find(c, name);
+		only = gmb__mem_tag_find(m, name);
 		if (!only)
-			return gmb__fail(err, -ENOENT, "no tag \"%s\"", name);
+			return err_fmt(err, -ENOENT, "no tag \"%s\"", name);
 		if (only->paused)
 			return 0;
-	} else if (!cycle_tag_any(c, false)) {
+	} else if (!cycle_tag_any(m, false)) {
 		return 0;
 	}
-	mask = cycle_devices(c, only, false);
-	rc = gmb__mem_sync(c, mask, err);
+	mask = cycle_devices(m, only, false);
+	rc = gmb__mem_sync(m, mask, err);
 	if (rc == 0)
-		rc = cycle_save(c, only, err);
+		rc = cycle_save(m, only, err);
 	/* Copies may be asynchronous: they must land before the memory goes. */
 	if (rc == 0)
-		rc = gmb__mem_sync(c, mask, err);
+		rc = gmb__mem_sync(m, mask, err);
 	if (rc == 0)
-		rc = cycle_unmap_tags(c, only, false, err);
+		rc = cycle_unmap_tags(m, only, false, err);
 	if (rc == 0)
-		rc = gmb__mem_send_pause(c, only ? only->name : "", err);
+		rc = gmb__mem_send_pause(m, only ? only->name : "", err);
 	if (rc < 0) {
-		cycle_remap(c, only);
+		cycle_remap(m, only);
 		return rc;
 	}
-	cycle_mark(c, only, false, true);
+	cycle_mark(m, only, false, true);
 	return 0;
 }
 
@@ -194,7 +191,7 @@ static int cycle_collect_lends(const struct gmb__reply *rep, const Gmb__Lend ***
 			total += rep->parts[i]->resume_reply->n_lends;
 	v = calloc(total ? total : 1, sizeof(*v));
 	if (!v)
-		return gmb__fail(err, -ENOMEM, "out of memory reading gmbd's resume reply");
+		return err_fmt(err, -ENOMEM, "out of memory reading gmbd's resume reply");
 	for (size_t i = 0; i < rep->nparts; i++) {
 		const Gmb__Envelope *e = rep->parts[i];
 
@@ -209,32 +206,32 @@ static int cycle_collect_lends(const struct gmb__reply *rep, const Gmb__Lend ***
 }
 
 /* Each lend is for a distinct allocation of the resumed tags, and mappable. */
-static int cycle_check_lends(struct gmb_client *c, const struct gmb__tag *only,
+static int cycle_check_lends(struct gmb__mem *m, const struct gmb__tag *only,
 			     const Gmb__Lend **lends, size_t n, char *err)
 {
 	int rc = 0;
 
-	for (struct gmb__tag *t = c->mem.tags; t; t = t->next)
+	for (struct gmb__tag *t = m->tags; t; t = t->next)
 		for (struct gmb__alloc *a = t->allocs; a; a = a->next)
 			a->marked = false;
-	pthread_mutex_lock(&c->lock);
+	pthread_mutex_lock(&m->conn->lock);
 	for (size_t i = 0; i < n && rc == 0; i++) {
-		struct gmb__alloc *a = lends[i] ? idmap_get(&c->mem.by_id, lends[i]->alloc_id) : NULL;
+		struct gmb__alloc *a = lends[i] ? idmap_get(&m->tab.by_id, lends[i]->alloc_id) : NULL;
 
 		if (!a || a->marked || !cycle_tag_in(a->tag, only, true))
-			rc = gmb__fail(err, -EPROTO, "gmbd lent allocation %" PRIu64 " in a resume"
-				       " that does not cover it", lends[i] ? lends[i]->alloc_id : 0);
+			rc = err_fmt(err, -EPROTO, "gmbd lent allocation %" PRIu64 " in a resume"
+				     " that does not cover it", lends[i] ? lends[i]->alloc_id : 0);
 		else
-			rc = gmb__lend_check(&c->mem, a, lends[i], err);
+			rc = gmb__lend_check(&m->tab, a, lends[i], err);
 		if (a)
 			a->marked = true;
 	}
-	pthread_mutex_unlock(&c->lock);
-	for (struct gmb__tag *t = c->mem.tags; t && rc == 0; t = t->next)
+	pthread_mutex_unlock(&m->conn->lock);
+	for (struct gmb__tag *t = m->tags; t && rc == 0; t = t->next)
 		for (struct gmb__alloc *a = t->allocs; a && rc == 0; a = a->next)
 			if (cycle_tag_in(t, only, true) && !a->marked)
-				rc = gmb__fail(err, -EPROTO, "gmbd's resume left allocation %" PRIu64
-					       " of tag \"%s\" without memory", a->id, t->name);
+				rc = err_fmt(err, -EPROTO, "gmbd's resume left allocation %" PRIu64
+					     " of tag \"%s\" without memory", a->id, t->name);
 	return rc;
 }
 
@@ -244,9 +241,9 @@ static int cycle_check_lends(struct gmb_client *c, const struct gmb__tag *only,
  * runs while the next is mapped: mapping many small allocations would
  * otherwise add to the copy time instead of hiding under it.
  */
-static int cycle_restore_one(struct gmb_client *c, struct gmb__alloc *a, char *err)
+static int cycle_restore_one(struct gmb__mem *m, struct gmb__alloc *a, char *err)
 {
-	struct backend *be = c->be;
+	struct backend *be = m->be;
 	bool copy = a->saved && a->staging;
 	int rc;
 
@@ -258,44 +255,44 @@ static int cycle_restore_one(struct gmb_client *c, struct gmb__alloc *a, char *e
 }
 
 /* The lends become the allocations' last lends, then each is mapped. */
-static int cycle_apply_lends(struct gmb_client *c, const Gmb__Lend **lends, size_t n, char *err)
+static int cycle_apply_lends(struct gmb__mem *m, const Gmb__Lend **lends, size_t n, char *err)
 {
 	struct gmb__handle *rel = NULL;
 	int rc = 0;
 
-	pthread_mutex_lock(&c->lock);
+	pthread_mutex_lock(&m->conn->lock);
 	for (size_t i = 0; i < n && rc == 0; i++) {
-		struct gmb__alloc *a = idmap_get(&c->mem.by_id, lends[i]->alloc_id);
+		struct gmb__alloc *a = idmap_get(&m->tab.by_id, lends[i]->alloc_id);
 
-		rc = gmb__lend_set(&c->mem, a, lends[i]->chunk_ids, lends[i]->chunk_sizes,
+		rc = gmb__lend_set(&m->tab, a, lends[i]->chunk_ids, lends[i]->chunk_sizes,
 				   (uint32_t)lends[i]->n_chunk_ids, &rel);
 	}
-	pthread_mutex_unlock(&c->lock);
-	gmb__release_run(c->be, rel);
+	pthread_mutex_unlock(&m->conn->lock);
+	gmb__release_run(m->be, rel);
 	if (rc == -ENOMEM)
-		return gmb__fail(err, rc, "out of memory recording gmbd's lends");
+		return err_fmt(err, rc, "out of memory recording gmbd's lends");
 	if (rc < 0)
-		return gmb__fail(err, rc, "a chunk gmbd lent was dropped before it was mapped");
+		return err_fmt(err, rc, "a chunk gmbd lent was dropped before it was mapped");
 	for (size_t i = 0; i < n && rc == 0; i++) {
-		struct gmb__alloc *a = idmap_get(&c->mem.by_id, lends[i]->alloc_id);
+		struct gmb__alloc *a = idmap_get(&m->tab.by_id, lends[i]->alloc_id);
 
-		rc = gmb__mem_map(c, a, err);
+		rc = gmb__mem_map(m, a, err);
 		if (rc == 0)
-			rc = cycle_restore_one(c, a, err);
+			rc = cycle_restore_one(m, a, err);
 	}
 	return rc;
 }
 
 /* Puts a failed resume back: unmapped here, paused at gmbd, tag by tag. */
-static void cycle_repause(struct gmb_client *c, const struct gmb__tag *only)
+static void cycle_repause(struct gmb__mem *m, const struct gmb__tag *only)
 {
-	cycle_unmap_tags(c, only, true, NULL);
-	for (struct gmb__tag *t = c->mem.tags; t; t = t->next)
+	cycle_unmap_tags(m, only, true, NULL);
+	for (struct gmb__tag *t = m->tags; t; t = t->next)
 		if (cycle_tag_in(t, only, true))
-			gmb__mem_send_pause(c, t->name, NULL);
+			gmb__mem_send_pause(m, t->name, NULL);
 }
 
-static int cycle_resume_reply(struct gmb_client *c, const struct gmb__tag *only,
+static int cycle_resume_reply(struct gmb__mem *m, const struct gmb__tag *only,
 			      const struct gmb__reply *rep, char *err)
 {
 	const Gmb__Lend **lends = NULL;
@@ -304,16 +301,16 @@ static int cycle_resume_reply(struct gmb_client *c, const struct gmb__tag *only,
 
 	rc = cycle_collect_lends(rep, &lends, &n, err);
 	if (rc == 0)
-		rc = cycle_check_lends(c, only, lends, n, err);
+		rc = cycle_check_lends(m, only, lends, n, err);
 	if (rc == 0) {
-		rc = cycle_apply_lends(c, lends, n, err);
+		rc = cycle_apply_lends(m, lends, n, err);
 		/*
 		 * Wait for the queued restores even after a failure (a repause would
 		 * unmap under them); the application's next kernel must see the
 		 * restored bytes anyway. The queue is on each device's primary
 		 * context, which draining the device waits for.
 		 */
-		int src = gmb__mem_sync(c, cycle_devices(c, only, true), rc ? NULL : err);
+		int src = gmb__mem_sync(m, cycle_devices(m, only, true), rc ? NULL : err);
 
 		rc = rc ? rc : src;
 	}
@@ -326,7 +323,7 @@ static int cycle_resume_reply(struct gmb_client *c, const struct gmb__tag *only,
  * @name NULL or "": every paused tag. An active tag is a no-op success; on
  * any failure (-ENOMEM from gmbd among them) the tags stay paused.
  */
-int gmb__cycle_resume(struct gmb_client *c, const char *name, char *err)
+int gmb__cycle_resume(struct gmb__mem *m, const char *name, char *err)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__ResumeRequest req = GMB__RESUME_REQUEST__INIT;
@@ -335,28 +332,28 @@ int gmb__cycle_resume(struct gmb_client *c, const char *name, char *err)
 	int rc;
 
 	if (name && *name) {
-		only = gmb__mem_tag_find(c, name);
+		only = gmb__mem_tag_find(m, name);
 		if (!only)
-			return gmb__fail(err, -ENOENT, "no tag \"%s\"", name);
+			return err_fmt(err, -ENOENT, "no tag \"%s\"", name);
 		if (!only->paused)
 			return 0;
-	} else if (!cycle_tag_any(c, true)) {
+	} else if (!cycle_tag_any(m, true)) {
 		return 0;
 	}
 	req.tag = only ? only->name : "";
 	env.body_case = GMB__ENVELOPE__BODY_RESUME;
 	env.resume = &req;
-	rc = gmb__request(c, &env, &rep, err);
+	rc = gmb__request(m->conn, &env, &rep, err);
 	if (rep.status < 0)
 		goto out_rep; /* nothing was lent: still paused on both sides */
 	if (rc == 0)
-		rc = cycle_resume_reply(c, only, &rep, err);
+		rc = cycle_resume_reply(m, only, &rep, err);
 	if (rc < 0)
-		cycle_repause(c, only);
+		cycle_repause(m, only);
 	else
-		cycle_mark(c, only, true, false);
+		cycle_mark(m, only, true, false);
 out_rep:
-	gmb__mem_sweep(c);
+	gmb__mem_sweep(m);
 	gmb__reply_deinit(&rep);
 	return rc;
 }
@@ -367,10 +364,10 @@ out_rep:
  * gmb__cycle_close() - drain and unmap every active allocation (gmb_close),
  * before the connection ends: gmbd may lend the chunks to others then.
  */
-void gmb__cycle_close(struct gmb_client *c)
+void gmb__cycle_close(struct gmb__mem *m)
 {
-	if (!c->be)
+	if (!m->be)
 		return;
-	gmb__mem_sync(c, cycle_devices(c, NULL, false), NULL);
-	cycle_unmap_tags(c, NULL, false, NULL);
+	gmb__mem_sync(m, cycle_devices(m, NULL, false), NULL);
+	cycle_unmap_tags(m, NULL, false, NULL);
 }

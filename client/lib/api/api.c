@@ -22,7 +22,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "client/internal.h"
+#include "client/lib/api/client.h"
+#include "client/lib/api/status_json.h"
+#include "client/lib/conn/reconnect.h"
+#include "common/deadline.h"
 
 /* gmb_connect() fails before there is a client to hold the reason: the
  * calling thread keeps it, for gmb_last_error(NULL). */
@@ -32,53 +35,35 @@ static int api_done(struct gmb_client *c, int rc, const char *err)
 {
 	if (rc >= 0)
 		return rc;
-	pthread_mutex_lock(&c->lock);
-	gmb__fail(c->last_error, rc, "%s", *err ? err : gmb_strerror(rc));
-	pthread_mutex_unlock(&c->lock);
+	pthread_mutex_lock(&c->conn.lock);
+	err_fmt(c->last_error, rc, "%s", *err ? err : gmb_strerror(rc));
+	pthread_mutex_unlock(&c->conn.lock);
 	return rc;
 }
 
+static void api_control_run(void *arg, const struct gmb__job *job);
+
 static void api_client_free(struct gmb_client *c)
 {
-	while (c->jobs) {
-		struct gmb__job *job = c->jobs;
-
-		c->jobs = job->next;
-		gmb__envelope__free_unpacked(job->env, NULL);
-		free(job);
-	}
-	pthread_cond_destroy(&c->conn_cond);
-	pthread_cond_destroy(&c->poll_cond);
-	pthread_cond_destroy(&c->work_cond);
-	pthread_cond_destroy(&c->reply_cond);
-	pthread_mutex_destroy(&c->send_lock);
-	pthread_mutex_destroy(&c->lock);
-	pthread_mutex_destroy(&c->op_lock);
-	free(c->path);
+	gmb__conn_deinit(&c->conn);
 	free(c);
 }
 
+/* A client whose layers know each other: the connection calls up only through cbs. */
 static struct gmb_client *api_client_new(void)
 {
 	struct gmb_client *c = calloc(1, sizeof(*c));
-	pthread_condattr_t ca;
 
 	if (!c)
 		return NULL;
-	c->sock = -1;
-	c->sock_next = -1;
-	c->jobs_tail = &c->jobs;
-	pthread_mutex_init(&c->op_lock, NULL);
-	pthread_mutex_init(&c->lock, NULL);
-	pthread_mutex_init(&c->send_lock, NULL);
-	pthread_cond_init(&c->reply_cond, NULL);
-	pthread_cond_init(&c->work_cond, NULL);
-	/* gmb_poll's timeout must not jump with the wall clock. */
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&c->poll_cond, &ca);
-	pthread_cond_init(&c->conn_cond, &ca);
-	pthread_condattr_destroy(&ca);
+	gmb__conn_init(&c->conn);
+	gmb__mem_init(&c->mem, &c->conn);
+	gmb__mem_cbs(&c->mem, &c->conn.cbs);
+	c->conn.cbs.claim_build = gmb__rejoin_claim_build;
+	c->conn.cbs.claim_apply = gmb__rejoin_claim_apply;
+	c->conn.cbs.ctl_arg = c;
+	c->conn.cbs.control = api_control_run;
+	c->conn.cbs.reconnect = gmb__reconnect;
 	return c;
 }
 
@@ -95,33 +80,34 @@ GMB_API int gmb_connect_flags(const char *socket_path, const char *client_name, 
 	int rc;
 
 	if (!out)
-		return gmb__fail(err, -EINVAL, "no place for the client");
+		return err_fmt(err, -EINVAL, "no place for the client");
 	*out = NULL;
 	if (flags & ~(unsigned)GMB_CONNECT_TOOL)
-		return gmb__fail(err, -EINVAL, "unknown connect flags 0x%x", flags);
+		return err_fmt(err, -EINVAL, "unknown connect flags 0x%x", flags);
 	c = api_client_new();
 	if (!c)
-		return gmb__fail(err, -ENOMEM, "out of memory for a client");
-	rc = gmb__conn_open(c, socket_path, client_name, flags, err);
+		return err_fmt(err, -ENOMEM, "out of memory for a client");
+	rc = gmb__conn_open(&c->conn, socket_path, client_name, flags, err);
 	if (rc < 0)
 		goto out_client;
+	gmb__reconnect_config(&c->conn);
 	/* Workers learn now, not at their first malloc, that they cannot map. */
 	if (!(flags & GMB_CONNECT_TOOL)) {
-		rc = gmb__mem_backend(c, err);
+		rc = gmb__mem_backend(&c->mem, err);
 		if (rc < 0)
 			goto out_sock;
 	}
-	rc = gmb__conn_start(c, err);
+	rc = gmb__conn_start(&c->conn, err);
 	if (rc < 0)
 		goto out_threads;
 	*out = c;
 	return 0;
 
 out_threads:
-	gmb__conn_stop(c);
+	gmb__conn_stop(&c->conn);
 out_sock:
-	gmb__mem_deinit(c);
-	close(c->sock);
+	gmb__mem_deinit(&c->mem);
+	close(c->conn.sock);
 out_client:
 	api_client_free(c);
 	return rc;
@@ -137,15 +123,15 @@ GMB_API void gmb_close(gmb_client *c)
 		return;
 	/* A re-announcement in progress gives up first: it would otherwise
 	 * hold the operations (and so this) until its own timeouts. */
-	gmb__conn_closing(c);
+	gmb__conn_closing(&c->conn);
 	/* Unmap while still connected: once the socket closes gmbd may lend the
 	 * chunks to another client, and nothing here may still write to them. */
-	gmb__op_begin(c);
-	gmb__cycle_close(c);
-	gmb__op_end(c);
-	gmb__conn_stop(c);
-	gmb__mem_deinit(c);
-	close(c->sock);
+	gmb__op_begin(&c->conn);
+	gmb__cycle_close(&c->mem);
+	gmb__op_end(&c->conn);
+	gmb__conn_stop(&c->conn);
+	gmb__mem_deinit(&c->mem);
+	close(c->conn.sock);
 	api_client_free(c);
 }
 
@@ -156,9 +142,9 @@ GMB_API int gmb_malloc(gmb_client *c, void **ptr, size_t size, int device, const
 
 	if (!c)
 		return -EINVAL;
-	gmb__op_begin(c);
-	rc = gmb__mem_malloc(c, ptr, size, device, tag, err);
-	gmb__op_end(c);
+	gmb__op_begin(&c->conn);
+	rc = gmb__mem_malloc(&c->mem, ptr, size, device, tag, err);
+	gmb__op_end(&c->conn);
 	return api_done(c, rc, err);
 }
 
@@ -169,9 +155,9 @@ GMB_API int gmb_free(gmb_client *c, void *ptr)
 
 	if (!c)
 		return -EINVAL;
-	gmb__op_begin(c);
-	rc = gmb__mem_free(c, ptr, err);
-	gmb__op_end(c);
+	gmb__op_begin(&c->conn);
+	rc = gmb__mem_free(&c->mem, ptr, err);
+	gmb__op_end(&c->conn);
 	return api_done(c, rc, err);
 }
 
@@ -182,9 +168,9 @@ GMB_API int gmb_tag_set_mode(gmb_client *c, const char *tag, int mode)
 
 	if (!c)
 		return -EINVAL;
-	gmb__op_begin(c);
-	rc = gmb__mem_set_mode(c, tag, mode, err);
-	gmb__op_end(c);
+	gmb__op_begin(&c->conn);
+	rc = gmb__mem_set_mode(&c->mem, tag, mode, err);
+	gmb__op_end(&c->conn);
 	return api_done(c, rc, err);
 }
 
@@ -194,17 +180,17 @@ static int api_pause_resume(struct gmb_client *c, int op, const char *tag, char 
 	bool closing;
 	int rc;
 
-	gmb__op_begin(c);
-	pthread_mutex_lock(&c->lock);
-	closing = c->closing;
-	pthread_mutex_unlock(&c->lock);
+	gmb__op_begin(&c->conn);
+	pthread_mutex_lock(&c->conn.lock);
+	closing = c->conn.closing;
+	pthread_mutex_unlock(&c->conn.lock);
 	if (closing)
-		rc = gmb__fail(err, -ESHUTDOWN, "the client is closing");
+		rc = err_fmt(err, -ESHUTDOWN, "the client is closing");
 	else if (op == GMB_OP_PAUSE)
-		rc = gmb__cycle_pause(c, tag, err);
+		rc = gmb__cycle_pause(&c->mem, tag, err);
 	else
-		rc = gmb__cycle_resume(c, tag, err);
-	gmb__op_end(c);
+		rc = gmb__cycle_resume(&c->mem, tag, err);
+	gmb__op_end(&c->conn);
 	return rc;
 }
 
@@ -230,10 +216,10 @@ GMB_API int gmb_set_control_handler(gmb_client *c, gmb_control_fn fn, void *arg)
 {
 	if (!c)
 		return -EINVAL;
-	pthread_mutex_lock(&c->lock);
+	pthread_mutex_lock(&c->conn.lock);
 	c->control_fn = fn;
 	c->control_arg = fn ? arg : NULL;
-	pthread_mutex_unlock(&c->lock);
+	pthread_mutex_unlock(&c->conn.lock);
 	return 0;
 }
 
@@ -244,60 +230,54 @@ static int api_control_do(struct gmb_client *c, int op, const char *tag, char *e
 	void *arg;
 	int rc;
 
-	pthread_mutex_lock(&c->lock);
+	pthread_mutex_lock(&c->conn.lock);
 	fn = c->control_fn;
 	arg = c->control_arg;
-	pthread_mutex_unlock(&c->lock);
+	pthread_mutex_unlock(&c->conn.lock);
 	if (!fn)
-		return gmb__fail(err, -EOPNOTSUPP, "no control handler installed");
+		return err_fmt(err, -EOPNOTSUPP, "no control handler installed");
 	if (op != GMB_OP_PAUSE && op != GMB_OP_RESUME)
-		return gmb__fail(err, -EINVAL, "unknown control operation %d", op);
+		return err_fmt(err, -EINVAL, "unknown control operation %d", op);
 	rc = fn(arg, op, tag);
 	if (rc != 0) {
 		rc = rc < 0 ? rc : -ECANCELED;
-		return gmb__fail(err, rc, "refused by the application (%s)", gmb_strerror(rc));
+		return err_fmt(err, rc, "refused by the application (%s)", gmb_strerror(rc));
 	}
 	return api_pause_resume(c, op, tag, err);
 }
 
 /**
- * gmb__control_run() - carry out gmbd's ControlCommand of @job on the worker
- * thread and answer it, on the connection it came on (a gmbd restarted
- * meanwhile never asked). @job stays the caller's.
+ * api_control_run() - the connection's control callback: carry out gmbd's
+ * ControlCommand of @job on the worker thread and answer it, on the
+ * connection it came on (a gmbd restarted meanwhile never asked). @job
+ * stays the caller's.
  */
-void gmb__control_run(struct gmb_client *c, const struct gmb__job *job)
+static void api_control_run(void *arg, const struct gmb__job *job)
 {
+	struct gmb_client *c = arg;
 	const Gmb__ControlCommand *cmd = job->env->control_cmd;
 	char err[ERR_MSG_MAX] = "";
 	int rc;
 
 	rc = api_control_do(c, (int)cmd->op, cmd->tag && *cmd->tag ? cmd->tag : NULL, err);
-	gmb__send_reply(c, job->gen, job->env->id, rc, rc < 0 ? err : "");
+	gmb__send_reply(&c->conn, job->gen, job->env->id, rc, rc < 0 ? err : "");
 }
 
 static int api_poll_wait(struct gmb_client *c, int timeout_ms)
 {
-	struct timespec until;
+	struct timespec until = deadline_in_ms(timeout_ms > 0 ? (uint64_t)timeout_ms : 0);
 
-	if (timeout_ms > 0) {
-		clock_gettime(CLOCK_MONOTONIC, &until);
-		until.tv_sec += timeout_ms / 1000;
-		until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-		if (until.tv_nsec >= 1000000000L) {
-			until.tv_sec++;
-			until.tv_nsec -= 1000000000L;
-		}
-	}
 	/* A reconnect in progress is no reason to return: gmbd may still ask. */
-	while (c->handled == 0 && !c->gone && timeout_ms != 0) {
+	while (c->conn.handled == 0 && !c->conn.gone && timeout_ms != 0) {
 		if (timeout_ms < 0)
-			pthread_cond_wait(&c->poll_cond, &c->lock);
-		else if (pthread_cond_timedwait(&c->poll_cond, &c->lock, &until) == ETIMEDOUT)
+			pthread_cond_wait(&c->conn.poll_cond, &c->conn.lock);
+		else if (pthread_cond_timedwait(&c->conn.poll_cond, &c->conn.lock, &until) ==
+			 ETIMEDOUT)
 			break;
 	}
-	if (c->handled > 0)
-		return (int)c->handled;
-	return c->gone ? -ENOTCONN : 0;
+	if (c->conn.handled > 0)
+		return (int)c->conn.handled;
+	return c->conn.gone ? -ENOTCONN : 0;
 }
 
 GMB_API int gmb_poll(gmb_client *c, int timeout_ms)
@@ -307,13 +287,13 @@ GMB_API int gmb_poll(gmb_client *c, int timeout_ms)
 
 	if (!c)
 		return -EINVAL;
-	pthread_mutex_lock(&c->lock);
+	pthread_mutex_lock(&c->conn.lock);
 	rc = api_poll_wait(c, timeout_ms);
 	if (rc > 0)
-		c->handled = 0;
-	snprintf(msg, sizeof(msg), "%s", c->lost_msg[0] ? c->lost_msg
+		c->conn.handled = 0;
+	snprintf(msg, sizeof(msg), "%s", c->conn.lost_msg[0] ? c->conn.lost_msg
 		 : "the connection to gmbd is lost");
-	pthread_mutex_unlock(&c->lock);
+	pthread_mutex_unlock(&c->conn.lock);
 	return api_done(c, rc, msg);
 }
 
@@ -336,21 +316,21 @@ GMB_API const char *gmb_last_error(const gmb_client *c)
 
 GMB_API uint64_t gmb_client_id(const gmb_client *c)
 {
-	return c ? c->id : 0;
+	return c ? c->conn.id : 0;
 }
 
 /* A query: one round trip, the last part's body of @want kind or -EPROTO. */
 static int api_query(struct gmb_client *c, Gmb__Envelope *env, int want, struct gmb__reply *rep,
 		     const Gmb__Envelope **last, char *err)
 {
-	int rc = gmb__request(c, env, rep, err);
+	int rc = gmb__request(&c->conn, env, rep, err);
 
 	if (rc < 0)
 		return rc;
 	*last = rep->parts[rep->nparts - 1];
 	if ((int)(*last)->body_case != want)
-		return gmb__fail(err, -EPROTO, "gmbd answered with message %d, not %d",
-				 (int)(*last)->body_case, want);
+		return err_fmt(err, -EPROTO, "gmbd answered with message %d, not %d",
+			       (int)(*last)->body_case, want);
 	return 0;
 }
 
@@ -376,11 +356,43 @@ static int api_status(struct gmb_client *c, char **out,
 	if (rc == 0) {
 		rc = fmt(last->status_reply, out);
 		if (rc < 0)
-			gmb__fail(err, rc, "formatting gmbd's status as %s: %s", what,
-				  gmb_strerror(rc));
+			err_fmt(err, rc, "formatting gmbd's status as %s: %s", what,
+				gmb_strerror(rc));
 	}
 	gmb__reply_deinit(&rep);
 	return api_done(c, rc, err);
+}
+
+/* The first of @st's devices numbered @index, or NULL. */
+static const Gmb__DeviceInfo *api_status_find(const Gmb__StatusReply *st, uint32_t index)
+{
+	for (size_t i = 0; st && i < st->n_devices; i++)
+		if (st->devices[i] && st->devices[i]->index == index)
+			return st->devices[i];
+	return NULL;
+}
+
+int gmb__status_device(struct gmb_client *c, uint32_t index, uint64_t *budget, uint64_t *used)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__StatusRequest req = GMB__STATUS_REQUEST__INIT;
+	struct gmb__reply rep = GMB__REPLY_INIT;
+	const Gmb__DeviceInfo *d;
+	const Gmb__Envelope *last;
+	char err[ERR_MSG_MAX] = "";
+	int rc;
+
+	env.body_case = GMB__ENVELOPE__BODY_STATUS_REQ;
+	env.status_req = &req;
+	rc = api_query(c, &env, GMB__ENVELOPE__BODY_STATUS_REPLY, &rep, &last, err);
+	if (rc == 0) {
+		d = api_status_find(last->status_reply, index);
+		rc = d ? 0 : -ENODEV;
+		*budget = d ? d->budget_bytes : 0;
+		*used = d ? d->used_bytes : 0;
+	}
+	gmb__reply_deinit(&rep);
+	return rc == -ENODEV ? rc : api_done(c, rc, err);
 }
 
 GMB_API int gmb_status_json(gmb_client *c, char **json)
@@ -412,7 +424,7 @@ GMB_API int gmb_control(gmb_client *c, const char *target, int op, const char *t
 	req.tag = (char *)(tag ? tag : "");
 	env.body_case = GMB__ENVELOPE__BODY_CONTROL;
 	env.control = &req;
-	rc = gmb__request(c, &env, &rep, err);
+	rc = gmb__request(&c->conn, &env, &rep, err);
 	gmb__reply_deinit(&rep);
 	return api_done(c, rc, err);
 }

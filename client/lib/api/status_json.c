@@ -21,8 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client/internal.h"
-#include "common/size.h"
+#include "client/lib/api/status_json.h"
 #include "common/size.h"
 #include "proto/gmb.pb-c.h"
 

@@ -4,15 +4,16 @@
  *
  * The reader thread owns every read of the socket. A reply part goes to the
  * pending request it answers (by reply_to); the chunk fds it carries are
- * imported into the handle cache at once and closed, so that a reply lending
- * thousands of chunks never holds more than one batch of fds. DropRequests
- * are handled on the reader too: they touch only the handle cache under the
- * state lock, never the operation lock, so a drop gmbd waits for is answered
- * even while an operation of this client waits for gmbd. ControlCommands go
- * to the worker thread, which may run the application's handler and take
- * the operation lock; the reader never waits on either.
+ * handed to the memory layer's import callback at once and closed, so that a
+ * reply lending thousands of chunks never holds more than one batch of fds.
+ * DropRequests go to the drop callback on the reader too: the memory layer
+ * touches only the handle cache under the state lock, never the operation
+ * lock, so a drop gmbd waits for is answered even while an operation of this
+ * client waits for gmbd. ControlCommands go to the worker thread, whose
+ * callback may run the application's handler and take the operation lock;
+ * the reader never waits on either.
  *
- * When the connection is lost the reader reconnects (reconnect.c) unless
+ * When the connection is lost the reader reconnects (cbs.reconnect) unless
  * the client is gone for good: a tool, gmb_close(), gmbd's Bye (it stopped
  * and keeps nothing) or a refused rejoin. Requests wait for it (bounded by
  * reconnect_wait_ms); one whose answer the loss swallowed is sent again.
@@ -33,7 +34,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,77 +41,59 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "client/internal.h"
+#include "client/lib/conn/conn.h"
+#include "common/deadline.h"
 
 static void *conn_reader_main(void *arg);
 static void *conn_worker_main(void *arg);
 
-/**
- * gmb__fail() - write a sentence into @err (ERR_MSG_MAX bytes; NULL ignored).
- * Return: @code, so that callers can `return gmb__fail(err, -EINVAL, ...)`.
- */
-int gmb__fail(char *err, int code, const char *fmt, ...)
-{
-	char msg[ERR_MSG_MAX];
-	va_list ap;
-
-	if (!err)
-		return code;
-	/* Formatted aside: @err may be one of the arguments. */
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	memcpy(err, msg, sizeof(msg));
-	return code;
-}
-
-static int conn_take_devices(struct gmb_client *c, const Gmb__HelloReply *hr, char *err)
+static int conn_take_devices(struct gmb__conn *c, const Gmb__HelloReply *hr, char *err)
 {
 	if (hr->n_devices == 0 || hr->n_devices > BACKEND_MAX_DEVICES)
-		return gmb__fail(err, -EPROTO, "gmbd reported %zu devices (want 1..%d)",
-				 hr->n_devices, BACKEND_MAX_DEVICES);
+		return err_fmt(err, -EPROTO, "gmbd reported %zu devices (want 1..%d)",
+			       hr->n_devices, BACKEND_MAX_DEVICES);
 	for (size_t i = 0; i < hr->n_devices; i++) {
 		uint64_t g = hr->devices[i]->granularity;
 
 		if (g == 0 || (g & (g - 1)))
-			return gmb__fail(err, -EPROTO, "gmbd reported granularity 0x%" PRIx64
-					 " for device %zu", g, i);
-		c->granularity[i] = g;
-		memset(c->uuid[i], 0, sizeof(c->uuid[i]));
-		if (hr->devices[i]->uuid.len == sizeof(c->uuid[i]))
-			memcpy(c->uuid[i], hr->devices[i]->uuid.data, sizeof(c->uuid[i]));
+			return err_fmt(err, -EPROTO, "gmbd reported granularity 0x%" PRIx64
+				       " for device %zu", g, i);
+		c->devs.granularity[i] = g;
+		memset(c->devs.uuid[i], 0, sizeof(c->devs.uuid[i]));
+		if (hr->devices[i]->uuid.len == sizeof(c->devs.uuid[i]))
+			memcpy(c->devs.uuid[i], hr->devices[i]->uuid.data, sizeof(c->devs.uuid[i]));
 	}
-	c->ndevices = (int)hr->n_devices;
-	c->device_bytes = hr->devices[0]->total_bytes;
+	c->devs.ndevices = (int)hr->n_devices;
+	c->devs.device_bytes = hr->devices[0]->total_bytes;
 	return 0;
 }
 
-static int conn_take_hello(struct gmb_client *c, const Gmb__Envelope *rep, uint64_t id,
+static int conn_take_hello(struct gmb__conn *c, const Gmb__Envelope *rep, uint64_t id,
 			   char *err)
 {
 	const Gmb__HelloReply *hr = rep->hello_reply;
 
 	if (rep->reply_to != id || rep->more)
-		return gmb__fail(err, -EPROTO, "gmbd answered hello out of turn");
+		return err_fmt(err, -EPROTO, "gmbd answered hello out of turn");
 	if (rep->status < 0)
-		return gmb__fail(err, rep->status, "gmbd refused hello: %s",
-				 rep->error && *rep->error ? rep->error : strerror(-rep->status));
+		return err_fmt(err, rep->status, "gmbd refused hello: %s",
+			       rep->error && *rep->error ? rep->error : strerror(-rep->status));
 	if (rep->body_case != GMB__ENVELOPE__BODY_HELLO_REPLY)
-		return gmb__fail(err, -EPROTO, "gmbd answered hello with message %d",
-				 (int)rep->body_case);
+		return err_fmt(err, -EPROTO, "gmbd answered hello with message %d",
+			       (int)rep->body_case);
 	if (hr->version != GMB_PROTOCOL_VERSION)
-		return gmb__fail(err, -EPROTO, "gmbd speaks protocol %u, libgmb %d", hr->version,
-				 GMB_PROTOCOL_VERSION);
+		return err_fmt(err, -EPROTO, "gmbd speaks protocol %u, libgmb %d", hr->version,
+			       GMB_PROTOCOL_VERSION);
 	if (!hr->backend || (strcmp(hr->backend, "host") && strcmp(hr->backend, "cuda")))
-		return gmb__fail(err, -EPROTO, "gmbd runs an unknown backend \"%s\"",
-				 hr->backend ? hr->backend : "");
-	snprintf(c->backend_kind, sizeof(c->backend_kind), "%s", hr->backend);
+		return err_fmt(err, -EPROTO, "gmbd runs an unknown backend \"%s\"",
+			       hr->backend ? hr->backend : "");
+	snprintf(c->devs.backend_kind, sizeof(c->devs.backend_kind), "%s", hr->backend);
 	c->id = hr->client_id;
 	return conn_take_devices(c, hr, err);
 }
 
 /* Hello before the threads start: the daemon sends nothing else until it answers. */
-static int conn_hello(struct gmb_client *c, const char *name, unsigned flags, char *err)
+static int conn_hello(struct gmb__conn *c, const char *name, unsigned flags, char *err)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT, *rep = NULL;
 	Gmb__Hello hello = GMB__HELLO__INIT;
@@ -127,13 +109,13 @@ static int conn_hello(struct gmb_client *c, const char *name, unsigned flags, ch
 	env.hello = &hello;
 	rc = wire_send(c->sock, &env, NULL, 0);
 	if (rc < 0)
-		return gmb__fail(err, rc, "sending hello to gmbd: %s", strerror(-rc));
+		return err_fmt(err, rc, "sending hello to gmbd: %s", strerror(-rc));
 	rc = wire_recv(c->sock, &rep, fds, &nfds);
 	if (rc < 0)
-		return gmb__fail(err, rc, "reading gmbd's hello reply: %s", strerror(-rc));
+		return err_fmt(err, rc, "reading gmbd's hello reply: %s", strerror(-rc));
 	if (nfds > 0) {
 		wire_close_fds(fds, nfds);
-		rc = gmb__fail(err, -EPROTO, "gmbd sent fds with its hello reply");
+		rc = err_fmt(err, -EPROTO, "gmbd sent fds with its hello reply");
 		goto out_rep;
 	}
 	rc = conn_take_hello(c, rep, env.id, err);
@@ -142,11 +124,49 @@ out_rep:
 	return rc;
 }
 
+void gmb__conn_init(struct gmb__conn *c)
+{
+	pthread_condattr_t ca;
+
+	c->sock = -1;
+	c->sock_next = -1;
+	c->jobs_tail = &c->jobs;
+	pthread_mutex_init(&c->op_lock, NULL);
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_mutex_init(&c->send_lock, NULL);
+	pthread_cond_init(&c->reply_cond, NULL);
+	pthread_cond_init(&c->work_cond, NULL);
+	/* gmb_poll's timeout must not jump with the wall clock. */
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&c->poll_cond, &ca);
+	pthread_cond_init(&c->conn_cond, &ca);
+	pthread_condattr_destroy(&ca);
+}
+
+static void conn_free_jobs(struct gmb__job *job);
+
+void gmb__conn_deinit(struct gmb__conn *c)
+{
+	conn_free_jobs(c->jobs);
+	c->jobs = NULL;
+	c->jobs_tail = &c->jobs;
+	pthread_cond_destroy(&c->conn_cond);
+	pthread_cond_destroy(&c->poll_cond);
+	pthread_cond_destroy(&c->work_cond);
+	pthread_cond_destroy(&c->reply_cond);
+	pthread_mutex_destroy(&c->send_lock);
+	pthread_mutex_destroy(&c->lock);
+	pthread_mutex_destroy(&c->op_lock);
+	free(c->path);
+	c->path = NULL;
+}
+
 /**
  * gmb__conn_open() - connect to @path (NULL: the default) and say hello.
  * The socket is c->sock on success (owned by @c), closed on failure.
  */
-int gmb__conn_open(struct gmb_client *c, const char *path, const char *name, unsigned flags,
+int gmb__conn_open(struct gmb__conn *c, const char *path, const char *name, unsigned flags,
 		   char *err)
 {
 	int rc;
@@ -157,20 +177,19 @@ int gmb__conn_open(struct gmb_client *c, const char *path, const char *name, uns
 		name = program_invocation_short_name;
 	c->path = strdup(path);
 	if (!c->path)
-		return gmb__fail(err, -ENOMEM, "out of memory for the socket path");
+		return err_fmt(err, -ENOMEM, "out of memory for the socket path");
 	snprintf(c->name, sizeof(c->name), "%s", name);
 	rc = wire_connect(path, &c->sock);
 	if (rc == -ENOENT || rc == -ECONNREFUSED)
-		return gmb__fail(err, rc, "no gmbd listens on %s (%s)", path, strerror(-rc));
+		return err_fmt(err, rc, "no gmbd listens on %s (%s)", path, strerror(-rc));
 	if (rc < 0)
-		return gmb__fail(err, rc, "connecting to gmbd at %s: %s", path, strerror(-rc));
+		return err_fmt(err, rc, "connecting to gmbd at %s: %s", path, strerror(-rc));
 	c->flags = flags;
 	rc = conn_hello(c, name, flags, err);
 	if (rc < 0)
 		goto out_sock;
 	c->connected = true;
 	c->gen = 1;
-	gmb__reconnect_config(c);
 	return 0;
 
 out_sock:
@@ -180,7 +199,7 @@ out_sock:
 }
 
 /* Library threads take no signals: those belong to the application's threads. */
-static int conn_spawn(pthread_t *t, void *(*fn)(void *), struct gmb_client *c)
+static int conn_spawn(pthread_t *t, void *(*fn)(void *), struct gmb__conn *c)
 {
 	sigset_t all, old;
 	int rc;
@@ -193,16 +212,16 @@ static int conn_spawn(pthread_t *t, void *(*fn)(void *), struct gmb_client *c)
 }
 
 /** gmb__conn_start() - start the reader and the worker. */
-int gmb__conn_start(struct gmb_client *c, char *err)
+int gmb__conn_start(struct gmb__conn *c, char *err)
 {
 	int rc = conn_spawn(&c->reader, conn_reader_main, c);
 
 	if (rc < 0)
-		return gmb__fail(err, rc, "starting libgmb's reader thread: %s", strerror(-rc));
+		return err_fmt(err, rc, "starting libgmb's reader thread: %s", strerror(-rc));
 	c->reader_started = true;
 	rc = conn_spawn(&c->worker, conn_worker_main, c);
 	if (rc < 0)
-		return gmb__fail(err, rc, "starting libgmb's worker thread: %s", strerror(-rc));
+		return err_fmt(err, rc, "starting libgmb's worker thread: %s", strerror(-rc));
 	c->worker_started = true;
 	return 0;
 }
@@ -216,7 +235,7 @@ int gmb__conn_start(struct gmb_client *c, char *err)
  * reconnect that has not published its socket yet sees closing and gives
  * up; one that has is shut down here. The current connection stays up.
  */
-void gmb__conn_closing(struct gmb_client *c)
+void gmb__conn_closing(struct gmb__conn *c)
 {
 	int next;
 
@@ -229,7 +248,7 @@ void gmb__conn_closing(struct gmb_client *c)
 		shutdown(next, SHUT_RDWR);
 }
 
-void gmb__conn_stop(struct gmb_client *c)
+void gmb__conn_stop(struct gmb__conn *c)
 {
 	int sock;
 
@@ -255,7 +274,7 @@ void gmb__conn_stop(struct gmb_client *c)
 
 /* Requests and replies. */
 
-static void conn_unlink(struct gmb_client *c, struct gmb__pending *p)
+static void conn_unlink(struct gmb__conn *c, struct gmb__pending *p)
 {
 	for (struct gmb__pending **pp = &c->pending; *pp; pp = &(*pp)->next) {
 		if (*pp == p) {
@@ -265,7 +284,7 @@ static void conn_unlink(struct gmb_client *c, struct gmb__pending *p)
 	}
 }
 
-static struct gmb__pending *conn_find(struct gmb_client *c, uint64_t id)
+static struct gmb__pending *conn_find(struct gmb__conn *c, uint64_t id)
 {
 	for (struct gmb__pending *p = c->pending; p; p = p->next)
 		if (p->id == id && !p->done)
@@ -286,15 +305,15 @@ void gmb__reply_deinit(struct gmb__reply *rep)
 static int conn_result(const struct gmb__reply *rep, char *err)
 {
 	if (rep->status < 0)
-		return gmb__fail(err, rep->status, "%s",
-				 *rep->error ? rep->error : strerror(-rep->status));
+		return err_fmt(err, rep->status, "%s",
+			       *rep->error ? rep->error : strerror(-rep->status));
 	if (rep->import_err < 0)
-		return gmb__fail(err, rep->import_err, "%s", rep->import_msg);
+		return err_fmt(err, rep->import_err, "%s", rep->import_msg);
 	return 0;
 }
 
 /* Sends on connection @gen only; 0: whichever is current. */
-static int conn_send(struct gmb_client *c, uint64_t gen, const Gmb__Envelope *env)
+static int conn_send(struct gmb__conn *c, uint64_t gen, const Gmb__Envelope *env)
 {
 	int rc;
 
@@ -307,30 +326,18 @@ static int conn_send(struct gmb_client *c, uint64_t gen, const Gmb__Envelope *en
 	return rc;
 }
 
-static void conn_deadline(struct timespec *ts, unsigned ms)
-{
-	clock_gettime(CLOCK_MONOTONIC, ts);
-	ts->tv_sec += ms / 1000;
-	ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-	if (ts->tv_nsec >= 1000000000L) {
-		ts->tv_sec++;
-		ts->tv_nsec -= 1000000000L;
-	}
-}
-
 /*
  * Under lock: waits until a connection other than @dead serves, for at most
  * reconnect_wait_ms. The operation holding op_lock counts as parked while
  * it waits, so that the reader may re-announce; once a re-announcement has
  * begun, it is waited for even past the deadline (it has its own timeouts).
  */
-static int conn_wait_ready(struct gmb_client *c, uint64_t dead, char *err)
+static int conn_wait_ready(struct gmb__conn *c, uint64_t dead, char *err)
 {
 	bool mine = c->op_running && pthread_equal(c->op_owner, pthread_self());
 	bool expired = false;
-	struct timespec until;
+	struct timespec until = deadline_in_ms(c->reconnect_wait_ms);
 
-	conn_deadline(&until, c->reconnect_wait_ms);
 	while (!c->gone && (!c->connected || c->gen == dead) && (!expired || c->rejoining)) {
 		if (mine && !c->op_parked) {
 			c->op_parked = true;
@@ -342,11 +349,11 @@ static int conn_wait_ready(struct gmb_client *c, uint64_t dead, char *err)
 	if (mine)
 		c->op_parked = false;
 	if (c->gone)
-		return gmb__fail(err, -ENOTCONN, "%s", c->lost_msg[0] ? c->lost_msg
-				 : "the connection to gmbd is lost");
+		return err_fmt(err, -ENOTCONN, "%s", c->lost_msg[0] ? c->lost_msg
+			       : "the connection to gmbd is lost");
 	if (!c->connected || c->gen == dead)
-		return gmb__fail(err, -ENOTCONN, "gmbd has been unreachable for %u ms; libgmb keeps"
-				 " reconnecting", c->reconnect_wait_ms);
+		return err_fmt(err, -ENOTCONN, "gmbd has been unreachable for %u ms; libgmb keeps"
+			       " reconnecting", c->reconnect_wait_ms);
 	return 0;
 }
 
@@ -356,7 +363,7 @@ static int conn_wait_ready(struct gmb_client *c, uint64_t dead, char *err)
  * socket died under it (nothing went out); or conn_wait_ready()'s failure
  * with *@waited set.
  */
-static int conn_request_once(struct gmb_client *c, Gmb__Envelope *env, struct gmb__pending *p,
+static int conn_request_once(struct gmb__conn *c, Gmb__Envelope *env, struct gmb__pending *p,
 			     uint64_t dead, uint64_t *gen, bool *waited, char *err)
 {
 	int rc;
@@ -394,7 +401,7 @@ static int conn_request_once(struct gmb_client *c, Gmb__Envelope *env, struct gm
  * Return: 0; gmbd's status with its message in @err; -ENOTCONN; or an
  * import failure of the reply's fds (rep->status then is 0: gmbd lent).
  */
-int gmb__request(struct gmb_client *c, Gmb__Envelope *env, struct gmb__reply *rep, char *err)
+int gmb__request(struct gmb__conn *c, Gmb__Envelope *env, struct gmb__reply *rep, char *err)
 {
 	struct gmb__pending p = { 0 };
 	uint64_t dead = 0, gen = 0;
@@ -407,7 +414,7 @@ int gmb__request(struct gmb_client *c, Gmb__Envelope *env, struct gmb__reply *re
 			break;
 		gmb__reply_deinit(&p.reply);
 		if (rc < 0 && rc != -ENOTCONN) {
-			gmb__fail(err, rc, "sending to gmbd: %s", strerror(-rc));
+			err_fmt(err, rc, "sending to gmbd: %s", strerror(-rc));
 			break;
 		}
 		/* Lost on the way, or the send met the dead socket: the next
@@ -427,7 +434,7 @@ int gmb__request(struct gmb_client *c, Gmb__Envelope *env, struct gmb__reply *re
 }
 
 /** gmb__send_reply() - answer gmbd's request @reply_to of connection @gen. */
-int gmb__send_reply(struct gmb_client *c, uint64_t gen, uint64_t reply_to, int status,
+int gmb__send_reply(struct gmb__conn *c, uint64_t gen, uint64_t reply_to, int status,
 		    const char *error)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
@@ -438,8 +445,8 @@ int gmb__send_reply(struct gmb_client *c, uint64_t gen, uint64_t reply_to, int s
 	return conn_send(c, gen, &env);
 }
 
-/** gmb__op_begin() - op_lock for an operation; see internal.h. */
-void gmb__op_begin(struct gmb_client *c)
+/** gmb__op_begin() - op_lock for an operation; see conn.h. */
+void gmb__op_begin(struct gmb__conn *c)
 {
 	pthread_mutex_lock(&c->op_lock);
 	pthread_mutex_lock(&c->lock);
@@ -451,7 +458,7 @@ void gmb__op_begin(struct gmb_client *c)
 	pthread_mutex_unlock(&c->lock);
 }
 
-void gmb__op_end(struct gmb_client *c)
+void gmb__op_end(struct gmb__conn *c)
 {
 	pthread_mutex_lock(&c->lock);
 	c->op_running = false;
@@ -462,48 +469,14 @@ void gmb__op_end(struct gmb_client *c)
 
 /* The reader thread. */
 
-static void conn_import_fail(struct gmb__reply *rep, int rc, const char *what, uint64_t id)
+/** gmb__reply_import_fail() - the first failure importing @rep's fds is the one kept. */
+void gmb__reply_import_fail(struct gmb__reply *rep, int rc, const char *what, uint64_t id)
 {
 	if (rep->import_err < 0)
 		return;
 	rep->import_err = rc;
 	snprintf(rep->import_msg, sizeof(rep->import_msg), "importing chunk %" PRIu64 ": %s", id,
 		 what);
-}
-
-/* Imports @env's fds into the handle cache and closes them, whatever happens. */
-static void conn_import(struct gmb_client *c, const Gmb__Envelope *env, int *fds, int nfds,
-			struct gmb__reply *rep)
-{
-	struct gmb__handle *rel = NULL;
-	struct backend *be;
-
-	pthread_mutex_lock(&c->lock);
-	be = c->be;
-	pthread_mutex_unlock(&c->lock);
-	for (int i = 0; i < nfds; i++) {
-		uint64_t id = env->fd_chunks[i], h;
-		int rc;
-
-		if (!be) {
-			conn_import_fail(rep, -EPROTO, "gmbd sent a chunk before any allocation", id);
-			continue;
-		}
-		rc = be->ops->chunk_import(be, fds[i], env->fd_sizes[i], &h);
-		if (rc < 0) {
-			conn_import_fail(rep, rc, backend_last_error(), id);
-			continue;
-		}
-		pthread_mutex_lock(&c->lock);
-		rc = gmb__cache_put(&c->mem, id, h, env->fd_sizes[i], &rel);
-		pthread_mutex_unlock(&c->lock);
-		if (rc < 0) {
-			be->ops->chunk_release(be, h);
-			conn_import_fail(rep, rc, strerror(-rc), id);
-		}
-	}
-	wire_close_fds(fds, nfds);
-	gmb__release_run(be, rel);
 }
 
 /* Keeps @env in @rep (consumed either way). */
@@ -514,7 +487,7 @@ static void conn_keep_part(struct gmb__reply *rep, Gmb__Envelope *env)
 		Gmb__Envelope **v = realloc(rep->parts, cap * sizeof(*v));
 
 		if (!v) {
-			conn_import_fail(rep, -ENOMEM, "no memory to keep gmbd's reply", 0);
+			gmb__reply_import_fail(rep, -ENOMEM, "no memory to keep gmbd's reply", 0);
 			gmb__envelope__free_unpacked(env, NULL);
 			return;
 		}
@@ -525,7 +498,7 @@ static void conn_keep_part(struct gmb__reply *rep, Gmb__Envelope *env)
 }
 
 /* Files a part of a reply with its request; consumes @env and @fds. */
-static void conn_on_reply(struct gmb_client *c, Gmb__Envelope *env, int *fds, int nfds)
+static void conn_on_reply(struct gmb__conn *c, Gmb__Envelope *env, int *fds, int nfds)
 {
 	struct gmb__pending *p;
 	struct gmb__reply *rep;
@@ -540,7 +513,10 @@ static void conn_on_reply(struct gmb_client *c, Gmb__Envelope *env, int *fds, in
 		return;
 	}
 	rep = &p->reply;
-	conn_import(c, env, fds, nfds, rep);
+	/* The layer above imports the chunks; the fds are closed here whatever happens. */
+	if (nfds > 0)
+		c->cbs.import(c->cbs.mem_arg, env, fds, nfds, rep);
+	wire_close_fds(fds, nfds);
 	pthread_mutex_lock(&c->lock);
 	if (!env->more) {
 		p->done = true;
@@ -552,7 +528,7 @@ static void conn_on_reply(struct gmb_client *c, Gmb__Envelope *env, int *fds, in
 	pthread_mutex_unlock(&c->lock);
 }
 
-static void conn_handled(struct gmb_client *c)
+static void conn_handled(struct gmb__conn *c)
 {
 	pthread_mutex_lock(&c->lock);
 	c->handled++;
@@ -560,7 +536,7 @@ static void conn_handled(struct gmb_client *c)
 	pthread_mutex_unlock(&c->lock);
 }
 
-static int conn_enqueue(struct gmb_client *c, Gmb__Envelope *env)
+static int conn_enqueue(struct gmb__conn *c, Gmb__Envelope *env)
 {
 	struct gmb__job *job = malloc(sizeof(*job));
 
@@ -577,13 +553,13 @@ static int conn_enqueue(struct gmb_client *c, Gmb__Envelope *env)
 }
 
 /* A request from gmbd; consumes @env. */
-static void conn_on_request(struct gmb_client *c, Gmb__Envelope *env)
+static void conn_on_request(struct gmb__conn *c, Gmb__Envelope *env)
 {
 	uint64_t id = env->id;
 
 	switch (env->body_case) {
 	case GMB__ENVELOPE__BODY_DROP:
-		gmb__mem_drop(c, env->drop->chunk_ids, env->drop->n_chunk_ids);
+		c->cbs.drop(c->cbs.mem_arg, env->drop->chunk_ids, env->drop->n_chunk_ids);
 		gmb__send_reply(c, c->gen, id, 0, NULL);
 		conn_handled(c);
 		break;
@@ -600,18 +576,18 @@ static void conn_on_request(struct gmb_client *c, Gmb__Envelope *env)
 }
 
 /* gmbd stops and keeps nothing: the coming end of stream is final. */
-static void conn_on_bye(struct gmb_client *c, Gmb__Envelope *env)
+static void conn_on_bye(struct gmb__conn *c, Gmb__Envelope *env)
 {
 	pthread_mutex_lock(&c->lock);
 	c->bye = true;
-	gmb__fail(c->lost_msg, -ENOTCONN, "gmbd stopped: %s", env->bye->reason ? env->bye->reason
-		  : "");
+	err_fmt(c->lost_msg, -ENOTCONN, "gmbd stopped: %s", env->bye->reason ? env->bye->reason
+		: "");
 	pthread_mutex_unlock(&c->lock);
 	gmb__envelope__free_unpacked(env, NULL);
 }
 
 /* One packet. Return: 0, or why reading must stop. */
-int gmb__conn_read_one(struct gmb_client *c)
+static int conn_read_one(struct gmb__conn *c)
 {
 	Gmb__Envelope *env = NULL;
 	int fds[WIRE_MAX_FDS], nfds = 0, rc;
@@ -652,7 +628,7 @@ static void conn_free_jobs(struct gmb__job *job)
  * (lost), queued commands are dropped (they can only be answered on their
  * own connection). Return: whether to reconnect.
  */
-static bool conn_lost(struct gmb_client *c, int why)
+static bool conn_lost(struct gmb__conn *c, int why)
 {
 	struct gmb__job *jobs;
 	bool again;
@@ -674,8 +650,8 @@ static bool conn_lost(struct gmb_client *c, int why)
 	if (!again) {
 		c->gone = true;
 		if (!c->lost_msg[0])
-			gmb__fail(c->lost_msg, -ENOTCONN, "the connection to gmbd is lost (%s)",
-				  strerror(-why));
+			err_fmt(c->lost_msg, -ENOTCONN, "the connection to gmbd is lost (%s)",
+				strerror(-why));
 	}
 	pthread_cond_broadcast(&c->reply_cond);
 	pthread_cond_broadcast(&c->work_cond);
@@ -686,7 +662,7 @@ static bool conn_lost(struct gmb_client *c, int why)
 	return again;
 }
 
-static void conn_gone(struct gmb_client *c)
+static void conn_gone(struct gmb__conn *c)
 {
 	pthread_mutex_lock(&c->lock);
 	c->connected = false;
@@ -700,20 +676,20 @@ static void conn_gone(struct gmb_client *c)
 
 static void *conn_reader_main(void *arg)
 {
-	struct gmb_client *c = arg;
+	struct gmb__conn *c = arg;
 	int rc;
 
 	do {
-		while ((rc = gmb__conn_read_one(c)) == 0)
+		while ((rc = conn_read_one(c)) == 0)
 			;
-	} while (conn_lost(c, rc) && gmb__reconnect(c) == 0);
+	} while (conn_lost(c, rc) && c->cbs.reconnect(c) == 0);
 	conn_gone(c);
 	return NULL;
 }
 
 /* The worker thread. */
 
-static struct gmb__job *conn_next_job(struct gmb_client *c)
+static struct gmb__job *conn_next_job(struct gmb__conn *c)
 {
 	struct gmb__job *job;
 
@@ -731,7 +707,7 @@ static struct gmb__job *conn_next_job(struct gmb_client *c)
 }
 
 /* Commands that arrived before the connection died can no longer be answered. */
-static void conn_drop_jobs(struct gmb_client *c)
+static void conn_drop_jobs(struct gmb__conn *c)
 {
 	struct gmb__job *job;
 
@@ -745,11 +721,11 @@ static void conn_drop_jobs(struct gmb_client *c)
 
 static void *conn_worker_main(void *arg)
 {
-	struct gmb_client *c = arg;
+	struct gmb__conn *c = arg;
 	struct gmb__job *job;
 
 	while ((job = conn_next_job(c))) {
-		gmb__control_run(c, job);
+		c->cbs.control(c->cbs.ctl_arg, job);
 		gmb__envelope__free_unpacked(job->env, NULL);
 		free(job);
 		conn_handled(c);

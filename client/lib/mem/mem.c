@@ -5,7 +5,8 @@
  * An allocation is one VA range reserved at malloc and kept until free, so
  * its address never changes; its last lend (cache.c) is mapped back to back
  * from the base, and one set_access covers the whole range. Every function
- * here runs under the operation lock, except gmb__mem_drop() (the reader's);
+ * here runs under the operation lock, except the connection's callbacks
+ * (mem_import(), mem_drop(): the reader's);
  * the memory tables the reader also touches (handle cache, alloc tables,
  * last lends' ids) change under the state lock as well.
  *
@@ -24,15 +25,12 @@
 #include <string.h>
 
 #include "common/list.h"
-#include "client/internal.h"
-
-/* Devices as a bit mask: BACKEND_MAX_DEVICES is 64. */
-#define MEM_DEV_BIT(d) (1ULL << (unsigned)(d))
+#include "client/lib/mem/mem.h"
 
 int gmb__mem_be_fail(char *err, int rc, const char *what)
 {
-	return gmb__fail(err, rc, "%s: %s", what, *backend_last_error() ? backend_last_error()
-				  : strerror(-rc));
+	return err_fmt(err, rc, "%s: %s", what, *backend_last_error() ? backend_last_error()
+		       : strerror(-rc));
 }
 
 static int mem_check_name(const char *name, char *err)
@@ -40,10 +38,10 @@ static int mem_check_name(const char *name, char *err)
 	size_t n = strlen(name);
 
 	if (n == 0)
-		return gmb__fail(err, -EINVAL, "empty tag name");
+		return err_fmt(err, -EINVAL, "empty tag name");
 	if (n > WIRE_MAX_NAME)
-		return gmb__fail(err, -ENAMETOOLONG, "tag name of %zu bytes (at most %d)", n,
-				 WIRE_MAX_NAME);
+		return err_fmt(err, -ENAMETOOLONG, "tag name of %zu bytes (at most %d)", n,
+			       WIRE_MAX_NAME);
 	return 0;
 }
 
@@ -51,70 +49,71 @@ static int mem_check_name(const char *name, char *err)
  * gmb__mem_backend() - open the backend that maps gmbd's chunks, once.
  * Tools that never allocate never pay for it (cuda: a driver init).
  */
-int gmb__mem_backend(struct gmb_client *c, char *err)
+int gmb__mem_backend(struct gmb__mem *m, char *err)
 {
 	struct backend_host_opts o = BACKEND_HOST_OPTS_INIT;
 	struct backend *be = NULL;
 	int rc;
 
-	if (c->be)
+	if (m->be)
 		return 0;
-	o.ndevices = c->ndevices;
-	o.granularity = c->granularity[0];
-	o.memory = c->device_bytes > o.granularity ? c->device_bytes : o.granularity;
-	if (strcmp(c->backend_kind, "host") == 0)
+	o.ndevices = m->devs->ndevices;
+	o.granularity = m->devs->granularity[0];
+	o.memory = m->devs->device_bytes > o.granularity ? m->devs->device_bytes : o.granularity;
+	if (strcmp(m->devs->backend_kind, "host") == 0)
 		rc = backend_host_open(&o, &be);
-	else if (strcmp(c->backend_kind, "cuda") == 0)
+	else if (strcmp(m->devs->backend_kind, "cuda") == 0)
 		/* Our device indexes become gmbd's, whatever CUDA_VISIBLE_DEVICES says. */
-		rc = backend_cuda_open_order((const uint8_t(*)[16])c->uuid, c->ndevices, &be);
+		rc = backend_cuda_open_order((const uint8_t(*)[16])m->devs->uuid, m->devs->ndevices,
+					     &be);
 	else
-		rc = backend_open(c->backend_kind, &o, &be);
+		rc = backend_open(m->devs->backend_kind, &o, &be);
 	if (rc < 0)
 		return gmb__mem_be_fail(err, rc, "opening libgmb's backend");
 	/* The reader imports with it: publish it under the state lock. */
-	pthread_mutex_lock(&c->lock);
-	c->be = be;
-	pthread_mutex_unlock(&c->lock);
+	pthread_mutex_lock(&m->conn->lock);
+	m->be = be;
+	pthread_mutex_unlock(&m->conn->lock);
 	return 0;
 }
 
-int gmb__mem_dev_index(struct gmb_client *c, int ordinal, char *err)
+int gmb__mem_dev_index(struct gmb__mem *m, int ordinal, char *err)
 {
-	int rc = gmb__mem_backend(c, err);
+	int rc = gmb__mem_backend(m, err);
 
 	if (rc < 0)
 		return rc;
-	for (int i = 0; i < c->be->ndevices && i < c->ndevices; i++)
-		if (c->be->devices[i].ordinal == ordinal && ordinal >= 0)
+	for (int i = 0; i < m->be->ndevices && i < m->devs->ndevices; i++)
+		if (m->be->devices[i].ordinal == ordinal && ordinal >= 0)
 			return i;
-	return gmb__fail(err, -ENODEV, "device %d of this process is none of gmbd's %d devices",
-			 ordinal, c->ndevices);
+	return err_fmt(err, -ENODEV, "device %d of this process is none of gmbd's %d devices",
+		       ordinal, m->devs->ndevices);
 }
 
 /* Tags. */
 
-struct gmb__tag *gmb__mem_tag_find(struct gmb_client *c, const char *name)
+struct gmb__tag *gmb__mem_tag_find(struct gmb__mem *m, const char *name)
 {
-	for (struct gmb__tag *t = c->mem.tags; t; t = t->next)
+	for (struct gmb__tag *t = m->tags; t; t = t->next)
 		if (strcmp(t->name, name) == 0)
 			return t;
 	return NULL;
 }
 
 /* The tag named @name, created (DISCARD, active) if new; *@created says which. */
-static int mem_tag_get(struct gmb_client *c, const char *name, struct gmb__tag **out,
+static int mem_tag_get(struct gmb__mem *m, const char *name, struct gmb__tag **out,
 		       bool *created, char *err)
 {
-	struct gmb__tag *t = gmb__mem_tag_find(c, name);
+	struct gmb__tag *t = gmb__mem_tag_find(m, name);
 
 	*created = false;
 	if (!t) {
 		t = calloc(1, sizeof(*t));
 		if (!t)
-			return gmb__fail(err, -ENOMEM, "out of memory for tag \"%s\"", name);
+			return err_fmt(err, -ENOMEM, "out of memory for tag \"%s\"", name);
 		snprintf(t->name, sizeof(t->name), "%s", name);
-		t->next = c->mem.tags;
-		c->mem.tags = t;
+		t->next = m->tags;
+		m->tags = t;
 		*created = true;
 	}
 	*out = t;
@@ -122,9 +121,9 @@ static int mem_tag_get(struct gmb_client *c, const char *name, struct gmb__tag *
 }
 
 /* Undoes mem_tag_get() of a tag that is still empty. */
-static void mem_tag_drop(struct gmb_client *c, struct gmb__tag *t)
+static void mem_tag_drop(struct gmb__mem *m, struct gmb__tag *t)
 {
-	for (struct gmb__tag **pp = &c->mem.tags; *pp; pp = &(*pp)->next) {
+	for (struct gmb__tag **pp = &m->tags; *pp; pp = &(*pp)->next) {
 		if (*pp == t) {
 			*pp = t->next;
 			free(t);
@@ -134,7 +133,7 @@ static void mem_tag_drop(struct gmb_client *c, struct gmb__tag *t)
 }
 
 /* Sends Pause{@name} ("" = every tag) and waits for the answer. */
-int gmb__mem_send_pause(struct gmb_client *c, const char *name, char *err)
+int gmb__mem_send_pause(struct gmb__mem *m, const char *name, char *err)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__PauseRequest req = GMB__PAUSE_REQUEST__INIT;
@@ -144,7 +143,7 @@ int gmb__mem_send_pause(struct gmb_client *c, const char *name, char *err)
 	req.tag = (char *)name;
 	env.body_case = GMB__ENVELOPE__BODY_PAUSE;
 	env.pause = &req;
-	rc = gmb__request(c, &env, &rep, err);
+	rc = gmb__request(m->conn, &env, &rep, err);
 	gmb__reply_deinit(&rep);
 	return rc;
 }
@@ -154,7 +153,7 @@ int gmb__mem_send_pause(struct gmb_client *c, const char *name, char *err)
  * the first copy freed it, or the re-announcement left it out (a free on
  * its way is not claimed): either way it is gone, as asked.
  */
-static int mem_send_free(struct gmb_client *c, uint64_t id, char *err)
+static int mem_send_free(struct gmb__mem *m, uint64_t id, char *err)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__FreeRequest req = GMB__FREE_REQUEST__INIT;
@@ -164,7 +163,7 @@ static int mem_send_free(struct gmb_client *c, uint64_t id, char *err)
 	req.alloc_id = id;
 	env.body_case = GMB__ENVELOPE__BODY_FREE;
 	env.free = &req;
-	rc = gmb__request(c, &env, &rep, err);
+	rc = gmb__request(m->conn, &env, &rep, err);
 	if (rc == -ENOENT && rep.resent)
 		rc = 0;
 	gmb__reply_deinit(&rep);
@@ -174,17 +173,17 @@ static int mem_send_free(struct gmb_client *c, uint64_t id, char *err)
 /* Mapping. */
 
 /* Maps @a's last lend at its base, back to back, then one set_access. */
-int gmb__mem_map(struct gmb_client *c, struct gmb__alloc *a, char *err)
+int gmb__mem_map(struct gmb__mem *m, struct gmb__alloc *a, char *err)
 {
-	struct backend *be = c->be;
+	struct backend *be = m->be;
 	uint64_t *h = calloc(a->nchunks ? a->nchunks : 1, sizeof(*h)), off = 0;
 	int rc;
 
 	if (!h)
-		return gmb__fail(err, -ENOMEM, "out of memory mapping allocation %" PRIu64, a->id);
-	pthread_mutex_lock(&c->lock);
-	rc = gmb__lend_handles(&c->mem, a, h, err);
-	pthread_mutex_unlock(&c->lock);
+		return err_fmt(err, -ENOMEM, "out of memory mapping allocation %" PRIu64, a->id);
+	pthread_mutex_lock(&m->conn->lock);
+	rc = gmb__lend_handles(&m->tab, a, h, err);
+	pthread_mutex_unlock(&m->conn->lock);
 	if (rc < 0)
 		goto out_h;
 	for (uint32_t i = 0; i < a->nchunks; i++) {
@@ -213,9 +212,9 @@ out_h:
 	return rc;
 }
 
-int gmb__mem_unmap(struct gmb_client *c, struct gmb__alloc *a, char *err)
+int gmb__mem_unmap(struct gmb__mem *m, struct gmb__alloc *a, char *err)
 {
-	int rc = c->be->ops->unmap(c->be, a->va, a->size);
+	int rc = m->be->ops->unmap(m->be, a->va, a->size);
 
 	if (rc < 0)
 		return gmb__mem_be_fail(err, rc, "unmapping an allocation");
@@ -224,35 +223,35 @@ int gmb__mem_unmap(struct gmb_client *c, struct gmb__alloc *a, char *err)
 }
 
 /* Drains every device in @mask: unmap and copies do not wait for queued work. */
-int gmb__mem_sync(struct gmb_client *c, uint64_t mask, char *err)
+int gmb__mem_sync(struct gmb__mem *m, uint64_t mask, char *err)
 {
-	for (int d = 0; d < c->ndevices; d++) {
+	for (int d = 0; d < m->devs->ndevices; d++) {
 		int rc;
 
-		if (!(mask & MEM_DEV_BIT(d)))
+		if (!(mask & GMB__DEV_BIT(d)))
 			continue;
-		rc = c->be->ops->sync(c->be, d);
+		rc = m->be->ops->sync(m->be, d);
 		if (rc < 0)
 			return gmb__mem_be_fail(err, rc, "draining the device");
 	}
 	return 0;
 }
 
-static void mem_staging_free(struct gmb_client *c, struct gmb__alloc *a)
+static void mem_staging_free(struct gmb__mem *m, struct gmb__alloc *a)
 {
 	if (a->staging)
-		c->be->ops->host_free(c->be, a->staging, a->size);
+		m->be->ops->host_free(m->be, a->staging, a->size);
 	a->staging = NULL;
 	a->saved = false;
 }
 
-int gmb__mem_staging_new(struct gmb_client *c, struct gmb__alloc *a, char *err)
+int gmb__mem_staging_new(struct gmb__mem *m, struct gmb__alloc *a, char *err)
 {
 	int rc;
 
 	if (a->staging)
 		return 0;
-	rc = c->be->ops->host_alloc(c->be, a->size, &a->staging);
+	rc = m->be->ops->host_alloc(m->be, a->size, &a->staging);
 	if (rc < 0)
 		return gmb__mem_be_fail(err, rc, "allocating the host copy of a preserved allocation");
 	return 0;
@@ -261,22 +260,22 @@ int gmb__mem_staging_new(struct gmb_client *c, struct gmb__alloc *a, char *err)
 /* Allocations: the record, its tables, its undoing. */
 
 /* A record with its VA range reserved (and staging for PRESERVE), not yet lent. */
-static int mem_alloc_new(struct gmb_client *c, struct gmb__tag *t, int dev, uint64_t size,
+static int mem_alloc_new(struct gmb__mem *m, struct gmb__tag *t, int dev, uint64_t size,
 			 struct gmb__alloc **out, char *err)
 {
 	struct gmb__alloc *a = calloc(1, sizeof(*a));
 	int rc;
 
 	if (!a)
-		return gmb__fail(err, -ENOMEM, "out of memory for an allocation record");
+		return err_fmt(err, -ENOMEM, "out of memory for an allocation record");
 	*a = (struct gmb__alloc){ .dev = dev, .size = size, .tag = t };
-	rc = c->be->ops->va_reserve(c->be, size, c->granularity[dev], &a->va);
+	rc = m->be->ops->va_reserve(m->be, size, m->devs->granularity[dev], &a->va);
 	if (rc < 0) {
 		rc = gmb__mem_be_fail(err, rc, "reserving the address range");
 		goto out_a;
 	}
 	if (t->mode == GMB_MODE_PRESERVE) {
-		rc = gmb__mem_staging_new(c, a, err);
+		rc = gmb__mem_staging_new(m, a, err);
 		if (rc < 0)
 			goto out_va;
 	}
@@ -284,20 +283,20 @@ static int mem_alloc_new(struct gmb_client *c, struct gmb__tag *t, int dev, uint
 	return 0;
 
 out_va:
-	c->be->ops->va_free(c->be, a->va, a->size);
+	m->be->ops->va_free(m->be, a->va, a->size);
 out_a:
 	free(a);
 	return rc;
 }
 
 /* Frees what mem_alloc_new() made; @a is out of every table. */
-static void mem_alloc_destroy(struct gmb_client *c, struct gmb__alloc *a)
+static void mem_alloc_destroy(struct gmb__mem *m, struct gmb__alloc *a)
 {
 	/* Only gmb_close() gets here mapped: the VA cannot be freed under a mapping. */
 	if (a->mapped)
-		c->be->ops->unmap(c->be, a->va, a->size);
-	mem_staging_free(c, a);
-	c->be->ops->va_free(c->be, a->va, a->size);
+		m->be->ops->unmap(m->be, a->va, a->size);
+	mem_staging_free(m, a);
+	m->be->ops->va_free(m->be, a->va, a->size);
 	free(a->chunk_ids);
 	free(a->chunk_sizes);
 	free(a);
@@ -316,59 +315,40 @@ static void mem_tag_unlink(struct gmb__tag *t, struct gmb__alloc *a)
 }
 
 /* Enters @a (id set) in the tables with @l as its last lend. */
-static int mem_adopt(struct gmb_client *c, struct gmb__alloc *a, const Gmb__Lend *l, char *err)
+static int mem_adopt(struct gmb__mem *m, struct gmb__alloc *a, const Gmb__Lend *l, char *err)
 {
 	struct gmb__handle *rel = NULL;
-	struct gmb__mem *m = &c->mem;
 	int rc;
 
-	pthread_mutex_lock(&c->lock);
-	rc = gmb__lend_check(m, a, l, err);
-	if (rc == 0 && idmap_get(&m->by_id, a->id))
-		rc = gmb__fail(err, -EPROTO, "gmbd lent allocation %" PRIu64 " twice", a->id);
-	if (rc == 0)
-		rc = idmap_put(&m->by_id, a->id, a);
-	if (rc == 0) {
-		rc = idmap_put(&m->by_va, a->va, a);
-		if (rc == 0)
-			rc = gmb__lend_set(m, a, l->chunk_ids, l->chunk_sizes,
-					   (uint32_t)l->n_chunk_ids, &rel);
-		if (rc < 0) {
-			idmap_del(&m->by_va, a->va);
-			idmap_del(&m->by_id, a->id);
-		}
-	}
-	pthread_mutex_unlock(&c->lock);
-	gmb__release_run(c->be, rel);
+	pthread_mutex_lock(&m->conn->lock);
+	rc = gmb__cache_adopt(&m->tab, a, l, &rel, err);
+	pthread_mutex_unlock(&m->conn->lock);
+	gmb__release_run(m->be, rel);
 	if (rc == -ENOMEM)
-		return gmb__fail(err, rc, "out of memory recording allocation %" PRIu64, a->id);
+		return err_fmt(err, rc, "out of memory recording allocation %" PRIu64, a->id);
 	return rc;
 }
 
 /* Takes @a out of the tables and drops its last lend's references. */
-static void mem_forget(struct gmb_client *c, struct gmb__alloc *a)
+static void mem_forget(struct gmb__mem *m, struct gmb__alloc *a)
 {
 	struct gmb__handle *rel = NULL;
 
-	pthread_mutex_lock(&c->lock);
-	if (idmap_get(&c->mem.by_id, a->id) == a)
-		idmap_del(&c->mem.by_id, a->id);
-	if (idmap_get(&c->mem.by_va, a->va) == a)
-		idmap_del(&c->mem.by_va, a->va);
-	gmb__lend_clear(&c->mem, a, &rel);
-	pthread_mutex_unlock(&c->lock);
-	gmb__release_run(c->be, rel);
+	pthread_mutex_lock(&m->conn->lock);
+	gmb__cache_forget(&m->tab, a, &rel);
+	pthread_mutex_unlock(&m->conn->lock);
+	gmb__release_run(m->be, rel);
 }
 
 /* Releases the handles a failed request imported but no lend names. */
-void gmb__mem_sweep(struct gmb_client *c)
+void gmb__mem_sweep(struct gmb__mem *m)
 {
 	struct gmb__handle *rel = NULL;
 
-	pthread_mutex_lock(&c->lock);
-	gmb__cache_sweep(&c->mem, &rel);
-	pthread_mutex_unlock(&c->lock);
-	gmb__release_run(c->be, rel);
+	pthread_mutex_lock(&m->conn->lock);
+	gmb__cache_sweep(&m->tab, &rel);
+	pthread_mutex_unlock(&m->conn->lock);
+	gmb__release_run(m->be, rel);
 }
 
 static const Gmb__Lend *mem_alloc_lend(const struct gmb__reply *rep)
@@ -381,7 +361,7 @@ static const Gmb__Lend *mem_alloc_lend(const struct gmb__reply *rep)
 }
 
 /* AllocRequest for @a, then adopt and map the lend; on failure gmbd gets it back. */
-static int mem_alloc_lend_map(struct gmb_client *c, struct gmb__alloc *a, char *err)
+static int mem_alloc_lend_map(struct gmb__mem *m, struct gmb__alloc *a, char *err)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__AllocRequest req = GMB__ALLOC_REQUEST__INIT;
@@ -394,40 +374,41 @@ static int mem_alloc_lend_map(struct gmb_client *c, struct gmb__alloc *a, char *
 	req.tag = a->tag->name;
 	env.body_case = GMB__ENVELOPE__BODY_ALLOC;
 	env.alloc = &req;
-	rc = gmb__request(c, &env, &rep, err);
+	rc = gmb__request(m->conn, &env, &rep, err);
 	if (rep.status < 0)
 		goto out_rep; /* nothing was lent */
 	l = mem_alloc_lend(&rep);
 	a->id = l ? l->alloc_id : 0;
 	if (rc == 0 && !a->id)
-		rc = gmb__fail(err, -EPROTO, "gmbd's allocation reply lacks an allocation id");
+		rc = err_fmt(err, -EPROTO, "gmbd's allocation reply lacks an allocation id");
 	if (rc == 0)
-		rc = mem_adopt(c, a, l, err);
+		rc = mem_adopt(m, a, l, err);
 	if (rc == 0) {
-		rc = gmb__mem_map(c, a, err);
+		rc = gmb__mem_map(m, a, err);
 		if (rc < 0)
-			mem_forget(c, a);
+			mem_forget(m, a);
 	}
 	/* gmbd lent (status 0) but this side failed: give it back, keep our reason. */
 	if (rc < 0 && a->id)
-		mem_send_free(c, a->id, NULL);
+		mem_send_free(m, a->id, NULL);
 out_rep:
-	gmb__mem_sweep(c);
+	gmb__mem_sweep(m);
 	gmb__reply_deinit(&rep);
 	return rc;
 }
 
-static int mem_malloc_check(struct gmb_client *c, void **ptr, size_t size, int dev,
+static int mem_malloc_check(struct gmb__mem *m, void **ptr, size_t size, int dev,
 			    const char *tag, char *err)
 {
 	if (!ptr)
-		return gmb__fail(err, -EINVAL, "no place for the pointer");
+		return err_fmt(err, -EINVAL, "no place for the pointer");
 	if (size == 0)
-		return gmb__fail(err, -EINVAL, "allocation of 0 bytes");
-	if (dev < 0 || dev >= c->ndevices)
-		return gmb__fail(err, -ENODEV, "no device %d: gmbd manages %d", dev, c->ndevices);
-	if ((uint64_t)size > UINT64_MAX - c->granularity[dev])
-		return gmb__fail(err, -ENOMEM, "allocation of %zu bytes is too large", size);
+		return err_fmt(err, -EINVAL, "allocation of 0 bytes");
+	if (dev < 0 || dev >= m->devs->ndevices)
+		return err_fmt(err, -ENODEV,
+			       "no device %d: gmbd manages %d", dev, m->devs->ndevices);
+	if ((uint64_t)size > UINT64_MAX - m->devs->granularity[dev])
+		return err_fmt(err, -ENOMEM, "allocation of %zu bytes is too large", size);
 	return mem_check_name(tag, err);
 }
 
@@ -435,7 +416,7 @@ static int mem_malloc_check(struct gmb_client *c, void **ptr, size_t size, int d
  * gmb__mem_malloc() - reserve, lend, map. *@ptr is set only on success; on
  * failure everything is undone, including gmbd's side.
  */
-int gmb__mem_malloc(struct gmb_client *c, void **ptr, size_t size, int dev, const char *tag,
+int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const char *tag,
 		    char *err)
 {
 	struct gmb__alloc *a = NULL;
@@ -445,23 +426,23 @@ int gmb__mem_malloc(struct gmb_client *c, void **ptr, size_t size, int dev, cons
 
 	if (!tag)
 		tag = "default";
-	rc = gmb__mem_backend(c, err);
+	rc = gmb__mem_backend(m, err);
 	if (rc == 0)
-		rc = dev = gmb__mem_dev_index(c, dev, err);
+		rc = dev = gmb__mem_dev_index(m, dev, err);
 	if (rc >= 0)
-		rc = mem_malloc_check(c, ptr, size, dev, tag, err);
+		rc = mem_malloc_check(m, ptr, size, dev, tag, err);
 	if (rc < 0)
 		return rc;
-	t = gmb__mem_tag_find(c, tag);
+	t = gmb__mem_tag_find(m, tag);
 	if (t && t->paused)
-		return gmb__fail(err, -EBUSY, "tag \"%s\" is paused: resume it to allocate", tag);
-	rc = mem_tag_get(c, tag, &t, &created, err);
+		return err_fmt(err, -EBUSY, "tag \"%s\" is paused: resume it to allocate", tag);
+	rc = mem_tag_get(m, tag, &t, &created, err);
 	if (rc < 0)
 		return rc;
-	rc = mem_alloc_new(c, t, dev, backend_round_up(size, c->granularity[dev]), &a, err);
+	rc = mem_alloc_new(m, t, dev, backend_round_up(size, m->devs->granularity[dev]), &a, err);
 	if (rc < 0)
 		goto out_tag;
-	rc = mem_alloc_lend_map(c, a, err);
+	rc = mem_alloc_lend_map(m, a, err);
 	if (rc < 0)
 		goto out_alloc;
 	mem_tag_link(t, a);
@@ -469,10 +450,10 @@ int gmb__mem_malloc(struct gmb_client *c, void **ptr, size_t size, int dev, cons
 	return 0;
 
 out_alloc:
-	mem_alloc_destroy(c, a);
+	mem_alloc_destroy(m, a);
 out_tag:
 	if (created)
-		mem_tag_drop(c, t);
+		mem_tag_drop(m, t);
 	return rc;
 }
 
@@ -482,48 +463,48 @@ out_tag:
  * a connection lost for good is no error: gmbd took everything back then
  * (or will, when it reclaims this client).
  */
-int gmb__mem_free(struct gmb_client *c, void *ptr, char *err)
+int gmb__mem_free(struct gmb__mem *m, void *ptr, char *err)
 {
 	struct gmb__alloc *a;
 	int rc;
 
-	pthread_mutex_lock(&c->lock);
-	a = ptr ? idmap_get(&c->mem.by_va, (uintptr_t)ptr) : NULL;
-	pthread_mutex_unlock(&c->lock);
+	pthread_mutex_lock(&m->conn->lock);
+	a = ptr ? idmap_get(&m->tab.by_va, (uintptr_t)ptr) : NULL;
+	pthread_mutex_unlock(&m->conn->lock);
 	if (!a)
-		return gmb__fail(err, -EINVAL, "pointer %p was not allocated by gmb_malloc", ptr);
+		return err_fmt(err, -EINVAL, "pointer %p was not allocated by gmb_malloc", ptr);
 	if (a->mapped) {
-		rc = gmb__mem_sync(c, MEM_DEV_BIT(a->dev), err);
+		rc = gmb__mem_sync(m, GMB__DEV_BIT(a->dev), err);
 		if (rc == 0)
-			rc = gmb__mem_unmap(c, a, err);
+			rc = gmb__mem_unmap(m, a, err);
 		if (rc < 0)
 			return rc;
 	}
 	/* Under the state lock: the reader's re-announcement reads it. */
-	pthread_mutex_lock(&c->lock);
+	pthread_mutex_lock(&m->conn->lock);
 	a->freeing = true;
-	pthread_mutex_unlock(&c->lock);
-	rc = mem_send_free(c, a->id, err);
+	pthread_mutex_unlock(&m->conn->lock);
+	rc = mem_send_free(m, a->id, err);
 	if (rc == -ENOTCONN)
 		rc = 0;
-	mem_forget(c, a);
+	mem_forget(m, a);
 	mem_tag_unlink(a->tag, a);
-	mem_alloc_destroy(c, a);
+	mem_alloc_destroy(m, a);
 	return rc;
 }
 
 /* Mode. */
 
-static void mem_staging_free_tag(struct gmb_client *c, struct gmb__tag *t)
+static void mem_staging_free_tag(struct gmb__mem *m, struct gmb__tag *t)
 {
 	for (struct gmb__alloc *a = t->allocs; a; a = a->next)
-		mem_staging_free(c, a);
+		mem_staging_free(m, a);
 }
 
-static int mem_staging_new_tag(struct gmb_client *c, struct gmb__tag *t, char *err)
+static int mem_staging_new_tag(struct gmb__mem *m, struct gmb__tag *t, char *err)
 {
 	for (struct gmb__alloc *a = t->allocs; a; a = a->next) {
-		int rc = gmb__mem_staging_new(c, a, err);
+		int rc = gmb__mem_staging_new(m, a, err);
 
 		if (rc < 0)
 			return rc;
@@ -531,7 +512,7 @@ static int mem_staging_new_tag(struct gmb_client *c, struct gmb__tag *t, char *e
 	return 0;
 }
 
-static int mem_send_mode(struct gmb_client *c, const char *name, int mode, char *err)
+static int mem_send_mode(struct gmb__mem *m, const char *name, int mode, char *err)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__TagModeRequest req = GMB__TAG_MODE_REQUEST__INIT;
@@ -542,7 +523,7 @@ static int mem_send_mode(struct gmb_client *c, const char *name, int mode, char 
 	req.mode = (Gmb__Mode)mode;
 	env.body_case = GMB__ENVELOPE__BODY_TAG_MODE;
 	env.tag_mode = &req;
-	rc = gmb__request(c, &env, &rep, err);
+	rc = gmb__request(m->conn, &env, &rep, err);
 	gmb__reply_deinit(&rep);
 	return rc;
 }
@@ -552,7 +533,7 @@ static int mem_send_mode(struct gmb_client *c, const char *name, int mode, char 
  * PRESERVE makes the host copies now, before any pause needs them; a paused
  * tag switched to PRESERVE has nothing saved yet and resumes zero-filled.
  */
-int gmb__mem_set_mode(struct gmb_client *c, const char *name, int mode, char *err)
+int gmb__mem_set_mode(struct gmb__mem *m, const char *name, int mode, char *err)
 {
 	struct gmb__tag *t;
 	bool created;
@@ -561,69 +542,118 @@ int gmb__mem_set_mode(struct gmb_client *c, const char *name, int mode, char *er
 	if (!name)
 		name = "default";
 	if (mode < GMB_MODE_DISCARD || mode > GMB_MODE_PRESERVE)
-		return gmb__fail(err, -EINVAL, "unknown mode %d (want 0 discard, 1 zero, 2 preserve)",
-				 mode);
+		return err_fmt(err, -EINVAL, "unknown mode %d (want 0 discard, 1 zero, 2 preserve)",
+			       mode);
 	rc = mem_check_name(name, err);
 	if (rc == 0)
-		rc = mem_tag_get(c, name, &t, &created, err);
+		rc = mem_tag_get(m, name, &t, &created, err);
 	if (rc < 0)
 		return rc;
 	if (mode == GMB_MODE_PRESERVE) {
-		rc = mem_staging_new_tag(c, t, err);
+		rc = mem_staging_new_tag(m, t, err);
 		if (rc < 0)
 			goto out_staging;
 	}
-	rc = mem_send_mode(c, name, mode, err);
+	rc = mem_send_mode(m, name, mode, err);
 	if (rc < 0)
 		goto out_staging;
 	if (mode != GMB_MODE_PRESERVE)
-		mem_staging_free_tag(c, t);
+		mem_staging_free_tag(m, t);
 	t->mode = mode;
 	return 0;
 
 out_staging:
 	if (t->mode != GMB_MODE_PRESERVE)
-		mem_staging_free_tag(c, t);
+		mem_staging_free_tag(m, t);
 	if (created)
-		mem_tag_drop(c, t);
+		mem_tag_drop(m, t);
 	return rc;
 }
 
-/* Drops, close. */
+/* The connection's callbacks (reader thread, no op_lock), init, close. */
 
-/** gmb__mem_drop() - gmbd's DropRequest, on the reader thread. */
-void gmb__mem_drop(struct gmb_client *c, const uint64_t *ids, size_t n)
+/* Imports the chunk fds of reply part @env into the handle cache; the fds stay the caller's. */
+static void mem_import(void *arg, const Gmb__Envelope *env, const int *fds, int nfds,
+		       struct gmb__reply *rep)
 {
+	struct gmb__mem *m = arg;
 	struct gmb__handle *rel = NULL;
 	struct backend *be;
 
-	pthread_mutex_lock(&c->lock);
-	be = c->be;
-	gmb__cache_drop(&c->mem, ids, n, &rel);
-	pthread_mutex_unlock(&c->lock);
+	pthread_mutex_lock(&m->conn->lock);
+	be = m->be;
+	pthread_mutex_unlock(&m->conn->lock);
+	for (int i = 0; i < nfds; i++) {
+		uint64_t id = env->fd_chunks[i], h;
+		int rc;
+
+		if (!be) {
+			gmb__reply_import_fail(rep, -EPROTO,
+					       "gmbd sent a chunk before any allocation", id);
+			continue;
+		}
+		rc = be->ops->chunk_import(be, fds[i], env->fd_sizes[i], &h);
+		if (rc < 0) {
+			gmb__reply_import_fail(rep, rc, backend_last_error(), id);
+			continue;
+		}
+		pthread_mutex_lock(&m->conn->lock);
+		rc = gmb__cache_put(&m->tab, id, h, env->fd_sizes[i], &rel);
+		pthread_mutex_unlock(&m->conn->lock);
+		if (rc < 0) {
+			be->ops->chunk_release(be, h);
+			gmb__reply_import_fail(rep, rc, strerror(-rc), id);
+		}
+	}
 	gmb__release_run(be, rel);
 }
 
+/* gmbd's DropRequest. */
+static void mem_drop(void *arg, const uint64_t *ids, size_t n)
+{
+	struct gmb__mem *m = arg;
+	struct gmb__handle *rel = NULL;
+	struct backend *be;
+
+	pthread_mutex_lock(&m->conn->lock);
+	be = m->be;
+	gmb__cache_drop(&m->tab, ids, n, &rel);
+	pthread_mutex_unlock(&m->conn->lock);
+	gmb__release_run(be, rel);
+}
+
+void gmb__mem_init(struct gmb__mem *m, struct gmb__conn *conn)
+{
+	*m = (struct gmb__mem){ .conn = conn, .devs = &conn->devs };
+}
+
+void gmb__mem_cbs(struct gmb__mem *m, struct gmb__conn_cbs *cbs)
+{
+	cbs->mem_arg = m;
+	cbs->import = mem_import;
+	cbs->drop = mem_drop;
+}
+
 /** gmb__mem_deinit() - free every tag, allocation and handle; close the backend. */
-void gmb__mem_deinit(struct gmb_client *c)
+void gmb__mem_deinit(struct gmb__mem *m)
 {
 	struct gmb__handle *rel = NULL;
 	struct gmb__tag *t;
 
-	while ((t = c->mem.tags)) {
+	while ((t = m->tags)) {
 		struct gmb__alloc *a;
 
 		while ((a = t->allocs)) {
 			mem_tag_unlink(t, a);
-			mem_alloc_destroy(c, a);
+			mem_alloc_destroy(m, a);
 		}
-		c->mem.tags = t->next;
+		m->tags = t->next;
 		free(t);
 	}
-	gmb__cache_clear(&c->mem, &rel);
-	gmb__release_run(c->be, rel);
-	idmap_deinit(&c->mem.by_id);
-	idmap_deinit(&c->mem.by_va);
-	backend_close(c->be);
-	c->be = NULL;
+	gmb__cache_clear(&m->tab, &rel);
+	gmb__release_run(m->be, rel);
+	idmap_deinit(&m->tab.by_id);
+	idmap_deinit(&m->tab.by_va);
+	backend_close(m->be);
+	m->be = NULL;
 }

@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client/internal.h"
+#include "client/lib/cache/cache.h"
 
 static void cache_push(struct gmb__handle **rel, struct gmb__handle *e)
 {
@@ -38,7 +38,7 @@ static void cache_push(struct gmb__handle **rel, struct gmb__handle *e)
  * keeps its refs and its old handle moves to @rel. On -ENOMEM the caller
  * still owns @handle.
  */
-int gmb__cache_put(struct gmb__mem *m, uint64_t id, uint64_t handle, uint64_t size,
+int gmb__cache_put(struct gmb__cache *m, uint64_t id, uint64_t handle, uint64_t size,
 		   struct gmb__handle **rel)
 {
 	struct gmb__handle *old = idmap_get(&m->cache, id);
@@ -61,7 +61,7 @@ int gmb__cache_put(struct gmb__mem *m, uint64_t id, uint64_t handle, uint64_t si
 }
 
 /* Drops one reference of chunk @id; the last one moves the handle to @rel. */
-static void cache_unref(struct gmb__mem *m, uint64_t id, struct gmb__handle **rel)
+static void cache_unref(struct gmb__cache *m, uint64_t id, struct gmb__handle **rel)
 {
 	struct gmb__handle *e = id ? idmap_get(&m->cache, id) : NULL;
 
@@ -73,7 +73,7 @@ static void cache_unref(struct gmb__mem *m, uint64_t id, struct gmb__handle **re
 		cache_push(rel, idmap_del(&m->cache, id));
 }
 
-static int lend_check_chunks(const struct gmb__mem *m, const uint64_t *ids, const uint64_t *sizes,
+static int lend_check_chunks(const struct gmb__cache *m, const uint64_t *ids, const uint64_t *sizes,
 			     size_t n, uint64_t want, char *err)
 {
 	uint64_t total = 0;
@@ -82,16 +82,17 @@ static int lend_check_chunks(const struct gmb__mem *m, const uint64_t *ids, cons
 		const struct gmb__handle *e = ids[i] ? idmap_get(&m->cache, ids[i]) : NULL;
 
 		if (!e)
-			return gmb__fail(err, -EPROTO, "gmbd lent chunk %" PRIu64 " without sending it",
-					 ids[i]);
+			return err_fmt(err, -EPROTO,
+				       "gmbd lent chunk %" PRIu64 " without sending it",
+				       ids[i]);
 		if (e->size != sizes[i] || sizes[i] > UINT64_MAX - total)
-			return gmb__fail(err, -EPROTO, "gmbd lent chunk %" PRIu64 " as 0x%" PRIx64
-					 " bytes, it holds 0x%" PRIx64, ids[i], sizes[i], e->size);
+			return err_fmt(err, -EPROTO, "gmbd lent chunk %" PRIu64 " as 0x%" PRIx64
+				       " bytes, it holds 0x%" PRIx64, ids[i], sizes[i], e->size);
 		total += sizes[i];
 	}
 	if (total != want)
-		return gmb__fail(err, -EPROTO, "gmbd lent chunks of 0x%" PRIx64 " bytes in all for an"
-				 " allocation of 0x%" PRIx64, total, want);
+		return err_fmt(err, -EPROTO, "gmbd lent chunks of 0x%" PRIx64 " bytes in all for an"
+			       " allocation of 0x%" PRIx64, total, want);
 	return 0;
 }
 
@@ -99,19 +100,19 @@ static int lend_check_chunks(const struct gmb__mem *m, const uint64_t *ids, cons
  * gmb__lend_check() - is @l a lend this client can map for @a?
  * Return: 0, or -EPROTO with a sentence in @err.
  */
-int gmb__lend_check(const struct gmb__mem *m, const struct gmb__alloc *a, const Gmb__Lend *l,
+int gmb__lend_check(const struct gmb__cache *m, const struct gmb__alloc *a, const Gmb__Lend *l,
 		    char *err)
 {
 	if (!l)
-		return gmb__fail(err, -EPROTO, "gmbd's reply lacks the lend");
+		return err_fmt(err, -EPROTO, "gmbd's reply lacks the lend");
 	if (l->alloc_id != a->id || l->device != (uint32_t)a->dev || l->size != a->size)
-		return gmb__fail(err, -EPROTO, "gmbd lent allocation %" PRIu64 " (device %u, 0x%"
-				 PRIx64 " bytes) for allocation %" PRIu64 " (device %d, 0x%" PRIx64
-				 " bytes)", l->alloc_id, l->device, l->size, a->id, a->dev, a->size);
+		return err_fmt(err, -EPROTO, "gmbd lent allocation %" PRIu64 " (device %u, 0x%"
+			       PRIx64 " bytes) for allocation %" PRIu64 " (device %d, 0x%" PRIx64
+			       " bytes)", l->alloc_id, l->device, l->size, a->id, a->dev, a->size);
 	if (l->n_chunk_ids == 0 || l->n_chunk_ids != l->n_chunk_sizes ||
 	    l->n_chunk_ids > UINT32_MAX)
-		return gmb__fail(err, -EPROTO, "gmbd lent %zu chunk ids with %zu sizes",
-				 l->n_chunk_ids, l->n_chunk_sizes);
+		return err_fmt(err, -EPROTO, "gmbd lent %zu chunk ids with %zu sizes",
+			       l->n_chunk_ids, l->n_chunk_sizes);
 	return lend_check_chunks(m, l->chunk_ids, l->chunk_sizes, l->n_chunk_ids, a->size, err);
 }
 
@@ -121,7 +122,7 @@ int gmb__lend_check(const struct gmb__mem *m, const struct gmb__alloc *a, const 
  * changes nothing either. Handles of the old list that no allocation names
  * any more move to @rel.
  */
-int gmb__lend_set(struct gmb__mem *m, struct gmb__alloc *a, const uint64_t *ids,
+int gmb__lend_set(struct gmb__cache *m, struct gmb__alloc *a, const uint64_t *ids,
 		  const uint64_t *sizes, uint32_t n, struct gmb__handle **rel)
 {
 	uint64_t *nids, *nsizes;
@@ -149,7 +150,7 @@ int gmb__lend_set(struct gmb__mem *m, struct gmb__alloc *a, const uint64_t *ids,
 }
 
 /* gmb__lend_clear() - forget @a's last lend (a free); unnamed handles to @rel. */
-void gmb__lend_clear(struct gmb__mem *m, struct gmb__alloc *a, struct gmb__handle **rel)
+void gmb__lend_clear(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel)
 {
 	for (uint32_t i = 0; i < a->nchunks; i++)
 		cache_unref(m, a->chunk_ids[i], rel);
@@ -161,11 +162,49 @@ void gmb__lend_clear(struct gmb__mem *m, struct gmb__alloc *a, struct gmb__handl
 }
 
 /*
+ * gmb__cache_adopt() - enter @a (its id set) in by_id and by_va with @l as
+ * its last lend. Return: 0; -EPROTO (a lend this client cannot map, or an
+ * allocation lent twice) with a sentence in @err; or -ENOMEM. On failure
+ * nothing changed.
+ */
+int gmb__cache_adopt(struct gmb__cache *m, struct gmb__alloc *a, const Gmb__Lend *l,
+		     struct gmb__handle **rel, char *err)
+{
+	int rc = gmb__lend_check(m, a, l, err);
+
+	if (rc == 0 && idmap_get(&m->by_id, a->id))
+		rc = err_fmt(err, -EPROTO, "gmbd lent allocation %" PRIu64 " twice", a->id);
+	if (rc == 0)
+		rc = idmap_put(&m->by_id, a->id, a);
+	if (rc == 0) {
+		rc = idmap_put(&m->by_va, a->va, a);
+		if (rc == 0)
+			rc = gmb__lend_set(m, a, l->chunk_ids, l->chunk_sizes,
+					   (uint32_t)l->n_chunk_ids, rel);
+		if (rc < 0) {
+			idmap_del(&m->by_va, a->va);
+			idmap_del(&m->by_id, a->id);
+		}
+	}
+	return rc;
+}
+
+/* gmb__cache_forget() - @a leaves by_id and by_va; its last lend's unnamed handles to @rel. */
+void gmb__cache_forget(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel)
+{
+	if (idmap_get(&m->by_id, a->id) == a)
+		idmap_del(&m->by_id, a->id);
+	if (idmap_get(&m->by_va, a->va) == a)
+		idmap_del(&m->by_va, a->va);
+	gmb__lend_clear(m, a, rel);
+}
+
+/*
  * gmb__cache_drop() - a DropRequest: the named chunks leave the cache
  * whatever their refs (unknown ids were dropped already), and last lends
  * stop naming them, so that neither side counts them any more.
  */
-void gmb__cache_drop(struct gmb__mem *m, const uint64_t *ids, size_t n, struct gmb__handle **rel)
+void gmb__cache_drop(struct gmb__cache *m, const uint64_t *ids, size_t n, struct gmb__handle **rel)
 {
 	bool named = false;
 	struct gmb__alloc *a;
@@ -189,7 +228,7 @@ void gmb__cache_drop(struct gmb__mem *m, const uint64_t *ids, size_t n, struct g
 }
 
 /* gmb__cache_sweep() - release chunks no last lend names (left by a failed request). */
-void gmb__cache_sweep(struct gmb__mem *m, struct gmb__handle **rel)
+void gmb__cache_sweep(struct gmb__cache *m, struct gmb__handle **rel)
 {
 	struct gmb__handle *e;
 	uint64_t id;
@@ -201,7 +240,7 @@ void gmb__cache_sweep(struct gmb__mem *m, struct gmb__handle **rel)
 }
 
 /* gmb__cache_clear() - every handle to @rel (gmb_close). */
-void gmb__cache_clear(struct gmb__mem *m, struct gmb__handle **rel)
+void gmb__cache_clear(struct gmb__cache *m, struct gmb__handle **rel)
 {
 	struct gmb__handle *e;
 	uint64_t id;
@@ -217,15 +256,15 @@ void gmb__cache_clear(struct gmb__mem *m, struct gmb__handle **rel)
  * order, into @handles (a->nchunks entries). -EPROTO when a chunk of it was
  * dropped: the lend can no longer be mapped.
  */
-int gmb__lend_handles(const struct gmb__mem *m, const struct gmb__alloc *a, uint64_t *handles,
+int gmb__lend_handles(const struct gmb__cache *m, const struct gmb__alloc *a, uint64_t *handles,
 		      char *err)
 {
 	for (uint32_t i = 0; i < a->nchunks; i++) {
 		const struct gmb__handle *e = idmap_get(&m->cache, a->chunk_ids[i]);
 
 		if (!e)
-			return gmb__fail(err, -EPROTO, "chunk %u of allocation %" PRIu64
-					 " was dropped while lent", i, a->id);
+			return err_fmt(err, -EPROTO, "chunk %u of allocation %" PRIu64
+				       " was dropped while lent", i, a->id);
 		handles[i] = e->handle;
 	}
 	return 0;

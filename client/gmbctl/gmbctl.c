@@ -9,7 +9,8 @@
  * argument before anything connects; a handler gets checked values and only
  * talks to the broker, returning 0 or -errno.
  *
- * gmbctl uses the public libgmb API only. Results go to stdout, errors to
+ * gmbctl uses the public libgmb API only (and, from common/, size_str and
+ * the default socket path). Results go to stdout, errors to
  * stderr only. Exit status: 0 done; 1 the broker refused or failed, or
  * cannot be reached; 2 usage error.
  */
@@ -25,10 +26,10 @@
 #include <string.h>
 
 #include "common/size.h"
+#include "common/wire.h"
 #include "gmb.h"
 
 #define CTL_NAME "gmbctl"
-#define CTL_DEFAULT_SOCKET "/run/gmbd/gmbd.sock"
 #define CTL_MAX_ARGS 2
 
 enum { CTL_EXIT_OK = 0, CTL_EXIT_FAIL = 1, CTL_EXIT_USAGE = 2 };
@@ -111,7 +112,7 @@ static const struct ctl_cmd ctl_cmds[] = {
 };
 
 static const struct ctl_opt ctl_opts[] = {
-	{ "socket", 's', "PATH", "gmbd's socket (default: $GMB_SOCKET, else " CTL_DEFAULT_SOCKET ")" },
+	{ "socket", 's', "PATH", "gmbd's socket (default: $GMB_SOCKET, else " WIRE_DEFAULT_SOCKET ")" },
 	{ "json", CTL_OPT_JSON, NULL, "print JSON (commands marked [--json])" },
 	{ "help", 'h', NULL, "show this help (after a command: that command's) and exit" },
 	{ "version", 'V', NULL, "show the version and exit" },
@@ -189,11 +190,7 @@ static void ctl_put_safe(const char *s)
 
 static const char *ctl_socket_path(const struct ctl_cli *cli)
 {
-	const char *env = getenv("GMB_SOCKET");
-
-	if (cli->socket)
-		return cli->socket;
-	return env && *env ? env : CTL_DEFAULT_SOCKET;
+	return cli->socket ? cli->socket : wire_default_socket();
 }
 
 /* --- usage and help, from the tables ------------------------------------ */

@@ -1,7 +1,9 @@
 /*
  * preload.c - libgmb_preload.so, the LD_PRELOAD shim: routes the CUDA
- * runtime's device allocations made inside a region (client/region.c) to
- * gmbd, and everything else to the real runtime.
+ * runtime's device allocations made inside a region (client/lib/hook/) to
+ * gmbd, and everything else to the real runtime. client/preload/ is this
+ * file alone; it includes include/gmb.h (for the types of what it looks up)
+ * and common/err.h, whose err.c is linked into it.
  *
  * Covered: cudaMalloc and cudaFree (PyTorch's caching allocator, including
  * the private pools of CUDA graphs, which it fills with cudaMalloc under a
@@ -36,17 +38,16 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/err.h"
 #include "gmb.h"
 
 #define SHIM_API __attribute__((visibility("default")))
-#define SHIM_ERR_MAX 512
 
 /* The real runtime functions, by index into shim_real_names. */
 enum shim_real_fn {
@@ -83,21 +84,10 @@ static _Atomic(void *) shim_real[SHIM_NREAL];
 static struct shim_gmb shim_gmb_fns;
 static atomic_bool shim_gmb_ready;
 static pthread_mutex_t shim_lock = PTHREAD_MUTEX_INITIALIZER;
-static __thread char shim_error[SHIM_ERR_MAX];
+static __thread char shim_error[ERR_MSG_MAX];
 static const char shim_anchor;
 
 /* Errors. */
-
-static void shim_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static void shim_fail(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(shim_error, sizeof(shim_error), fmt, ap);
-	va_end(ap);
-}
 
 /* gmbd's -errno as the runtime's nearest status. */
 static cudaError_t shim_status(int rc)
@@ -138,8 +128,8 @@ static void *shim_real_sym(enum shim_real_fn fn)
 		return p;
 	p = dlsym(RTLD_NEXT, shim_real_names[fn]);
 	if (!p) {
-		shim_fail("%s: no CUDA runtime after libgmb_preload.so in the process",
-			  shim_real_names[fn]);
+		err_fmt(shim_error, 0, "%s: no CUDA runtime after libgmb_preload.so in the process",
+			shim_real_names[fn]);
 		return NULL;
 	}
 	atomic_store_explicit(&shim_real[fn], p, memory_order_release);
@@ -181,7 +171,7 @@ static int shim_gmb_bind(void *h)
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
 		syms[i] = dlsym(h, names[i]);
 		if (!syms[i]) {
-			shim_fail("libgmb lacks %s: an older libgmb?", names[i]);
+			err_fmt(shim_error, 0, "libgmb lacks %s: an older libgmb?", names[i]);
 			return -ENOSYS;
 		}
 	}
@@ -204,7 +194,7 @@ static void *shim_gmb_open(void)
 	if (env && *env) {
 		h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
 		if (!h)
-			shim_fail("GMB_LIB=%s: %s", env, dlerror());
+			err_fmt(shim_error, 0, "GMB_LIB=%s: %s", env, dlerror());
 		return h;
 	}
 	if (dladdr(&shim_anchor, &info) && info.dli_fname && strrchr(info.dli_fname, '/')) {
@@ -217,8 +207,9 @@ static void *shim_gmb_open(void)
 	}
 	h = dlopen("libgmb.so.0", RTLD_NOW | RTLD_LOCAL);
 	if (!h)
-		shim_fail("libgmb not found next to libgmb_preload.so nor as libgmb.so.0 "
-			  "(set GMB_LIB): %s", dlerror());
+		err_fmt(shim_error, 0,
+			"libgmb not found next to libgmb_preload.so nor as libgmb.so.0 "
+			"(set GMB_LIB): %s", dlerror());
 	return h;
 }
 
@@ -368,7 +359,8 @@ SHIM_API cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream)
 	if (cap < 0)
 		return (cudaError_t)-cap;
 	if (cap) {
-		shim_fail("cudaFreeAsync of gmbd memory %p on a capturing stream", ptr);
+		err_fmt(shim_error, 0,
+			"cudaFreeAsync of gmbd memory %p on a capturing stream", ptr);
 		return cudaErrorStreamCaptureUnsupported;
 	}
 	return shim_broker_free(g, ptr);

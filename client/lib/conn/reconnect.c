@@ -21,17 +21,16 @@
  * not hold the re-announcement, and with it the application, forever).
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "client/internal.h"
+#include "client/lib/conn/reconnect.h"
+#include "common/deadline.h"
 
 #define RECONNECT_FIRST_MS 50
 #define RECONNECT_MAX_MS 2000
@@ -40,23 +39,7 @@
 #define RECONNECT_PART_BYTES (WIRE_MAX_MSG / 2)
 #define RECONNECT_RETRY 1           /* an attempt's "try again later" */
 
-/* The claim, built from the memory tables; strings and ids point into them. */
-struct reconnect_claim {
-	Gmb__RejoinTag *tags, **ptags;
-	size_t ntags;
-	Gmb__RejoinAlloc *allocs, **pallocs;
-	size_t nallocs;
-	uint64_t *held;
-	size_t nheld;
-};
-
-/* What gmbd answered: last lends to clear, handles to drop (malloc'd). */
-struct reconnect_answer {
-	uint64_t *cleared, *drop;
-	size_t ncleared, ndrop;
-};
-
-void gmb__reconnect_config(struct gmb_client *c)
+void gmb__reconnect_config(struct gmb__conn *c)
 {
 	const char *on = getenv("GMB_RECONNECT");
 	const char *wait = getenv("GMB_RECONNECT_TIMEOUT");
@@ -76,38 +59,8 @@ void gmb__reconnect_config(struct gmb_client *c)
 
 /* ---- the socket ---- */
 
-static int reconnect_socket(const char *path, int *out)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct timeval tv = { .tv_sec = RECONNECT_HANDSHAKE_S };
-	int fd, rc;
-
-	if (strlen(path) >= sizeof(sa.sun_path))
-		return -ENAMETOOLONG;
-	strcpy(sa.sun_path, path);
-	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (fd < 0)
-		return -errno;
-	/* Non-blocking: with a full backlog connect() fails (EAGAIN) instead of
-	 * hanging where gmb_close() could not reach it. */
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		rc = -errno;
-		close(fd);
-		return rc;
-	}
-	if (fcntl(fd, F_SETFL, 0) < 0 ||
-	    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
-	    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0) {
-		rc = -errno;
-		close(fd);
-		return rc;
-	}
-	*out = fd;
-	return 0;
-}
-
 /* Publishes @fd so that gmb_close() can shut it down; false when closing. */
-static bool reconnect_publish(struct gmb_client *c, int fd)
+static bool reconnect_publish(struct gmb__conn *c, int fd)
 {
 	bool ok;
 
@@ -120,18 +73,11 @@ static bool reconnect_publish(struct gmb_client *c, int fd)
 }
 
 /* Waits @ms or until gmb_close(); false when closing. */
-static bool reconnect_sleep(struct gmb_client *c, unsigned ms)
+static bool reconnect_sleep(struct gmb__conn *c, unsigned ms)
 {
-	struct timespec until;
+	struct timespec until = deadline_in_ms(ms);
 	bool closing;
 
-	clock_gettime(CLOCK_MONOTONIC, &until);
-	until.tv_sec += ms / 1000;
-	until.tv_nsec += (long)(ms % 1000) * 1000000L;
-	if (until.tv_nsec >= 1000000000L) {
-		until.tv_sec++;
-		until.tv_nsec -= 1000000000L;
-	}
 	pthread_mutex_lock(&c->lock);
 	while (!c->closing && pthread_cond_timedwait(&c->conn_cond, &c->lock, &until) != ETIMEDOUT)
 		;
@@ -141,7 +87,7 @@ static bool reconnect_sleep(struct gmb_client *c, unsigned ms)
 }
 
 /* No operation runs, or the one running is parked; none starts. */
-static bool reconnect_quiesce(struct gmb_client *c)
+static bool reconnect_quiesce(struct gmb__conn *c)
 {
 	bool ok;
 
@@ -155,7 +101,7 @@ static bool reconnect_quiesce(struct gmb_client *c)
 }
 
 /* Ends an attempt that failed: operations may run again. */
-static void reconnect_abandon(struct gmb_client *c, int fd)
+static void reconnect_abandon(struct gmb__conn *c, int fd)
 {
 	pthread_mutex_lock(&c->lock);
 	c->rejoining = false;
@@ -167,10 +113,10 @@ static void reconnect_abandon(struct gmb_client *c, int fd)
 }
 
 /* A final refusal: the client is gone, for this reason. */
-static int reconnect_refused(struct gmb_client *c, int rc, const char *fmt, const char *why)
+static int reconnect_refused(struct gmb__conn *c, int rc, const char *fmt, const char *why)
 {
 	pthread_mutex_lock(&c->lock);
-	gmb__fail(c->lost_msg, rc, fmt, why);
+	err_fmt(c->lost_msg, rc, fmt, why);
 	pthread_mutex_unlock(&c->lock);
 	return rc < 0 ? rc : -EPROTO;
 }
@@ -195,18 +141,18 @@ static int reconnect_ask(int fd, Gmb__Envelope *env, uint64_t id, Gmb__Envelope 
 }
 
 /* gmbd's devices must be the ones this client reserved its ranges for. */
-static bool reconnect_same_devices(const struct gmb_client *c, const Gmb__HelloReply *hr)
+static bool reconnect_same_devices(const struct gmb__conn *c, const Gmb__HelloReply *hr)
 {
-	if (!hr->backend || strcmp(hr->backend, c->backend_kind) != 0 ||
-	    hr->n_devices != (size_t)c->ndevices)
+	if (!hr->backend || strcmp(hr->backend, c->devs.backend_kind) != 0 ||
+	    hr->n_devices != (size_t)c->devs.ndevices)
 		return false;
 	for (size_t i = 0; i < hr->n_devices; i++)
-		if (hr->devices[i]->granularity != c->granularity[i])
+		if (hr->devices[i]->granularity != c->devs.granularity[i])
 			return false;
 	return true;
 }
 
-static int reconnect_hello(struct gmb_client *c, int fd, uint64_t *next_id)
+static int reconnect_hello(struct gmb__conn *c, int fd, uint64_t *next_id)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT, *rep = NULL;
 	Gmb__Hello hello = GMB__HELLO__INIT;
@@ -237,7 +183,7 @@ static int reconnect_hello(struct gmb_client *c, int fd, uint64_t *next_id)
 
 /* ---- the claim ---- */
 
-static void reconnect_claim_free(struct reconnect_claim *cl)
+void gmb__claim_free(struct gmb__claim *cl)
 {
 	free(cl->tags);
 	free(cl->ptags);
@@ -246,74 +192,8 @@ static void reconnect_claim_free(struct reconnect_claim *cl)
 	free(cl->held);
 }
 
-static void reconnect_claim_counts(struct gmb_client *c, size_t *ntags, size_t *nallocs)
-{
-	*ntags = *nallocs = 0;
-	for (struct gmb__tag *t = c->mem.tags; t; t = t->next) {
-		(*ntags)++;
-		*nallocs += t->nallocs;
-	}
-}
-
-static void reconnect_claim_tag(struct reconnect_claim *cl, struct gmb__tag *t)
-{
-	Gmb__RejoinTag *rt = &cl->tags[cl->ntags];
-
-	gmb__rejoin_tag__init(rt);
-	rt->name = t->name;
-	rt->mode = (Gmb__Mode)t->mode;
-	rt->paused = t->paused;
-	cl->ptags[cl->ntags++] = rt;
-	for (struct gmb__alloc *a = t->allocs; a; a = a->next) {
-		Gmb__RejoinAlloc *ra = &cl->allocs[cl->nallocs];
-
-		/* A free on its way is not claimed: gmbd lets the allocation go. */
-		if (!a->id || a->freeing)
-			continue;
-		gmb__rejoin_alloc__init(ra);
-		ra->alloc_id = a->id;
-		ra->tag = t->name;
-		ra->device = (uint32_t)a->dev;
-		ra->size = a->size;
-		ra->mapped = a->mapped;
-		ra->n_chunk_ids = a->nchunks;
-		ra->chunk_ids = a->chunk_ids;
-		cl->pallocs[cl->nallocs++] = ra;
-	}
-}
-
-/* Everything this client holds, read while every operation is still. */
-static int reconnect_claim_build(struct gmb_client *c, struct reconnect_claim *cl)
-{
-	struct gmb__handle *e;
-	size_t ntags, nallocs, it = 0;
-	uint64_t id;
-
-	*cl = (struct reconnect_claim){ 0 };
-	reconnect_claim_counts(c, &ntags, &nallocs);
-	pthread_mutex_lock(&c->lock);
-	cl->tags = calloc(ntags + 1, sizeof(*cl->tags));
-	cl->ptags = calloc(ntags + 1, sizeof(*cl->ptags));
-	cl->allocs = calloc(nallocs + 1, sizeof(*cl->allocs));
-	cl->pallocs = calloc(nallocs + 1, sizeof(*cl->pallocs));
-	cl->held = calloc(c->mem.cache.count + 1, sizeof(*cl->held));
-	if (cl->tags && cl->ptags && cl->allocs && cl->pallocs && cl->held) {
-		for (struct gmb__tag *t = c->mem.tags; t; t = t->next)
-			reconnect_claim_tag(cl, t);
-		while (idmap_next(&c->mem.cache, &it, &id, (void **)&e))
-			if (e->refs > 0)
-				cl->held[cl->nheld++] = id;
-	}
-	pthread_mutex_unlock(&c->lock);
-	if (!cl->tags || !cl->ptags || !cl->allocs || !cl->pallocs || !cl->held) {
-		reconnect_claim_free(cl);
-		return -ENOMEM;
-	}
-	return 0;
-}
-
 /* The next part from *@t, *@a, *@h on: as much as RECONNECT_PART_BYTES holds. */
-static void reconnect_part(const struct reconnect_claim *cl, size_t *t, size_t *a, size_t *h,
+static void reconnect_part(const struct gmb__claim *cl, size_t *t, size_t *a, size_t *h,
 			   Gmb__RejoinRequest *req)
 {
 	size_t bytes = 64;
@@ -358,8 +238,8 @@ static int reconnect_answer_add(uint64_t **v, size_t *n, const uint64_t *ids, si
 }
 
 /* The rest of gmbd's answer to the last part: RejoinReply parts. */
-static int reconnect_read_answer(struct gmb_client *c, int fd, Gmb__Envelope *rep, uint64_t id,
-				 struct reconnect_answer *ans)
+static int reconnect_read_answer(struct gmb__conn *c, int fd, Gmb__Envelope *rep, uint64_t id,
+				 struct gmb__claim_answer *ans)
 {
 	int fds[WIRE_MAX_FDS], nfds = 0, rc = 0;
 
@@ -391,8 +271,8 @@ static int reconnect_read_answer(struct gmb_client *c, int fd, Gmb__Envelope *re
 }
 
 /* Every part, each answered; the last one's answer into @ans. */
-static int reconnect_send_claim(struct gmb_client *c, int fd, const struct reconnect_claim *cl,
-				uint64_t *next_id, struct reconnect_answer *ans)
+static int reconnect_send_claim(struct gmb__conn *c, int fd, const struct gmb__claim *cl,
+				uint64_t *next_id, struct gmb__claim_answer *ans)
 {
 	size_t t = 0, a = 0, h = 0;
 
@@ -420,26 +300,8 @@ static int reconnect_send_claim(struct gmb_client *c, int fd, const struct recon
 	}
 }
 
-/* gmbd's answer, applied to the tables: both sides now agree. */
-static void reconnect_apply(struct gmb_client *c, const struct reconnect_answer *ans)
-{
-	struct gmb__handle *rel = NULL;
-
-	pthread_mutex_lock(&c->lock);
-	for (size_t i = 0; i < ans->ncleared; i++) {
-		struct gmb__alloc *a = idmap_get(&c->mem.by_id, ans->cleared[i]);
-
-		/* gmbd clears only unmapped ones; a mapped one keeps its lend. */
-		if (a && !a->mapped)
-			gmb__lend_clear(&c->mem, a, &rel);
-	}
-	gmb__cache_drop(&c->mem, ans->drop, ans->ndrop, &rel);
-	pthread_mutex_unlock(&c->lock);
-	gmb__release_run(c->be, rel);
-}
-
 /* The new socket becomes the client's; the old one is closed. */
-static int reconnect_commit(struct gmb_client *c, int fd, uint64_t next_id)
+static int reconnect_commit(struct gmb__conn *c, int fd, uint64_t next_id)
 {
 	struct timeval none = { 0 };
 	int old = -1;
@@ -469,14 +331,14 @@ static int reconnect_commit(struct gmb_client *c, int fd, uint64_t next_id)
 }
 
 /* One attempt: 0 (back), RECONNECT_RETRY, or a final negative errno. */
-static int reconnect_once(struct gmb_client *c)
+static int reconnect_once(struct gmb__conn *c)
 {
-	struct reconnect_answer ans = { 0 };
-	struct reconnect_claim cl;
+	struct gmb__claim_answer ans = { 0 };
+	struct gmb__claim cl;
 	uint64_t next_id;
 	int fd = -1, rc;
 
-	if (reconnect_socket(c->path, &fd) < 0)
+	if (wire_connect_timed(c->path, RECONNECT_HANDSHAKE_S, &fd) < 0)
 		return RECONNECT_RETRY;
 	if (!reconnect_publish(c, fd) || !reconnect_quiesce(c)) {
 		reconnect_abandon(c, fd);
@@ -487,13 +349,13 @@ static int reconnect_once(struct gmb_client *c)
 	pthread_mutex_unlock(&c->lock);
 	rc = reconnect_hello(c, fd, &next_id);
 	if (rc == 0)
-		rc = reconnect_claim_build(c, &cl) < 0 ? RECONNECT_RETRY : 0;
+		rc = c->cbs.claim_build(c->cbs.mem_arg, &cl) < 0 ? RECONNECT_RETRY : 0;
 	if (rc == 0) {
 		rc = reconnect_send_claim(c, fd, &cl, &next_id, &ans);
-		reconnect_claim_free(&cl);
+		gmb__claim_free(&cl);
 	}
 	if (rc == 0)
-		reconnect_apply(c, &ans);
+		c->cbs.claim_apply(c->cbs.mem_arg, &ans);
 	free(ans.cleared);
 	free(ans.drop);
 	if (rc != 0) {
@@ -503,7 +365,7 @@ static int reconnect_once(struct gmb_client *c)
 	return reconnect_commit(c, fd, next_id);
 }
 
-int gmb__reconnect(struct gmb_client *c)
+int gmb__reconnect(struct gmb__conn *c)
 {
 	unsigned delay = RECONNECT_FIRST_MS;
 

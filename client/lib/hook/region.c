@@ -15,13 +15,12 @@
  */
 #include <errno.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "client/hook.h"
+#include "client/lib/hook/hook.h"
 #include "common/err.h"
 #include "common/wire.h"
 
@@ -55,24 +54,16 @@ static const char *const region_mode_names[] = {
 
 /* Messages. */
 
-int gmb__hook_fail(int rc, const char *fmt, ...)
+char *gmb__hook_err(void)
 {
-	char msg[ERR_MSG_MAX];
-	va_list ap;
-
-	/* Formatted aside: an argument may be region_error itself. */
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	memcpy(region_error, msg, sizeof(msg));
-	return rc;
+	return region_error;
 }
 
 int gmb__hook_fail_client(int rc, const gmb_client *c, const char *what)
 {
 	const char *why = gmb_last_error(c);
 
-	return gmb__hook_fail(rc, "%s: %s", what, why && *why ? why : gmb_strerror(rc));
+	return err_fmt(region_error, rc, "%s: %s", what, why && *why ? why : gmb_strerror(rc));
 }
 
 GMB_API const char *gmb_region_last_error(void)
@@ -102,10 +93,12 @@ static int region_check_tag(const char *tag)
 	size_t n = strlen(tag);
 
 	if (n == 0)
-		return gmb__hook_fail(-EINVAL, "a region needs a non-empty tag (NULL: plain)");
+		return err_fmt(region_error, -EINVAL,
+			       "a region needs a non-empty tag (NULL: plain)");
 	if (n > WIRE_MAX_NAME)
-		return gmb__hook_fail(-ENAMETOOLONG, "region tag of %zu bytes (at most %d)", n,
-				      WIRE_MAX_NAME);
+		return err_fmt(region_error, -ENAMETOOLONG,
+			       "region tag of %zu bytes (at most %d)", n,
+			       WIRE_MAX_NAME);
 	return 0;
 }
 
@@ -144,16 +137,17 @@ GMB_API int gmb_region_begin(const char *tag, int mode)
 	int rc;
 
 	if (mode < GMB_MODE_DISCARD || mode > GMB_MODE_PRESERVE)
-		return gmb__hook_fail(-EINVAL, "unknown mode %d (want 0 discard, 1 zero, 2 preserve)",
-				      mode);
+		return err_fmt(region_error, -EINVAL,
+			       "unknown mode %d (want 0 discard, 1 zero, 2 preserve)",
+			       mode);
 	if (tag) {
 		rc = region_check_tag(tag);
 		if (rc < 0)
 			return rc;
 	}
 	if (region_depth == GMB_REGION_MAX)
-		return gmb__hook_fail(-E2BIG, "%d regions are open on this thread already",
-				      GMB_REGION_MAX);
+		return err_fmt(region_error, -E2BIG, "%d regions are open on this thread already",
+			       GMB_REGION_MAX);
 	r = &region_stack[region_depth];
 	r->plain = !tag;
 	r->mode = tag ? mode : GMB_MODE_DISCARD;
@@ -165,7 +159,7 @@ GMB_API int gmb_region_begin(const char *tag, int mode)
 GMB_API int gmb_region_end(void)
 {
 	if (region_depth == 0)
-		return gmb__hook_fail(-EINVAL, "no region is open on this thread");
+		return err_fmt(region_error, -EINVAL, "no region is open on this thread");
 	region_depth--;
 	return 0;
 }
@@ -182,7 +176,7 @@ static int region_lookup(const char **tag, int *mode)
 	}
 	pthread_once(&region_env_once, region_env_load);
 	if (region_env.err < 0)
-		return gmb__hook_fail(region_env.err, "%s", region_env.msg);
+		return err_fmt(region_error, region_env.err, "%s", region_env.msg);
 	*tag = region_env.tag;
 	*mode = region_env.mode;
 	return region_env.set;
@@ -197,8 +191,9 @@ GMB_API int gmb_region_current(char *tag, size_t cap, int *mode)
 		return rc;
 	if (tag) {
 		if (strlen(t) >= cap)
-			return gmb__hook_fail(-ENOBUFS, "region tag \"%s\" does not fit %zu bytes",
-					      t, cap);
+			return err_fmt(region_error, -ENOBUFS,
+				       "region tag \"%s\" does not fit %zu bytes",
+				       t, cap);
 		memcpy(tag, t, strlen(t) + 1);
 	}
 	if (mode)

@@ -1,0 +1,35 @@
+/*
+ * client.h - the client behind include/gmb.h's opaque gmb_client: one
+ * connection (client/lib/conn/), the memory on it (client/lib/mem/), and
+ * what the API keeps itself.
+ *
+ * Layer: the top of libgmb. api.c registers the callbacks that the
+ * connection calls up through (its own for ControlCommands, the memory
+ * layer's for imports, drops and the re-announcement, reconnect.c's for a
+ * loss), and every lower layer is reached from here only by calls down.
+ * The hooks (client/lib/hook/) sit above it and use this header.
+ */
+#ifndef GMB_CLIENT_API_CLIENT_H
+#define GMB_CLIENT_API_CLIENT_H
+
+#include "client/lib/conn/conn.h"
+#include "client/lib/mem/mem.h"
+#include "gmb.h"
+
+struct gmb_client {
+	struct gmb__conn conn;       /* first: the locks every layer shares */
+	struct gmb__mem mem;
+	/* Under conn.lock. */
+	gmb_control_fn control_fn;
+	void *control_arg;
+	char last_error[ERR_MSG_MAX];
+};
+
+/*
+ * gmb__status_device() - device @index's budget and lent bytes, from a
+ * StatusRequest. Return: 0; -ENODEV when gmbd's status lacks the device;
+ * or the request's failure, which is also gmb_last_error(@c).
+ */
+int gmb__status_device(struct gmb_client *c, uint32_t index, uint64_t *budget, uint64_t *used);
+
+#endif

@@ -1,0 +1,91 @@
+/*
+ * cache.h - libgmb's memory tables as plain data: the imported chunk
+ * handles, the allocation and tag records, and each allocation's last lend.
+ *
+ * Layer: the bottom of libgmb's memory side. cache.c takes no lock, sends
+ * nothing and calls no layer above it; it includes only common/ (idmap,
+ * err, backend for chunk_release) and the wire types. The memory layer
+ * (client/lib/mem/) owns a struct gmb__cache and calls in under the
+ * client's state lock.
+ */
+#ifndef GMB_CLIENT_CACHE_H
+#define GMB_CLIENT_CACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/backend.h"
+#include "common/err.h"
+#include "common/idmap.h"
+#include "common/wire.h"
+
+/* One imported chunk. refs = allocations of this client whose last lend has it. */
+struct gmb__handle {
+	uint64_t id;                 /* the daemon's chunk id */
+	uint64_t handle;             /* backend handle, owned by the cache */
+	uint64_t size;
+	uint32_t refs;
+	struct gmb__handle *next;    /* on a release list once out of the cache */
+};
+
+struct gmb__tag;
+
+struct gmb__alloc {
+	/* Set at malloc, then read-only until free. */
+	uint64_t id;                 /* the daemon's allocation id */
+	int dev;
+	uint64_t size;               /* granularity multiple */
+	uintptr_t va;                /* reserved for the allocation's whole life */
+	struct gmb__tag *tag;
+	/* Under the state lock: the last lend, mapping order; id 0 = dropped. */
+	uint64_t *chunk_ids;
+	uint64_t *chunk_sizes;
+	uint32_t nchunks;
+	bool freeing;                /* a FreeRequest is on its way: not re-announced */
+	/* Under op_lock. */
+	bool mapped;
+	bool saved;                  /* staging holds the bytes of the last pause */
+	bool marked;                 /* scratch: got its lend in the resume at hand */
+	void *staging;               /* PRESERVE tags: host copy, size bytes */
+	struct gmb__alloc *prev, *next; /* in the tag */
+};
+
+/* Under op_lock (the re-announcement reads them while every operation is still). */
+struct gmb__tag {
+	char name[WIRE_MAX_NAME + 1];
+	int mode;                    /* GMB_MODE_* */
+	bool paused;
+	struct gmb__alloc *allocs;
+	uint32_t nallocs;
+	struct gmb__tag *next;
+};
+
+/* The tables the reader thread touches too: all under the state lock. */
+struct gmb__cache {
+	struct idmap cache;          /* chunk id -> struct gmb__handle */
+	struct idmap by_id;          /* alloc id -> struct gmb__alloc */
+	struct idmap by_va;          /* base address -> struct gmb__alloc */
+};
+
+/* The caller holds the state lock (or owns @m alone). */
+int gmb__cache_put(struct gmb__cache *m, uint64_t id, uint64_t handle, uint64_t size,
+		   struct gmb__handle **rel);
+int gmb__lend_check(const struct gmb__cache *m, const struct gmb__alloc *a, const Gmb__Lend *l,
+		    char *err);
+int gmb__lend_set(struct gmb__cache *m, struct gmb__alloc *a, const uint64_t *ids,
+		  const uint64_t *sizes, uint32_t n, struct gmb__handle **rel);
+int gmb__cache_adopt(struct gmb__cache *m, struct gmb__alloc *a, const Gmb__Lend *l,
+		     struct gmb__handle **rel, char *err);
+void gmb__cache_forget(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel);
+void gmb__lend_clear(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel);
+void gmb__cache_drop(struct gmb__cache *m, const uint64_t *ids, size_t n,
+		     struct gmb__handle **rel);
+void gmb__cache_sweep(struct gmb__cache *m, struct gmb__handle **rel);
+void gmb__cache_clear(struct gmb__cache *m, struct gmb__handle **rel);
+int gmb__lend_handles(const struct gmb__cache *m, const struct gmb__alloc *a, uint64_t *handles,
+		      char *err);
+/* Outside the lock: release each handle with @be (may be NULL) and free the list. */
+void gmb__release_run(struct backend *be, struct gmb__handle *rel);
+
+#endif

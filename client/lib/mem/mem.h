@@ -1,0 +1,74 @@
+/*
+ * mem.h - libgmb's memory: allocations and tags (mem.c), pause and resume
+ * (cycle.c), and what this client holds as told to gmbd after a restart
+ * (rejoin.c).
+ *
+ * Layer: below the API (client/lib/api/), above the memory tables
+ * (client/lib/cache/) and the connection (client/lib/conn/), which it calls
+ * for requests and which calls back into it only through the callbacks of
+ * gmb__mem_cbs(). Includes cache.h, conn.h, reconnect.h (the claim's
+ * types) and common/.
+ *
+ * Every function runs under the connection's op_lock, except the callbacks
+ * (reader thread). The tables the reader also touches (struct gmb__cache)
+ * change under the state lock, conn->lock, as well.
+ */
+#ifndef GMB_CLIENT_MEM_H
+#define GMB_CLIENT_MEM_H
+
+#include "client/lib/cache/cache.h"
+#include "client/lib/conn/conn.h"
+#include "gmb.h"
+
+/* Devices as a bit mask: BACKEND_MAX_DEVICES is 64. */
+#define GMB__DEV_BIT(d) (1ULL << (unsigned)(d))
+
+struct gmb__mem {
+	/* Set by gmb__mem_init(): the connection below (its state lock) and gmbd's devices. */
+	struct gmb__conn *conn;
+	const struct gmb__devices *devs;
+	/* Written under op_lock and the state lock; op_lock holders read it freely. */
+	struct backend *be;          /* NULL until needed (tools never map) */
+	/* Under the state lock. */
+	struct gmb__cache tab;
+	/* Under op_lock only. */
+	struct gmb__tag *tags;
+};
+
+void gmb__mem_init(struct gmb__mem *m, struct gmb__conn *conn);
+/* The connection's import and drop callbacks (rejoin.c has the claim's). */
+void gmb__mem_cbs(struct gmb__mem *m, struct gmb__conn_cbs *cbs);
+/* gmb_close(), once the threads are gone: free every tag, allocation, handle. */
+void gmb__mem_deinit(struct gmb__mem *m);
+
+/* mem.c: the caller holds op_lock; @err gets the reason on failure. */
+int gmb__mem_backend(struct gmb__mem *m, char *err);
+/* gmbd's index of this process's device @ordinal (what the application calls it). */
+int gmb__mem_dev_index(struct gmb__mem *m, int ordinal, char *err);
+int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const char *tag,
+		    char *err);
+int gmb__mem_free(struct gmb__mem *m, void *ptr, char *err);
+int gmb__mem_set_mode(struct gmb__mem *m, const char *tag, int mode, char *err);
+struct gmb__tag *gmb__mem_tag_find(struct gmb__mem *m, const char *name);
+/* Helpers shared with cycle.c. */
+int gmb__mem_be_fail(char *err, int rc, const char *what);
+int gmb__mem_map(struct gmb__mem *m, struct gmb__alloc *a, char *err);
+int gmb__mem_unmap(struct gmb__mem *m, struct gmb__alloc *a, char *err);
+int gmb__mem_sync(struct gmb__mem *m, uint64_t dev_mask, char *err);
+int gmb__mem_staging_new(struct gmb__mem *m, struct gmb__alloc *a, char *err);
+int gmb__mem_send_pause(struct gmb__mem *m, const char *name, char *err);
+void gmb__mem_sweep(struct gmb__mem *m);
+
+/* cycle.c: the caller holds op_lock. @tag NULL or "": every tag. */
+int gmb__cycle_pause(struct gmb__mem *m, const char *tag, char *err);
+int gmb__cycle_resume(struct gmb__mem *m, const char *tag, char *err);
+/* gmb_close(), still connected: drain and unmap every active allocation. */
+void gmb__cycle_close(struct gmb__mem *m);
+
+/* rejoin.c: the callbacks of the re-announcement (reader thread, operations still). */
+struct gmb__claim;
+struct gmb__claim_answer;
+int gmb__rejoin_claim_build(void *arg, struct gmb__claim *cl);
+void gmb__rejoin_claim_apply(void *arg, const struct gmb__claim_answer *ans);
+
+#endif

@@ -1,0 +1,103 @@
+/*
+ * rejoin.c - what this client holds, as the re-announcement after a gmbd
+ * restart tells it (reconnect.c asks through the connection's callbacks),
+ * and gmbd's answer applied to the memory tables.
+ *
+ * Both run on the reader thread while every operation is still: none runs,
+ * or the one running is parked waiting for the connection, and none starts
+ * (conn->rejoining), so the tags and allocations, which change under
+ * op_lock only, hold still; the tables the reader itself changes are read
+ * under the state lock. Mappings are never touched.
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "client/lib/conn/reconnect.h"
+#include "client/lib/mem/mem.h"
+
+static void rejoin_counts(struct gmb__mem *m, size_t *ntags, size_t *nallocs)
+{
+	*ntags = *nallocs = 0;
+	for (struct gmb__tag *t = m->tags; t; t = t->next) {
+		(*ntags)++;
+		*nallocs += t->nallocs;
+	}
+}
+
+static void rejoin_claim_tag(struct gmb__claim *cl, struct gmb__tag *t)
+{
+	Gmb__RejoinTag *rt = &cl->tags[cl->ntags];
+
+	gmb__rejoin_tag__init(rt);
+	rt->name = t->name;
+	rt->mode = (Gmb__Mode)t->mode;
+	rt->paused = t->paused;
+	cl->ptags[cl->ntags++] = rt;
+	for (struct gmb__alloc *a = t->allocs; a; a = a->next) {
+		Gmb__RejoinAlloc *ra = &cl->allocs[cl->nallocs];
+
+		/* A free on its way is not claimed: gmbd lets the allocation go. */
+		if (!a->id || a->freeing)
+			continue;
+		gmb__rejoin_alloc__init(ra);
+		ra->alloc_id = a->id;
+		ra->tag = t->name;
+		ra->device = (uint32_t)a->dev;
+		ra->size = a->size;
+		ra->mapped = a->mapped;
+		ra->n_chunk_ids = a->nchunks;
+		ra->chunk_ids = a->chunk_ids;
+		cl->pallocs[cl->nallocs++] = ra;
+	}
+}
+
+/* Everything this client holds, read while every operation is still. */
+int gmb__rejoin_claim_build(void *arg, struct gmb__claim *cl)
+{
+	struct gmb__mem *m = arg;
+	struct gmb__handle *e;
+	size_t ntags, nallocs, it = 0;
+	uint64_t id;
+
+	*cl = (struct gmb__claim){ 0 };
+	rejoin_counts(m, &ntags, &nallocs);
+	pthread_mutex_lock(&m->conn->lock);
+	cl->tags = calloc(ntags + 1, sizeof(*cl->tags));
+	cl->ptags = calloc(ntags + 1, sizeof(*cl->ptags));
+	cl->allocs = calloc(nallocs + 1, sizeof(*cl->allocs));
+	cl->pallocs = calloc(nallocs + 1, sizeof(*cl->pallocs));
+	cl->held = calloc(m->tab.cache.count + 1, sizeof(*cl->held));
+	if (cl->tags && cl->ptags && cl->allocs && cl->pallocs && cl->held) {
+		for (struct gmb__tag *t = m->tags; t; t = t->next)
+			rejoin_claim_tag(cl, t);
+		while (idmap_next(&m->tab.cache, &it, &id, (void **)&e))
+			if (e->refs > 0)
+				cl->held[cl->nheld++] = id;
+	}
+	pthread_mutex_unlock(&m->conn->lock);
+	if (!cl->tags || !cl->ptags || !cl->allocs || !cl->pallocs || !cl->held) {
+		gmb__claim_free(cl);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+/* gmbd's answer, applied to the tables: both sides now agree. */
+void gmb__rejoin_claim_apply(void *arg, const struct gmb__claim_answer *ans)
+{
+	struct gmb__mem *m = arg;
+	struct gmb__handle *rel = NULL;
+
+	pthread_mutex_lock(&m->conn->lock);
+	for (size_t i = 0; i < ans->ncleared; i++) {
+		struct gmb__alloc *a = idmap_get(&m->tab.by_id, ans->cleared[i]);
+
+		/* gmbd clears only unmapped ones; a mapped one keeps its lend. */
+		if (a && !a->mapped)
+			gmb__lend_clear(&m->tab, a, &rel);
+	}
+	gmb__cache_drop(&m->tab, ans->drop, ans->ndrop, &rel);
+	pthread_mutex_unlock(&m->conn->lock);
+	gmb__release_run(m->be, rel);
+}
+
