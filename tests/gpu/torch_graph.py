@@ -15,6 +15,12 @@ Run with LD_PRELOAD=libgmb_preload.so (torch_run.sh does).
                    [--pool gmbd|ordinary] [--replays N] [--cycles K]
                    [--sdpa default|math|flash|efficient|cudnn] [--deterministic]
 
+The step's attention runs on the math backend: PyTorch's default there,
+cuDNN attention, is not deterministic for the decode call (same inputs,
+different last bits: 0.96% of the logits one bf16 ulp off), which made this
+test fail with or without any pause, in every capture mode and memory mode,
+the graph pool in ordinary memory too.
+
 "global" is torch.cuda.graph's default and what torch_memory_saver users
 get. During such a capture every thread of the process is barred from
 "unsafe" driver calls unless it set its own capture mode to relaxed; libgmb
@@ -112,7 +118,10 @@ def main():
     ap.add_argument("--no-trim", action="store_true")
     ap.add_argument("--replays", type=int, default=2, help="replays before the first pause")
     ap.add_argument("--cycles", type=int, default=1, help="pause/resume cycles, one replay each")
-    ap.add_argument("--sdpa", default="default", choices=("default", "math", "flash", "efficient", "cudnn"))
+    # PyTorch 2.11 on an H200 picks cuDNN attention for the decode step, and its
+    # output varies from run to run (graph_probe.py: 64 of 100 eager calls and 78
+    # of 100 replays differ); math (and flash) attention does not.
+    ap.add_argument("--sdpa", default="math", choices=("default", "math", "flash", "efficient", "cudnn"))
     ap.add_argument("--deterministic", action="store_true")
     args = ap.parse_args()
     cmode = args.capture_mode
