@@ -7,6 +7,7 @@
 #   tests/gpu/run.sh --only graph_survival,reclaim   some scenarios only
 #   tests/gpu/run.sh --no-torch the PyTorch scenarios (tests/gpu/torch_run.sh)
 #                               are run too unless this is given
+#   SOAK_ROUNDS=20 tests/gpu/run.sh --only soak   a shorter soak (default 200 rounds)
 #
 # Needs .gpu-deps/ and build/proto/ from tests/gpu/pack-deps.sh (carried
 # from the build machine). Starts build-gpu/gmbd --backend cuda on a socket
@@ -228,6 +229,21 @@ if [ "$DO_TORCH" = 1 ]; then
 	if [ "$DO_BENCH" = 1 ]; then
 		scenario tms_bench 960 tests/gpu/tms_suite.sh --no-build --script tests/gpu/tms_bench.py \
 			--json "$OUTDIR/tms-bench.json"
+	fi
+fi
+
+# The soak: inference, trainer and a churning process under random pauses (its own gmbd).
+# torch_run.sh built libgmb.so and the shim; SOAK_ROUNDS shortens it.
+if wanted soak; then
+	SPY=${TORCH_PYTHON:-/opt/torch/.venv/bin/python3}
+	if [ -f "$B/libgmb.so" ] && [ -f "$B/libgmb_preload.so" ] && [ -x "$SPY" ]; then
+		SOAK_GMBD_LOG=$OUTDIR/soak-gmbd.log LD_LIBRARY_PATH=$PWD/.gpu-deps/so${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+			PYTHONPATH=$PWD/client/python:$PWD/tests/gpu GMB_LIB=$PWD/$B/libgmb.so \
+			GMB_PRELOAD_LIB=$PWD/$B/libgmb_preload.so \
+			scenario soak 480 "$SPY" tests/gpu/soak.py --gmbd "$B/gmbd" --gmbctl "$B/gmbctl" \
+			--rounds "${SOAK_ROUNDS:-200}"
+	else
+		record soak FAIL "needs $B/libgmb.so and $B/libgmb_preload.so (tests/gpu/torch_run.sh) and $SPY"
 	fi
 fi
 
