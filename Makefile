@@ -37,13 +37,19 @@ LIB_LIBS := -lprotobuf-c -ldl -lpthread
 LIBS := -luv -lsystemd $(LIB_LIBS)
 TEST_LIBS := -lcriterion
 
-COMMON_SRC := common/err.c common/deadline.c common/log.c common/wire.c common/idmap.c common/size.c common/backend.c \
-	common/backend_host.c common/backend_cuda.c common/backend_cuda_contents.c
+COMMON_SRC := common/err.c common/deadline.c common/log.c common/wire.c common/idmap.c common/size.c \
+	common/backend/backend.c common/backend/host.c common/backend/cuda.c \
+	common/backend/cuda_contents.c
 PROTO_SRC := proto/gmb.pb-c.c
-DAEMON_SRC := daemon/pool.c daemon/broker.c daemon/lend.c daemon/sess.c daemon/server.c \
-	daemon/sd.c daemon/handlers.c daemon/handlers_ctl.c daemon/handlers_status.c daemon/opts.c \
-	daemon/conf.c daemon/rejoin.c daemon/state.c daemon/persist.c daemon/handlers_hello.c
-DAEMON_MAIN := daemon/main.c
+# The daemon's layers, bottom up: core, persist, handlers, transport; the
+# service (main) wires them.
+DAEMON_SRC := daemon/core/pool.c daemon/core/broker.c daemon/core/lend.c daemon/core/rejoin.c \
+	daemon/persist/state.c daemon/persist/persist.c \
+	daemon/handlers/handlers.c daemon/handlers/control.c daemon/handlers/status.c \
+	daemon/handlers/hello.c \
+	daemon/transport/sess.c daemon/transport/server.c \
+	daemon/service/sd.c daemon/service/opts.c daemon/service/conf.c
+DAEMON_MAIN := daemon/service/main.c
 LIB_SRC := client/conn.c client/cache.c client/mem.c client/cycle.c client/api.c client/status_json.c \
 	client/reconnect.c
 # Regions, the default client and the PyTorch entry points; the LD_PRELOAD

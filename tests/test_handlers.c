@@ -22,13 +22,13 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "common/backend.h"
+#include "common/backend/backend.h"
 #include "common/log.h"
 #include "common/wire.h"
-#include "daemon/broker.h"
-#include "daemon/handlers.h"
-#include "daemon/server.h"
-#include "daemon/sess.h"
+#include "daemon/core/broker.h"
+#include "daemon/handlers/handlers.h"
+#include "daemon/transport/server.h"
+#include "daemon/transport/sess.h"
 
 #define GiB (1ULL << 30)
 #define MiB (1ULL << 20)

@@ -1,5 +1,5 @@
 /*
- * test_opts.c - gmbd's command line (daemon/opts.c): defaults, sizes with
+ * test_opts.c - gmbd's command line (daemon/service/opts.c): defaults, sizes with
  * every suffix, overflow, bad values and options, and that --help lists
  * every option with its default.
  */
@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "daemon/opts.h"
+#include "daemon/service/opts.h"
 
 #define KiB (1ULL << 10)
 #define MiB (1ULL << 20)

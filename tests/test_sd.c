@@ -26,7 +26,7 @@
 
 #include "common/log.h"
 #include "common/wire.h"
-#include "daemon/opts.h"
+#include "daemon/service/opts.h"
 #include "gmb.h"
 #include "tests/util.h"
 
