@@ -38,8 +38,8 @@ LIBS := -luv -lsystemd $(LIB_LIBS)
 TEST_LIBS := -lcriterion
 
 COMMON_SRC := common/err.c common/deadline.c common/log.c common/wire.c common/idmap.c common/size.c \
-	common/backend/backend.c common/backend/host.c common/backend/cuda.c \
-	common/backend/cuda_contents.c
+	common/backend/error.c common/backend/open.c common/backend/host.c common/backend/cuda.c \
+	common/backend/cuda_error.c common/backend/cuda_contents.c
 PROTO_SRC := proto/gmb.pb-c.c
 # The daemon's layers, bottom up: core, persist, handlers, transport; the
 # service (main) wires them.

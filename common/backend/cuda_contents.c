@@ -7,7 +7,7 @@
  * on the calling thread only for the call, so an application thread keeps
  * its own current context and the library's threads keep none.
  */
-#include "common/backend/cuda_priv.h"
+#include "common/backend/libcuda.h"
 
 /* The device's primary context, retained once (~500 MiB unless the app has it). */
 static int cuda_dev_ctx(struct cuda_priv *c, int dev, CUcontext *ctx)

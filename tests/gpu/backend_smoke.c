@@ -8,8 +8,8 @@
  *
  * Build (on the GPU machine; no Criterion, no libcuda at link time):
  *   gcc -std=gnu11 -O2 -D_GNU_SOURCE -I. -Iinclude -I/usr/local/cuda/include \
- *       tests/gpu/backend_smoke.c common/backend/cuda.c common/backend/backend.c \
- *       common/backend/host.c common/idmap.c common/log.c \
+ *       tests/gpu/backend_smoke.c common/backend/*.c common/err.c \
+ *       common/idmap.c common/log.c \
  *       -o build/backend_smoke -ldl -lpthread
  * Run: build/backend_smoke. One PASS/FAIL/INFO line per check; exit status
  * 0 when every check passed, 1 otherwise.

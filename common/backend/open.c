@@ -1,41 +1,12 @@
 /*
- * backend.c - choosing a memory backend, and the per-thread reason of the
- * last backend failure.
- *
- * Invariants: backend_last_error() is the calling thread's own buffer, so
- * threads of a client library never see each other's reasons; it is only
- * written on failure (and, by "auto", to say why cuda was passed over), so
- * it stays meaningful until the thread's next failure.
+ * open.c - choosing a memory backend: the one file that knows every
+ * implementation (host.c, cuda.c). The implementations never call it; the
+ * reason of a failure goes through error.c.
  */
 #include <errno.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "common/backend/backend.h"
-#include "common/err.h"
-
-static __thread char backend_err[ERR_MSG_MAX];
-
-const char *backend_last_error(void)
-{
-	return backend_err;
-}
-
-int backend_fail(int err, const char *fmt, ...)
-{
-	/* Formatted aside first: callers may pass backend_last_error() as an argument. */
-	char msg[ERR_MSG_MAX];
-	int saved_errno = errno;
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	memcpy(backend_err, msg, sizeof(msg));
-	errno = saved_errno;
-	return err;
-}
 
 /* "auto": cuda when a driver and a GPU answer, else host with cuda's reason kept. */
 static int backend_open_auto(const struct backend_host_opts *host, struct backend **out)

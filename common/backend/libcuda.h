@@ -1,11 +1,13 @@
 /*
- * cuda_priv.h - what the two halves of the cuda backend share:
- * cuda.c (loading the driver, devices, physical memory, VA ranges)
- * and cuda_contents.c (contexts, streams, copies, host memory).
+ * libcuda.h - what the parts of the cuda backend share (the driver's
+ * entry points loaded from libcuda, the backend's state): cuda.c (loading
+ * the driver, devices, physical memory, VA ranges), cuda_contents.c
+ * (contexts, streams, copies, host memory) and cuda_error.c (failure
+ * sentences, device checks; called by both, calls neither).
  * Private to them; see cuda.c for the invariants.
  */
-#ifndef GMB_BACKEND_CUDA_PRIV_H
-#define GMB_BACKEND_CUDA_PRIV_H
+#ifndef GMB_BACKEND_LIBCUDA_H
+#define GMB_BACKEND_LIBCUDA_H
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -127,10 +129,13 @@ struct cuda_priv {
 		r_;                                                                       \
 	})
 
-/* Records "cuda backend: CALL: NAME (sentence) FACTS"; returns the errno for @r. */
+/* cuda_error.c. Records "cuda backend: CALL: NAME (sentence) FACTS"; returns the errno for @r. */
 int cuda__fail(struct cuda_priv *c, CUresult r, const char *call, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 int cuda__check_dev(struct cuda_priv *c, const char *op, int dev);
+/* The driver's name and sentence for @r (@num holds a number when it has none). */
+void cuda__err_text(struct cuda_priv *c, CUresult r, const char **name, const char **text,
+		    char num[static 24]);
 
 /* cuda_contents.c: the backend_ops that need a context. */
 int cuda__sync(struct backend *b, int dev);
