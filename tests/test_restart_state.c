@@ -18,7 +18,7 @@
 #include "common/backend/backend.h"
 #include "common/err.h"
 #include "common/log.h"
-#include "daemon/core/broker.h"
+#include "daemon/core/broker_internal.h"
 #include "daemon/persist/persist.h"
 #include "daemon/persist/state.h"
 #include "gmb.h"

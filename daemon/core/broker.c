@@ -12,7 +12,7 @@
  *   - c->drops is only a buffer of broker_flush_drops(): empty between calls.
  */
 #include "common/list.h"
-#include "daemon/core/broker.h"
+#include "daemon/core/broker_internal.h"
 
 #include <errno.h>
 #include <grp.h>
@@ -20,37 +20,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/err.h"
 #include "common/log.h"
 #include "gmb.h"
 
 #define BROKER_DEFAULT_MAX_CHUNK (1ULL << 30)
-
-int broker__fail(char *err, int rc, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err)
-		return rc;
-	va_start(ap, fmt);
-	vsnprintf(err, ERR_MSG_MAX, fmt, ap);
-	va_end(ap);
-	return rc;
-}
-
-void broker__msg_add(char *err, const char *fmt, ...)
-{
-	size_t off;
-	va_list ap;
-
-	if (!err)
-		return;
-	off = strnlen(err, ERR_MSG_MAX - 1);
-	va_start(ap, fmt);
-	vsnprintf(err + off, ERR_MSG_MAX - off, fmt, ap);
-	va_end(ap);
-}
 
 /* The default budget leaves @reserve to processes that do not use the broker. */
 static uint64_t broker_budget(const struct backend *b, const struct broker_opts *o, int dev)
@@ -236,7 +212,7 @@ static bool broker_parse_u64(const char *s, uint64_t *v)
 	return true;
 }
 
-static struct bclient *broker_client_by_id(struct broker *br, uint64_t id)
+struct bclient *broker_client_get(struct broker *br, uint64_t id)
 {
 	for (struct bclient *c = br->clients; c; c = c->next)
 		if (c->id == id && !c->tool)
@@ -252,9 +228,9 @@ struct bclient *broker_client_find(struct broker *br, const char *selector)
 	if (!br || !selector || !*selector)
 		return NULL;
 	if (selector[0] == '#')
-		return broker_parse_u64(selector + 1, &v) ? broker_client_by_id(br, v) : NULL;
+		return broker_parse_u64(selector + 1, &v) ? broker_client_get(br, v) : NULL;
 	if (broker_parse_u64(selector, &v)) {
-		if ((c = broker_client_by_id(br, v)))
+		if ((c = broker_client_get(br, v)))
 			return c;
 		for (c = br->clients; c; c = c->next)
 			if (!c->tool && (uint64_t)c->pid == v)
@@ -273,6 +249,39 @@ struct bclient *broker_client_find(struct broker *br, const char *selector)
 
 /* ---- tags ---- */
 
+void broker__tag_link(struct btag *t, struct balloc *a)
+{
+	DLIST_PUSH(t->allocs, a);
+	t->nallocs++;
+	t->bytes += a->size;
+}
+
+static void broker_tag_unlink(struct btag *t, struct balloc *a)
+{
+	DLIST_UNLINK(t->allocs, a);
+	t->nallocs--;
+	t->bytes -= a->size;
+}
+
+void broker__alloc_destroy(struct broker *br, struct bclient *c, struct balloc *a)
+{
+	struct pool *p = &br->pools[a->dev];
+
+	for (uint32_t i = 0; i < a->nchunks; i++) {
+		struct chunk *ch = a->chunks[i];
+
+		if (!ch)
+			continue;
+		if (a->active)
+			pool_put(p, ch);
+		pool_unhold(p, ch, c, false);
+	}
+	broker_tag_unlink(a->tag, a);
+	idmap_del(&c->allocs, a->id);
+	free(a->chunks);
+	free(a);
+}
+
 struct btag *broker__tag_find(const struct bclient *c, const char *name)
 {
 	for (struct btag *t = c->tags; t; t = t->next)
@@ -289,20 +298,20 @@ int broker__tag_get(struct bclient *c, const char *name, struct btag **out, bool
 
 	*created = false;
 	if (len == 0)
-		return broker__fail(err, -EINVAL, "empty tag");
+		return err_fmt(err, -EINVAL, "empty tag");
 	if (len > WIRE_MAX_NAME)
-		return broker__fail(err, -EINVAL, "tag is longer than %d bytes", WIRE_MAX_NAME);
+		return err_fmt(err, -EINVAL, "tag is longer than %d bytes", WIRE_MAX_NAME);
 	t = broker__tag_find(c, name);
 	if (t) {
 		*out = t;
 		return 0;
 	}
 	if (c->ntags >= BROKER_MAX_TAGS)
-		return broker__fail(err, -ENOSPC, "client '%s' already has %d tags, the limit",
+		return err_fmt(err, -ENOSPC, "client '%s' already has %d tags, the limit",
 				    c->name, BROKER_MAX_TAGS);
 	t = calloc(1, sizeof(*t));
 	if (!t)
-		return broker__fail(err, -ENOMEM, "out of memory creating tag '%s'", name);
+		return err_fmt(err, -ENOMEM, "out of memory creating tag '%s'", name);
 	memcpy(t->name, name, len + 1);
 	t->mode = GMB_MODE_DISCARD;
 	t->client = c;
@@ -335,7 +344,7 @@ int broker_set_mode(struct broker *br, struct bclient *c, const char *tag, int m
 	int rc;
 
 	if (mode < GMB_MODE_DISCARD || mode > GMB_MODE_PRESERVE)
-		return broker__fail(err, -EINVAL, "mode %d is not discard (0), zero (1) or preserve (2)",
+		return err_fmt(err, -EINVAL, "mode %d is not discard (0), zero (1) or preserve (2)",
 				    mode);
 	rc = broker__tag_get(c, tag, &t, &created, err);
 	if (rc < 0)
@@ -351,7 +360,7 @@ int broker_trim(struct broker *br, int dev, uint64_t *released, uint64_t *pendin
 	uint64_t rel = 0, pend = 0;
 
 	if (dev < -1 || dev >= br->ndevices)
-		return broker__fail(err, -ENODEV, "device %d does not exist (%d devices)", dev,
+		return err_fmt(err, -ENODEV, "device %d does not exist (%d devices)", dev,
 				    br->ndevices);
 	for (int d = 0; d < br->ndevices; d++)
 		if (dev == -1 || d == dev)
@@ -473,17 +482,17 @@ static void broker_needs(const struct broker *br, const struct bclient *target, 
 	struct group grp, *res = NULL;
 	char buf[1024];
 
-	broker__msg_add(err, "needs root");
+	err_append(err, "needs root");
 	if (target)
-		broker__msg_add(err, ", uid %u", (unsigned)target->uid);
+		err_append(err, ", uid %u", (unsigned)target->uid);
 	if (br->opts.daemon_uid != 0 && (!target || target->uid != br->opts.daemon_uid))
-		broker__msg_add(err, ", uid %u (gmbd's)", (unsigned)br->opts.daemon_uid);
+		err_append(err, ", uid %u (gmbd's)", (unsigned)br->opts.daemon_uid);
 	if (!br->opts.have_admin_gid)
 		return;
 	if (getgrgid_r(br->opts.admin_gid, &grp, buf, sizeof(buf), &res) == 0 && res)
-		broker__msg_add(err, " or group '%s'", res->gr_name);
+		err_append(err, " or group '%s'", res->gr_name);
 	else
-		broker__msg_add(err, " or group %u", (unsigned)br->opts.admin_gid);
+		err_append(err, " or group %u", (unsigned)br->opts.admin_gid);
 }
 
 int broker_may_control(const struct broker *br, const struct bclient *actor,
@@ -495,10 +504,10 @@ int broker_may_control(const struct broker *br, const struct bclient *actor,
 	    broker_in_admin_group(br, actor))
 		return 0;
 	if (target)
-		broker__fail(err, -EPERM, "client '%s' (uid %u) may not control '%s' (uid %u): ",
+		err_fmt(err, -EPERM, "client '%s' (uid %u) may not control '%s' (uid %u): ",
 			     actor->name, (unsigned)uid, target->name, (unsigned)target->uid);
 	else
-		broker__fail(err, -EPERM, "client '%s' (uid %u) may not trim the pools: ",
+		err_fmt(err, -EPERM, "client '%s' (uid %u) may not trim the pools: ",
 			     actor->name, (unsigned)uid);
 	broker_needs(br, target, err);
 	return -EPERM;
@@ -511,4 +520,41 @@ void broker_result_deinit(struct broker_result *r)
 	free(r->allocs);
 	free(r->send);
 	*r = (struct broker_result)BROKER_RESULT_INIT;
+}
+
+void broker_client_usage(const struct bclient *c, const char *tag, uint64_t *bytes,
+			 uint64_t *chunks)
+{
+	*bytes = *chunks = 0;
+	for (const struct btag *t = c->tags; t; t = t->next) {
+		if (tag[0] && strcmp(t->name, tag) != 0)
+			continue;
+		for (const struct balloc *a = t->allocs; a; a = a->next) {
+			if (!a->active)
+				continue;
+			*bytes += a->size;
+			*chunks += a->nchunks;
+		}
+	}
+}
+
+int broker_export_fds(struct broker *br, const uint64_t *ids, size_t n, int *fds)
+{
+	struct backend *be = br->backend;
+	size_t i;
+	int r;
+
+	for (i = 0; i < n; i++) {
+		struct chunk *ch = idmap_get(&br->chunks, ids[i]);
+
+		r = ch ? be->ops->chunk_export(be, ch->handle, &fds[i]) : -ENOENT;
+		if (r < 0)
+			goto err_close_fds;
+	}
+	return 0;
+
+err_close_fds:
+	while (i > 0)
+		close(fds[--i]);
+	return r;
 }

@@ -1,8 +1,9 @@
 /*
  * broker.h - gmbd's core: clients, tags, allocations and budgets over the
- * per-device pools. No socket and no protobuf type in here: the handlers
- * (daemon/handlers/handlers.c) decode requests, call these functions and encode what
- * comes back.
+ * per-device pools. No socket, no loop and no protobuf type in here: the
+ * handlers (daemon/handlers/) decode requests, call these functions and
+ * encode what comes back, and keep their own map from client to
+ * connection. Internals shared by the core's files: broker_internal.h.
  *
  * State: devices -> pool (chunks) <- allocations <- tags <- clients.
  * An allocation's chunks[] is its last lend: while it is active these chunks
@@ -11,7 +12,7 @@
  * until a new lend replaces the list or a drop clears entries (NULL).
  *
  * Drops the core decides on (trim, keep limit, another uid needing memory)
- * are queued per client; the transport sends them as DropRequests after
+ * are queued per client; the handlers send them as DropRequests after
  * each operation (broker_flush_drops) and reports acks (broker_dropped).
  */
 #ifndef GMB_BROKER_H
@@ -77,13 +78,11 @@ struct bclient {
 	/* Restored from a previous gmbd and not back yet (daemon/core/rejoin.c):
 	 * its memory stays counted and lent until it rejoins or is reclaimed. */
 	bool orphan;
-	void *rejoiner;            /* the session rejoining as it, if any */
 	struct btag *tags;
 	uint32_t ntags;
 	struct idmap allocs;       /* id -> balloc */
 	uint64_t *drops;           /* chunk ids to ask the client to drop */
 	size_t ndrops, cap_drops;
-	void *transport;           /* the session, owned by the transport */
 	struct bclient *prev, *next;
 };
 
@@ -128,8 +127,21 @@ int broker_client_add(struct broker *br, const struct broker_peer *peer, const c
 		      bool control, bool tool, struct bclient **out);
 /* Everything the client had goes back to the pools; @c is freed. */
 void broker_client_remove(struct broker *br, struct bclient *c);
+/* The client (not a tool) of id @id; NULL if none. */
+struct bclient *broker_client_get(struct broker *br, uint64_t id);
 /* By id ("#12" or "12"), then pid, then name; NULL if none or ambiguous. */
 struct bclient *broker_client_find(struct broker *br, const char *selector);
+
+/**
+ * broker_export_fds() - new fds for @n chunk ids, owned by the caller
+ * (close them after sending). On failure none are left open.
+ * Return: 0, -ENOENT for an unknown chunk, or the backend's error.
+ */
+int broker_export_fds(struct broker *br, const uint64_t *ids, size_t n, int *fds);
+
+/* Bytes and chunks lent to @c's active allocations in @tag ("": all). */
+void broker_client_usage(const struct bclient *c, const char *tag, uint64_t *bytes,
+			 uint64_t *chunks);
 
 /*
  * The operations. @err (ERR_MSG_MAX bytes, may be NULL) gets a sentence on
@@ -206,6 +218,9 @@ struct broker_rejoin_result {
 /* A client with its old @id, as an orphan; @name copied. */
 int broker_restore_client(struct broker *br, const struct broker_peer *peer, uint64_t id,
 			  const char *name, bool control, struct bclient **out);
+/* Tag @name of restored @c, as it was; *@out stays @c's. -EINVAL, -ENOSPC. */
+int broker_restore_tag(struct bclient *c, const char *name, int mode, bool paused,
+		       struct btag **out);
 /**
  * broker_restore_alloc() - an allocation of @t as it was: @chunks (NULL
  * entries: dropped) become its last lend, held by the client, and lent to
@@ -229,28 +244,7 @@ int broker_rejoin(struct broker *br, struct bclient *c, const struct broker_clai
 void broker_rejoin_result_deinit(struct broker_rejoin_result *res);
 /* Clients restored and not back yet. */
 uint32_t broker_orphans(const struct broker *br);
-
-
-/*
- * Internals shared by daemon/core/broker.c (clients, tags, drops, control) and
- * daemon/core/lend.c (allocations, pause, resume); nothing else calls them.
- */
-struct btag *broker__tag_find(const struct bclient *c, const char *name);
-/* Finds or creates @name (checked: non-empty, <= WIRE_MAX_NAME, tag limit);
- * *@created says whether the caller must broker__tag_remove() it on failure. */
-int broker__tag_get(struct bclient *c, const char *name, struct btag **out, bool *created,
-		    char *err);
-void broker__tag_remove(struct bclient *c, struct btag *t);
-/* Links @a first in @t's list and counts it. */
-void broker__tag_link(struct btag *t, struct balloc *a);
-/* Chunks back to the pool, holds removed, unlinked and freed; no shrink. */
-void broker__alloc_destroy(struct broker *br, struct bclient *c, struct balloc *a);
-/* err: why pool_take() failed with @rc, naming who holds @dev's memory. */
-void broker__take_error(const struct broker *br, int dev, int rc, const struct pool_take *t,
-			char *err);
-/* Writes @err (may be NULL) and returns @rc. */
-int broker__fail(char *err, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* Appends to a message of ERR_MSG_MAX bytes, truncating at the end. */
-void broker__msg_add(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Orphan @c will not be back (@why, logged): its memory returns; @c is freed. */
+void broker_reclaim(struct broker *br, struct bclient *c, const char *why);
 
 #endif

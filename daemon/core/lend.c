@@ -14,11 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/list.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/size.h"
-#include "daemon/core/broker.h"
+#include "daemon/core/broker_internal.h"
 
 /* One allocation's progress through a request, for commit or rollback. */
 struct lend_step {
@@ -54,13 +53,13 @@ static void lend_msg_holders(const struct broker *br, int dev, char *err)
 
 		if (n == 0)
 			continue;
-		broker__msg_add(err, "%s%s (pid %d, uid %u) %s", sep, c->name, (int)c->pid,
+		err_append(err, "%s%s (pid %d, uid %u) %s", sep, c->name, (int)c->pid,
 				(unsigned)c->uid, size_str(n, b));
 		sep = ", ";
 	}
-	broker__msg_add(err, "; free in pool %s", size_str(p->free_bytes, b));
+	err_append(err, "; free in pool %s", size_str(p->free_bytes, b));
 	if (p->pending_bytes)
-		broker__msg_add(err, "; %s waiting for clients to drop handles",
+		err_append(err, "; %s waiting for clients to drop handles",
 				size_str(p->pending_bytes, b));
 }
 
@@ -71,19 +70,19 @@ void broker__take_error(const struct broker *br, int dev, int rc, const struct p
 	char b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
 
 	if (rc == -ENOMEM && t->shortfall) {
-		broker__msg_add(err, "device %d: budget %s exhausted: need %s more", dev,
+		err_append(err, "device %d: budget %s exhausted: need %s more", dev,
 				size_str(p->budget, b1),
 				size_str(t->shortfall, b2));
 		lend_msg_holders(br, dev, err);
 	} else if (rc == -ENOMEM) {
 		/* The driver (or malloc) said no before the budget did. */
-		broker__msg_add(err, "device %d: out of memory creating chunks", dev);
+		err_append(err, "device %d: out of memory creating chunks", dev);
 		lend_msg_holders(br, dev, err);
 	} else if (rc == -EAGAIN) {
-		broker__msg_add(err, "device %d: waiting for clients to drop handles to %s", dev,
+		err_append(err, "device %d: waiting for clients to drop handles to %s", dev,
 				size_str(p->pending_bytes, b1));
 	} else {
-		broker__msg_add(err, "device %d: creating a chunk failed: %s", dev,
+		err_append(err, "device %d: creating a chunk failed: %s", dev,
 				backend_last_error());
 	}
 }
@@ -147,41 +146,8 @@ static int lend_acquire(struct broker *br, struct bclient *c, struct lend_step *
 
 err_unacquire:
 	lend_unacquire(br, c, s);
-	broker__msg_add(err, "out of memory recording chunk holders");
+	err_append(err, "out of memory recording chunk holders");
 	return rc;
-}
-
-void broker__tag_link(struct btag *t, struct balloc *a)
-{
-	DLIST_PUSH(t->allocs, a);
-	t->nallocs++;
-	t->bytes += a->size;
-}
-
-static void lend_tag_unlink(struct btag *t, struct balloc *a)
-{
-	DLIST_UNLINK(t->allocs, a);
-	t->nallocs--;
-	t->bytes -= a->size;
-}
-
-void broker__alloc_destroy(struct broker *br, struct bclient *c, struct balloc *a)
-{
-	struct pool *p = &br->pools[a->dev];
-
-	for (uint32_t i = 0; i < a->nchunks; i++) {
-		struct chunk *ch = a->chunks[i];
-
-		if (!ch)
-			continue;
-		if (a->active)
-			pool_put(p, ch);
-		pool_unhold(p, ch, c, false);
-	}
-	lend_tag_unlink(a->tag, a);
-	idmap_del(&c->allocs, a->id);
-	free(a->chunks);
-	free(a);
 }
 
 /* ---- alloc and free ---- */
@@ -192,16 +158,16 @@ static int lend_check_alloc(const struct broker *br, const struct bclient *c, in
 	char b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
 
 	if (dev < 0 || dev >= br->ndevices)
-		return broker__fail(err, -ENODEV, "device %d does not exist (%d devices)", dev,
+		return err_fmt(err, -ENODEV, "device %d does not exist (%d devices)", dev,
 				    br->ndevices);
 	if (size == 0)
-		return broker__fail(err, -EINVAL, "allocation size must be positive");
+		return err_fmt(err, -EINVAL, "allocation size must be positive");
 	if (size > br->pools[dev].budget)
-		return broker__fail(err, -ENOMEM, "allocation of %s exceeds device %d's budget of %s",
+		return err_fmt(err, -ENOMEM, "allocation of %s exceeds device %d's budget of %s",
 				    size_str(size, b1), dev,
 				    size_str(br->pools[dev].budget, b2));
 	if (c->allocs.count >= BROKER_MAX_ALLOCS)
-		return broker__fail(err, -ENOSPC, "client '%s' already has %d allocations, the limit",
+		return err_fmt(err, -ENOSPC, "client '%s' already has %d allocations, the limit",
 				    c->name, BROKER_MAX_ALLOCS);
 	return 0;
 }
@@ -223,26 +189,26 @@ int broker_alloc(struct broker *br, struct bclient *c, int dev, uint64_t size, c
 	if (rc < 0)
 		return rc;
 	if (t->paused) {
-		rc = broker__fail(err, -EBUSY, "tag '%s' is paused: resume it before allocating in it",
+		rc = err_fmt(err, -EBUSY, "tag '%s' is paused: resume it before allocating in it",
 				  t->name);
 		goto err_tag;
 	}
 	s.a = calloc(1, sizeof(*s.a));
 	res->allocs = malloc(sizeof(*res->allocs));
 	if (!s.a || !res->allocs) {
-		rc = broker__fail(err, -ENOMEM, "out of memory recording an allocation");
+		rc = err_fmt(err, -ENOMEM, "out of memory recording an allocation");
 		goto err_mem;
 	}
 	*s.a = (struct balloc){ .id = br->next_alloc_id++, .dev = dev, .tag = t,
 				.size = backend_round_up(size, br->pools[dev].granularity) };
-	broker__fail(err, 0, "cannot allocate %s in tag '%s': ",
+	err_fmt(err, 0, "cannot allocate %s in tag '%s': ",
 		     size_str(s.a->size, b), t->name);
 	rc = lend_acquire(br, c, &s, res, err);
 	if (rc < 0)
 		goto err_mem;
 	rc = idmap_put(&c->allocs, s.a->id, s.a);
 	if (rc < 0) {
-		broker__msg_add(err, "out of memory recording it");
+		err_append(err, "out of memory recording it");
 		goto err_acquire;
 	}
 	s.a->chunks = s.t.chunks;
@@ -275,7 +241,7 @@ int broker_free_alloc(struct broker *br, struct bclient *c, uint64_t alloc_id, c
 	int dev;
 
 	if (!a)
-		return broker__fail(err, -ENOENT, "allocation %llu does not exist",
+		return err_fmt(err, -ENOENT, "allocation %llu does not exist",
 				    (unsigned long long)alloc_id);
 	dev = a->dev;
 	log_debug("free client=%s id=%llu dev=%d size=%llu", c->name,
@@ -312,7 +278,7 @@ int broker_pause(struct broker *br, struct bclient *c, const char *tag, char *er
 	if (tag && *tag) {
 		t = broker__tag_find(c, tag);
 		if (!t)
-			return broker__fail(err, -ENOENT, "client '%s' has no tag '%s'", c->name, tag);
+			return err_fmt(err, -ENOENT, "client '%s' has no tag '%s'", c->name, tag);
 		lend_pause_tag(br, t, &touched);
 	} else {
 		for (t = c->tags; t; t = t->next)
@@ -431,7 +397,7 @@ int broker_resume(struct broker *br, struct bclient *c, const char *tag,
 	if (tag && *tag) {
 		only = broker__tag_find(c, tag);
 		if (!only)
-			return broker__fail(err, -ENOENT, "client '%s' has no tag '%s'", c->name, tag);
+			return err_fmt(err, -ENOENT, "client '%s' has no tag '%s'", c->name, tag);
 		if (!only->paused)
 			return 0;
 	}
@@ -440,14 +406,14 @@ int broker_resume(struct broker *br, struct bclient *c, const char *tag,
 		steps = calloc(n, sizeof(*steps));
 		res->allocs = malloc(n * sizeof(*res->allocs));
 		if (!steps || !res->allocs) {
-			rc = broker__fail(err, -ENOMEM, "out of memory resuming %zu allocations", n);
+			rc = err_fmt(err, -ENOMEM, "out of memory resuming %zu allocations", n);
 			goto err_mem;
 		}
 		lend_collect(c, only, steps);
 		if (only)
-			broker__fail(err, 0, "cannot resume tag '%s' of '%s': ", only->name, c->name);
+			err_fmt(err, 0, "cannot resume tag '%s' of '%s': ", only->name, c->name);
 		else
-			broker__fail(err, 0, "cannot resume the tags of '%s': ", c->name);
+			err_fmt(err, 0, "cannot resume the tags of '%s': ", c->name);
 		rc = lend_resume_steps(br, c, steps, n, res, err);
 		if (rc < 0)
 			goto err_mem;

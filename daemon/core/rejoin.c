@@ -18,12 +18,14 @@
  * that (creating tags the record lacks) is undone.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/err.h"
 #include "common/log.h"
-#include "daemon/core/broker.h"
+#include "common/size.h"
+#include "daemon/core/broker_internal.h"
 #include "gmb.h"
 
 /* ---- restore ---- */
@@ -60,6 +62,19 @@ static bool rejoin_restore_can_lend(const struct balloc *a)
 			return false;
 	}
 	return true;
+}
+
+int broker_restore_tag(struct bclient *c, const char *name, int mode, bool paused,
+		       struct btag **out)
+{
+	bool created;
+	int rc = broker__tag_get(c, name, out, &created, NULL);
+
+	if (rc < 0)
+		return rc;
+	(*out)->mode = mode;
+	(*out)->paused = paused;
+	return 0;
 }
 
 int broker_restore_alloc(struct broker *br, struct bclient *c, struct btag *t, uint64_t id,
@@ -140,17 +155,17 @@ static int rejoin_check_tags(struct rejoin *rj)
 	const struct broker_claim *cl = rj->cl;
 
 	if (cl->ntags > BROKER_MAX_TAGS)
-		return broker__fail(rj->err, -EPROTO, "claims %zu tags (at most %d)", cl->ntags,
+		return err_fmt(rj->err, -EPROTO, "claims %zu tags (at most %d)", cl->ntags,
 				    BROKER_MAX_TAGS);
 	for (size_t i = 0; i < cl->ntags; i++) {
 		const struct broker_claim_tag *t = &cl->tags[i];
 
 		if (!t->name[0] || strlen(t->name) > WIRE_MAX_NAME ||
 		    t->mode < GMB_MODE_DISCARD || t->mode > GMB_MODE_PRESERVE)
-			return broker__fail(rj->err, -EPROTO, "claims a tag without a valid name"
+			return err_fmt(rj->err, -EPROTO, "claims a tag without a valid name"
 					    " or mode");
 		if (rejoin_claim_tag(cl, t->name) != t)
-			return broker__fail(rj->err, -EPROTO, "claims tag '%s' twice", t->name);
+			return err_fmt(rj->err, -EPROTO, "claims tag '%s' twice", t->name);
 	}
 	return 0;
 }
@@ -160,24 +175,24 @@ static int rejoin_check_mapped(struct rejoin *rj, const struct balloc *a,
 			       const struct broker_claim_alloc *ca)
 {
 	if (!rejoin_same_lend(a, ca))
-		return broker__fail(rj->err, -EPERM, "maps allocation %llu over chunks gmbd did"
+		return err_fmt(rj->err, -EPERM, "maps allocation %llu over chunks gmbd did"
 				    " not lend it", (unsigned long long)a->id);
 	for (uint32_t i = 0; i < a->nchunks; i++) {
 		struct chunk *ch = a->chunks[i];
 		int rc;
 
 		if (!ch)
-			return broker__fail(rj->err, -EPROTO, "maps allocation %llu with a dropped"
+			return err_fmt(rj->err, -EPROTO, "maps allocation %llu with a dropped"
 					    " chunk", (unsigned long long)a->id);
 		if (ch->lent_to != a && !ch->free)
-			return broker__fail(rj->err, -EPERM, "maps chunk %llu, which gmbd lent to"
+			return err_fmt(rj->err, -EPERM, "maps chunk %llu, which gmbd lent to"
 					    " another allocation", (unsigned long long)ch->id);
 		if (idmap_get(&rj->mapped, ch->id))
-			return broker__fail(rj->err, -EPERM, "maps chunk %llu twice",
+			return err_fmt(rj->err, -EPERM, "maps chunk %llu twice",
 					    (unsigned long long)ch->id);
 		rc = idmap_put(&rj->mapped, ch->id, ch);
 		if (rc < 0)
-			return broker__fail(rj->err, rc, "out of memory checking the claim");
+			return err_fmt(rj->err, rc, "out of memory checking the claim");
 	}
 	return 0;
 }
@@ -189,26 +204,26 @@ static int rejoin_check_alloc(struct rejoin *rj, const struct broker_claim_alloc
 	int rc;
 
 	if (!ct)
-		return broker__fail(rj->err, -EPROTO, "claims allocation %llu in tag '%s', which"
+		return err_fmt(rj->err, -EPROTO, "claims allocation %llu in tag '%s', which"
 				    " it does not claim", (unsigned long long)ca->id, ca->tag);
 	if (ca->mapped && ct->paused)
-		return broker__fail(rj->err, -EPROTO, "maps allocation %llu of paused tag '%s'",
+		return err_fmt(rj->err, -EPROTO, "maps allocation %llu of paused tag '%s'",
 				    (unsigned long long)ca->id, ca->tag);
 	if (!a)
-		return broker__fail(rj->err, -EPERM, "claims allocation %llu, which gmbd did not"
+		return err_fmt(rj->err, -EPERM, "claims allocation %llu, which gmbd did not"
 				    " lend it", (unsigned long long)ca->id);
 	if (a->dev != ca->dev || a->size != ca->size || strcmp(a->tag->name, ca->tag) != 0)
-		return broker__fail(rj->err, -EPERM, "claims allocation %llu as %llu bytes on"
+		return err_fmt(rj->err, -EPERM, "claims allocation %llu as %llu bytes on"
 				    " device %d in tag '%s'; gmbd lent %llu bytes on device %d in"
 				    " tag '%s'", (unsigned long long)ca->id,
 				    (unsigned long long)ca->size, ca->dev, ca->tag,
 				    (unsigned long long)a->size, a->dev, a->tag->name);
 	if (idmap_get(&rj->claimed, ca->id))
-		return broker__fail(rj->err, -EPROTO, "claims allocation %llu twice",
+		return err_fmt(rj->err, -EPROTO, "claims allocation %llu twice",
 				    (unsigned long long)ca->id);
 	rc = idmap_put(&rj->claimed, ca->id, (void *)ca);
 	if (rc < 0)
-		return broker__fail(rj->err, rc, "out of memory checking the claim");
+		return err_fmt(rj->err, rc, "out of memory checking the claim");
 	return ca->mapped ? rejoin_check_mapped(rj, a, ca) : 0;
 }
 
@@ -217,7 +232,7 @@ static int rejoin_check(struct rejoin *rj)
 	int rc;
 
 	if (!rj->c->orphan)
-		return broker__fail(rj->err, -EPERM, "client %llu is not waiting to rejoin",
+		return err_fmt(rj->err, -EPERM, "client %llu is not waiting to rejoin",
 				    (unsigned long long)rj->c->id);
 	rc = rejoin_check_tags(rj);
 	for (size_t i = 0; rc == 0 && i < rj->cl->nallocs; i++)
@@ -375,7 +390,7 @@ int broker_rejoin(struct broker *br, struct bclient *c, const struct broker_clai
 	created = calloc(claim->ntags + 1, 1);
 	rc = -ENOMEM;
 	if (!res->cleared || !res->drop || !created) {
-		broker__fail(err, rc, "out of memory applying the claim");
+		err_fmt(err, rc, "out of memory applying the claim");
 		goto out;
 	}
 	rc = rejoin_make_tags(&rj, created);
@@ -396,4 +411,20 @@ void broker_rejoin_result_deinit(struct broker_rejoin_result *res)
 	free(res->cleared);
 	free(res->drop);
 	*res = (struct broker_rejoin_result){ 0 };
+}
+
+void broker_reclaim(struct broker *br, struct bclient *c, const char *why)
+{
+	uint64_t bytes = 0;
+	uint32_t allocs = 0;
+	char b[SIZE_STR_MAX];
+
+	for (const struct btag *t = c->tags; t; t = t->next) {
+		bytes += t->bytes;
+		allocs += t->nallocs;
+	}
+	log_notice("client reclaimed after gmbd's restart client=%s id=%" PRIu64 " pid=%d uid=%u"
+		   " allocations=%u returned=%s reason=\"%s\"", c->name, c->id, (int)c->pid,
+		   (unsigned)c->uid, allocs, size_str(bytes, b), why);
+	broker_client_remove(br, c);
 }

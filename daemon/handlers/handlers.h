@@ -4,7 +4,8 @@
  * reply. Dispatch comes from one table keyed by the envelope's body case.
  *
  * Besides plain request/reply, the handlers keep three kinds of pending
- * work, all owned here and cancelled when a session goes:
+ * work, all owned here and cancelled when a session goes (the handlers'
+ * state of one connection is a struct hconn, daemon/handlers/internal.h):
  *   - parked requests: an alloc/resume the core answered with -EAGAIN
  *     (memory returns once clients drop handles). Retried in arrival order
  *     after every drop ack and every operation that frees memory; answered
@@ -23,9 +24,9 @@
 #include <sys/types.h>
 #include <uv.h>
 
-#include "common/err.h"
-#include "common/wire.h"
+#include "common/idmap.h"
 #include "proto/gmb.pb-c.h"
+#include "daemon/transport/sess.h"
 
 #define HANDLERS_PARK_TIMEOUT_MS 5000
 /* A client that leaves this many daemon requests unanswered is dropped. */
@@ -35,8 +36,7 @@
 
 struct bclient;
 struct broker;
-struct sess;
-struct hfwd;
+struct server;
 struct hpark;
 
 struct handlers {
@@ -50,7 +50,9 @@ struct handlers {
 	 * fd store's state and STATUS=); NULL: nobody cares. */
 	void (*changed)(void *arg);
 	void *changed_arg;
-	uv_timer_t orphan_timer;        	uint64_t orphan_deadline;       /* uv_now() ms: orphans left are reclaimed */
+	struct idmap conns;             /* client id -> struct sess: connected or rejoining */
+	uv_timer_t orphan_timer;
+	uint64_t orphan_deadline;       /* uv_now() ms: orphans left are reclaimed */
 	uint64_t orphan_grace_ms;
 	bool retrying;                  /* guards against nested retries */
 	bool closed;
@@ -80,117 +82,21 @@ void handlers_orphans_start(struct handlers *h, uint64_t grace_ms);
  * handlers_goodbye() - gmbd stops and keeps no state: tell every client
  * (Bye) not to come back. The packets leave with the sessions' disconnect.
  */
-struct server;
 void handlers_goodbye(struct handlers *h, struct server *srv, const char *reason);
 
-/**
- * handlers_dispatch() - handle one envelope of @s.
- * Takes @env: it is freed here or kept by a parked request. A protocol
- * error dooms @s (see sess_doom()).
- */
-void handlers_dispatch(struct handlers *h, struct sess *s, Gmb__Envelope *env);
-
-/**
- * handlers_sess_gone() - @s is disconnecting: drop its parked requests,
- * answer the operators whose control it was carrying out (-ECONNRESET),
- * forget its daemon requests, and remove its client from the broker (the
- * memory goes back to the pools and parked requests are retried).
- */
-void handlers_sess_gone(struct handlers *h, struct sess *s);
-
-/**
- * handlers_export_fds() - new fds for @n chunk ids, owned by the caller
- * (close them after sending). On failure none are left open.
- * Return: 0, -ENOENT for an unknown chunk, or the backend's error.
- */
-int handlers_export_fds(struct handlers *h, const uint64_t *ids, size_t n, int *fds);
-
-/* "alloc", "hello_reply"... for logs; "unknown" outside the table. */
-const char *handlers_body_name(int body_case);
-
 /*
- * Internals shared by daemon/handlers/handlers.c (dispatch, memory requests, parking),
- * daemon/handlers/control.c (daemon requests: drops, forwarded control),
- * daemon/handlers/status.c (status) and daemon/handlers/hello.c (hello,
- * rejoin after a restart); nothing else uses them.
+ * What the transport calls (server_start(..., &handlers_sess_ops, h, ...)):
+ * open makes a connection's struct hconn, recv dispatches one envelope
+ * (taking it: freed here or kept by a parked request; a protocol error
+ * dooms the session), gone drops the session's parked requests, answers
+ * the operators whose control it was carrying out (-ECONNRESET), forgets
+ * its daemon requests and removes its client from the broker (the memory
+ * goes back to the pools and parked requests are retried), export_fds
+ * makes the fds of chunks at send time.
  */
+extern const struct sess_ops handlers_sess_ops;
 
-/* One request on its way through a handler. */
-struct hreq {
-	struct handlers *h;
-	struct sess *s;
-	Gmb__Envelope *env;       /* the caller's (dispatch or a parked request) */
-	char err[ERR_MSG_MAX];    /* the sentence of a negative return */
-};
-
-/* A handler's return besides 0 (replied or will reply) and -errno (the
- * dispatcher replies with that status and rq->err): park the request; or
- * the handler kept (or already freed) the envelope. */
-#define HANDLERS_PARK 1
-#define HANDLERS_KEPT 2
-
-typedef int (*handlers_fn)(struct hreq *rq);
-
-enum hdreq_kind { HDREQ_DROP, HDREQ_CONTROL };
-
-/* A daemon -> client request waiting for its reply, in sess->dreqs. */
-struct hdreq {
-	enum hdreq_kind kind;
-	uint64_t *ids;            /* DROP: the chunks asked for, owned */
-	size_t nids;
-	struct hfwd *fwd;         /* CONTROL: NULL once the operator was answered */
-};
-
-/* A control request forwarded from an operator (actor) to a target. */
-struct hfwd {
-	uv_timer_t timer;         /* --control-timeout; frees the struct on close */
-	struct handlers *h;
-	struct sess *actor;       /* reference held until the timer is closed */
-	uint64_t actor_req;       /* the ControlRequest's id */
-	struct sess *target;      /* no reference: done before the target goes */
-	struct hdreq *dreq;       /* the target's ControlCommand entry */
-	int op;                   /* GMB__OP__PAUSE or GMB__OP__RESUME */
-	bool done;
-	char tag[WIRE_MAX_NAME + 1];
-	char target_name[WIRE_MAX_NAME + 1];
-};
-
-/* Writes rq->err and returns @rc. */
-int handlers__fail(struct hreq *rq, int rc, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-/* The one place a status becomes a reply: status 0 or -errno, with @err
- * (strerror when empty) as the message of a failure. */
-void handlers__reply_status(struct sess *s, uint64_t reply_to, int status, const char *err);
-/* Client names, tags, targets: <= WIRE_MAX_NAME bytes of UTF-8, no control
- * characters. -EINVAL with rq->err naming @what otherwise. */
-int handlers__check_name(struct hreq *rq, const char *what, const char *name);
-/* @di[0..ndevices) from the pools; strings point into the backend. */
-void handlers__devices(const struct broker *br, Gmb__DeviceInfo *di, Gmb__DeviceInfo **pdi);
-/* Flush queued drops to their clients, then retry parked requests. */
-void handlers__settle(struct handlers *h);
-
-/* handlers_hello.c */
-int handlers__hello(struct hreq *rq);
-/* HelloReply for @c; @rejoined: it is an orphan coming back. */
-int handlers__send_hello_reply(struct hreq *rq, const struct bclient *c, bool rejoined);
-/* Tells the owner the record changed. */
-void handlers__changed(struct handlers *h);
-
-int handlers__rejoin_hello(struct hreq *rq, bool control);
-int handlers__rejoin(struct hreq *rq);
-/* @s goes (or finished its claim): forget the claim, free the orphan. */
-void handlers__rejoin_gone(struct handlers *h, struct sess *s);
-/* /proc/PID/stat's start time, 0 if unknown (*@err, may be NULL, says why). */
-uint64_t handlers__pid_start_time(pid_t pid, int *err);
-
-/* handlers_ctl.c */
-int handlers__control(struct hreq *rq);
-void handlers__daemon_reply(struct hreq *rq);
-void handlers__send_drops(void *arg, struct bclient *c, const uint64_t *ids, size_t n);
-/* @s is going: answer forwarded controls (-ECONNRESET), free its dreqs. */
-void handlers__dreqs_fail(struct handlers *h, struct sess *s);
-
-/* handlers_status.c */
-int handlers__status(struct hreq *rq);
+/* The session connected (or rejoining) as @c; NULL: none. */
+struct sess *handlers_sess_of(const struct handlers *h, const struct bclient *c);
 
 #endif

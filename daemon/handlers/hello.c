@@ -1,34 +1,30 @@
 /*
- * handlers_hello.c - how clients arrive and leave across restarts of gmbd:
- * hello, the rejoin hello, the claim (RejoinRequests) and its answer, the
- * orphans that never come back, and the Bye that tells clients a stopping
- * gmbd keeps nothing.
+ * hello.c - how clients arrive and leave across restarts of gmbd: hello,
+ * the rejoin hello, the claim (RejoinRequests) and its answer, and the Bye
+ * that tells clients a stopping gmbd keeps nothing. Orphans that never
+ * come back are orphans.c's.
  *
  * A rejoin hello names the client id of the previous gmbd. It is accepted
  * only for an orphan (a client restored from the fd store) whose recorded
  * uid and pid are the peer's, and whose process is the same one (start
- * time). The session then holds the orphan (c->rejoiner) while the claim
+ * time). The session then holds the orphan (handlers->conns) while the claim
  * arrives in parts; each part is kept (struct hrejoin owns the envelopes)
  * until the last, when broker_rejoin() checks all of it and the session
  * becomes the client's transport. A refused claim closes the connection
  * and the orphan's memory goes back to the pool.
- *
- * Orphans are reclaimed (their memory back to the pool, one log line each)
- * as soon as their process is gone, and otherwise when the grace period
- * after the restart ends; a timer looks every second while any are left.
  */
 #include <errno.h>
 #include <inttypes.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
+#include "common/size.h"
 #include "common/wire.h"
 #include "daemon/core/broker.h"
-#include "daemon/handlers/handlers.h"
-#include "daemon/service/opts.h"
+#include "daemon/core/proc.h"
+#include "daemon/handlers/internal.h"
 #include "daemon/transport/server.h"
 #include "daemon/transport/sess.h"
 #include "include/gmb.h"
@@ -36,155 +32,23 @@
 #define HREJOIN_MAX_PARTS 1024
 #define HREJOIN_MAX_HELD (1u << 20)
 #define HREJOIN_IDS_PER_PART 4096
-#define HREJOIN_TICK_MS 1000
+
+static int handlers_rejoin_hello(struct hreq *rq, bool control);
+static int handlers_send_hello_reply(struct hreq *rq, const struct bclient *c, bool rejoined);
 
 /* A claim on its way in. */
 struct hrejoin {
-	struct bclient *c;          /* the orphan; c->rejoiner is the session */
+	struct bclient *c;          /* the orphan; handlers->conns names the session */
 	bool control;
 	Gmb__Envelope **parts;      /* owned */
 	size_t nparts;
 	size_t ntags, nallocs, nheld;
 };
 
-static void handlers_on_orphan_timer(uv_timer_t *t);
-
-void handlers__changed(struct handlers *h)
-{
-	if (h->changed)
-		h->changed(h->changed_arg);
-}
-
-/* ---- processes ---- */
-
-/*
- * Field 22 of /proc/PID/stat (start time in clock ticks): a pid reused by
- * another process has another start time. 0 when unknown (*@err says why:
- * -ENOENT for no such process, -ESRCH for a zombie).
- */
-uint64_t handlers__pid_start_time(pid_t pid, int *err)
-{
-	char path[64], buf[1024];
-	unsigned long long st = 0;
-	const char *p;
-	FILE *f;
-	size_t n;
-	int e = 0;
-
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	f = fopen(path, "re");
-	if (!f) {
-		e = -errno;
-		goto out;
-	}
-	n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = '\0';
-	p = strrchr(buf, ')');
-	/* ") S ppid ... starttime": the state, then 19 fields up to field 22. */
-	if (!p || sscanf(p + 2, "%*c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s"
-			 " %*s %*s %*s %*s %llu", &st) != 1)
-		e = -EINVAL;
-	else if (p[2] == 'Z' || p[2] == 'X')
-		e = -ESRCH;
-out:
-	if (err)
-		*err = e;
-	return e ? 0 : st;
-}
-
-static bool handlers_client_alive(const struct bclient *c)
-{
-	int err;
-	uint64_t st = handlers__pid_start_time(c->pid, &err);
-
-	if (err == -ENOENT || err == -ESRCH || c->pid <= 0)
-		return false;
-	if (err < 0)
-		return kill(c->pid, 0) == 0 || errno == EPERM;
-	return !c->start_time || st == c->start_time;
-}
-
-/* ---- orphans ---- */
-
-static void handlers_reclaim(struct handlers *h, struct bclient *c, const char *why)
-{
-	uint64_t bytes = 0;
-	uint32_t allocs = 0;
-	char b[24];
-
-	for (const struct btag *t = c->tags; t; t = t->next) {
-		bytes += t->bytes;
-		allocs += t->nallocs;
-	}
-	log_notice("client reclaimed after gmbd's restart client=%s id=%" PRIu64 " pid=%d uid=%u"
-		   " allocations=%u returned=%s reason=\"%s\"", c->name, c->id, (int)c->pid,
-		   (unsigned)c->uid, allocs, opts_size_format(bytes, b, sizeof(b)), why);
-	broker_client_remove(h->broker, c);
-}
-
-/*
- * Reclaims orphans whose process is gone, and all of them past @expired,
- * those in the middle of a claim too: a client that connected and then
- * hangs must not keep its memory lent for ever.
- */
-static void handlers_orphans_check(struct handlers *h, bool expired)
-{
-	struct bclient *c, *next;
-	char why[96];
-	bool any = false;
-
-	snprintf(why, sizeof(why), "it did not come back within %" PRIu64 " s",
-		 h->orphan_grace_ms / 1000);
-	for (c = h->broker->clients; c; c = next) {
-		next = c->next;
-		if (!c->orphan || (c->rejoiner && !expired))
-			continue;
-		if (c->rejoiner) {
-			struct sess *s = c->rejoiner;
-
-			handlers__rejoin_gone(h, s);
-			sess_doom(s, LOG_LVL_NOTICE, "its rejoin claim did not arrive within the"
-				  " grace period");
-		}
-		if (!handlers_client_alive(c))
-			handlers_reclaim(h, c, "its process is gone");
-		else if (expired)
-			handlers_reclaim(h, c, why);
-		else
-			continue;
-		any = true;
-	}
-	if (any) {
-		handlers__changed(h);
-		handlers__settle(h);
-	}
-}
-
-void handlers_orphans_start(struct handlers *h, uint64_t grace_ms)
-{
-	if (broker_orphans(h->broker) == 0)
-		return;
-	h->orphan_grace_ms = grace_ms;
-	h->orphan_deadline = uv_now(h->loop) + grace_ms;
-	handlers_orphans_check(h, false);
-	if (broker_orphans(h->broker) > 0 && !h->closed)
-		uv_timer_start(&h->orphan_timer, handlers_on_orphan_timer, HREJOIN_TICK_MS,
-			       HREJOIN_TICK_MS);
-}
-
-static void handlers_on_orphan_timer(uv_timer_t *t)
-{
-	struct handlers *h = t->data;
-
-	handlers_orphans_check(h, uv_now(h->loop) >= h->orphan_deadline);
-	if (broker_orphans(h->broker) == 0)
-		uv_timer_stop(t);
-}
-
 /* ---- hello ---- */
 
-int handlers__send_hello_reply(struct hreq *rq, const struct bclient *c, bool rejoined)
+/* HelloReply for @c; @rejoined: it is an orphan coming back. */
+static int handlers_send_hello_reply(struct hreq *rq, const struct bclient *c, bool rejoined)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__HelloReply hr = GMB__HELLO_REPLY__INIT;
@@ -212,7 +76,7 @@ int handlers__hello(struct hreq *rq)
 	const char *given = m->name ? m->name : "";
 	struct broker_peer peer = { .pid = s->pid, .uid = s->uid, .gid = s->gid,
 				    .groups = s->groups, .ngroups = s->ngroups,
-				    .start_time = handlers__pid_start_time(s->pid, NULL) };
+				    .start_time = proc_start_time(s->pid, NULL) };
 	char name[WIRE_MAX_NAME + 1];
 	struct bclient *c;
 	int r;
@@ -228,7 +92,7 @@ int handlers__hello(struct hreq *rq)
 	if (r < 0)
 		return r;
 	if (m->rejoin_id)
-		return handlers__rejoin_hello(rq, m->control);
+		return handlers_rejoin_hello(rq, m->control);
 	if (given[0])
 		snprintf(name, sizeof(name), "%s", given);
 	else
@@ -236,28 +100,23 @@ int handlers__hello(struct hreq *rq)
 	r = broker_client_add(rq->h->broker, &peer, name, m->control, m->tool, &c);
 	if (r < 0)
 		return handlers__fail(rq, r, "cannot register client '%s': %s", name, strerror(-r));
-	c->transport = s;
-	s->client = c;
+	if (handlers__conn_bind(rq->h, s, c) < 0) {
+		broker_client_remove(rq->h->broker, c);
+		return handlers__fail(rq, -ENOMEM, "cannot register client '%s': %s", name,
+				      strerror(ENOMEM));
+	}
 	/* Tools come and go all the time (gmbctl status): not worth a line. */
 	log_at(m->tool ? LOG_LVL_DEBUG : LOG_LVL_INFO, "client connected " SESS_FMT
 	       " control=%d tool=%d", SESS_ARGS(s), m->control ? 1 : 0, m->tool ? 1 : 0);
-	return handlers__send_hello_reply(rq, c, false);
+	return handlers_send_hello_reply(rq, c, false);
 }
 
 /* ---- the rejoin hello ---- */
 
-static struct bclient *handlers_client_find(struct broker *br, uint64_t id)
-{
-	for (struct bclient *c = br->clients; c; c = c->next)
-		if (c->id == id && !c->tool)
-			return c;
-	return NULL;
-}
-
 static int handlers_rejoin_check_peer(struct hreq *rq, const struct bclient *c)
 {
 	struct sess *s = rq->s;
-	uint64_t st = handlers__pid_start_time(s->pid, NULL);
+	uint64_t st = proc_start_time(s->pid, NULL);
 
 	if (c->uid != s->uid || c->pid != s->pid || (c->start_time && st && c->start_time != st))
 		return handlers__fail(rq, -EPERM, "client %" PRIu64 " was pid %d uid %u; this is"
@@ -266,16 +125,16 @@ static int handlers_rejoin_check_peer(struct hreq *rq, const struct bclient *c)
 	if (!c->orphan)
 		return handlers__fail(rq, -EALREADY, "client %" PRIu64 " is connected already",
 				      c->id);
-	if (c->rejoiner)
+	if (handlers_sess_of(rq->h, c))
 		return handlers__fail(rq, -EBUSY, "client %" PRIu64 " is rejoining on another"
 				      " connection", c->id);
 	return 0;
 }
 
-int handlers__rejoin_hello(struct hreq *rq, bool control)
+static int handlers_rejoin_hello(struct hreq *rq, bool control)
 {
 	uint64_t id = rq->env->hello->rejoin_id;
-	struct bclient *c = handlers_client_find(rq->h->broker, id);
+	struct bclient *c = broker_client_get(rq->h->broker, id);
 	struct hrejoin *r;
 	int rc;
 
@@ -287,18 +146,19 @@ int handlers__rejoin_hello(struct hreq *rq, bool control)
 	if (rc < 0)
 		return rc;
 	r = calloc(1, sizeof(*r));
-	if (!r)
+	if (!r || handlers__conn_bind(rq->h, rq->s, c) < 0) {
+		free(r);
 		return handlers__fail(rq, -ENOMEM, "out of memory for a rejoin");
+	}
 	*r = (struct hrejoin){ .c = c, .control = control };
-	c->rejoiner = rq->s;
-	rq->s->rejoin = r;
+	hconn_of(rq->s)->rejoin = r;
 	log_debug("client rejoining " SESS_FMT " as_id=%" PRIu64, SESS_ARGS(rq->s), id);
-	return handlers__send_hello_reply(rq, c, true);
+	return handlers_send_hello_reply(rq, c, true);
 }
 
 void handlers__rejoin_gone(struct handlers *h, struct sess *s)
 {
-	struct hrejoin *r = s->rejoin;
+	struct hrejoin *r = hconn_of(s)->rejoin;
 
 	if (!r)
 		return;
@@ -306,9 +166,9 @@ void handlers__rejoin_gone(struct handlers *h, struct sess *s)
 		gmb__envelope__free_unpacked(r->parts[i], NULL);
 	free(r->parts);
 	if (r->c)
-		r->c->rejoiner = NULL;
+		handlers__conn_unbind(h, r->c);
 	free(r);
-	s->rejoin = NULL;
+	hconn_of(s)->rejoin = NULL;
 }
 
 /* ---- the claim ---- */
@@ -420,17 +280,16 @@ static void handlers_rejoin_attach(struct hreq *rq, struct hrejoin *r,
 {
 	struct bclient *c = r->c;
 	uint64_t bytes = 0;
-	char b[24];
+	char b[SIZE_STR_MAX];
 
-	c->transport = rq->s;
 	c->control = r->control;
-	rq->s->client = c;
+	/* The entry exists since the rejoin hello: this cannot fail. */
+	(void)handlers__conn_bind(rq->h, rq->s, c);
 	r->c = NULL;
-	c->rejoiner = NULL;
 	for (const struct btag *t = c->tags; t; t = t->next)
 		bytes += t->bytes;
 	log_info("client rejoined " SESS_FMT " allocations=%zu bytes=%s cleared=%zu dropped=%zu",
-		 SESS_ARGS(rq->s), (size_t)c->allocs.count, opts_size_format(bytes, b, sizeof(b)),
+		 SESS_ARGS(rq->s), (size_t)c->allocs.count, size_str(bytes, b),
 		 res->ncleared, res->ndrop);
 }
 
@@ -469,7 +328,7 @@ static void handlers_rejoin_finish(struct hreq *rq, struct hrejoin *r)
 		snprintf(why, sizeof(why), "%s", rq->err);
 		handlers__fail(rq, rc, "client '%s' (%" PRIu64 ") %s", c->name, c->id, why);
 		handlers_rejoin_fail(rq, req, rc);
-		handlers_reclaim(rq->h, c, "its claim was refused");
+		broker_reclaim(rq->h->broker, c, "its claim was refused");
 		handlers__changed(rq->h);
 		return;
 	}
@@ -482,7 +341,7 @@ static void handlers_rejoin_finish(struct hreq *rq, struct hrejoin *r)
 
 int handlers__rejoin(struct hreq *rq)
 {
-	struct hrejoin *r = rq->s->rejoin;
+	struct hrejoin *r = hconn_of(rq->s)->rejoin;
 	bool last = rq->env->rejoin->last;
 	int rc;
 
@@ -514,7 +373,7 @@ void handlers_goodbye(struct handlers *h, struct server *srv, const char *reason
 	bye.reason = (char *)reason;
 	env.body_case = GMB__ENVELOPE__BODY_BYE;
 	env.bye = &bye;
-	for (struct sess *s = srv->sessions; s; s = s->next)
-		if (s->state == SESS_OPEN && s->client)
+	for (struct sess *s = server_sessions(srv); s; s = s->next)
+		if (s->state == SESS_OPEN && hconn_of(s)->client)
 			sess_send(s, &env);
 }

@@ -1,5 +1,5 @@
 /*
- * handlers_status.c - StatusReply: the backend, every device's pool, and
+ * status.c - StatusReply: the backend, every device's pool, and
  * every client that is not a tool with its tags, one TagInfo row per (tag,
  * device) that has allocations (device -1 for a tag with none).
  *
@@ -15,7 +15,7 @@
 #include "common/log.h"
 #include "common/wire.h"
 #include "daemon/core/broker.h"
-#include "daemon/handlers/handlers.h"
+#include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
 #include "include/gmb.h"
 

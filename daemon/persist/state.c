@@ -286,14 +286,11 @@ static int state_restore_alloc(struct broker *br, struct bclient *c, struct btag
 static int state_restore_tag(struct broker *br, struct bclient *c, const Gmb__StateTag *st)
 {
 	struct btag *t;
-	bool created;
 	int rc;
 
-	rc = broker__tag_get(c, st->name, &t, &created, NULL);
+	rc = broker_restore_tag(c, st->name, (int)st->mode, st->paused, &t);
 	if (rc < 0)
 		return rc;
-	t->mode = (int)st->mode;
-	t->paused = st->paused;
 	/* Allocations are linked first in their tag: last recorded first. */
 	for (size_t i = st->n_allocs; i-- > 0;) {
 		rc = state_restore_alloc(br, c, t, st->allocs[i]);

@@ -297,7 +297,7 @@ static int gmbd_serve(struct gmbd *g)
 		goto err_close_fd;
 	g->handlers.changed = gmbd_on_changed;
 	g->handlers.changed_arg = g;
-	r = server_start(&g->loop, fd, &g->handlers, &g->server);
+	r = server_start(&g->loop, fd, &handlers_sess_ops, &g->handlers, &g->server);
 	fd = -1; /* the server's, even on failure */
 	if (r < 0)
 		goto err_handlers;

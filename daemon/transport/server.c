@@ -7,6 +7,7 @@
  * connection keeps it readable), so accepting pauses and a timer resumes it.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -23,8 +24,10 @@ static void server_on_reap(uv_timer_t *timer);
 static void server_close_handles(struct server *srv);
 static void server_on_uncork(uv_check_t *check);
 static void server_on_closed(uv_handle_t *handle);
+static void server_reap_later(struct sess_host *host);
 
-int server_start(uv_loop_t *loop, int listen_fd, struct handlers *h, struct server **out)
+int server_start(uv_loop_t *loop, int listen_fd, const struct sess_ops *ops, void *arg,
+		 struct server **out)
 {
 	struct server *srv;
 	int r;
@@ -34,7 +37,9 @@ int server_start(uv_loop_t *loop, int listen_fd, struct handlers *h, struct serv
 		r = -ENOMEM;
 		goto err_close_fd;
 	}
-	*srv = (struct server){ .loop = loop, .handlers = h, .listen_fd = -1 };
+	*srv = (struct server){ .loop = loop, .listen_fd = -1,
+				.host = { .loop = loop, .ops = ops, .arg = arg,
+					  .reap_later = server_reap_later } };
 	/* Timer init cannot fail; the handles count from here on. */
 	uv_timer_init(loop, &srv->emfile_timer);
 	uv_timer_init(loop, &srv->reap_timer);
@@ -74,7 +79,7 @@ int server_adopt(struct server *srv, int fd)
 
 	if (srv->stopping)
 		return -ESHUTDOWN;
-	r = sess_new(srv, fd, &s);
+	r = sess_new(&srv->host, fd, &s);
 	if (r < 0)
 		return r;
 	log_debug("connection accepted pid=%d uid=%u gid=%u fd=%d", (int)s->pid,
@@ -160,6 +165,7 @@ int server_cork(struct server *srv, void (*cb)(void *arg), void *arg)
 	srv->uncork.data = srv;
 	srv->cork_cb = cb;
 	srv->cork_arg = arg;
+	srv->host.corked = true;
 	srv->open_handles++;
 	/* Every turn, and it keeps nothing alive on its own. */
 	uv_unref((uv_handle_t *)&srv->uncork);
@@ -171,12 +177,15 @@ static void server_on_uncork(uv_check_t *check)
 	struct server *srv = check->data;
 
 	srv->cork_cb(srv->cork_arg);
-	for (struct sess *s = srv->sessions; s; s = s->next)
+	for (struct sess *s = srv->host.sessions; s; s = s->next)
 		sess_uncork(s);
 }
 
-void server_reap_later(struct server *srv)
+/* Sessions call it when doomed: disconnect them on the next loop turn. */
+static void server_reap_later(struct sess_host *host)
 {
+	struct server *srv = (struct server *)((char *)host - offsetof(struct server, host));
+
 	if (srv->stopping)
 		return; /* server_stop() disconnects everyone anyway */
 	uv_timer_start(&srv->reap_timer, server_on_reap, 0, 0);
@@ -189,7 +198,7 @@ static void server_on_reap(uv_timer_t *timer)
 
 	/* A disconnect may doom other sessions (their sends fail), never
 	 * unlink them: only this loop and server_stop() disconnect. */
-	for (s = srv->sessions; s; s = next) {
+	for (s = srv->host.sessions; s; s = next) {
 		next = s->next;
 		if (s->state == SESS_DOOMED)
 			sess_disconnect(s);
@@ -200,8 +209,8 @@ void server_stop(struct server *srv)
 {
 	srv->stopping = true;
 	server_close_handles(srv);
-	while (srv->sessions)
-		sess_disconnect(srv->sessions);
+	while (srv->host.sessions)
+		sess_disconnect(srv->host.sessions);
 }
 
 static void server_close_handles(struct server *srv)

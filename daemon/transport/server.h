@@ -16,21 +16,18 @@
 #include <stdbool.h>
 #include <uv.h>
 
+#include "daemon/transport/sess.h"
+
 #define SERVER_ACCEPT_BATCH 32
 #define SERVER_EMFILE_RETRY_MS 100
 
-struct handlers;
-struct sess;
-
 struct server {
 	uv_loop_t *loop;
-	struct handlers *handlers;  /* not owned */
+	struct sess_host host;      /* the sessions and the layer above them */
 	int listen_fd;              /* owned; -1: none */
 	uv_poll_t listen;           /* initialized iff listen_fd >= 0 */
 	uv_timer_t emfile_timer;    /* accepting again after EMFILE/ENFILE */
 	uv_timer_t reap_timer;      /* disconnects doomed sessions */
-	struct sess *sessions;      /* every session not yet disconnected */
-	unsigned nsessions;
 	unsigned open_handles;      /* the server is freed when this reaches 0 */
 	bool emfile_paused;
 	bool emfile_logged;         /* said so once; said again when it ends */
@@ -43,12 +40,14 @@ struct server {
 
 /**
  * server_start() - accept connections on @listen_fd (-1: none) in @loop;
- * each becomes a session served by @h.
+ * each becomes a session whose packets go to @ops (with @arg), which stay
+ * the caller's and must outlive the server.
  * The server owns @listen_fd from the call on, also on failure (closed).
  * @out is the caller's until server_stop(), which frees it.
  * Return: 0, -ENOMEM, or libuv's error.
  */
-int server_start(uv_loop_t *loop, int listen_fd, struct handlers *h, struct server **out);
+int server_start(uv_loop_t *loop, int listen_fd, const struct sess_ops *ops, void *arg,
+		 struct server **out);
 
 /**
  * server_adopt() - serve the connected socket @fd as a session.
@@ -72,7 +71,10 @@ void server_stop(struct server *srv);
  */
 int server_cork(struct server *srv, void (*cb)(void *arg), void *arg);
 
-/* Used by sessions: disconnect the doomed ones on the next loop turn. */
-void server_reap_later(struct server *srv);
+/* Every session not yet disconnected, newest first; NULL: none. */
+static inline struct sess *server_sessions(const struct server *srv)
+{
+	return srv->host.sessions;
+}
 
 #endif

@@ -23,9 +23,6 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/wire.h"
-#include "daemon/core/broker.h"
-#include "daemon/handlers/handlers.h"
-#include "daemon/transport/server.h"
 #include "daemon/transport/sess.h"
 
 #ifndef SO_PEERGROUPS
@@ -60,7 +57,7 @@ static void sess_update_poll(struct sess *s);
 static void sess_link(struct sess *s);
 static void sess_unlink(struct sess *s);
 
-int sess_new(struct server *srv, int fd, struct sess **out)
+int sess_new(struct sess_host *host, int fd, struct sess **out)
 {
 	struct sess *s;
 	int r;
@@ -68,12 +65,14 @@ int sess_new(struct server *srv, int fd, struct sess **out)
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
-	*s = (struct sess){ .srv = srv, .fd = fd, .refs = 1, .state = SESS_OPEN,
-			    .dreqs = IDMAP_INIT };
+	*s = (struct sess){ .host = host, .fd = fd, .refs = 1, .state = SESS_OPEN, .name = "-" };
 	r = sess_read_creds(s);
 	if (r < 0)
 		goto err_free;
-	r = uv_poll_init(srv->loop, &s->poll, fd);
+	r = host->ops->open(host->arg, s, &s->data);
+	if (r < 0)
+		goto err_free;
+	r = uv_poll_init(host->loop, &s->poll, fd);
 	if (r < 0)
 		goto err_free;
 	r = uv_poll_start(&s->poll, UV_READABLE, sess_on_poll);
@@ -92,6 +91,8 @@ err_close_poll:
 	uv_close((uv_handle_t *)&s->poll, sess_on_closed);
 	return r;
 err_free:
+	if (s->data)
+		host->ops->free_data(s->data);
 	free(s->groups);
 	free(s);
 	return r;
@@ -142,20 +143,17 @@ struct sess *sess_unref(struct sess *s)
 {
 	if (!s || --s->refs > 0)
 		return NULL;
-	idmap_deinit(&s->dreqs);
+	if (s->data)
+		s->host->ops->free_data(s->data);
 	free(s->groups);
 	free(s);
 	return NULL;
 }
 
-const char *sess_name(const struct sess *s)
+void sess_set_name(struct sess *s, const char *name, uint64_t client_id)
 {
-	return s->client ? s->client->name : "-";
-}
-
-uint64_t sess_client_id(const struct sess *s)
-{
-	return s->client ? s->client->id : 0;
+	snprintf(s->name, sizeof(s->name), "%s", name ? name : "-");
+	s->client_id = name ? client_id : 0;
 }
 
 void sess_doom(struct sess *s, int level, const char *fmt, ...)
@@ -172,7 +170,7 @@ void sess_doom(struct sess *s, int level, const char *fmt, ...)
 	s->state = SESS_DOOMED;
 	uv_poll_stop(&s->poll);
 	s->poll_events = 0;
-	server_reap_later(s->srv);
+	s->host->reap_later(s->host);
 }
 
 void sess_disconnect(struct sess *s)
@@ -196,7 +194,7 @@ void sess_disconnect(struct sess *s)
 	s->out_bytes = 0;
 	s->out_count = 0;
 	sess_unlink(s);
-	handlers_sess_gone(s->srv->handlers, s);
+	s->host->ops->gone(s->host->arg, s);
 	uv_close((uv_handle_t *)&s->poll, sess_on_closed);
 	/* Closing right after uv_close() is what libuv does for its own
 	 * streams: the peer sees the end of the connection at once. */
@@ -218,7 +216,7 @@ static void sess_on_poll(uv_poll_t *poll, int status, int events)
 		return;
 	}
 	/* Corked, the end of the turn sends: not before the state is written. */
-	if ((events & UV_WRITABLE) && !s->srv->cork_cb)
+	if ((events & UV_WRITABLE) && !s->host->corked)
 		sess_flushed(s, sess_flush(s));
 	if ((events & UV_READABLE) && s->state == SESS_OPEN)
 		sess_read(s);
@@ -263,7 +261,7 @@ static void sess_read(struct sess *s)
 			break;
 		}
 		sess_log_env(s, "recv", env);
-		handlers_dispatch(s->srv->handlers, s, env);
+		s->host->ops->recv(s->host->arg, s, env);
 	}
 }
 
@@ -290,7 +288,7 @@ static void sess_log_env(const struct sess *s, const char *dir, const Gmb__Envel
 {
 	log_debug("%s " SESS_FMT " type=%s req=%" PRIu64 " reply_to=%" PRIu64
 		  " status=%d more=%d fds=%zu",
-		  dir, SESS_ARGS(s), handlers_body_name(env->body_case), env->id, env->reply_to,
+		  dir, SESS_ARGS(s), s->host->ops->body_name(env->body_case), env->id, env->reply_to,
 		  env->status, env->more ? 1 : 0, env->n_fd_chunks);
 }
 
@@ -308,7 +306,7 @@ int sess_send(struct sess *s, const Gmb__Envelope *env)
 	r = sess_out_new(env, &o);
 	if (r < 0) {
 		sess_doom(s, LOG_LVL_ERR, "cannot encode a %s: %s",
-			  handlers_body_name(env->body_case), strerror(-r));
+			  s->host->ops->body_name(env->body_case), strerror(-r));
 		return r;
 	}
 	if (s->out_count >= SESS_OUT_MAX_PACKETS || s->out_bytes + o->len > SESS_OUT_MAX_BYTES) {
@@ -325,7 +323,7 @@ int sess_send(struct sess *s, const Gmb__Envelope *env)
 	s->out_tail = o;
 	s->out_bytes += o->len;
 	s->out_count++;
-	if (s->srv->cork_cb)
+	if (s->host->corked)
 		return 0;
 	r = sess_flush(s);
 	sess_flushed(s, r);
@@ -382,7 +380,7 @@ static int sess_out_send(struct sess *s, struct sess_out *o)
 	int fds[WIRE_MAX_FDS];
 	int r;
 
-	r = handlers_export_fds(s->srv->handlers, o->ids, (size_t)o->nids, fds);
+	r = s->host->ops->export_fds(s->host->arg, o->ids, (size_t)o->nids, fds);
 	if (r < 0) {
 		sess_doom(s, LOG_LVL_ERR, "cannot export %d chunk fds: %s", o->nids, strerror(-r));
 		return r;
@@ -444,16 +442,12 @@ static void sess_update_poll(struct sess *s)
 
 static void sess_link(struct sess *s)
 {
-	struct server *srv = s->srv;
-
-	DLIST_PUSH(srv->sessions, s);
-	srv->nsessions++;
+	DLIST_PUSH(s->host->sessions, s);
+	s->host->nsessions++;
 }
 
 static void sess_unlink(struct sess *s)
 {
-	struct server *srv = s->srv;
-
-	DLIST_UNLINK(srv->sessions, s);
-	srv->nsessions--;
+	DLIST_UNLINK(s->host->sessions, s);
+	s->host->nsessions--;
 }

@@ -1,7 +1,9 @@
 /*
  * sess.h - one client connection of gmbd: the socket and its poll handle,
- * the peer's credentials, the outgoing queue, and what the handlers keep per
- * client (daemon requests in flight, the control forwarded to it).
+ * the peer's credentials and the outgoing queue. A session knows no
+ * message's meaning: it hands every packet it reads to the layer above
+ * through the struct sess_ops that layer gave the server, and keeps that
+ * layer's per-connection state (sess->data) without looking into it.
  *
  * Lifetime. A session is reference-counted: the connection holds one
  * reference until its poll handle is closed; parked requests and forwarded
@@ -32,8 +34,8 @@
 #include <sys/types.h>
 #include <uv.h>
 
-#include "common/idmap.h"
 #include "common/log.h"
+#include "common/wire.h"
 #include "proto/gmb.pb-c.h"
 
 #define SESS_READ_BATCH 32          /* packets per wake-up, then yield */
@@ -46,14 +48,42 @@ enum sess_state {
 	SESS_CLOSED,  /* disconnected; only references keep it alive */
 };
 
-struct server;
-struct bclient;
-struct hfwd;
-struct hrejoin;
+struct sess;
 struct sess_out;
 
+/*
+ * What the layer above does with its sessions; handed to server_start()
+ * with an @arg passed back to every call but free_data.
+ */
+struct sess_ops {
+	/* A new connection: *@data gets the layer's state for @s (kept in
+	 * s->data, freed by free_data). Return: 0 or -ENOMEM. */
+	int (*open)(void *arg, struct sess *s, void **data);
+	/* One packet of @s; takes @env. */
+	void (*recv)(void *arg, struct sess *s, Gmb__Envelope *env);
+	/* @s disconnects (sess_disconnect()): fail what is pending. */
+	void (*gone)(void *arg, struct sess *s);
+	/* The session's last reference went: free what open() made. */
+	void (*free_data)(void *data);
+	/* New fds for @n chunk ids, the caller's to close; none open on failure. */
+	int (*export_fds)(void *arg, const uint64_t *ids, size_t n, int *fds);
+	/* A body case's name for logs. */
+	const char *(*body_name)(int body_case);
+};
+
+/* What a session knows of the server it belongs to (embedded there). */
+struct sess_host {
+	uv_loop_t *loop;
+	const struct sess_ops *ops;
+	void *arg;
+	bool corked;              /* packets leave at the end of the loop turn */
+	void (*reap_later)(struct sess_host *host); /* doomed: disconnect next turn */
+	struct sess *sessions;    /* every session not yet disconnected */
+	unsigned nsessions;
+};
+
 struct sess {
-	struct server *srv;
+	struct sess_host *host;
 	int fd;                   /* owned; -1 once closed */
 	uv_poll_t poll;           /* embedded; memory lives until its close cb */
 	int poll_events;          /* events the poll is started with now */
@@ -67,33 +97,30 @@ struct sess {
 	gid_t *groups;            /* SO_PEERGROUPS; NULL when the kernel said no */
 	int ngroups;
 
-	struct bclient *client;   /* NULL until hello; owned by the broker */
+	/* For logs: the client's name and id, set by the layer above. */
+	char name[WIRE_MAX_NAME + 1];
+	uint64_t client_id;
+	void *data;               /* the layer above's (sess_ops.open) */
 
 	struct sess_out *out_head, *out_tail;
 	size_t out_bytes;
 	uint32_t out_count;
 
-	/* Kept by daemon/handlers/handlers.c. */
-	uint64_t next_req_id;     /* ids of daemon -> client requests */
-	struct idmap dreqs;       /* id -> struct hdreq: daemon requests unanswered */
-	uint32_t inflight;        /* parked + forwarded requests of this client */
-	struct hfwd *ctl_in;      /* the control request this client carries out */
-	struct hrejoin *rejoin;   /* between a rejoin hello and the end of its claim */
-
-	struct sess *prev, *next; /* the server's list */
+	struct sess *prev, *next; /* host->sessions */
 };
 
 /* Names the session in a log line: SESS_FMT's four facts. */
 #define SESS_FMT "client=%s id=%" PRIu64 " pid=%d uid=%u"
-#define SESS_ARGS(s) sess_name(s), sess_client_id(s), (int)(s)->pid, (unsigned)(s)->uid
+#define SESS_ARGS(s) (s)->name, (s)->client_id, (int)(s)->pid, (unsigned)(s)->uid
 
 /**
- * sess_new() - a session for the connected socket @fd, linked into @srv.
- * Reads the peer's credentials and starts polling. On success the session
- * owns @fd; on failure @fd is still the caller's.
+ * sess_new() - a session for the connected socket @fd, linked into @host.
+ * Reads the peer's credentials, asks the layer above for its state
+ * (ops->open) and starts polling. On success the session owns @fd; on
+ * failure @fd is still the caller's.
  * Return: 0, -ENOMEM, or the errno of getsockopt(SO_PEERCRED)/uv_poll_init.
  */
-int sess_new(struct server *srv, int fd, struct sess **out);
+int sess_new(struct sess_host *host, int fd, struct sess **out);
 
 struct sess *sess_ref(struct sess *s);
 /* Drops one reference; the last frees the session. Returns NULL. */
@@ -131,8 +158,11 @@ int sess_send(struct sess *s, const Gmb__Envelope *env);
 /* Corked server: send what this session queued this turn (server.c). */
 void sess_uncork(struct sess *s);
 
-/* The client's name and broker id for logs ("-" and 0 before hello). */
-const char *sess_name(const struct sess *s);
-uint64_t sess_client_id(const struct sess *s);
+/* Names the session in logs from now on (NULL: "-", as before hello). */
+void sess_set_name(struct sess *s, const char *name, uint64_t client_id);
+static inline const char *sess_name(const struct sess *s)
+{
+	return s->name;
+}
 
 #endif
