@@ -42,7 +42,7 @@ COMMON_SRC := common/err.c common/deadline.c common/log.c common/wire.c common/i
 	common/backend/cuda_error.c common/backend/cuda_contents.c
 PROTO_SRC := proto/gmb.pb-c.c
 # The daemon's layers, bottom up: core, persist, handlers, transport; the
-# service (main) wires them.
+# service (main) wires them; system is the service manager's glue.
 DAEMON_SRC := daemon/core/pool.c daemon/core/broker.c daemon/core/lend.c daemon/core/rejoin.c \
 	daemon/core/proc.c \
 	daemon/persist/state.c daemon/persist/persist.c \
@@ -50,7 +50,7 @@ DAEMON_SRC := daemon/core/pool.c daemon/core/broker.c daemon/core/lend.c daemon/
 	daemon/handlers/status.c daemon/handlers/control.c daemon/handlers/memory.c \
 	daemon/handlers/hello.c daemon/handlers/orphans.c daemon/handlers/handlers.c \
 	daemon/transport/sess.c daemon/transport/server.c \
-	daemon/service/sd.c daemon/service/opts.c daemon/service/conf.c
+	daemon/system/sd.c daemon/service/opts.c daemon/service/conf.c
 DAEMON_MAIN := daemon/service/main.c
 LIB_SRC := client/conn.c client/cache.c client/mem.c client/cycle.c client/api.c client/status_json.c \
 	client/reconnect.c

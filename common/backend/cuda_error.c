@@ -50,7 +50,7 @@ int cuda__fail(struct cuda_priv *c, CUresult r, const char *call, const char *fm
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(facts, sizeof(facts), fmt, ap);
+	err_vfmt(facts, sizeof(facts), 0, fmt, ap);
 	va_end(ap);
 	cuda__err_text(c, r, &name, &text, num);
 	return backend_fail(cuda_errno(r), "cuda backend: %s: %s (%s) %s", call, name, text, facts);

@@ -156,9 +156,11 @@ bool persist_active(struct persist *p)
 
 /* ---- chunk fds ---- */
 
-static void persist_chunk_name(const struct chunk *c, char *buf, size_t len)
+/* The one spelling of a chunk's FDNAME: chunk.<id>.<dev>.<size>
+ * (persist_parse_chunk() reads it back). */
+static void persist_chunk_name(uint64_t id, int dev, uint64_t size, char *buf, size_t len)
 {
-	snprintf(buf, len, "chunk.%" PRIu64 ".%d.%" PRIu64, c->id, c->dev, c->size);
+	snprintf(buf, len, "chunk.%" PRIu64 ".%d.%" PRIu64, id, dev, size);
 }
 
 static int persist_on_created(void *arg, const struct chunk *c)
@@ -176,7 +178,7 @@ static int persist_on_created(void *arg, const struct chunk *c)
 	r = p->be->ops->chunk_export(p->be, c->handle, &fd);
 	if (r < 0)
 		return r;
-	persist_chunk_name(c, name, sizeof(name));
+	persist_chunk_name(c->id, c->dev, c->size, name, sizeof(name));
 	r = sd_glue_fdstore(fd, name);
 	close(fd);
 	if (r <= 0)
@@ -193,7 +195,7 @@ static void persist_on_destroyed(void *arg, const struct chunk *c)
 
 	if (p->mode != PERSIST_ON || p->frozen)
 		return;
-	persist_chunk_name(c, name, sizeof(name));
+	persist_chunk_name(c->id, c->dev, c->size, name, sizeof(name));
 	if (sd_glue_fdstore_remove(name) < 0)
 		log_warn("cannot remove a chunk from the fd store chunk=%" PRIu64, c->id);
 	if (p->nstored)
@@ -400,8 +402,8 @@ static void persist_settle_fds(struct persist *p, struct state_fd *chunks, size_
 		if (chunks[i].used) {
 			p->nstored++;
 		} else {
-			snprintf(name, sizeof(name), "chunk.%" PRIu64 ".%d.%" PRIu64, chunks[i].id,
-				 chunks[i].dev, chunks[i].size);
+			persist_chunk_name(chunks[i].id, chunks[i].dev, chunks[i].size, name,
+					   sizeof(name));
 			sd_glue_fdstore_remove(name);
 		}
 		close(chunks[i].fd);

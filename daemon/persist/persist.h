@@ -31,7 +31,7 @@
 #include <stddef.h>
 
 #include "daemon/core/pool.h"
-#include "daemon/service/sd.h"
+#include "daemon/system/sd.h"
 #include "daemon/persist/state.h"
 
 struct backend;

@@ -16,7 +16,6 @@
 
 #include "common/log.h"
 #include "daemon/core/broker.h"
-#include "daemon/service/opts.h"
 #include "daemon/persist/state.h"
 
 #define STATE_VERSION 1

@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/err.h"
+
 #define CONF_MAX_BYTES (1u << 20)
 
 static int conf_fail(char *err, size_t len, int rc, const char *fmt, ...)
@@ -26,7 +28,7 @@ static int conf_fail(char *err, size_t len, int rc, const char *fmt, ...)
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(err, len, fmt, ap);
+	err_vfmt(err, len, rc, fmt, ap);
 	va_end(ap);
 	return rc;
 }

@@ -27,12 +27,13 @@
 
 #include "common/backend/backend.h"
 #include "common/log.h"
+#include "common/size.h"
 #include "common/wire.h"
 #include "daemon/core/broker.h"
 #include "daemon/handlers/handlers.h"
 #include "daemon/service/opts.h"
 #include "daemon/persist/persist.h"
-#include "daemon/service/sd.h"
+#include "daemon/system/sd.h"
 #include "daemon/transport/server.h"
 #include "include/gmb.h"
 
@@ -177,34 +178,34 @@ static void gmbd_log_backend(const struct gmbd *g)
 {
 	const struct backend *b = g->backend;
 	uint64_t total = 0;
-	char b1[24], b2[24];
+	char b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
 
 	for (int d = 0; d < b->ndevices; d++)
 		total += b->devices[d].total_bytes;
 	log_info("backend ready backend=%s devices=%d total=%s granularity=%s", b->ops->name,
-		 b->ndevices, opts_size_format(total, b1, sizeof(b1)),
-		 opts_size_format(b->devices[0].granularity, b2, sizeof(b2)));
+		 b->ndevices, size_str(total, b1),
+		 size_str(b->devices[0].granularity, b2));
 }
 
 /* Sizes that only make sense once the devices are known. */
 static int gmbd_check_sizes(const struct gmbd *g, uint64_t reserve)
 {
 	const struct backend *b = g->backend;
-	char b1[24], b2[24];
+	char b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
 
 	for (int d = 0; d < b->ndevices; d++) {
 		const struct backend_device *dev = &b->devices[d];
 
 		if (g->opts->max_chunk < dev->granularity) {
 			log_err("--max-chunk %s is smaller than device %d's granularity %s",
-				opts_size_format(g->opts->max_chunk, b1, sizeof(b1)), d,
-				opts_size_format(dev->granularity, b2, sizeof(b2)));
+				size_str(g->opts->max_chunk, b1), d,
+				size_str(dev->granularity, b2));
 			return -EINVAL;
 		}
 		if (!g->opts->budget && reserve >= dev->total_bytes) {
 			log_err("--reserve %s leaves no memory on device %d (total %s)",
-				opts_size_format(reserve, b1, sizeof(b1)), d,
-				opts_size_format(dev->total_bytes, b2, sizeof(b2)));
+				size_str(reserve, b1), d,
+				size_str(dev->total_bytes, b2));
 			return -EINVAL;
 		}
 	}
@@ -223,7 +224,7 @@ static int gmbd_open_broker(struct gmbd *g)
 		.daemon_uid = geteuid(),
 		.hooks = persist_hooks(g->persist),
 	};
-	char b1[24], b2[24];
+	char b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
 	int r;
 
 	r = gmbd_check_sizes(g, bo.reserve);
@@ -238,8 +239,8 @@ static int gmbd_open_broker(struct gmbd *g)
 	for (int d = 0; d < g->broker->ndevices; d++)
 		log_info("device ready device=%d name=\"%s\" budget=%s max_chunk=%s", d,
 			 g->backend->devices[d].name,
-			 opts_size_format(g->broker->pools[d].budget, b1, sizeof(b1)),
-			 opts_size_format(g->broker->pools[d].max_chunk, b2, sizeof(b2)));
+			 size_str(g->broker->pools[d].budget, b1),
+			 size_str(g->broker->pools[d].max_chunk, b2));
 	return 0;
 }
 
@@ -247,7 +248,7 @@ static int gmbd_open_broker(struct gmbd *g)
 static int gmbd_restore(struct gmbd *g)
 {
 	struct state_stats st;
-	char b[24];
+	char b[SIZE_STR_MAX];
 	int r;
 
 	r = persist_restore(g->persist, g->broker, g->fds.named, g->fds.nnamed, &st);
@@ -257,7 +258,7 @@ static int gmbd_restore(struct gmbd *g)
 	}
 	if (st.clients || st.chunks || st.lost)
 		log_notice("restored after a restart clients=%u chunks=%u bytes=%s lost_chunks=%u",
-			   st.clients, st.chunks, opts_size_format(st.bytes, b, sizeof(b)),
+			   st.clients, st.chunks, size_str(st.bytes, b),
 			   st.lost);
 	return 0;
 }
@@ -371,7 +372,7 @@ static void gmbd_status(void *arg, char *buf, size_t len)
 	const struct broker *br = g->broker;
 	uint64_t lent = 0, held = 0;
 	uint32_t clients = 0, orphans = broker_orphans(br);
-	char b1[24], b2[24];
+	char b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
 	int n;
 
 	for (const struct bclient *c = br->clients; c; c = c->next)
@@ -381,8 +382,8 @@ static void gmbd_status(void *arg, char *buf, size_t len)
 		held += br->pools[d].held_bytes;
 	}
 	n = snprintf(buf, len, "%u client%s, %s lent of %s held on %d device%s (%s)", clients,
-		     clients == 1 ? "" : "s", opts_size_format(lent, b1, sizeof(b1)),
-		     opts_size_format(held, b2, sizeof(b2)), br->ndevices,
+		     clients == 1 ? "" : "s", size_str(lent, b1),
+		     size_str(held, b2), br->ndevices,
 		     br->ndevices == 1 ? "" : "s", g->backend->ops->name);
 	if (orphans && n > 0 && (size_t)n < len)
 		snprintf(buf + n, len - (size_t)n, ", %u restored client%s not back yet", orphans,

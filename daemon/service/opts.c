@@ -17,6 +17,7 @@
 #include <sys/un.h>
 
 #include "common/backend/backend.h"
+#include "common/err.h"
 #include "common/log.h"
 #include "common/wire.h"
 #include "daemon/service/conf.h"
@@ -146,7 +147,7 @@ static int opts_fail(char *err, const char *fmt, ...)
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(err, OPTS_ERR_MAX, fmt, ap);
+	err_vfmt(err, OPTS_ERR_MAX, -EINVAL, fmt, ap);
 	va_end(ap);
 	return -EINVAL;
 }
@@ -179,22 +180,6 @@ int opts_size_parse(const char *s, uint64_t *out)
 		return 0;
 	}
 	return -EINVAL;
-}
-
-char *opts_size_format(uint64_t n, char *buf, size_t len)
-{
-	static const char *const names[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" };
-	unsigned i = 0;
-
-	while (i < 6 && n >> (10 * (i + 1)))
-		i++;
-	if (i == 0)
-		snprintf(buf, len, "%" PRIu64 "B", n);
-	else if (n % (1ULL << (10 * i)) == 0)
-		snprintf(buf, len, "%" PRIu64 "%s", n >> (10 * i), names[i]);
-	else
-		snprintf(buf, len, "%.1f%s", (double)n / (double)(1ULL << (10 * i)), names[i]);
-	return buf;
 }
 
 /* A size option: a positive size unless @zero_ok. */

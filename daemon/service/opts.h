@@ -69,10 +69,5 @@ void opts_print_help(FILE *f);
  */
 int opts_size_parse(const char *s, uint64_t *out);
 
-/**
- * opts_size_format() - bytes for people: "2MiB" when exact, else one
- * decimal ("7.5GiB"). Writes into @buf (at least 24 bytes) and returns it.
- */
-char *opts_size_format(uint64_t n, char *buf, size_t len);
 
 #endif

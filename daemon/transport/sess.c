@@ -164,7 +164,7 @@ void sess_doom(struct sess *s, int level, const char *fmt, ...)
 	if (s->state != SESS_OPEN)
 		return;
 	va_start(ap, fmt);
-	vsnprintf(reason, sizeof(reason), fmt, ap);
+	err_vfmt(reason, sizeof(reason), 0, fmt, ap);
 	va_end(ap);
 	log_at(level, "disconnecting " SESS_FMT " reason=\"%s\"", SESS_ARGS(s), reason);
 	s->state = SESS_DOOMED;

@@ -5,7 +5,7 @@
  * runs on the event loop, so a loop stuck in a callback stops the pings and
  * the manager kills and restarts gmbd (which restores from the fd store).
  */
-#include "daemon/service/sd.h"
+#include "daemon/system/sd.h"
 
 #include <errno.h>
 #include <fcntl.h>
