@@ -54,7 +54,8 @@ int handlers__alloc(struct hreq *rq)
 
 int handlers__free(struct hreq *rq)
 {
-	int r = broker_free_alloc(rq->h->broker, hconn_of(rq->s)->client, rq->env->free->alloc_id, rq->err);
+	struct bclient *c = hconn_of(rq->s)->client;
+	int r = broker_free_alloc(rq->h->broker, c, rq->env->free->alloc_id, rq->err);
 
 	if (r < 0)
 		return r;
