@@ -37,13 +37,21 @@ LIB_LIBS := -lprotobuf-c -ldl -lpthread
 LIBS := -luv -lsystemd $(LIB_LIBS)
 TEST_LIBS := -lcriterion
 
-COMMON_SRC := common/err.c common/deadline.c common/log.c common/wire.c common/idmap.c common/size.c common/backend.c \
-	common/backend_host.c common/backend_cuda.c common/backend_cuda_contents.c
+COMMON_SRC := common/err.c common/deadline.c common/log.c common/wire.c common/idmap.c common/size.c \
+	common/backend/error.c common/backend/open.c common/backend/host.c common/backend/cuda.c \
+	common/backend/cuda_error.c common/backend/cuda_contents.c
 PROTO_SRC := proto/gmb.pb-c.c
-DAEMON_SRC := daemon/pool.c daemon/broker.c daemon/lend.c daemon/sess.c daemon/server.c \
-	daemon/sd.c daemon/handlers.c daemon/handlers_ctl.c daemon/handlers_status.c daemon/opts.c \
-	daemon/conf.c daemon/rejoin.c daemon/state.c daemon/persist.c daemon/handlers_hello.c
-DAEMON_MAIN := daemon/main.c
+# The daemon's layers, bottom up: core, persist, handlers, transport; the
+# service (main) wires them; system is the service manager's glue.
+DAEMON_SRC := daemon/core/pool.c daemon/core/broker.c daemon/core/lend.c daemon/core/rejoin.c \
+	daemon/core/proc.c \
+	daemon/persist/state.c daemon/persist/persist.c \
+	daemon/handlers/reply.c daemon/handlers/drops.c daemon/handlers/park.c \
+	daemon/handlers/status.c daemon/handlers/control.c daemon/handlers/memory.c \
+	daemon/handlers/hello.c daemon/handlers/orphans.c daemon/handlers/handlers.c \
+	daemon/transport/sess.c daemon/transport/server.c \
+	daemon/system/sd.c daemon/service/opts.c daemon/service/conf.c
+DAEMON_MAIN := daemon/service/main.c
 # libgmb, top down: the API, the hooks above it (regions, the default client,
 # the PyTorch entry points), memory, the tables, the connection. The LD_PRELOAD
 # shim is a library of its own that loads libgmb at run time (no NEEDED on it).

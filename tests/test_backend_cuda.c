@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/backend.h"
+#include "common/backend/backend.h"
 #include "tests/util.h"
 
 #define CAP 8192

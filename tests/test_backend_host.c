@@ -1,5 +1,5 @@
 /*
- * test_backend_host.c - common/backend_host.c keeps the CUDA driver's rules
+ * test_backend_host.c - common/backend/host.c keeps the CUDA driver's rules
  * with host memory: chunks share bytes through their fds, every rule
  * violation is refused (and leaves memory as it was), unmap keeps the VA
  * reserved, access needs set_access, and contents helpers move bytes.
@@ -18,7 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/backend.h"
+#include "common/backend/backend.h"
 
 #define G (64ULL << 10) /* the test backend's granularity */
 #define NDEV 2

@@ -20,7 +20,7 @@
 
 #include "common/err.h"
 #include "tests/util.h"
-#include "daemon/broker.h"
+#include "daemon/core/broker_internal.h"
 #include "gmb.h"
 
 #define MiB (1024ULL * 1024)

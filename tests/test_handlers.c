@@ -22,13 +22,14 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "common/backend.h"
+#include "common/backend/backend.h"
 #include "common/log.h"
 #include "common/wire.h"
-#include "daemon/broker.h"
-#include "daemon/handlers.h"
-#include "daemon/server.h"
-#include "daemon/sess.h"
+#include "daemon/core/broker.h"
+#include "daemon/handlers/handlers.h"
+#include "daemon/handlers/internal.h"
+#include "daemon/transport/server.h"
+#include "daemon/transport/sess.h"
 
 #define GiB (1ULL << 30)
 #define MiB (1ULL << 20)
@@ -57,7 +58,7 @@ static void fx_start(uint64_t pool_keep)
 	cr_assert(eq(i32, backend_host_open(&ho, &fx.be), 0));
 	cr_assert(eq(i32, broker_new(fx.be, &bo, &fx.br), 0));
 	cr_assert(eq(i32, handlers_init(&fx.h, &fx.loop, fx.br, 30000), 0));
-	cr_assert(eq(i32, server_start(&fx.loop, -1, &fx.h, &fx.srv), 0));
+	cr_assert(eq(i32, server_start(&fx.loop, -1, &handlers_sess_ops, &fx.h, &fx.srv), 0));
 	fx.next_id = 0;
 }
 
@@ -312,7 +313,7 @@ Test(handlers, hello_first_gets_devices_and_an_id)
 	cr_assert(eq(u64, hr->devices[0]->total_bytes, 8 * GiB));
 	cr_assert(eq(u64, hr->devices[0]->granularity, 2 * MiB));
 	cr_assert(eq(str, fx.br->clients->name, "trainer"));
-	cr_assert(eq(ptr, fx.br->clients->transport, fx.srv->sessions));
+	cr_assert(eq(ptr, handlers_sess_of(&fx.h, fx.br->clients), server_sessions(fx.srv)));
 	msg_free(&m);
 	close(fd);
 }
@@ -646,7 +647,7 @@ Test(parked, alloc_completes_after_the_drop_ack)
 	cr_assert(eq(i32, drop.env->body_case, GMB__ENVELOPE__BODY_DROP));
 	id = send_alloc(b, 6 * GiB, "kv");
 	expect_no_packet(b);
-	cr_assert(eq(u32, ((struct sess *)fx.br->clients->next->transport)->inflight, 1));
+	cr_assert(eq(u32, hconn_of(handlers_sess_of(&fx.h, fx.br->clients->next))->inflight, 1));
 	send_reply(a, drop.env->id, 0);
 	msg_free(&drop);
 	recv_reply(b, id, &last, parts, &n);
@@ -674,7 +675,7 @@ Test(parked, alloc_fails_with_enomem_at_its_deadline)
 	cr_assert(eq(i32, status_only(b, send_alloc(b, 6 * GiB, "kv"), err, sizeof(err)),
 		     -ENOMEM));
 	cr_assert(not(eq(ptr, strstr(err, "still waiting after 100 ms"), NULL)), "error: %s", err);
-	cr_assert(eq(u32, ((struct sess *)fx.br->clients->next->transport)->inflight, 0));
+	cr_assert(eq(u32, hconn_of(handlers_sess_of(&fx.h, fx.br->clients->next))->inflight, 0));
 	close(a);
 	close(b);
 }
@@ -762,15 +763,15 @@ Test(handlers, replies_queue_while_the_client_does_not_read)
 		first = first ? first : last;
 	}
 	fx_spin();
-	cr_assert(gt(u32, fx.srv->sessions->out_count, 0), "nothing was queued");
+	cr_assert(gt(u32, server_sessions(fx.srv)->out_count, 0), "nothing was queued");
 	for (uint64_t id = first; id <= last; id++) {
 		cr_assert(eq(i32, fx_recv(t, &m), 0));
 		cr_assert(eq(u64, m.env->reply_to, id), "replies keep their order");
 		msg_free(&m);
 	}
 	fx_spin();
-	cr_assert(eq(u32, fx.srv->sessions->out_count, 0));
-	cr_assert(eq(i32, fx.srv->sessions->poll_events, UV_READABLE));
+	cr_assert(eq(u32, server_sessions(fx.srv)->out_count, 0));
+	cr_assert(eq(i32, server_sessions(fx.srv)->poll_events, UV_READABLE));
 	close(t);
 }
 
@@ -819,7 +820,7 @@ static bool srv_paused(struct server *srv)
 
 static bool srv_has_session(struct server *srv)
 {
-	return srv->nsessions == 1;
+	return srv->host.nsessions == 1;
 }
 
 Test(handlers, accept_pauses_on_emfile_and_resumes)
@@ -833,7 +834,7 @@ Test(handlers, accept_pauses_on_emfile_and_resumes)
 	cr_assert(not(eq(ptr, mkdtemp(dir), NULL)));
 	snprintf(path, sizeof(path), "%s/gmbd.sock", dir);
 	cr_assert(eq(i32, wire_listen(path, &lfd), 0));
-	cr_assert(eq(i32, server_start(&fx.loop, lfd, &fx.h, &srv), 0));
+	cr_assert(eq(i32, server_start(&fx.loop, lfd, &handlers_sess_ops, &fx.h, &srv), 0));
 	cr_assert(eq(i32, wire_connect(path, &cfd), 0));
 	/* No fd number left below the limit: accept4() says EMFILE. */
 	spare = dup(0);
@@ -844,7 +845,7 @@ Test(handlers, accept_pauses_on_emfile_and_resumes)
 	low.rlim_cur = (rlim_t)spare;
 	cr_assert(eq(i32, setrlimit(RLIMIT_NOFILE, &low), 0));
 	spin_until(srv_paused, srv);
-	cr_assert(eq(u32, srv->nsessions, 0));
+	cr_assert(eq(u32, srv->host.nsessions, 0));
 	cr_assert(eq(i32, setrlimit(RLIMIT_NOFILE, &old), 0));
 	spin_until(srv_has_session, srv);
 	cr_assert(not(srv->emfile_paused));

@@ -1,5 +1,5 @@
 /*
- * test_opts.c - gmbd's command line (daemon/opts.c): defaults, sizes with
+ * test_opts.c - gmbd's command line (daemon/service/opts.c): defaults, sizes with
  * every suffix, overflow, bad values and options, and that --help lists
  * every option with its default.
  */
@@ -13,7 +13,8 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "daemon/opts.h"
+#include "common/size.h"
+#include "daemon/service/opts.h"
 
 #define KiB (1ULL << 10)
 #define MiB (1ULL << 20)
@@ -213,14 +214,15 @@ Test(opts, help_lists_every_option_and_its_default)
 	free(text);
 }
 
+/* gmbd's log lines write sizes with common/size.h, as gmbctl does. */
 Test(opts, size_format)
 {
-	char b[24];
+	char b[SIZE_STR_MAX];
 
-	cr_assert(eq(str, opts_size_format(0, b, sizeof(b)), "0B"));
-	cr_assert(eq(str, opts_size_format(1023, b, sizeof(b)), "1023B"));
-	cr_assert(eq(str, opts_size_format(2 * MiB, b, sizeof(b)), "2MiB"));
-	cr_assert(eq(str, opts_size_format(8 * GiB, b, sizeof(b)), "8GiB"));
-	cr_assert(eq(str, opts_size_format(3 * GiB / 2, b, sizeof(b)), "1.5GiB"));
-	cr_assert(eq(str, opts_size_format(UINT64_MAX, b, sizeof(b)), "16.0EiB"));
+	cr_assert(eq(str, (char *)size_str(0, b), "0 B"));
+	cr_assert(eq(str, (char *)size_str(1023, b), "1023 B"));
+	cr_assert(eq(str, (char *)size_str(2 * MiB, b), "2.0 MiB"));
+	cr_assert(eq(str, (char *)size_str(8 * GiB, b), "8.0 GiB"));
+	cr_assert(eq(str, (char *)size_str(3 * GiB / 2, b), "1.5 GiB"));
+	cr_assert(eq(str, (char *)size_str(UINT64_MAX, b), "16.0 EiB"));
 }

@@ -14,10 +14,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/backend.h"
+#include "common/backend/backend.h"
 #include "common/idmap.h"
 #include "tests/util.h"
-#include "daemon/pool.h"
+#include "daemon/core/pool.h"
 
 #define MiB (1024ULL * 1024)
 #define GiB (1024 * MiB)

@@ -139,7 +139,7 @@ Test(restart, sigkill_keeps_contents_addresses_and_status)
 	wcmd_ok(&w2, NULL, 0, "fill act 0x77");
 	before = status_json();
 	/* act took kv's free chunk (same uid) and one new: 6 + 4 + 4 MiB held. */
-	cr_assert(eq(i32, fake_sd_wait_status(&fx.sd, "2 clients, 14MiB lent of 14MiB", WAIT_MS),
+	cr_assert(eq(i32, fake_sd_wait_status(&fx.sd, "2 clients, 14.0 MiB lent of 14.0 MiB", WAIT_MS),
 		     0), "STATUS= says: %s", fx.sd.status);
 
 	gmbd_kill();

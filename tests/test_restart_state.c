@@ -1,10 +1,10 @@
 /*
  * test_restart_state.c - the pieces of restart without loss, in process on
- * the host backend: the record (daemon/state.c) brings back every client,
+ * the host backend: the record (daemon/persist/state.c) brings back every client,
  * tag, allocation, last lend, holder and byte count, over the very same
- * chunks (their bytes prove it); a claim (daemon/rejoin.c) is taken exactly
+ * chunks (their bytes prove it); a claim (daemon/core/rejoin.c) is taken exactly
  * when the record agrees and changes nothing when refused; and the state
- * memfd (daemon/persist.c) survives a write torn by a SIGKILL.
+ * memfd (daemon/persist/persist.c) survives a write torn by a SIGKILL.
  */
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
@@ -15,12 +15,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "common/backend.h"
+#include "common/backend/backend.h"
 #include "common/err.h"
 #include "common/log.h"
-#include "daemon/broker.h"
-#include "daemon/persist.h"
-#include "daemon/state.h"
+#include "daemon/core/broker_internal.h"
+#include "daemon/persist/persist.h"
+#include "daemon/persist/state.h"
 #include "gmb.h"
 #include "tests/util.h"
 

@@ -26,7 +26,7 @@
 
 #include "common/log.h"
 #include "common/wire.h"
-#include "daemon/opts.h"
+#include "daemon/service/opts.h"
 #include "gmb.h"
 #include "tests/util.h"
 
@@ -138,10 +138,10 @@ Test(sd, socket_activation_ready_watchdog_status_stopping)
 	cr_assert(eq(i32, fake_sd_wait_count(&fx.sd, &fx.sd.watchdog, 5, WAIT_MS), 0),
 		  "WATCHDOG=1 does not keep coming");
 	cr_assert(eq(i32, worker_cmd(&w, out, sizeof(out), "malloc t 4194304"), 0), "%s", out);
-	cr_assert(eq(i32, fake_sd_wait_status(&fx.sd, "1 client, 4MiB lent", WAIT_MS), 0),
+	cr_assert(eq(i32, fake_sd_wait_status(&fx.sd, "1 client, 4.0 MiB lent", WAIT_MS), 0),
 		  "STATUS= says: %s", fx.sd.status);
 	cr_assert(eq(i32, worker_cmd(&w, out, sizeof(out), "free t"), 0), "%s", out);
-	cr_assert(eq(i32, fake_sd_wait_status(&fx.sd, "1 client, 0B lent", WAIT_MS), 0),
+	cr_assert(eq(i32, fake_sd_wait_status(&fx.sd, "1 client, 0 B lent", WAIT_MS), 0),
 		  "STATUS= says: %s", fx.sd.status);
 	cr_assert(eq(i32, worker_quit(&w), 0));
 	cr_assert(eq(i32, fake_sd_wait_status(&fx.sd, "0 clients", WAIT_MS), 0),

@@ -3,7 +3,7 @@
  */
 #include "tests/util.h"
 
-#include "common/backend.h"
+#include "common/backend/backend.h"
 
 /* LeakSanitizer's interface exists in sanitizer builds only. */
 #if defined(__SANITIZE_ADDRESS__)

@@ -8,8 +8,8 @@
  *
  * Build (on the GPU machine; no Criterion, no libcuda at link time):
  *   gcc -std=gnu11 -O2 -D_GNU_SOURCE -I. -Iinclude -I/usr/local/cuda/include \
- *       tests/gpu/backend_smoke.c common/backend_cuda.c common/backend.c \
- *       common/backend_host.c common/idmap.c common/log.c \
+ *       tests/gpu/backend_smoke.c common/backend/*.c common/err.c \
+ *       common/idmap.c common/log.c \
  *       -o build/backend_smoke -ldl -lpthread
  * Run: build/backend_smoke. One PASS/FAIL/INFO line per check; exit status
  * 0 when every check passed, 1 otherwise.
@@ -33,8 +33,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/backend.h"
-#include "common/backend_cuda.h"
+#include "common/backend/backend.h"
+#include "common/backend/cuda.h"
 
 #define SMOKE_DEV 0
 #define SMOKE_TIMEOUT_S 300

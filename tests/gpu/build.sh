@@ -61,10 +61,10 @@ from_make() {
 }
 if ! from_make; then
 	echo "build.sh: could not read the Makefile's source lists; globbing" >&2
-	COMMON_SRC=$(echo common/*.c)
-	DAEMON_MAIN=daemon/main.c
+	COMMON_SRC=$(echo common/*.c common/*/*.c)
+	DAEMON_MAIN=daemon/service/main.c
 	DAEMON_SRC="" LIB_SRC=""
-	for f in daemon/*.c; do [ "$f" = daemon/main.c ] || DAEMON_SRC+=" $f"; done
+	for f in daemon/*/*.c; do [ "$f" = "$DAEMON_MAIN" ] || DAEMON_SRC+=" $f"; done
 	CTL_SRC=$(echo client/gmbctl/*.c)
 	# libgmb is client/lib/ (the preload shim, which defines cudaMalloc-like
 	# symbols that must not land in the tests, lives apart in client/preload/).

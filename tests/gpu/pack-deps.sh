@@ -4,7 +4,7 @@
 # The GPU machine has gcc, make and nvcc but no libuv, no protobuf-c and no
 # protoc-c (../shared/GPU-FACTS.md). This fills the ignored folder .gpu-deps/
 # with their headers and static libraries, plus the systemd headers that
-# daemon/sd.c includes (the GPU machine has libsystemd.so.0 but maybe not
+# daemon/system/sd.c includes (the GPU machine has libsystemd.so.0 but maybe not
 # libsystemd-dev), and generates build/proto/gmb.pb-c.{c,h} with protoc-c.
 # Carry `.gpu-deps` and `build/proto` to the GPU machine; tests/gpu/build.sh
 # builds everything there from them without make's protoc-c rule.

@@ -77,7 +77,7 @@ PID1=$(main_pid)
 ok status
 BEFORE=$ANS
 wait_for "STATUS= with the client" sh -c \
-	'systemctl status gmbd --no-pager | grep -q "Status: \"1 client, 28MiB lent"'
+	'systemctl status gmbd --no-pager | grep -q "Status: \"1 client, 28.0 MiB lent"'
 say "$(gmbd_status_line)"
 
 # ---- the watchdog: armed, and pinged from the loop ----
@@ -112,7 +112,7 @@ journalctl -b -u gmbd --no-pager -p notice | grep -q "restored after a restart c
 journalctl -b -u gmbd --no-pager -p info | grep -q "client rejoined client=trainer" ||
 	fail "no 'client rejoined' line in the journal"
 wait_for "STATUS= after the restart" sh -c \
-	'systemctl status gmbd --no-pager | grep -q "Status: \"1 client, 28MiB lent"'
+	'systemctl status gmbd --no-pager | grep -q "Status: \"1 client, 28.0 MiB lent"'
 say "systemctl restart: pid $PID1 -> $PID2, contents, addresses and status kept"
 
 # ---- a crash: Restart=on-failure, the fd store survives it too ----

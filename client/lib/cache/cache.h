@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/backend.h"
+#include "common/backend/backend.h"
 #include "common/err.h"
 #include "common/idmap.h"
 #include "common/wire.h"

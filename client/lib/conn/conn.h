@@ -39,7 +39,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/backend.h"
+#include "common/backend/backend.h"
 #include "common/err.h"
 #include "common/wire.h"
 #include "gmb.h"

@@ -1,0 +1,250 @@
+/*
+ * broker.h - gmbd's core: clients, tags, allocations and budgets over the
+ * per-device pools. No socket, no loop and no protobuf type in here: the
+ * handlers (daemon/handlers/) decode requests, call these functions and
+ * encode what comes back, and keep their own map from client to
+ * connection. Internals shared by the core's files: broker_internal.h.
+ *
+ * State: devices -> pool (chunks) <- allocations <- tags <- clients.
+ * An allocation's chunks[] is its last lend: while it is active these chunks
+ * are lent to it; while paused they may sit in the pool (and be lent to
+ * another client of the same uid), and the client still holds their handles
+ * until a new lend replaces the list or a drop clears entries (NULL).
+ *
+ * Drops the core decides on (trim, keep limit, another uid needing memory)
+ * are queued per client; the handlers send them as DropRequests after
+ * each operation (broker_flush_drops) and reports acks (broker_dropped).
+ */
+#ifndef GMB_BROKER_H
+#define GMB_BROKER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "common/backend/backend.h"
+#include "common/idmap.h"
+#include "common/wire.h"
+#include "daemon/core/pool.h"
+
+#define BROKER_MAX_TAGS 256         /* per client */
+#define BROKER_MAX_ALLOCS 65536     /* per client */
+
+struct btag;
+struct bclient;
+
+struct balloc {
+	uint64_t id;
+	int dev;
+	uint64_t size;             /* granularity multiple */
+	struct btag *tag;
+	struct chunk **chunks;     /* last lend, mapping order; NULL = dropped */
+	uint32_t nchunks;
+	bool active;               /* chunks are lent to it now */
+	struct balloc *prev, *next; /* in tag */
+};
+
+struct btag {
+	char name[WIRE_MAX_NAME + 1];
+	int mode;                  /* GMB_MODE_* */
+	bool paused;
+	struct bclient *client;
+	struct balloc *allocs;
+	uint32_t nallocs;
+	uint64_t bytes;
+	struct btag *next;
+};
+
+struct broker_peer {
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	const gid_t *groups;       /* supplementary groups (SO_PEERGROUPS) */
+	int ngroups;
+	uint64_t start_time;       /* /proc/PID/stat starttime; 0: unknown */
+};
+
+struct bclient {
+	uint64_t id;
+	char name[WIRE_MAX_NAME + 1];
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	gid_t *groups;
+	int ngroups;
+	bool control, tool;
+	uint64_t start_time;       /* tells a reused pid from the client's own */
+	/* Restored from a previous gmbd and not back yet (daemon/core/rejoin.c):
+	 * its memory stays counted and lent until it rejoins or is reclaimed. */
+	bool orphan;
+	struct btag *tags;
+	uint32_t ntags;
+	struct idmap allocs;       /* id -> balloc */
+	uint64_t *drops;           /* chunk ids to ask the client to drop */
+	size_t ndrops, cap_drops;
+	struct bclient *prev, *next;
+};
+
+struct broker_opts {
+	uint64_t max_chunk;        /* default 1 GiB */
+	uint64_t pool_keep;        /* UINT64_MAX: keep every free chunk */
+	uint64_t budget;           /* per device; 0: device total - reserve */
+	uint64_t reserve;          /* kept out of the default budget */
+	gid_t admin_gid;
+	bool have_admin_gid;
+	uid_t daemon_uid;
+	const struct pool_hooks *hooks; /* handed to every pool; may be NULL */
+};
+
+struct broker {
+	struct backend *backend;   /* not owned */
+	struct broker_opts opts;
+	struct pool pools[BACKEND_MAX_DEVICES];
+	int ndevices;
+	struct idmap chunks;       /* id -> chunk */
+	uint64_t next_chunk_id, next_client_id, next_alloc_id;
+	struct bclient *clients;
+	uint32_t nclients;
+};
+
+/* What alloc/resume lend: send fds of send[] first, then the lends. The
+ * pointers are the broker's and stay valid until its next call. */
+struct broker_result {
+	struct balloc **allocs;    /* malloc'd array owned by the result */
+	size_t nallocs;
+	struct chunk **send;       /* chunks the client holds no handle to yet */
+	size_t nsend;
+};
+
+#define BROKER_RESULT_INIT { 0 }
+
+int broker_new(struct backend *b, const struct broker_opts *o, struct broker **out);
+void broker_free(struct broker *br);
+
+/* @name is copied (truncated to WIRE_MAX_NAME); @out stays owned by @br. */
+int broker_client_add(struct broker *br, const struct broker_peer *peer, const char *name,
+		      bool control, bool tool, struct bclient **out);
+/* Everything the client had goes back to the pools; @c is freed. */
+void broker_client_remove(struct broker *br, struct bclient *c);
+/* The client (not a tool) of id @id; NULL if none. */
+struct bclient *broker_client_get(struct broker *br, uint64_t id);
+/* By id ("#12" or "12"), then pid, then name; NULL if none or ambiguous. */
+struct bclient *broker_client_find(struct broker *br, const char *selector);
+
+/**
+ * broker_export_fds() - new fds for @n chunk ids, owned by the caller
+ * (close them after sending). On failure none are left open.
+ * Return: 0, -ENOENT for an unknown chunk, or the backend's error.
+ */
+int broker_export_fds(struct broker *br, const uint64_t *ids, size_t n, int *fds);
+
+/* Bytes and chunks lent to @c's active allocations in @tag ("": all). */
+void broker_client_usage(const struct bclient *c, const char *tag, uint64_t *bytes,
+			 uint64_t *chunks);
+
+/*
+ * The operations. @err (ERR_MSG_MAX bytes, may be NULL) gets a sentence on
+ * failure. alloc and resume are all or nothing and fill @res (always
+ * initialized here; broker_result_deinit() it): -ENOMEM names who holds the
+ * device's memory; -EAGAIN means chunks were marked releasing and the call
+ * can succeed once their holders ack the drops (park it, flush the drops,
+ * retry after broker_dropped()). A size over the device's budget is -ENOMEM
+ * too. pause/resume take a tag or NULL/"" for every tag; pausing a paused
+ * tag and resuming an active one succeed and do nothing.
+ */
+int broker_alloc(struct broker *br, struct bclient *c, int dev, uint64_t size, const char *tag,
+		 struct broker_result *res, char *err);
+int broker_free_alloc(struct broker *br, struct bclient *c, uint64_t alloc_id, char *err);
+int broker_set_mode(struct broker *br, struct bclient *c, const char *tag, int mode, char *err);
+int broker_pause(struct broker *br, struct bclient *c, const char *tag, char *err);
+int broker_resume(struct broker *br, struct bclient *c, const char *tag,
+		  struct broker_result *res, char *err);
+/* Every free chunk of @dev (-1: all) back: *@released now, *@pending (every
+ * byte still waiting for drops on those devices) once holders ack. */
+int broker_trim(struct broker *br, int dev, uint64_t *released, uint64_t *pending, char *err);
+/* The client dropped these handles (ack of a DropRequest). */
+void broker_dropped(struct broker *br, struct bclient *c, const uint64_t *ids, size_t n);
+/* May @actor pause/resume @target (or trim when @target is NULL)? */
+int broker_may_control(const struct broker *br, const struct bclient *actor,
+		       const struct bclient *target, char *err);
+
+typedef void (*broker_drop_cb)(void *arg, struct bclient *c, const uint64_t *ids, size_t n);
+/* Queues a drop for every holder of a releasing chunk not yet asked (and
+ * marks it drop_sent), then hands each client's ids to @cb once. @ids is
+ * the broker's, valid during the call; @cb may remove @c, no other client. */
+void broker_flush_drops(struct broker *br, broker_drop_cb cb, void *arg);
+
+void broker_result_deinit(struct broker_result *r);
+
+/*
+ * Restart without loss (daemon/core/rejoin.c). A restored client is an orphan
+ * until its process comes back and its claim of what it holds is checked
+ * against the record; broker_rejoin() accepts all of the claim or none.
+ */
+struct broker_claim_tag {
+	const char *name;
+	int mode;
+	bool paused;
+};
+
+struct broker_claim_alloc {
+	uint64_t id;
+	const char *tag;
+	int dev;
+	uint64_t size;
+	bool mapped;               /* the client maps it now */
+	const uint64_t *chunk_ids; /* its last lend as the client holds it; 0 dropped */
+	size_t nchunks;
+};
+
+struct broker_claim {
+	const struct broker_claim_tag *tags;
+	size_t ntags;
+	const struct broker_claim_alloc *allocs;
+	size_t nallocs;
+	const uint64_t *held;      /* handles the client holds */
+	size_t nheld;
+};
+
+/* What both sides forget after a rejoin; malloc'd arrays owned by the caller. */
+struct broker_rejoin_result {
+	uint64_t *cleared;         /* allocations whose last lend is cleared */
+	size_t ncleared;
+	uint64_t *drop;            /* held chunks the client must drop */
+	size_t ndrop;
+};
+
+/* A client with its old @id, as an orphan; @name copied. */
+int broker_restore_client(struct broker *br, const struct broker_peer *peer, uint64_t id,
+			  const char *name, bool control, struct bclient **out);
+/* Tag @name of restored @c, as it was; *@out stays @c's. -EINVAL, -ENOSPC. */
+int broker_restore_tag(struct bclient *c, const char *name, int mode, bool paused,
+		       struct btag **out);
+/**
+ * broker_restore_alloc() - an allocation of @t as it was: @chunks (NULL
+ * entries: dropped) become its last lend, held by the client, and lent to
+ * it when @active (each must then be free; else it is restored paused).
+ * Return: 0, -EINVAL (id 0 or taken, bad device or size), -ENOMEM.
+ */
+int broker_restore_alloc(struct broker *br, struct bclient *c, struct btag *t, uint64_t id,
+			 int dev, uint64_t size, bool active, struct chunk **chunks, uint32_t n);
+/**
+ * broker_rejoin() - orphan @c is back with @claim: check it (same
+ * allocations, devices, sizes and tags; a mapped allocation over exactly its
+ * recorded chunks, each lent to it or free; no chunk mapped twice) and make
+ * the record agree with it: unclaimed allocations freed, mapped ones lent,
+ * unmapped ones back in the pool, paused ones whose claimed last lend
+ * differs cleared. Nothing changes on failure.
+ * Return: 0 with @res filled; -EPERM (a claim gmbd did not grant) or
+ * -EPROTO (a claim that contradicts itself) with @err saying which; -ENOMEM.
+ */
+int broker_rejoin(struct broker *br, struct bclient *c, const struct broker_claim *claim,
+		  struct broker_rejoin_result *res, char *err);
+void broker_rejoin_result_deinit(struct broker_rejoin_result *res);
+/* Clients restored and not back yet. */
+uint32_t broker_orphans(const struct broker *br);
+/* Orphan @c will not be back (@why, logged): its memory returns; @c is freed. */
+void broker_reclaim(struct broker *br, struct bclient *c, const char *why);
+
+#endif

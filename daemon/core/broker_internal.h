@@ -1,0 +1,28 @@
+/*
+ * broker_internal.h - what the core's files share beyond broker.h; nothing
+ * outside daemon/core/ includes it.
+ */
+#ifndef GMB_BROKER_INTERNAL_H
+#define GMB_BROKER_INTERNAL_H
+
+#include "daemon/core/broker.h"
+
+/*
+ * Internals shared by daemon/core/broker.c (clients, tags, drops, control) and
+ * daemon/core/lend.c (allocations, pause, resume); nothing else calls them.
+ */
+struct btag *broker__tag_find(const struct bclient *c, const char *name);
+/* Finds or creates @name (checked: non-empty, <= WIRE_MAX_NAME, tag limit);
+ * *@created says whether the caller must broker__tag_remove() it on failure. */
+int broker__tag_get(struct bclient *c, const char *name, struct btag **out, bool *created,
+		    char *err);
+void broker__tag_remove(struct bclient *c, struct btag *t);
+/* Links @a first in @t's list and counts it. */
+void broker__tag_link(struct btag *t, struct balloc *a);
+/* Chunks back to the pool, holds removed, unlinked and freed; no shrink. */
+void broker__alloc_destroy(struct broker *br, struct bclient *c, struct balloc *a);
+/* err: why pool_take() failed with @rc, naming who holds @dev's memory. */
+void broker__take_error(const struct broker *br, int dev, int rc, const struct pool_take *t,
+			char *err);
+
+#endif

@@ -1,0 +1,434 @@
+/*
+ * lend.c - gmbd's core, part two: allocations and their lends (alloc, free,
+ * pause, resume). Clients, tags and drops live in daemon/core/broker.c.
+ *
+ * A lend of an allocation is pool_take() + pool_lend() of each chunk +
+ * pool_hold() by the client, with the chunks it held no handle to added to
+ * the result's send list (their fds go out before the reply). It replaces
+ * the allocation's last lend only once every step of the request succeeded:
+ * until then the old list and its holds stay, so that any failure rolls
+ * back to exactly the state before the call (only idle chunks that nobody
+ * could see may have gone back to the backend, and -EAGAIN's marks stay).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/log.h"
+#include "common/size.h"
+#include "daemon/core/broker_internal.h"
+
+/* One allocation's progress through a request, for commit or rollback. */
+struct lend_step {
+	struct balloc *a;
+	struct pool_take t;   /* the new chunks (none when exact) */
+	uint32_t nheld;       /* of t.chunks, how many pool_hold()s were made */
+	bool exact;           /* its last lend, taken back as it is */
+	bool done;            /* t holds an acquired lend */
+};
+
+/* ---- messages ---- */
+
+static uint64_t lend_client_bytes(const struct bclient *c, int dev)
+{
+	uint64_t n = 0;
+
+	for (const struct btag *t = c->tags; t; t = t->next)
+		for (const struct balloc *a = t->allocs; a; a = a->next)
+			if (a->active && a->dev == dev)
+				n += a->size;
+	return n;
+}
+
+/* "lent: trainer (pid 41, uid 1000) 6.0 GiB, ...; free in pool 0.5 GiB" */
+static void lend_msg_holders(const struct broker *br, int dev, char *err)
+{
+	const struct pool *p = &br->pools[dev];
+	const char *sep = "; lent: ";
+	char b[SIZE_STR_MAX];
+
+	for (const struct bclient *c = br->clients; c; c = c->next) {
+		uint64_t n = lend_client_bytes(c, dev);
+
+		if (n == 0)
+			continue;
+		err_append(err, "%s%s (pid %d, uid %u) %s", sep, c->name, (int)c->pid,
+				(unsigned)c->uid, size_str(n, b));
+		sep = ", ";
+	}
+	err_append(err, "; free in pool %s", size_str(p->free_bytes, b));
+	if (p->pending_bytes)
+		err_append(err, "; %s waiting for clients to drop handles",
+				size_str(p->pending_bytes, b));
+}
+
+void broker__take_error(const struct broker *br, int dev, int rc, const struct pool_take *t,
+			char *err)
+{
+	const struct pool *p = &br->pools[dev];
+	char b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
+
+	if (rc == -ENOMEM && t->shortfall) {
+		err_append(err, "device %d: budget %s exhausted: need %s more", dev,
+				size_str(p->budget, b1),
+				size_str(t->shortfall, b2));
+		lend_msg_holders(br, dev, err);
+	} else if (rc == -ENOMEM) {
+		/* The driver (or malloc) said no before the budget did. */
+		err_append(err, "device %d: out of memory creating chunks", dev);
+		lend_msg_holders(br, dev, err);
+	} else if (rc == -EAGAIN) {
+		err_append(err, "device %d: waiting for clients to drop handles to %s", dev,
+				size_str(p->pending_bytes, b1));
+	} else {
+		err_append(err, "device %d: creating a chunk failed: %s", dev,
+				backend_last_error());
+	}
+}
+
+/* ---- one lend ---- */
+
+static int lend_send_push(struct broker_result *res, struct chunk *ch)
+{
+	size_t n = res->nsend;
+
+	/* Capacity is implied: 8, then each power of two. */
+	if (n == 0 || (n >= 8 && (n & (n - 1)) == 0)) {
+		struct chunk **v = realloc(res->send, (n ? n * 2 : 8) * sizeof(*v));
+
+		if (!v)
+			return -ENOMEM;
+		res->send = v;
+	}
+	res->send[res->nsend++] = ch;
+	return 0;
+}
+
+/* Undoes lend_acquire(): holds removed, chunks back to the pool. */
+static void lend_unacquire(struct broker *br, struct bclient *c, struct lend_step *s)
+{
+	struct pool *p = &br->pools[s->a->dev];
+
+	for (uint32_t i = 0; i < s->nheld; i++)
+		pool_unhold(p, s->t.chunks[i], c, false);
+	s->nheld = 0;
+	pool_untake(p, &s->t);
+	s->done = false;
+}
+
+/* New chunks for @s->a, lent and held; a->chunks is left alone. */
+static int lend_acquire(struct broker *br, struct bclient *c, struct lend_step *s,
+			struct broker_result *res, char *err)
+{
+	struct pool *p = &br->pools[s->a->dev];
+	int rc;
+
+	s->t = (struct pool_take){ .size = s->a->size, .uid = c->uid, .prefer = c };
+	rc = pool_take(p, &s->t);
+	if (rc < 0) {
+		broker__take_error(br, s->a->dev, rc, &s->t, err);
+		return rc;
+	}
+	s->done = true;
+	for (uint32_t i = 0; i < s->t.nchunks; i++)
+		pool_lend(p, s->t.chunks[i], s->a);
+	for (uint32_t i = 0; i < s->t.nchunks; i++) {
+		struct chunk *ch = s->t.chunks[i];
+
+		if (!pool_is_held_by(ch, c) && (rc = lend_send_push(res, ch)) < 0)
+			goto err_unacquire;
+		if ((rc = pool_hold(p, ch, c)) < 0)
+			goto err_unacquire;
+		s->nheld++;
+	}
+	return 0;
+
+err_unacquire:
+	lend_unacquire(br, c, s);
+	err_append(err, "out of memory recording chunk holders");
+	return rc;
+}
+
+/* ---- alloc and free ---- */
+
+static int lend_check_alloc(const struct broker *br, const struct bclient *c, int dev,
+			    uint64_t size, char *err)
+{
+	char b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
+
+	if (dev < 0 || dev >= br->ndevices)
+		return err_fmt(err, -ENODEV, "device %d does not exist (%d devices)", dev,
+				    br->ndevices);
+	if (size == 0)
+		return err_fmt(err, -EINVAL, "allocation size must be positive");
+	if (size > br->pools[dev].budget)
+		return err_fmt(err, -ENOMEM, "allocation of %s exceeds device %d's budget of %s",
+				    size_str(size, b1), dev,
+				    size_str(br->pools[dev].budget, b2));
+	if (c->allocs.count >= BROKER_MAX_ALLOCS)
+		return err_fmt(err, -ENOSPC, "client '%s' already has %d allocations, the limit",
+				    c->name, BROKER_MAX_ALLOCS);
+	return 0;
+}
+
+int broker_alloc(struct broker *br, struct bclient *c, int dev, uint64_t size, const char *tag,
+		 struct broker_result *res, char *err)
+{
+	struct lend_step s = { 0 };
+	struct btag *t;
+	bool created;
+	char b[SIZE_STR_MAX];
+	int rc;
+
+	*res = (struct broker_result)BROKER_RESULT_INIT;
+	rc = lend_check_alloc(br, c, dev, size, err);
+	if (rc < 0)
+		return rc;
+	rc = broker__tag_get(c, tag, &t, &created, err);
+	if (rc < 0)
+		return rc;
+	if (t->paused) {
+		rc = err_fmt(err, -EBUSY, "tag '%s' is paused: resume it before allocating in it",
+				  t->name);
+		goto err_tag;
+	}
+	s.a = calloc(1, sizeof(*s.a));
+	res->allocs = malloc(sizeof(*res->allocs));
+	if (!s.a || !res->allocs) {
+		rc = err_fmt(err, -ENOMEM, "out of memory recording an allocation");
+		goto err_mem;
+	}
+	*s.a = (struct balloc){ .id = br->next_alloc_id++, .dev = dev, .tag = t,
+				.size = backend_round_up(size, br->pools[dev].granularity) };
+	err_fmt(err, 0, "cannot allocate %s in tag '%s': ",
+		     size_str(s.a->size, b), t->name);
+	rc = lend_acquire(br, c, &s, res, err);
+	if (rc < 0)
+		goto err_mem;
+	rc = idmap_put(&c->allocs, s.a->id, s.a);
+	if (rc < 0) {
+		err_append(err, "out of memory recording it");
+		goto err_acquire;
+	}
+	s.a->chunks = s.t.chunks;
+	s.a->nchunks = s.t.nchunks;
+	s.a->active = true;
+	broker__tag_link(t, s.a);
+	res->allocs[0] = s.a;
+	res->nallocs = 1;
+	if (err)
+		err[0] = '\0';
+	log_debug("alloc client=%s id=%llu tag=%s dev=%d size=%llu chunks=%u new=%u send=%zu",
+		  c->name, (unsigned long long)s.a->id, t->name, dev,
+		  (unsigned long long)s.a->size, s.t.nchunks, s.t.ncreated, res->nsend);
+	return 0;
+
+err_acquire:
+	lend_unacquire(br, c, &s);
+err_mem:
+	free(s.a);
+	broker_result_deinit(res);
+err_tag:
+	if (created)
+		broker__tag_remove(c, t);
+	return rc;
+}
+
+int broker_free_alloc(struct broker *br, struct bclient *c, uint64_t alloc_id, char *err)
+{
+	struct balloc *a = idmap_get(&c->allocs, alloc_id);
+	int dev;
+
+	if (!a)
+		return err_fmt(err, -ENOENT, "allocation %llu does not exist",
+				    (unsigned long long)alloc_id);
+	dev = a->dev;
+	log_debug("free client=%s id=%llu dev=%d size=%llu", c->name,
+		  (unsigned long long)alloc_id, dev, (unsigned long long)a->size);
+	broker__alloc_destroy(br, c, a);
+	pool_shrink(&br->pools[dev], br->opts.pool_keep, NULL);
+	return 0;
+}
+
+/* ---- pause ---- */
+
+/* Bit d of @touched: device d got chunks back, so its keep limit is checked. */
+static void lend_pause_tag(struct broker *br, struct btag *t, uint64_t *touched)
+{
+	if (t->paused)
+		return;
+	for (struct balloc *a = t->allocs; a; a = a->next) {
+		if (!a->active)
+			continue;
+		/* The holds stay: the client keeps the handles for a cheap resume. */
+		for (uint32_t i = 0; i < a->nchunks; i++)
+			pool_put(&br->pools[a->dev], a->chunks[i]);
+		a->active = false;
+		*touched |= 1ULL << a->dev;
+	}
+	t->paused = true;
+}
+
+int broker_pause(struct broker *br, struct bclient *c, const char *tag, char *err)
+{
+	uint64_t touched = 0;
+	struct btag *t;
+
+	if (tag && *tag) {
+		t = broker__tag_find(c, tag);
+		if (!t)
+			return err_fmt(err, -ENOENT, "client '%s' has no tag '%s'", c->name, tag);
+		lend_pause_tag(br, t, &touched);
+	} else {
+		for (t = c->tags; t; t = t->next)
+			lend_pause_tag(br, t, &touched);
+	}
+	for (int d = 0; d < br->ndevices; d++)
+		if (touched & (1ULL << d))
+			pool_shrink(&br->pools[d], br->opts.pool_keep, NULL);
+	log_debug("pause client=%s tag=%s", c->name, tag && *tag ? tag : "*");
+	return 0;
+}
+
+/* ---- resume ---- */
+
+/* Paused allocations of @only (or of every tag) into @steps; their count. */
+static size_t lend_collect(struct bclient *c, struct btag *only, struct lend_step *steps)
+{
+	size_t n = 0;
+
+	for (struct btag *t = only ? only : c->tags; t; t = only ? NULL : t->next) {
+		if (!t->paused)
+			continue;
+		for (struct balloc *a = t->allocs; a; a = a->next) {
+			if (steps)
+				steps[n] = (struct lend_step){ .a = a };
+			n++;
+		}
+	}
+	return n;
+}
+
+/* Its last lend back as it is, when every chunk still sits free in the pool. */
+static bool lend_try_exact(struct broker *br, struct lend_step *s)
+{
+	struct pool *p = &br->pools[s->a->dev];
+
+	for (uint32_t i = 0; i < s->a->nchunks; i++)
+		if (!s->a->chunks[i] || !s->a->chunks[i]->free)
+			return false;
+	for (uint32_t i = 0; i < s->a->nchunks; i++)
+		pool_lend(p, s->a->chunks[i], s->a);
+	s->exact = true;
+	return true;
+}
+
+static void lend_rollback(struct broker *br, struct bclient *c, struct lend_step *steps, size_t n)
+{
+	for (size_t i = n; i-- > 0;) {
+		struct lend_step *s = &steps[i];
+
+		if (s->exact) {
+			for (uint32_t j = 0; j < s->a->nchunks; j++)
+				pool_put(&br->pools[s->a->dev], s->a->chunks[j]);
+			s->exact = false;
+		} else if (s->done) {
+			lend_unacquire(br, c, s);
+		}
+	}
+}
+
+/* Cannot fail: new lists replace old ones, whose holds go. */
+static void lend_commit(struct broker *br, struct bclient *c, struct lend_step *steps, size_t n,
+			struct broker_result *res)
+{
+	for (size_t i = 0; i < n; i++) {
+		struct balloc *a = steps[i].a;
+
+		if (!steps[i].exact) {
+			for (uint32_t j = 0; j < a->nchunks; j++)
+				if (a->chunks[j])
+					pool_unhold(&br->pools[a->dev], a->chunks[j], c, false);
+			free(a->chunks);
+			a->chunks = steps[i].t.chunks;
+			a->nchunks = steps[i].t.nchunks;
+		}
+		a->active = true;
+		res->allocs[res->nallocs++] = a;
+	}
+}
+
+static void lend_mark_resumed(struct bclient *c, struct btag *only)
+{
+	for (struct btag *t = only ? only : c->tags; t; t = only ? NULL : t->next)
+		t->paused = false;
+}
+
+/* Both passes: exact ones first, so that a take cannot grab their chunks. */
+static int lend_resume_steps(struct broker *br, struct bclient *c, struct lend_step *steps,
+			     size_t n, struct broker_result *res, char *err)
+{
+	int rc;
+
+	for (size_t i = 0; i < n; i++)
+		lend_try_exact(br, &steps[i]);
+	for (size_t i = 0; i < n; i++) {
+		if (steps[i].exact)
+			continue;
+		rc = lend_acquire(br, c, &steps[i], res, err);
+		if (rc < 0) {
+			lend_rollback(br, c, steps, n);
+			return rc;
+		}
+	}
+	return 0;
+}
+
+int broker_resume(struct broker *br, struct bclient *c, const char *tag,
+		  struct broker_result *res, char *err)
+{
+	struct lend_step *steps = NULL;
+	struct btag *only = NULL;
+	size_t n;
+	int rc;
+
+	*res = (struct broker_result)BROKER_RESULT_INIT;
+	if (tag && *tag) {
+		only = broker__tag_find(c, tag);
+		if (!only)
+			return err_fmt(err, -ENOENT, "client '%s' has no tag '%s'", c->name, tag);
+		if (!only->paused)
+			return 0;
+	}
+	n = lend_collect(c, only, NULL);
+	if (n > 0) {
+		steps = calloc(n, sizeof(*steps));
+		res->allocs = malloc(n * sizeof(*res->allocs));
+		if (!steps || !res->allocs) {
+			rc = err_fmt(err, -ENOMEM, "out of memory resuming %zu allocations", n);
+			goto err_mem;
+		}
+		lend_collect(c, only, steps);
+		if (only)
+			err_fmt(err, 0, "cannot resume tag '%s' of '%s': ", only->name, c->name);
+		else
+			err_fmt(err, 0, "cannot resume the tags of '%s': ", c->name);
+		rc = lend_resume_steps(br, c, steps, n, res, err);
+		if (rc < 0)
+			goto err_mem;
+		lend_commit(br, c, steps, n, res);
+		if (err)
+			err[0] = '\0';
+	}
+	lend_mark_resumed(c, only);
+	log_debug("resume client=%s tag=%s allocs=%zu send=%zu", c->name, only ? only->name : "*",
+		  n, res->nsend);
+	free(steps);
+	return 0;
+
+err_mem:
+	free(steps);
+	broker_result_deinit(res);
+	return rc;
+}

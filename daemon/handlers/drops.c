@@ -1,0 +1,110 @@
+/*
+ * drops.c - requests gmbd sends to clients, and the first kind of them:
+ * DropRequests (the core wants handles back) and their acks.
+ *
+ * Each daemon request gets an id from the target connection's counter and
+ * an entry in its dreqs map until the client's last reply part arrives; a
+ * reply to an id not in the map is a protocol error (handlers.c). Control
+ * commands (control.c) use the same table.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/wire.h"
+#include "daemon/core/broker.h"
+#include "daemon/handlers/internal.h"
+#include "daemon/transport/sess.h"
+
+static int handlers_send_drop(struct handlers *h, struct sess *s, const uint64_t *ids, size_t n);
+
+int handlers__dreq_add(struct sess *s, struct hdreq *d, uint64_t *id)
+{
+	struct hconn *hc = hconn_of(s);
+	int r = idmap_put(&hc->dreqs, hc->next_req_id + 1, d);
+
+	if (r < 0)
+		return r;
+	*id = ++hc->next_req_id;
+	return 0;
+}
+
+void handlers__dreq_free(struct hdreq *d)
+{
+	if (!d)
+		return;
+	free(d->ids);
+	free(d);
+}
+
+void handlers__send_drops(void *arg, struct bclient *c, const uint64_t *ids, size_t n)
+{
+	struct sess *s = handlers__conn_client(arg, c);
+
+	/* A doomed client is removed on the next loop turn, which forgets
+	 * its holds: nothing is owed to it. */
+	if (!s || s->state != SESS_OPEN)
+		return;
+	for (size_t off = 0; off < n; off += HANDLERS_DROP_BATCH) {
+		size_t k = n - off < HANDLERS_DROP_BATCH ? n - off : HANDLERS_DROP_BATCH;
+
+		if (handlers_send_drop(arg, s, ids + off, k) < 0)
+			return;
+	}
+}
+
+static int handlers_send_drop(struct handlers *h, struct sess *s, const uint64_t *ids, size_t n)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__DropRequest dr = GMB__DROP_REQUEST__INIT;
+	struct hconn *hc = hconn_of(s);
+	struct hdreq *d;
+	uint64_t id;
+	int r = -ENOMEM;
+
+	if (hc->dreqs.count >= HANDLERS_MAX_DREQS) {
+		sess_doom(s, LOG_LVL_WARNING, "%zu requests of gmbd unanswered", hc->dreqs.count);
+		return -EBUSY;
+	}
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		goto err_doom;
+	d->ids = malloc(n * sizeof(*d->ids));
+	if (!d->ids)
+		goto err_free;
+	memcpy(d->ids, ids, n * sizeof(*d->ids));
+	d->nids = n;
+	d->kind = HDREQ_DROP;
+	r = handlers__dreq_add(s, d, &id);
+	if (r < 0)
+		goto err_free;
+	env.id = id;
+	env.body_case = GMB__ENVELOPE__BODY_DROP;
+	env.drop = &dr;
+	dr.n_chunk_ids = n;
+	dr.chunk_ids = (uint64_t *)ids;
+	return sess_send(s, &env);
+
+err_free:
+	handlers__dreq_free(d);
+err_doom:
+	/* The core counts the drop as sent: a client that never gets it would
+	 * pin that memory, so it goes (and the memory comes back). */
+	sess_doom(s, LOG_LVL_ERR, "out of memory asking it to drop %zu handles", n);
+	return r;
+}
+
+bool handlers__drop_acked(struct handlers *h, struct sess *s, struct hdreq *d, int status,
+			  const char *error)
+{
+	if (status != 0) {
+		/* Its handles stay, so the memory is not back: it returns when
+		 * the client goes. */
+		log_warn("client refused to drop handles " SESS_FMT " chunks=%zu status=%d"
+			 " error=\"%s\"", SESS_ARGS(s), d->nids, status, error ? error : "");
+		return false;
+	}
+	broker_dropped(h->broker, hconn_of(s)->client, d->ids, d->nids);
+	return true;
+}

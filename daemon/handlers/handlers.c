@@ -1,0 +1,277 @@
+/*
+ * handlers.c - the top of the handlers: the one dispatch table, the checks
+ * every envelope passes, replies to gmbd's own requests, and the callbacks
+ * the transport calls (handlers_sess_ops). The handlers of each message
+ * family live in their own file (internal.h lists them).
+ *
+ * Every envelope passes handlers_recv(), which checks what the protocol
+ * requires of it (an id, hello first, a body a client may send), runs the
+ * handler of its body case from handlers_table, and frees it on its one
+ * exit path unless a parked request took it.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/size.h"
+#include "common/wire.h"
+#include "daemon/core/broker.h"
+#include "daemon/handlers/internal.h"
+#include "daemon/transport/sess.h"
+#include "include/gmb.h"
+
+/* Handler flags. */
+#define H_SETTLE 0x1    /* may free memory or queue drops: settle afterwards */
+#define H_INFLIGHT 0x2  /* may be parked or forwarded: counts in flight */
+#define H_STATE 0x4     /* may change the broker's record */
+
+struct handler {
+	const char *name;
+	handlers_fn fn;              /* NULL: not a body a client may send */
+	unsigned flags;
+};
+
+static const struct handler *handlers_lookup(int body_case);
+static int handlers_check(struct hreq *rq, const struct handler *hd);
+static void handlers_daemon_reply(struct hreq *rq);
+static int handlers_open(void *arg, struct sess *s, void **data);
+static void handlers_recv(void *arg, struct sess *s, Gmb__Envelope *env);
+static void handlers_gone(void *arg, struct sess *s);
+static void handlers_free_data(void *data);
+static int handlers_export_fds(void *arg, const uint64_t *ids, size_t n, int *fds);
+static const char *handlers_body_name(int body_case);
+
+const struct sess_ops handlers_sess_ops = {
+	.open = handlers_open,
+	.recv = handlers_recv,
+	.gone = handlers_gone,
+	.free_data = handlers_free_data,
+	.export_fds = handlers_export_fds,
+	.body_name = handlers_body_name,
+};
+
+static const struct handler handlers_table[] = {
+	[GMB__ENVELOPE__BODY__NOT_SET] = { "none", NULL, 0 },
+	[GMB__ENVELOPE__BODY_HELLO] = { "hello", handlers__hello, H_STATE },
+	[GMB__ENVELOPE__BODY_HELLO_REPLY] = { "hello_reply", NULL, 0 },
+	[GMB__ENVELOPE__BODY_ALLOC] = { "alloc", handlers__alloc, H_SETTLE | H_INFLIGHT | H_STATE },
+	[GMB__ENVELOPE__BODY_ALLOC_REPLY] = { "alloc_reply", NULL, 0 },
+	[GMB__ENVELOPE__BODY_FREE] = { "free", handlers__free, H_SETTLE | H_STATE },
+	[GMB__ENVELOPE__BODY_TAG_MODE] = { "tag_mode", handlers__tag_mode, H_STATE },
+	[GMB__ENVELOPE__BODY_PAUSE] = { "pause", handlers__pause, H_SETTLE | H_STATE },
+	[GMB__ENVELOPE__BODY_PAUSE_REPLY] = { "pause_reply", NULL, 0 },
+	[GMB__ENVELOPE__BODY_RESUME] = { "resume", handlers__resume,
+					 H_SETTLE | H_INFLIGHT | H_STATE },
+	[GMB__ENVELOPE__BODY_RESUME_REPLY] = { "resume_reply", NULL, 0 },
+	[GMB__ENVELOPE__BODY_STATUS_REQ] = { "status", handlers__status, 0 },
+	[GMB__ENVELOPE__BODY_STATUS_REPLY] = { "status_reply", NULL, 0 },
+	[GMB__ENVELOPE__BODY_CONTROL] = { "control", handlers__control, H_INFLIGHT },
+	[GMB__ENVELOPE__BODY_CONTROL_CMD] = { "control_cmd", NULL, 0 },
+	[GMB__ENVELOPE__BODY_DROP] = { "drop", NULL, 0 },
+	[GMB__ENVELOPE__BODY_TRIM] = { "trim", handlers__trim, H_SETTLE | H_STATE },
+	[GMB__ENVELOPE__BODY_TRIM_REPLY] = { "trim_reply", NULL, 0 },
+	[GMB__ENVELOPE__BODY_REJOIN] = { "rejoin", handlers__rejoin, H_SETTLE },
+	[GMB__ENVELOPE__BODY_REJOIN_REPLY] = { "rejoin_reply", NULL, 0 },
+	[GMB__ENVELOPE__BODY_BYE] = { "bye", NULL, 0 },
+};
+
+#define HANDLERS_N (sizeof(handlers_table) / sizeof(handlers_table[0]))
+
+int handlers_init(struct handlers *h, uv_loop_t *loop, struct broker *br,
+		  uint64_t control_timeout_ms)
+{
+	int r;
+
+	*h = (struct handlers){ .loop = loop, .broker = br,
+				.control_timeout_ms = control_timeout_ms,
+				.park_timeout_ms = HANDLERS_PARK_TIMEOUT_MS };
+	r = uv_timer_init(loop, &h->park_timer);
+	if (r < 0)
+		return r;
+	h->park_timer.data = h;
+	/* Cannot fail once the first one did not. */
+	uv_timer_init(loop, &h->orphan_timer);
+	h->orphan_timer.data = h;
+	return 0;
+}
+
+void handlers_close(struct handlers *h)
+{
+	if (h->closed)
+		return;
+	h->closed = true;
+	idmap_deinit(&h->conns);
+	uv_close((uv_handle_t *)&h->park_timer, NULL);
+	uv_close((uv_handle_t *)&h->orphan_timer, NULL);
+}
+
+static const char *handlers_body_name(int body_case)
+{
+	const struct handler *hd = handlers_lookup(body_case);
+
+	return hd ? hd->name : "unknown";
+}
+
+static const struct handler *handlers_lookup(int body_case)
+{
+	if (body_case < 0 || (size_t)body_case >= HANDLERS_N || !handlers_table[body_case].name)
+		return NULL;
+	return &handlers_table[body_case];
+}
+
+static void handlers_recv(void *arg, struct sess *s, Gmb__Envelope *env)
+{
+	struct handlers *h = arg;
+	struct hconn *hc = hconn_of(s);
+	struct hreq rq = { .h = h, .s = s, .env = env };
+	const struct handler *hd = handlers_lookup(env->body_case);
+	int r;
+
+	if (env->reply_to) {
+		handlers_daemon_reply(&rq);
+		goto out_free;
+	}
+	if (handlers_check(&rq, hd) < 0)
+		goto out_free;
+	if ((hd->flags & H_INFLIGHT) && hc->inflight >= WIRE_MAX_INFLIGHT) {
+		handlers__fail(&rq, -EAGAIN, "client '%s' has %u requests in flight, the limit",
+			       sess_name(s), hc->inflight);
+		handlers__reply_status(s, env->id, -EAGAIN, rq.err);
+		goto out_free;
+	}
+	r = hd->fn(&rq);
+	if (r == HANDLERS_KEPT)
+		env = NULL; /* the handler's now (or freed already) */
+	if (r == HANDLERS_PARK) {
+		r = handlers__park(&rq, hd->fn);
+		if (r == 0)
+			env = NULL; /* the parked request owns it now */
+	}
+	if (r < 0)
+		handlers__reply_status(s, rq.env->id, r, rq.err);
+	if (hd->flags & H_SETTLE)
+		handlers__settle(h);
+	if (hd->flags & H_STATE)
+		handlers__changed(h);
+out_free:
+	if (env)
+		gmb__envelope__free_unpacked(env, NULL);
+}
+
+/* What the protocol requires of a request; a breach dooms the session. */
+static int handlers_check(struct hreq *rq, const struct handler *hd)
+{
+	struct sess *s = rq->s;
+	struct hconn *hc = hconn_of(s);
+	const char *name = hd ? hd->name : "unknown";
+
+	if (rq->env->id == 0) {
+		sess_protocol_error(s, "a %s request without an id", name);
+		return -EPROTO;
+	}
+	if (!hd || !hd->fn) {
+		sess_protocol_error(s, "a client may not send a %s message", name);
+		return -EPROTO;
+	}
+	if (hc->rejoin && rq->env->body_case != GMB__ENVELOPE__BODY_REJOIN) {
+		sess_protocol_error(s, "a %s before the rejoin claim is complete", name);
+		return -EPROTO;
+	}
+	if (!hc->rejoin && rq->env->body_case == GMB__ENVELOPE__BODY_REJOIN) {
+		sess_protocol_error(s, "a rejoin claim without a rejoin hello");
+		return -EPROTO;
+	}
+	if (!hc->client && !hc->rejoin && rq->env->body_case != GMB__ENVELOPE__BODY_HELLO) {
+		sess_protocol_error(s, "the first request must be hello, not %s", name);
+		return -EPROTO;
+	}
+	if ((hc->client || hc->rejoin) && rq->env->body_case == GMB__ENVELOPE__BODY_HELLO) {
+		sess_protocol_error(s, "a second hello");
+		return -EPROTO;
+	}
+	return 0;
+}
+
+/* A client's reply to a request of gmbd: the last part settles it. */
+static void handlers_daemon_reply(struct hreq *rq)
+{
+	const Gmb__Envelope *env = rq->env;
+	struct sess *s = rq->s;
+	struct hconn *hc = hconn_of(s);
+	struct hdreq *d = idmap_get(&hc->dreqs, env->reply_to);
+
+	if (!d) {
+		sess_protocol_error(s, "a reply to request %" PRIu64 ", which gmbd did not send",
+				    env->reply_to);
+		return;
+	}
+	if (env->more)
+		return; /* the last part carries the status */
+	idmap_del(&hc->dreqs, env->reply_to);
+	if (d->kind == HDREQ_CONTROL) {
+		handlers__fwd_answered(d, env, s);
+	} else if (handlers__drop_acked(rq->h, s, d, env->status, env->error)) {
+		handlers__settle(rq->h);
+		handlers__changed(rq->h);
+	}
+	handlers__dreq_free(d);
+}
+
+/* ---- the transport's callbacks ---- */
+
+static int handlers_open(void *arg, struct sess *s, void **data)
+{
+	struct hconn *hc = calloc(1, sizeof(*hc));
+
+	if (!hc)
+		return -ENOMEM;
+	*hc = (struct hconn){ .dreqs = IDMAP_INIT };
+	*data = hc;
+	return 0;
+}
+
+static void handlers_free_data(void *data)
+{
+	struct hconn *hc = data;
+
+	idmap_deinit(&hc->dreqs);
+	free(hc);
+}
+
+static int handlers_export_fds(void *arg, const uint64_t *ids, size_t n, int *fds)
+{
+	struct handlers *h = arg;
+
+	return broker_export_fds(h->broker, ids, n, fds);
+}
+
+static void handlers_gone(void *arg, struct sess *s)
+{
+	struct handlers *h = arg;
+	struct hconn *hc = hconn_of(s);
+	uint64_t bytes = 0, chunks = 0;
+	char b[SIZE_STR_MAX];
+
+	handlers__park_cancel(h, s);
+	handlers__dreqs_fail(h, s);
+	handlers__rejoin_gone(h, s);
+	if (!hc->client) {
+		log_debug("connection closed pid=%d uid=%u", (int)s->pid, (unsigned)s->uid);
+		return;
+	}
+	broker_client_usage(hc->client, "", &bytes, &chunks);
+	if (h->handover)
+		log_debug("client left for the next gmbd " SESS_FMT, SESS_ARGS(s));
+	else
+		log_at(hc->client->tool ? LOG_LVL_DEBUG : LOG_LVL_INFO, "client disconnected "
+		       SESS_FMT " returned=%s chunks=%" PRIu64, SESS_ARGS(s),
+		       size_str(bytes, b), chunks);
+	handlers__conn_unbind(h, hc->client);
+	broker_client_remove(h->broker, hc->client);
+	hc->client = NULL;
+	sess_set_name(s, NULL, 0);
+	handlers__settle(h);
+	handlers__changed(h);
+}

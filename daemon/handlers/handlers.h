@@ -1,0 +1,102 @@
+/*
+ * handlers.h - gmbd's request handlers: decode a client's envelope, check
+ * the caller and the arguments, call the core (daemon/core/broker.h), encode the
+ * reply. Dispatch comes from one table keyed by the envelope's body case.
+ *
+ * Besides plain request/reply, the handlers keep three kinds of pending
+ * work, all owned here and cancelled when a session goes (the handlers'
+ * state of one connection is a struct hconn, daemon/handlers/internal.h):
+ *   - parked requests: an alloc/resume the core answered with -EAGAIN
+ *     (memory returns once clients drop handles). Retried in arrival order
+ *     after every drop ack and every operation that frees memory; answered
+ *     -ENOMEM at their deadline.
+ *   - daemon requests to a client (DropRequest, ControlCommand), keyed by
+ *     the session's own request ids; a client reply must match one.
+ *   - forwarded control requests (gmbctl pause/resume of another client),
+ *     with a timer; at most one in flight per target.
+ * Parked and forwarded requests count against WIRE_MAX_INFLIGHT.
+ */
+#ifndef GMB_HANDLERS_H
+#define GMB_HANDLERS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "common/idmap.h"
+#include "proto/gmb.pb-c.h"
+#include "daemon/transport/sess.h"
+
+#define HANDLERS_PARK_TIMEOUT_MS 5000
+/* A client that leaves this many daemon requests unanswered is dropped. */
+#define HANDLERS_MAX_DREQS 4096
+/* Chunk ids per DropRequest; keeps the packet well under WIRE_MAX_MSG. */
+#define HANDLERS_DROP_BATCH 2048
+
+struct bclient;
+struct broker;
+struct server;
+struct hpark;
+
+struct handlers {
+	uv_loop_t *loop;
+	struct broker *broker;          /* not owned */
+	uint64_t control_timeout_ms;
+	uint64_t park_timeout_ms;
+	struct hpark *parked, *parked_tail; /* arrival order */
+	uv_timer_t park_timer;          /* the first parked request's deadline */
+	/* Called after anything that changes the broker's record (gmbd: the
+	 * fd store's state and STATUS=); NULL: nobody cares. */
+	void (*changed)(void *arg);
+	void *changed_arg;
+	struct idmap conns;             /* client id -> struct sess: connected or rejoining */
+	uv_timer_t orphan_timer;
+	uint64_t orphan_deadline;       /* uv_now() ms: orphans left are reclaimed */
+	uint64_t orphan_grace_ms;
+	bool retrying;                  /* guards against nested retries */
+	bool closed;
+	bool handover;                  /* stopping, the clients' state kept for the next
+					   gmbd: disconnects return nothing */
+};
+
+/**
+ * handlers_init() - ready @h for sessions on @loop over @br.
+ * @h and @br stay the caller's; handlers_close() before the loop ends.
+ * Return: 0 or libuv's error.
+ */
+int handlers_init(struct handlers *h, uv_loop_t *loop, struct broker *br,
+		  uint64_t control_timeout_ms);
+
+/* Closes the timers; every session must be disconnected already. */
+void handlers_close(struct handlers *h);
+
+/**
+ * handlers_orphans_start() - clients restored from the previous gmbd are
+ * waiting to rejoin: reclaim at once those whose process is gone, the
+ * others as soon as it goes, and all left after @grace_ms.
+ */
+void handlers_orphans_start(struct handlers *h, uint64_t grace_ms);
+
+/**
+ * handlers_goodbye() - gmbd stops and keeps no state: tell every client
+ * (Bye) not to come back. The packets leave with the sessions' disconnect.
+ */
+void handlers_goodbye(struct handlers *h, struct server *srv, const char *reason);
+
+/*
+ * What the transport calls (server_start(..., &handlers_sess_ops, h, ...)):
+ * open makes a connection's struct hconn, recv dispatches one envelope
+ * (taking it: freed here or kept by a parked request; a protocol error
+ * dooms the session), gone drops the session's parked requests, answers
+ * the operators whose control it was carrying out (-ECONNRESET), forgets
+ * its daemon requests and removes its client from the broker (the memory
+ * goes back to the pools and parked requests are retried), export_fds
+ * makes the fds of chunks at send time.
+ */
+extern const struct sess_ops handlers_sess_ops;
+
+/* The session connected (or rejoining) as @c; NULL: none. */
+struct sess *handlers_sess_of(const struct handlers *h, const struct bclient *c);
+
+#endif

@@ -1,0 +1,159 @@
+/*
+ * internal.h - what the files of daemon/handlers/ share; nothing outside
+ * the folder includes it (but tests/test_handlers.c, to look at a
+ * connection's counters).
+ *
+ * The files call one way, top to bottom:
+ *   handlers.c   the dispatch table, replies to daemon requests, and the
+ *                callbacks the transport calls (struct sess_ops)
+ *   orphans.c    orphans of a restart: reclaimed when gone or too late
+ *   hello.c      hello, the rejoin hello and its claim, Bye
+ *   memory.c     alloc, free, tag mode, pause, resume, trim, lend replies
+ *   control.c    an operator's pause/resume forwarded to its target
+ *   status.c     the status reply
+ *   park.c       requests waiting for memory; settling after a change
+ *   drops.c      daemon -> client requests (their table) and DropRequests
+ *   reply.c      sentences, status replies, names, devices, client -> session
+ * A file calls only files below it; the one way up is the handler function
+ * a parked request keeps (park.c calls it back).
+ */
+#ifndef GMB_HANDLERS_INTERNAL_H
+#define GMB_HANDLERS_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "common/err.h"
+#include "common/idmap.h"
+#include "common/wire.h"
+#include "daemon/handlers/handlers.h"
+#include "daemon/transport/sess.h"
+#include "proto/gmb.pb-c.h"
+
+struct hfwd;
+struct hrejoin;
+
+/* The handlers' state of one connection (sess->data, made by sess_ops.open,
+ * freed with the session's last reference). */
+struct hconn {
+	struct bclient *client;   /* NULL until hello; owned by the broker */
+	uint64_t next_req_id;     /* ids of daemon -> client requests */
+	struct idmap dreqs;       /* id -> struct hdreq: daemon requests unanswered */
+	uint32_t inflight;        /* parked + forwarded requests of this client */
+	struct hfwd *ctl_in;      /* the control request this client carries out */
+	struct hrejoin *rejoin;   /* between a rejoin hello and the end of its claim */
+};
+
+static inline struct hconn *hconn_of(const struct sess *s)
+{
+	return s->data;
+}
+
+/* One request on its way through a handler. */
+struct hreq {
+	struct handlers *h;
+	struct sess *s;
+	Gmb__Envelope *env;       /* the caller's (dispatch or a parked request) */
+	char err[ERR_MSG_MAX];    /* the sentence of a negative return */
+};
+
+/* A handler's return besides 0 (replied or will reply) and -errno (the
+ * dispatcher replies with that status and rq->err): park the request; or
+ * the handler kept (or already freed) the envelope. */
+#define HANDLERS_PARK 1
+#define HANDLERS_KEPT 2
+
+typedef int (*handlers_fn)(struct hreq *rq);
+
+enum hdreq_kind { HDREQ_DROP, HDREQ_CONTROL };
+
+/* A daemon -> client request waiting for its reply, in hconn->dreqs. */
+struct hdreq {
+	enum hdreq_kind kind;
+	uint64_t *ids;            /* DROP: the chunks asked for, owned */
+	size_t nids;
+	struct hfwd *fwd;         /* CONTROL: NULL once the operator was answered */
+};
+
+/* A control request forwarded from an operator (actor) to a target. */
+struct hfwd {
+	uv_timer_t timer;         /* --control-timeout; frees the struct on close */
+	struct handlers *h;
+	struct sess *actor;       /* reference held until the timer is closed */
+	uint64_t actor_req;       /* the ControlRequest's id */
+	struct sess *target;      /* no reference: done before the target goes */
+	struct hdreq *dreq;       /* the target's ControlCommand entry */
+	int op;                   /* GMB__OP__PAUSE or GMB__OP__RESUME */
+	bool done;
+	char tag[WIRE_MAX_NAME + 1];
+	char target_name[WIRE_MAX_NAME + 1];
+};
+
+/* reply.c */
+/* Writes rq->err (through err_vfmt) and returns @rc. */
+int handlers__fail(struct hreq *rq, int rc, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* The one place a status becomes a reply: status 0 or -errno, with @err
+ * (strerror when empty) as the message of a failure. */
+void handlers__reply_status(struct sess *s, uint64_t reply_to, int status, const char *err);
+/* Client names, tags, targets: <= WIRE_MAX_NAME bytes of UTF-8, no control
+ * characters. -EINVAL with rq->err naming @what otherwise. */
+int handlers__check_name(struct hreq *rq, const char *what, const char *name);
+/* @di[0..ndevices) from the pools; strings point into the backend. */
+void handlers__devices(const struct broker *br, Gmb__DeviceInfo *di, Gmb__DeviceInfo **pdi);
+/* Tells the owner the record changed. */
+void handlers__changed(struct handlers *h);
+/* @s speaks for @c from now on (a rejoin: @c's entry exists already).
+ * Return: 0 or -ENOMEM. */
+int handlers__conn_bind(struct handlers *h, struct sess *s, struct bclient *c);
+/* Forgets @c's session (it goes, or its claim ended without it). */
+void handlers__conn_unbind(struct handlers *h, const struct bclient *c);
+/* The session that is @c's client (not one still rejoining as it). */
+struct sess *handlers__conn_client(const struct handlers *h, const struct bclient *c);
+
+/* drops.c */
+/* Enters @d in @s's daemon requests under a new id (*@id). -ENOMEM. */
+int handlers__dreq_add(struct sess *s, struct hdreq *d, uint64_t *id);
+void handlers__dreq_free(struct hdreq *d);
+/* broker_drop_cb: DropRequests to @c, HANDLERS_DROP_BATCH ids a packet. */
+void handlers__send_drops(void *arg, struct bclient *c, const uint64_t *ids, size_t n);
+/* The client's answer to DropRequest @d. Return: true when the memory is
+ * back (settle then). */
+bool handlers__drop_acked(struct handlers *h, struct sess *s, struct hdreq *d, int status,
+			  const char *error);
+
+/* park.c */
+/* Park @rq (it keeps rq->env and @fn, retried by handlers__settle()). */
+int handlers__park(struct hreq *rq, handlers_fn fn);
+/* Drops @s's parked requests. */
+void handlers__park_cancel(struct handlers *h, struct sess *s);
+/* Flush queued drops to their clients, then retry parked requests. */
+void handlers__settle(struct handlers *h);
+
+/* status.c */
+int handlers__status(struct hreq *rq);
+
+/* control.c */
+int handlers__control(struct hreq *rq);
+/* The target's answer to ControlCommand @d. */
+void handlers__fwd_answered(struct hdreq *d, const Gmb__Envelope *env, struct sess *s);
+/* @s is going: answer forwarded controls (-ECONNRESET), free its dreqs. */
+void handlers__dreqs_fail(struct handlers *h, struct sess *s);
+
+/* memory.c */
+int handlers__alloc(struct hreq *rq);
+int handlers__free(struct hreq *rq);
+int handlers__tag_mode(struct hreq *rq);
+int handlers__pause(struct hreq *rq);
+int handlers__resume(struct hreq *rq);
+int handlers__trim(struct hreq *rq);
+
+/* hello.c */
+int handlers__hello(struct hreq *rq);
+int handlers__rejoin(struct hreq *rq);
+/* @s goes (or finished its claim): forget the claim, free the orphan. */
+void handlers__rejoin_gone(struct handlers *h, struct sess *s);
+
+#endif

@@ -1,0 +1,295 @@
+/*
+ * memory.c - the memory requests of a client: alloc, free, tag mode,
+ * pause, resume, and an operator's trim; and the replies that lend memory.
+ *
+ * Replies that lend memory (AllocReply, ResumeReply) go out in parts: first
+ * the chunk fds, at most WIRE_MAX_FDS per part (more = true, no body), then
+ * the lends in parts of at most WIRE_MAX_MSG / 2 bytes; the last part has
+ * more = false and status 0. alloc and resume return HANDLERS_PARK when the
+ * core must wait for drops (park.c keeps and retries them).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/size.h"
+#include "common/wire.h"
+#include "daemon/core/broker.h"
+#include "daemon/handlers/internal.h"
+#include "daemon/transport/sess.h"
+
+static int handlers_send_result(struct hreq *rq, const struct broker_result *res, bool resume);
+static int handlers_send_fds(struct sess *s, uint64_t reply_to, const struct broker_result *res);
+static int handlers_send_lends(struct sess *s, uint64_t reply_to, Gmb__Lend *lends, size_t n,
+			       bool resume);
+static int handlers_send_lend_part(struct sess *s, uint64_t reply_to, Gmb__Lend **lends,
+				   size_t n, bool resume, bool last);
+
+int handlers__alloc(struct hreq *rq)
+{
+	const Gmb__AllocRequest *m = rq->env->alloc;
+	struct broker *br = rq->h->broker;
+	const char *tag = m->tag ? m->tag : "";
+	struct broker_result res = BROKER_RESULT_INIT;
+	int r;
+
+	r = handlers__check_name(rq, "the tag", tag);
+	if (r < 0)
+		return r;
+	/* The core takes an int: a huge uint32 must not wrap to a valid one. */
+	if (m->device >= (uint32_t)br->ndevices)
+		return handlers__fail(rq, -ENODEV, "device %u does not exist (%d devices)",
+				      m->device, br->ndevices);
+	r = broker_alloc(br, hconn_of(rq->s)->client, (int)m->device, m->size, tag, &res, rq->err);
+	if (r == -EAGAIN)
+		return HANDLERS_PARK;
+	if (r < 0)
+		return r;
+	handlers_send_result(rq, &res, false);
+	broker_result_deinit(&res);
+	return 0;
+}
+
+int handlers__free(struct hreq *rq)
+{
+	struct bclient *c = hconn_of(rq->s)->client;
+	int r = broker_free_alloc(rq->h->broker, c, rq->env->free->alloc_id, rq->err);
+
+	if (r < 0)
+		return r;
+	handlers__reply_status(rq->s, rq->env->id, 0, NULL);
+	return 0;
+}
+
+int handlers__tag_mode(struct hreq *rq)
+{
+	const Gmb__TagModeRequest *m = rq->env->tag_mode;
+	const char *tag = m->tag ? m->tag : "";
+	int r;
+
+	r = handlers__check_name(rq, "the tag", tag);
+	if (r < 0)
+		return r;
+	r = broker_set_mode(rq->h->broker, hconn_of(rq->s)->client, tag, (int)m->mode, rq->err);
+	if (r < 0)
+		return r;
+	handlers__reply_status(rq->s, rq->env->id, 0, NULL);
+	return 0;
+}
+
+int handlers__pause(struct hreq *rq)
+{
+	const char *tag = rq->env->pause->tag ? rq->env->pause->tag : "";
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__PauseReply pr = GMB__PAUSE_REPLY__INIT;
+	uint64_t bytes, chunks;
+	char b[SIZE_STR_MAX];
+	int r;
+
+	r = handlers__check_name(rq, "the tag", tag);
+	if (r < 0)
+		return r;
+	broker_client_usage(hconn_of(rq->s)->client, tag, &bytes, &chunks);
+	r = broker_pause(rq->h->broker, hconn_of(rq->s)->client, tag, rq->err);
+	if (r < 0)
+		return r;
+	if (chunks)
+		log_info("tag paused " SESS_FMT " tag=%s bytes=%s chunks=%" PRIu64,
+			 SESS_ARGS(rq->s), tag[0] ? tag : "*", size_str(bytes, b),
+			 chunks);
+	env.reply_to = rq->env->id;
+	env.body_case = GMB__ENVELOPE__BODY_PAUSE_REPLY;
+	env.pause_reply = &pr;
+	sess_send(rq->s, &env);
+	return 0;
+}
+
+int handlers__resume(struct hreq *rq)
+{
+	const char *tag = rq->env->resume->tag ? rq->env->resume->tag : "";
+	struct broker_result res = BROKER_RESULT_INIT;
+	uint64_t bytes = 0, chunks = 0;
+	char b[SIZE_STR_MAX];
+	int r;
+
+	r = handlers__check_name(rq, "the tag", tag);
+	if (r < 0)
+		return r;
+	r = broker_resume(rq->h->broker, hconn_of(rq->s)->client, tag, &res, rq->err);
+	if (r == -EAGAIN)
+		return HANDLERS_PARK;
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < res.nallocs; i++) {
+		bytes += res.allocs[i]->size;
+		chunks += res.allocs[i]->nchunks;
+	}
+	if (res.nallocs)
+		log_info("tag resumed " SESS_FMT " tag=%s bytes=%s chunks=%" PRIu64 " fds=%zu",
+			 SESS_ARGS(rq->s), tag[0] ? tag : "*", size_str(bytes, b),
+			 chunks, res.nsend);
+	handlers_send_result(rq, &res, true);
+	broker_result_deinit(&res);
+	return 0;
+}
+
+int handlers__trim(struct hreq *rq)
+{
+	const Gmb__TrimRequest *m = rq->env->trim;
+	struct broker *br = rq->h->broker;
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__TrimReply tr = GMB__TRIM_REPLY__INIT;
+	char b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
+	int r;
+
+	r = broker_may_control(br, hconn_of(rq->s)->client, NULL, rq->err);
+	if (r < 0)
+		return r;
+	r = broker_trim(br, m->device, &tr.released_bytes, &tr.pending_bytes, rq->err);
+	if (r < 0)
+		return r;
+	log_info("pools trimmed " SESS_FMT " device=%d released=%s pending=%s", SESS_ARGS(rq->s),
+		 m->device, size_str(tr.released_bytes, b1),
+		 size_str(tr.pending_bytes, b2));
+	env.reply_to = rq->env->id;
+	env.body_case = GMB__ENVELOPE__BODY_TRIM_REPLY;
+	env.trim_reply = &tr;
+	sess_send(rq->s, &env);
+	return 0;
+}
+
+/*
+ * The core already lent @res: a reply we cannot build would leave the
+ * client without memory the broker counts as its own, so an encoding
+ * failure disconnects it (and the memory comes back).
+ */
+static int handlers_send_result(struct hreq *rq, const struct broker_result *res, bool resume)
+{
+	Gmb__Lend *lends = NULL;
+	uint64_t *vals = NULL;
+	size_t total = 0, off = 0;
+	int r;
+
+	r = handlers_send_fds(rq->s, rq->env->id, res);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < res->nallocs; i++)
+		total += res->allocs[i]->nchunks;
+	lends = calloc(res->nallocs ? res->nallocs : 1, sizeof(*lends));
+	vals = malloc(2 * (total ? total : 1) * sizeof(*vals));
+	if (!lends || !vals) {
+		r = -ENOMEM;
+		sess_doom(rq->s, LOG_LVL_ERR, "out of memory encoding a %s reply",
+			  resume ? "resume" : "alloc");
+		goto out_free;
+	}
+	for (size_t i = 0; i < res->nallocs; i++) {
+		const struct balloc *a = res->allocs[i];
+		Gmb__Lend *l = &lends[i];
+
+		gmb__lend__init(l);
+		l->alloc_id = a->id;
+		l->device = (uint32_t)a->dev;
+		l->size = a->size;
+		l->n_chunk_ids = l->n_chunk_sizes = a->nchunks;
+		l->chunk_ids = vals + off;
+		l->chunk_sizes = vals + total + off;
+		for (uint32_t j = 0; j < a->nchunks; j++) {
+			l->chunk_ids[j] = a->chunks[j] ? a->chunks[j]->id : 0;
+			l->chunk_sizes[j] = a->chunks[j] ? a->chunks[j]->size : 0;
+		}
+		off += a->nchunks;
+	}
+	r = handlers_send_lends(rq->s, rq->env->id, lends, res->nallocs, resume);
+out_free:
+	free(vals);
+	free(lends);
+	return r;
+}
+
+/* The fds of the chunks the client holds no handle to, WIRE_MAX_FDS a part. */
+static int handlers_send_fds(struct sess *s, uint64_t reply_to, const struct broker_result *res)
+{
+	uint64_t ids[WIRE_MAX_FDS], sizes[WIRE_MAX_FDS];
+
+	for (size_t off = 0; off < res->nsend;) {
+		Gmb__Envelope env = GMB__ENVELOPE__INIT;
+		size_t n = res->nsend - off < WIRE_MAX_FDS ? res->nsend - off : WIRE_MAX_FDS;
+		int r;
+
+		for (size_t i = 0; i < n; i++) {
+			ids[i] = res->send[off + i]->id;
+			sizes[i] = res->send[off + i]->size;
+		}
+		env.reply_to = reply_to;
+		env.more = true;
+		env.n_fd_chunks = env.n_fd_sizes = n;
+		env.fd_chunks = ids;
+		env.fd_sizes = sizes;
+		r = sess_send(s, &env);
+		if (r < 0)
+			return r;
+		off += n;
+	}
+	return 0;
+}
+
+/* Lends in parts of at most WIRE_MAX_MSG / 2 bytes; a lend bigger than
+ * that goes alone (sess_send() refuses one over WIRE_MAX_MSG). */
+static int handlers_send_lends(struct sess *s, uint64_t reply_to, Gmb__Lend *lends, size_t n,
+			       bool resume)
+{
+	/* Envelope fields around the lends: reply_to, status, more, tags. */
+	const size_t base = 64;
+	Gmb__Lend **ptrs;
+	size_t first = 0, bytes = base;
+	int r = 0;
+
+	ptrs = malloc((n ? n : 1) * sizeof(*ptrs));
+	if (!ptrs) {
+		sess_doom(s, LOG_LVL_ERR, "out of memory encoding a reply");
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < n; i++) {
+		size_t sz = gmb__lend__get_packed_size(&lends[i]) + 16;
+
+		ptrs[i] = &lends[i];
+		if (i > first && bytes + sz > WIRE_MAX_MSG / 2) {
+			r = handlers_send_lend_part(s, reply_to, ptrs + first, i - first, resume,
+						    false);
+			if (r < 0)
+				goto out_free;
+			first = i;
+			bytes = base;
+		}
+		bytes += sz;
+	}
+	r = handlers_send_lend_part(s, reply_to, ptrs + first, n - first, resume, true);
+out_free:
+	free(ptrs);
+	return r;
+}
+
+static int handlers_send_lend_part(struct sess *s, uint64_t reply_to, Gmb__Lend **lends,
+				   size_t n, bool resume, bool last)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__AllocReply ar = GMB__ALLOC_REPLY__INIT;
+	Gmb__ResumeReply rr = GMB__RESUME_REPLY__INIT;
+
+	env.reply_to = reply_to;
+	env.more = !last;
+	if (resume) {
+		rr.n_lends = n;
+		rr.lends = lends;
+		env.body_case = GMB__ENVELOPE__BODY_RESUME_REPLY;
+		env.resume_reply = &rr;
+	} else {
+		ar.lend = n ? lends[0] : NULL;
+		env.body_case = GMB__ENVELOPE__BODY_ALLOC_REPLY;
+		env.alloc_reply = &ar;
+	}
+	return sess_send(s, &env);
+}

@@ -1,0 +1,148 @@
+/*
+ * reply.c - what every handler uses: failure sentences, status replies,
+ * the checks of names a client sends, the devices of a reply, the owner's
+ * "record changed" hook, and which session speaks for which client.
+ *
+ * The client -> session map (handlers->conns) replaces a pointer in the
+ * core's client: a session is entered when its hello registers a client or
+ * its rejoin hello names an orphan, and leaves when it goes or its claim
+ * ends without taking the orphan over.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "daemon/core/broker.h"
+#include "daemon/handlers/internal.h"
+#include "daemon/transport/sess.h"
+
+static bool handlers_utf8_ok(const char *s);
+
+int handlers__fail(struct hreq *rq, int rc, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	err_vfmt(rq->err, sizeof(rq->err), rc, fmt, ap);
+	va_end(ap);
+	return rc;
+}
+
+void handlers__reply_status(struct sess *s, uint64_t reply_to, int status, const char *err)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+
+	env.reply_to = reply_to;
+	env.status = status;
+	if (status < 0)
+		env.error = (char *)(err && *err ? err : strerror(-status));
+	sess_send(s, &env);
+}
+
+int handlers__check_name(struct hreq *rq, const char *what, const char *name)
+{
+	if (strnlen(name, WIRE_MAX_NAME + 1) > WIRE_MAX_NAME)
+		return handlers__fail(rq, -EINVAL, "%s is longer than %d bytes", what,
+				      WIRE_MAX_NAME);
+	if (!handlers_utf8_ok(name))
+		return handlers__fail(rq, -EINVAL, "%s is not UTF-8 text without control characters",
+				      what);
+	return 0;
+}
+
+/* Well-formed UTF-8 (no overlong forms, surrogates or values past
+ * U+10FFFF) without C0/C1 control characters: names end up in logs. */
+static bool handlers_utf8_ok(const char *str)
+{
+	const unsigned char *p = (const unsigned char *)str;
+
+	while (*p) {
+		unsigned cp, n;
+
+		if (*p < 0x80) {
+			if (*p < 0x20 || *p == 0x7f)
+				return false;
+			p++;
+			continue;
+		}
+		if (*p >= 0xc2 && *p <= 0xdf)
+			n = 1, cp = *p & 0x1f;
+		else if (*p >= 0xe0 && *p <= 0xef)
+			n = 2, cp = *p & 0x0f;
+		else if (*p >= 0xf0 && *p <= 0xf4)
+			n = 3, cp = *p & 0x07;
+		else
+			return false;
+		for (unsigned i = 1; i <= n; i++) {
+			if ((p[i] & 0xc0) != 0x80)
+				return false;
+			cp = (cp << 6) | (p[i] & 0x3f);
+		}
+		if ((n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10ffff ||
+		    (cp >= 0xd800 && cp <= 0xdfff) || (cp >= 0x80 && cp <= 0x9f))
+			return false;
+		p += n + 1;
+	}
+	return true;
+}
+
+void handlers__devices(const struct broker *br, Gmb__DeviceInfo *di, Gmb__DeviceInfo **pdi)
+{
+	for (int d = 0; d < br->ndevices; d++) {
+		const struct pool *p = &br->pools[d];
+
+		gmb__device_info__init(&di[d]);
+		di[d].index = (uint32_t)d;
+		di[d].name = (char *)br->backend->devices[d].name;
+		di[d].uuid.data = (uint8_t *)br->backend->devices[d].uuid;
+		di[d].uuid.len = sizeof(br->backend->devices[d].uuid);
+		di[d].total_bytes = p->total;
+		di[d].budget_bytes = p->budget;
+		di[d].granularity = p->granularity;
+		di[d].pool_bytes = p->held_bytes;
+		di[d].used_bytes = p->lent_bytes;
+		di[d].free_bytes = p->free_bytes;
+		pdi[d] = &di[d];
+	}
+}
+
+void handlers__changed(struct handlers *h)
+{
+	if (h->changed)
+		h->changed(h->changed_arg);
+}
+
+int handlers__conn_bind(struct handlers *h, struct sess *s, struct bclient *c)
+{
+	struct sess *old = idmap_get(&h->conns, c->id);
+
+	if (old != s) {
+		int r = idmap_put(&h->conns, c->id, s);
+
+		if (r < 0)
+			return r;
+	}
+	if (!c->orphan) {
+		hconn_of(s)->client = c;
+		sess_set_name(s, c->name, c->id);
+	}
+	return 0;
+}
+
+void handlers__conn_unbind(struct handlers *h, const struct bclient *c)
+{
+	idmap_del(&h->conns, c->id);
+}
+
+struct sess *handlers__conn_client(const struct handlers *h, const struct bclient *c)
+{
+	struct sess *s = idmap_get(&h->conns, c->id);
+
+	return s && hconn_of(s)->client == c ? s : NULL;
+}
+
+struct sess *handlers_sess_of(const struct handlers *h, const struct bclient *c)
+{
+	return idmap_get(&h->conns, c->id);
+}

@@ -1,0 +1,198 @@
+/*
+ * status.c - StatusReply: the backend, every device's pool, and
+ * every client that is not a tool with its tags, one TagInfo row per (tag,
+ * device) that has allocations (device -1 for a tag with none).
+ *
+ * A node with many clients can outgrow one packet, so the reply may come in
+ * parts of at most WIRE_MAX_MSG / 2 bytes: the first carries backend,
+ * version and devices, every part carries some clients (the client library
+ * concatenates them), and the last has more = false.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/wire.h"
+#include "daemon/core/broker.h"
+#include "daemon/handlers/internal.h"
+#include "daemon/transport/sess.h"
+#include "include/gmb.h"
+
+/* Everything one StatusReply points to, owned here. */
+struct hstatus {
+	Gmb__DeviceInfo di[BACKEND_MAX_DEVICES];
+	Gmb__DeviceInfo *pdi[BACKEND_MAX_DEVICES];
+	Gmb__ClientInfo *ci, **pci;
+	size_t nclients;
+	Gmb__TagInfo *ti, **pti;
+	size_t nrows;
+};
+
+/* One tag's allocations per device. */
+struct hstatus_tag {
+	uint32_t count[BACKEND_MAX_DEVICES];
+	uint64_t bytes[BACKEND_MAX_DEVICES];
+	size_t rows;              /* devices with allocations, at least 1 */
+};
+
+static void handlers_status_tag(const struct btag *t, int ndev, struct hstatus_tag *out);
+static int handlers_status_build(const struct broker *br, struct hstatus *st);
+static size_t handlers_status_fill_client(const struct broker *br, const struct bclient *c,
+					  struct hstatus *st, size_t row, Gmb__ClientInfo *ci);
+static int handlers_status_send(struct hreq *rq, struct hstatus *st);
+static int handlers_status_part(struct hreq *rq, struct hstatus *st, size_t first, size_t n,
+				bool head, bool last);
+static void handlers_status_free(struct hstatus *st);
+
+int handlers__status(struct hreq *rq)
+{
+	struct hstatus st = { 0 };
+	int r;
+
+	r = handlers_status_build(rq->h->broker, &st);
+	if (r < 0) {
+		r = handlers__fail(rq, r, "out of memory building the status");
+		goto out_free;
+	}
+	/* A failed send dooms the session: nothing more to answer. */
+	handlers_status_send(rq, &st);
+out_free:
+	handlers_status_free(&st);
+	return r;
+}
+
+static void handlers_status_tag(const struct btag *t, int ndev, struct hstatus_tag *out)
+{
+	memset(out, 0, sizeof(*out));
+	for (const struct balloc *a = t->allocs; a; a = a->next) {
+		if (a->dev < 0 || a->dev >= ndev)
+			continue;
+		if (out->count[a->dev]++ == 0)
+			out->rows++;
+		out->bytes[a->dev] += a->size;
+	}
+	if (out->rows == 0)
+		out->rows = 1;
+}
+
+static int handlers_status_build(const struct broker *br, struct hstatus *st)
+{
+	struct hstatus_tag tt;
+	size_t row = 0, i = 0;
+
+	handlers__devices(br, st->di, st->pdi);
+	for (const struct bclient *c = br->clients; c; c = c->next) {
+		if (c->tool)
+			continue;
+		st->nclients++;
+		for (const struct btag *t = c->tags; t; t = t->next) {
+			handlers_status_tag(t, br->ndevices, &tt);
+			st->nrows += tt.rows;
+		}
+	}
+	st->ci = calloc(st->nclients + 1, sizeof(*st->ci));
+	st->pci = calloc(st->nclients + 1, sizeof(*st->pci));
+	st->ti = calloc(st->nrows + 1, sizeof(*st->ti));
+	st->pti = calloc(st->nrows + 1, sizeof(*st->pti));
+	if (!st->ci || !st->pci || !st->ti || !st->pti)
+		return -ENOMEM;
+	for (const struct bclient *c = br->clients; c; c = c->next) {
+		if (c->tool)
+			continue;
+		st->pci[i] = &st->ci[i];
+		row = handlers_status_fill_client(br, c, st, row, &st->ci[i]);
+		i++;
+	}
+	return 0;
+}
+
+/* Fills @ci and its rows from st->ti[@row]; returns the next free row. */
+static size_t handlers_status_fill_client(const struct broker *br, const struct bclient *c,
+					  struct hstatus *st, size_t row, Gmb__ClientInfo *ci)
+{
+	struct hstatus_tag tt;
+
+	gmb__client_info__init(ci);
+	ci->id = c->id;
+	ci->name = (char *)c->name;
+	ci->pid = (int32_t)c->pid;
+	ci->uid = (uint32_t)c->uid;
+	ci->gid = (uint32_t)c->gid;
+	ci->control = c->control;
+	ci->tags = &st->pti[row];
+	for (const struct btag *t = c->tags; t; t = t->next) {
+		handlers_status_tag(t, br->ndevices, &tt);
+		for (int d = -1; d < br->ndevices; d++) {
+			Gmb__TagInfo *ti = &st->ti[row];
+
+			/* Device -1 is the row of a tag without allocations. */
+			if (d == -1 ? t->nallocs != 0 : tt.count[d] == 0)
+				continue;
+			gmb__tag_info__init(ti);
+			ti->name = (char *)t->name;
+			ti->device = d;
+			ti->state = (char *)(t->paused ? "paused" : "active");
+			ti->mode = (Gmb__Mode)t->mode;
+			ti->allocations = d < 0 ? 0 : tt.count[d];
+			ti->bytes = d < 0 ? 0 : tt.bytes[d];
+			st->pti[row++] = ti;
+			ci->n_tags++;
+		}
+	}
+	return row;
+}
+
+static int handlers_status_send(struct hreq *rq, struct hstatus *st)
+{
+	/* The first part also carries backend, version and the devices. */
+	size_t base = 64 + (size_t)rq->h->broker->ndevices * 96;
+	size_t first = 0, bytes = base;
+	bool head = true;
+	int r;
+
+	for (size_t i = 0; i < st->nclients; i++) {
+		size_t sz = gmb__client_info__get_packed_size(&st->ci[i]) + 16;
+
+		if (i > first && bytes + sz > WIRE_MAX_MSG / 2) {
+			r = handlers_status_part(rq, st, first, i - first, head, false);
+			if (r < 0)
+				return r;
+			head = false;
+			first = i;
+			bytes = 64;
+		}
+		bytes += sz;
+	}
+	return handlers_status_part(rq, st, first, st->nclients - first, head, true);
+}
+
+static int handlers_status_part(struct hreq *rq, struct hstatus *st, size_t first, size_t n,
+				bool head, bool last)
+{
+	const struct broker *br = rq->h->broker;
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__StatusReply sr = GMB__STATUS_REPLY__INIT;
+
+	if (head) {
+		sr.backend = (char *)br->backend->ops->name;
+		sr.version = (char *)GMB_VERSION;
+		sr.n_devices = (size_t)br->ndevices;
+		sr.devices = st->pdi;
+	}
+	sr.n_clients = n;
+	sr.clients = st->pci + first;
+	env.reply_to = rq->env->id;
+	env.more = !last;
+	env.body_case = GMB__ENVELOPE__BODY_STATUS_REPLY;
+	env.status_reply = &sr;
+	return sess_send(rq->s, &env);
+}
+
+static void handlers_status_free(struct hstatus *st)
+{
+	free(st->pti);
+	free(st->ti);
+	free(st->pci);
+	free(st->ci);
+}

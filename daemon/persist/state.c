@@ -1,0 +1,381 @@
+/*
+ * state.c - the broker's record for the next gmbd: every chunk (id, device,
+ * size, owning uid) and every client with its tags and allocations (each
+ * allocation's last lend by chunk id), as a Gmb__State (proto/gmb.proto).
+ *
+ * state_encode() reads the broker only. state_restore() rebuilds a fresh
+ * broker from a record and the chunk fds the service manager handed back:
+ * each fd is imported through the backend (host: the memfd itself; cuda: a
+ * new handle to the same physical memory), so no memory is created. Tools
+ * hold nothing and are not recorded; pending drops are not either: holders
+ * are rebuilt from last lends, and the keep limit marks what it must again.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "daemon/core/broker.h"
+#include "daemon/persist/state.h"
+
+#define STATE_VERSION 1
+
+/* Everything one encoded Gmb__State points to, owned here. */
+struct state_enc {
+	Gmb__State st;
+	Gmb__StateChunk *chunks, **pchunks;
+	Gmb__StateClient *clients, **pclients;
+	Gmb__StateTag *tags, **ptags;
+	Gmb__StateAlloc *allocs, **pallocs;
+	uint64_t *ids;
+	uint32_t *groups;
+};
+
+struct state_count {
+	size_t clients, tags, allocs, ids, groups;
+};
+
+static void state_count(const struct broker *br, struct state_count *n)
+{
+	*n = (struct state_count){ 0 };
+	for (const struct bclient *c = br->clients; c; c = c->next) {
+		if (c->tool)
+			continue;
+		n->clients++;
+		n->groups += (size_t)c->ngroups;
+		for (const struct btag *t = c->tags; t; t = t->next) {
+			n->tags++;
+			for (const struct balloc *a = t->allocs; a; a = a->next) {
+				n->allocs++;
+				n->ids += a->nchunks;
+			}
+		}
+	}
+}
+
+static void state_enc_free(struct state_enc *e)
+{
+	free(e->chunks);
+	free(e->pchunks);
+	free(e->clients);
+	free(e->pclients);
+	free(e->tags);
+	free(e->ptags);
+	free(e->allocs);
+	free(e->pallocs);
+	free(e->ids);
+	free(e->groups);
+}
+
+static int state_enc_alloc(struct state_enc *e, size_t nchunks, const struct state_count *n)
+{
+	e->chunks = calloc(nchunks + 1, sizeof(*e->chunks));
+	e->pchunks = calloc(nchunks + 1, sizeof(*e->pchunks));
+	e->clients = calloc(n->clients + 1, sizeof(*e->clients));
+	e->pclients = calloc(n->clients + 1, sizeof(*e->pclients));
+	e->tags = calloc(n->tags + 1, sizeof(*e->tags));
+	e->ptags = calloc(n->tags + 1, sizeof(*e->ptags));
+	e->allocs = calloc(n->allocs + 1, sizeof(*e->allocs));
+	e->pallocs = calloc(n->allocs + 1, sizeof(*e->pallocs));
+	e->ids = calloc(n->ids + 1, sizeof(*e->ids));
+	e->groups = calloc(n->groups + 1, sizeof(*e->groups));
+	if (!e->chunks || !e->pchunks || !e->clients || !e->pclients || !e->tags || !e->ptags ||
+	    !e->allocs || !e->pallocs || !e->ids || !e->groups)
+		return -ENOMEM;
+	return 0;
+}
+
+static void state_enc_chunks(const struct broker *br, struct state_enc *e)
+{
+	struct chunk *ch;
+	uint64_t id;
+	size_t it = 0, i = 0;
+
+	while (idmap_next(&br->chunks, &it, &id, (void **)&ch)) {
+		Gmb__StateChunk *sc = &e->chunks[i];
+
+		gmb__state_chunk__init(sc);
+		sc->id = ch->id;
+		sc->device = (uint32_t)ch->dev;
+		sc->size = ch->size;
+		sc->uid = (uint32_t)ch->uid;
+		sc->uid_set = ch->uid_set;
+		e->pchunks[i++] = sc;
+	}
+	e->st.n_chunks = i;
+	e->st.chunks = e->pchunks;
+}
+
+/* @t's allocations from e->allocs[*na], chunk ids from e->ids[*ni]. */
+static void state_enc_tag(const struct btag *t, struct state_enc *e, Gmb__StateTag *st,
+			  size_t *na, size_t *ni)
+{
+	gmb__state_tag__init(st);
+	st->name = (char *)t->name;
+	st->mode = (Gmb__Mode)t->mode;
+	st->paused = t->paused;
+	st->allocs = &e->pallocs[*na];
+	for (const struct balloc *a = t->allocs; a; a = a->next) {
+		Gmb__StateAlloc *sa = &e->allocs[*na];
+
+		gmb__state_alloc__init(sa);
+		sa->id = a->id;
+		sa->device = (uint32_t)a->dev;
+		sa->size = a->size;
+		sa->active = a->active;
+		sa->chunk_ids = &e->ids[*ni];
+		sa->n_chunk_ids = a->nchunks;
+		for (uint32_t i = 0; i < a->nchunks; i++)
+			e->ids[(*ni)++] = a->chunks[i] ? a->chunks[i]->id : 0;
+		e->pallocs[(*na)++] = sa;
+		st->n_allocs++;
+	}
+}
+
+static void state_enc_clients(const struct broker *br, struct state_enc *e)
+{
+	size_t nc = 0, nt = 0, na = 0, ni = 0, ng = 0;
+
+	for (const struct bclient *c = br->clients; c; c = c->next) {
+		Gmb__StateClient *sc = &e->clients[nc];
+
+		if (c->tool)
+			continue;
+		gmb__state_client__init(sc);
+		sc->id = c->id;
+		sc->name = (char *)c->name;
+		sc->pid = (int32_t)c->pid;
+		sc->uid = (uint32_t)c->uid;
+		sc->gid = (uint32_t)c->gid;
+		sc->control = c->control;
+		sc->start_time = c->start_time;
+		sc->groups = &e->groups[ng];
+		sc->n_groups = (size_t)c->ngroups;
+		for (int i = 0; i < c->ngroups; i++)
+			e->groups[ng++] = (uint32_t)c->groups[i];
+		sc->tags = &e->ptags[nt];
+		for (const struct btag *t = c->tags; t; t = t->next) {
+			state_enc_tag(t, e, &e->tags[nt], &na, &ni);
+			e->ptags[nt] = &e->tags[nt];
+			nt++;
+			sc->n_tags++;
+		}
+		e->pclients[nc++] = sc;
+	}
+	e->st.n_clients = nc;
+	e->st.clients = e->pclients;
+}
+
+int state_encode(const struct broker *br, uint8_t **buf, size_t *len)
+{
+	struct state_enc e = { 0 };
+	struct state_count n;
+	uint8_t *out;
+	int rc;
+
+	state_count(br, &n);
+	rc = state_enc_alloc(&e, br->chunks.count, &n);
+	if (rc < 0)
+		goto out;
+	gmb__state__init(&e.st);
+	e.st.version = STATE_VERSION;
+	e.st.backend = (char *)br->backend->ops->name;
+	e.st.next_chunk_id = br->next_chunk_id;
+	e.st.next_client_id = br->next_client_id;
+	e.st.next_alloc_id = br->next_alloc_id;
+	state_enc_chunks(br, &e);
+	state_enc_clients(br, &e);
+	*len = gmb__state__get_packed_size(&e.st);
+	out = malloc(*len ? *len : 1);
+	rc = -ENOMEM;
+	if (!out)
+		goto out;
+	gmb__state__pack(&e.st, out);
+	*buf = out;
+	rc = 0;
+out:
+	state_enc_free(&e);
+	return rc;
+}
+
+/* ---- restore ---- */
+
+static struct state_fd *state_fd_find(struct state_fd *fds, size_t n, uint64_t id)
+{
+	for (size_t i = 0; i < n; i++)
+		if (fds[i].id == id && fds[i].fd >= 0 && !fds[i].used)
+			return &fds[i];
+	return NULL;
+}
+
+/* One recorded chunk back from its fd; 0, or why it stays lost. */
+static int state_restore_chunk(struct broker *br, const Gmb__StateChunk *sc,
+			       struct state_fd *fds, size_t nfds)
+{
+	struct backend *be = br->backend;
+	struct state_fd *f = state_fd_find(fds, nfds, sc->id);
+	struct chunk *ch;
+	uint64_t handle;
+	int rc;
+
+	if (!f)
+		return -ENOENT;
+	if (sc->device >= (uint32_t)br->ndevices || f->dev != (int)sc->device ||
+	    f->size != sc->size)
+		return -EINVAL;
+	rc = be->ops->chunk_import(be, f->fd, sc->size, &handle);
+	if (rc < 0)
+		return rc;
+	rc = pool_adopt(&br->pools[sc->device], sc->id, sc->size, handle, &ch);
+	if (rc < 0) {
+		be->ops->chunk_release(be, handle);
+		return rc;
+	}
+	ch->uid = (uid_t)sc->uid;
+	ch->uid_set = sc->uid_set;
+	f->used = true;
+	if (br->next_chunk_id <= sc->id)
+		br->next_chunk_id = sc->id + 1;
+	return 0;
+}
+
+static void state_restore_chunks(struct broker *br, const Gmb__State *st, struct state_fd *fds,
+				 size_t nfds, struct state_stats *out)
+{
+	for (size_t i = 0; i < st->n_chunks; i++) {
+		int rc = state_restore_chunk(br, st->chunks[i], fds, nfds);
+
+		if (rc == 0) {
+			out->chunks++;
+			out->bytes += st->chunks[i]->size;
+			continue;
+		}
+		out->lost++;
+		log_warn("chunk not restored chunk=%llu device=%u size=%llu err=\"%s\" reason=\"%s\"",
+			 (unsigned long long)st->chunks[i]->id, st->chunks[i]->device,
+			 (unsigned long long)st->chunks[i]->size,
+			 rc == -ENOENT ? "no fd in the store" : strerror(-rc), backend_last_error());
+	}
+}
+
+/* The last lend's chunks by id; a missing one (or one of another device) is dropped. */
+static int state_restore_alloc(struct broker *br, struct bclient *c, struct btag *t,
+			       const Gmb__StateAlloc *sa)
+{
+	struct chunk **chunks;
+	int rc;
+
+	if (sa->n_chunk_ids == 0 || sa->n_chunk_ids > UINT32_MAX ||
+	    sa->device >= (uint32_t)br->ndevices)
+		return -EINVAL;
+	chunks = calloc(sa->n_chunk_ids, sizeof(*chunks));
+	if (!chunks)
+		return -ENOMEM;
+	for (size_t i = 0; i < sa->n_chunk_ids; i++) {
+		struct chunk *ch = sa->chunk_ids[i] ? idmap_get(&br->chunks, sa->chunk_ids[i]) : NULL;
+
+		chunks[i] = ch && ch->dev == (int)sa->device ? ch : NULL;
+	}
+	rc = broker_restore_alloc(br, c, t, sa->id, (int)sa->device, sa->size, sa->active, chunks,
+				  (uint32_t)sa->n_chunk_ids);
+	free(chunks);
+	return rc;
+}
+
+static int state_restore_tag(struct broker *br, struct bclient *c, const Gmb__StateTag *st)
+{
+	struct btag *t;
+	int rc;
+
+	rc = broker_restore_tag(c, st->name, (int)st->mode, st->paused, &t);
+	if (rc < 0)
+		return rc;
+	/* Allocations are linked first in their tag: last recorded first. */
+	for (size_t i = st->n_allocs; i-- > 0;) {
+		rc = state_restore_alloc(br, c, t, st->allocs[i]);
+		if (rc < 0)
+			log_warn("allocation not restored client=%s alloc=%llu err=\"%s\"", c->name,
+				 (unsigned long long)st->allocs[i]->id, strerror(-rc));
+	}
+	return 0;
+}
+
+static int state_restore_client(struct broker *br, const Gmb__StateClient *sc)
+{
+	struct broker_peer peer = { .pid = sc->pid, .uid = sc->uid, .gid = sc->gid,
+				    .ngroups = (int)sc->n_groups, .start_time = sc->start_time };
+	gid_t groups[64];
+	struct bclient *c;
+	int rc;
+
+	if (sc->n_groups > 64)
+		peer.ngroups = 64;
+	for (int i = 0; i < peer.ngroups; i++)
+		groups[i] = (gid_t)sc->groups[i];
+	peer.groups = groups;
+	rc = broker_restore_client(br, &peer, sc->id, sc->name, sc->control, &c);
+	if (rc < 0)
+		return rc;
+	for (size_t i = 0; i < sc->n_tags; i++) {
+		rc = state_restore_tag(br, c, sc->tags[i]);
+		if (rc < 0)
+			log_warn("tag not restored client=%s tag=%s err=\"%s\"", c->name,
+				 sc->tags[i]->name, strerror(-rc));
+	}
+	return 0;
+}
+
+static int state_check(const struct broker *br, const Gmb__State *st)
+{
+	if (st->version != STATE_VERSION) {
+		log_err("cannot restore the state of another gmbd version version=%u want=%d",
+			st->version, STATE_VERSION);
+		return -EPROTO;
+	}
+	if (!st->backend || strcmp(st->backend, br->backend->ops->name) != 0) {
+		log_err("cannot restore the state of another backend recorded=%s now=%s",
+			st->backend ? st->backend : "", br->backend->ops->name);
+		return -EPROTO;
+	}
+	return 0;
+}
+
+int state_restore(struct broker *br, const uint8_t *buf, size_t len, struct state_fd *fds,
+		  size_t nfds, struct state_stats *out)
+{
+	Gmb__State *st;
+	int rc;
+
+	*out = (struct state_stats){ 0 };
+	st = gmb__state__unpack(NULL, len, buf);
+	if (!st) {
+		log_err("cannot decode the recorded state bytes=%zu", len);
+		return -EPROTO;
+	}
+	rc = state_check(br, st);
+	if (rc < 0)
+		goto out;
+	state_restore_chunks(br, st, fds, nfds, out);
+	for (size_t i = 0; i < st->n_clients; i++) {
+		rc = state_restore_client(br, st->clients[i]);
+		if (rc < 0) {
+			log_warn("client not restored client=%s id=%llu err=\"%s\"",
+				 st->clients[i]->name, (unsigned long long)st->clients[i]->id,
+				 strerror(-rc));
+			continue;
+		}
+		out->clients++;
+	}
+	if (br->next_client_id < st->next_client_id)
+		br->next_client_id = st->next_client_id;
+	if (br->next_alloc_id < st->next_alloc_id)
+		br->next_alloc_id = st->next_alloc_id;
+	if (br->next_chunk_id < st->next_chunk_id)
+		br->next_chunk_id = st->next_chunk_id;
+	for (int d = 0; d < br->ndevices; d++)
+		pool_shrink(&br->pools[d], br->opts.pool_keep, NULL);
+	rc = 0;
+out:
+	gmb__state__free_unpacked(st, NULL);
+	return rc;
+}

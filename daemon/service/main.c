@@ -1,0 +1,463 @@
+/*
+ * main.c - gmbd: parse the options, take the fds the service manager passed
+ * (listening socket, fd store), open the backend, start the broker (restored
+ * from the fd store after a restart), serve, say READY=1 and run the loop
+ * until SIGINT or SIGTERM. Then take it all down in reverse: stop
+ * accepting, disconnect every client, free the broker, close the backend,
+ * remove the socket file (unless the manager owns it).
+ *
+ * SIGTERM under systemd with an fd store is usually a restart: the record
+ * and the chunk fds are frozen for the next gmbd first (persist_handover()),
+ * so that the teardown returns nothing anyone could notice. Without an fd
+ * store, clients are told (Bye) that their memory goes with this gmbd.
+ *
+ * Exit status: 0 after a signal, 1 when gmbd cannot start (one log line
+ * says why), 2 for a bad option (one line on stderr, then a hint).
+ */
+#include <errno.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "common/backend/backend.h"
+#include "common/log.h"
+#include "common/size.h"
+#include "common/wire.h"
+#include "daemon/core/broker.h"
+#include "daemon/handlers/handlers.h"
+#include "daemon/service/opts.h"
+#include "daemon/persist/persist.h"
+#include "daemon/system/sd.h"
+#include "daemon/transport/server.h"
+#include "include/gmb.h"
+
+struct gmbd {
+	const struct gmbd_opts *opts;
+	uv_loop_t loop;
+	struct sd_fds fds;          /* what the service manager passed */
+	bool activated;             /* the listening socket is the manager's */
+	struct backend *backend;
+	struct persist *persist;
+	struct broker *broker;
+	struct handlers handlers;
+	struct server *server;
+	struct sd_glue sd;
+	uv_signal_t sigint, sigterm;
+	bool stopping;
+};
+
+static int gmbd_run(const struct gmbd_opts *o);
+static int gmbd_open_backend(struct gmbd *g);
+static void gmbd_log_backend(const struct gmbd *g);
+static int gmbd_check_sizes(const struct gmbd *g, uint64_t reserve);
+static int gmbd_open_broker(struct gmbd *g);
+static int gmbd_restore(struct gmbd *g);
+static int gmbd_admin_group(const char *name, gid_t *gid);
+static int gmbd_serve(struct gmbd *g);
+static int gmbd_listen(struct gmbd *g, int *fd);
+static void gmbd_on_changed(void *arg);
+static void gmbd_status(void *arg, char *buf, size_t len);
+static int gmbd_make_dir(const char *path);
+static int gmbd_signals(struct gmbd *g);
+static void gmbd_on_signal(uv_signal_t *sig, int signum);
+
+int main(int argc, char **argv)
+{
+	struct gmbd_opts o;
+	char err[OPTS_ERR_MAX];
+	int r;
+
+	r = opts_parse(&o, argc, argv, err);
+	if (r < 0) {
+		fprintf(stderr, "gmbd: %s\nTry 'gmbd --help'.\n", err);
+		opts_deinit(&o);
+		return 2;
+	}
+	if (r == OPTS_HELP)
+		opts_print_help(stdout);
+	else if (r == OPTS_VERSION)
+		printf("gmbd %s\n", GMB_VERSION);
+	if (r != OPTS_RUN) {
+		opts_deinit(&o);
+		return 0;
+	}
+	log_max_level = o.log_level;
+	/* A client that vanishes mid-send is an error return, not a death. */
+	signal(SIGPIPE, SIG_IGN);
+	r = gmbd_run(&o);
+	opts_deinit(&o);
+	return r < 0 ? 1 : 0;
+}
+
+static int gmbd_run(const struct gmbd_opts *o)
+{
+	struct gmbd g = { .opts = o };
+	int r, rc;
+
+	r = uv_loop_init(&g.loop);
+	if (r < 0) {
+		log_err("cannot start the event loop err=\"%s\"", uv_strerror(r));
+		return r;
+	}
+	if (o->config)
+		log_info("configuration read path=%s", o->config);
+	r = sd_glue_take_fds(&g.fds);
+	if (r < 0)
+		goto err_loop;
+	r = gmbd_open_backend(&g);
+	if (r < 0)
+		goto err_fds;
+	r = persist_new(g.backend, o->fdstore_max, &g.persist);
+	if (r < 0)
+		goto err_backend;
+	r = gmbd_open_broker(&g);
+	if (r < 0)
+		goto err_persist;
+	r = gmbd_restore(&g);
+	if (r < 0)
+		goto err_broker;
+	r = gmbd_serve(&g);
+	if (r < 0)
+		goto err_broker;
+	log_info("gmbd ready version=%s socket=%s activated=%d", GMB_VERSION, o->socket,
+		 g.activated ? 1 : 0);
+	sd_glue_ready(sd_glue_status_now(&g.sd));
+	uv_run(&g.loop, UV_RUN_DEFAULT);
+	if (!g.activated && unlink(o->socket) < 0 && errno != ENOENT)
+		log_errno(LOG_LVL_WARNING, -errno, "cannot remove the socket path=%s", o->socket);
+	log_info("gmbd stopped");
+err_broker:
+	/* What the fd store holds is the next gmbd's, whatever happened here. */
+	persist_freeze(g.persist);
+	broker_free(g.broker);
+err_persist:
+	persist_free(g.persist);
+err_backend:
+	backend_close(g.backend);
+err_fds:
+	sd_glue_fds_free(&g.fds);
+err_loop:
+	/* Handles closed on the way down still need their close callbacks. */
+	uv_run(&g.loop, UV_RUN_DEFAULT);
+	rc = uv_loop_close(&g.loop);
+	if (rc < 0) {
+		log_err("event loop still busy at exit err=\"%s\"", uv_strerror(rc));
+		r = r < 0 ? r : rc;
+	}
+	return r;
+}
+
+static int gmbd_open_backend(struct gmbd *g)
+{
+	const struct gmbd_opts *o = g->opts;
+	struct backend_host_opts host = { .ndevices = o->host_devices, .memory = o->host_memory,
+					  .granularity = o->host_granularity };
+	int r;
+
+	r = backend_open(o->backend, &host, &g->backend);
+	if (r < 0) {
+		log_err("cannot open the %s backend err=\"%s\" reason=\"%s\"", o->backend,
+			strerror(-r), backend_last_error());
+		return r;
+	}
+	gmbd_log_backend(g);
+	/* After a fallback, backend_open() keeps cuda's reason for us. */
+	if (strcmp(o->backend, "auto") == 0 && strcmp(g->backend->ops->name, "host") == 0)
+		log_notice("no usable CUDA driver or GPU, using host memory reason=\"%s\"",
+			   backend_last_error());
+	return 0;
+}
+
+static void gmbd_log_backend(const struct gmbd *g)
+{
+	const struct backend *b = g->backend;
+	uint64_t total = 0;
+	char b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
+
+	for (int d = 0; d < b->ndevices; d++)
+		total += b->devices[d].total_bytes;
+	log_info("backend ready backend=%s devices=%d total=%s granularity=%s", b->ops->name,
+		 b->ndevices, size_str(total, b1),
+		 size_str(b->devices[0].granularity, b2));
+}
+
+/* Sizes that only make sense once the devices are known. */
+static int gmbd_check_sizes(const struct gmbd *g, uint64_t reserve)
+{
+	const struct backend *b = g->backend;
+	char b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
+
+	for (int d = 0; d < b->ndevices; d++) {
+		const struct backend_device *dev = &b->devices[d];
+
+		if (g->opts->max_chunk < dev->granularity) {
+			log_err("--max-chunk %s is smaller than device %d's granularity %s",
+				size_str(g->opts->max_chunk, b1), d,
+				size_str(dev->granularity, b2));
+			return -EINVAL;
+		}
+		if (!g->opts->budget && reserve >= dev->total_bytes) {
+			log_err("--reserve %s leaves no memory on device %d (total %s)",
+				size_str(reserve, b1), d,
+				size_str(dev->total_bytes, b2));
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+static int gmbd_open_broker(struct gmbd *g)
+{
+	const struct gmbd_opts *o = g->opts;
+	bool cuda = strcmp(g->backend->ops->name, "cuda") == 0;
+	struct broker_opts bo = {
+		.max_chunk = o->max_chunk,
+		.pool_keep = o->pool_keep,
+		.budget = o->budget,
+		.reserve = o->reserve_set ? o->reserve : cuda ? OPTS_RESERVE_CUDA : 0,
+		.daemon_uid = geteuid(),
+		.hooks = persist_hooks(g->persist),
+	};
+	char b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
+	int r;
+
+	r = gmbd_check_sizes(g, bo.reserve);
+	if (r < 0)
+		return r;
+	bo.have_admin_gid = gmbd_admin_group(o->admin_group, &bo.admin_gid) == 0;
+	r = broker_new(g->backend, &bo, &g->broker);
+	if (r < 0) {
+		log_errno(LOG_LVL_ERR, r, "cannot start the broker");
+		return r;
+	}
+	for (int d = 0; d < g->broker->ndevices; d++)
+		log_info("device ready device=%d name=\"%s\" budget=%s max_chunk=%s", d,
+			 g->backend->devices[d].name,
+			 size_str(g->broker->pools[d].budget, b1),
+			 size_str(g->broker->pools[d].max_chunk, b2));
+	return 0;
+}
+
+/* The previous gmbd's chunks and clients, from the fds the manager passed. */
+static int gmbd_restore(struct gmbd *g)
+{
+	struct state_stats st;
+	char b[SIZE_STR_MAX];
+	int r;
+
+	r = persist_restore(g->persist, g->broker, g->fds.named, g->fds.nnamed, &st);
+	if (r < 0) {
+		log_errno(LOG_LVL_ERR, r, "cannot take over the fd store");
+		return r;
+	}
+	if (st.clients || st.chunks || st.lost)
+		log_notice("restored after a restart clients=%u chunks=%u bytes=%s lost_chunks=%u",
+			   st.clients, st.chunks, size_str(st.bytes, b),
+			   st.lost);
+	return 0;
+}
+
+/* 0 with *@gid, or -ENOENT (said once: the rule is simply off). */
+static int gmbd_admin_group(const char *name, gid_t *gid)
+{
+	struct group grp, *res = NULL;
+	char buf[4096];
+	int r;
+
+	r = getgrnam_r(name, &grp, buf, sizeof(buf), &res);
+	if (r == 0 && res) {
+		*gid = res->gr_gid;
+		log_info("admin group group=%s gid=%u", name, (unsigned)res->gr_gid);
+		return 0;
+	}
+	if (r != 0)
+		log_errno(LOG_LVL_WARNING, -r, "cannot look up the admin group, rule off group=%s",
+			  name);
+	else
+		log_notice("admin group does not exist, rule off group=%s", name);
+	return -ENOENT;
+}
+
+static int gmbd_serve(struct gmbd *g)
+{
+	int fd = -1;
+	int r;
+
+	r = gmbd_listen(g, &fd);
+	if (r < 0)
+		return r;
+	r = handlers_init(&g->handlers, &g->loop, g->broker,
+			  (uint64_t)g->opts->control_timeout * 1000);
+	if (r < 0)
+		goto err_close_fd;
+	g->handlers.changed = gmbd_on_changed;
+	g->handlers.changed_arg = g;
+	r = server_start(&g->loop, fd, &handlers_sess_ops, &g->handlers, &g->server);
+	fd = -1; /* the server's, even on failure */
+	if (r < 0)
+		goto err_handlers;
+	/* With a manager to keep fds, replies wait for the record each turn. */
+	if (g->opts->fdstore_max >= 2 && sd_glue_has_manager())
+		r = server_cork(g->server, persist_flush, g->persist);
+	if (r == 0)
+		r = sd_glue_start(&g->sd, &g->loop, gmbd_status, g);
+	if (r == 0)
+		r = gmbd_signals(g);
+	if (r < 0)
+		goto err_server;
+	handlers_orphans_start(&g->handlers, (uint64_t)g->opts->rejoin_grace * 1000);
+	return 0;
+
+err_server:
+	sd_glue_stop(&g->sd);
+	server_stop(g->server);
+err_handlers:
+	handlers_close(&g->handlers);
+err_close_fd:
+	if (fd >= 0)
+		close(fd);
+	if (!g->activated)
+		unlink(g->opts->socket);
+	log_err("cannot serve err=\"%s\"", uv_strerror(r));
+	return r;
+}
+
+/* The manager's listening socket, else one of our own at --socket. */
+static int gmbd_listen(struct gmbd *g, int *fd)
+{
+	const char *path = g->opts->socket;
+	int r;
+
+	if (g->fds.listen_fd >= 0) {
+		*fd = g->fds.listen_fd;
+		g->fds.listen_fd = -1;
+		g->activated = true;
+		return 0;
+	}
+	r = gmbd_make_dir(path);
+	if (r < 0)
+		return r;
+	r = wire_listen(path, fd);
+	if (r < 0) {
+		if (r == -EADDRINUSE)
+			log_err("another gmbd is listening path=%s", path);
+		else
+			log_errno(LOG_LVL_ERR, r, "cannot listen path=%s", path);
+		return r;
+	}
+	/* Any user may connect: what each may do is decided per uid. */
+	if (chmod(path, 0666) < 0)
+		log_errno(LOG_LVL_WARNING, -errno, "cannot make the socket 0666 path=%s", path);
+	return 0;
+}
+
+static void gmbd_on_changed(void *arg)
+{
+	struct gmbd *g = arg;
+
+	persist_changed(g->persist);
+	sd_glue_changed(&g->sd);
+}
+
+/* "2 clients, 1.5GiB lent of 2.0GiB held on 1 device (host)[, 1 rejoining]" */
+static void gmbd_status(void *arg, char *buf, size_t len)
+{
+	const struct gmbd *g = arg;
+	const struct broker *br = g->broker;
+	uint64_t lent = 0, held = 0;
+	uint32_t clients = 0, orphans = broker_orphans(br);
+	char b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
+	int n;
+
+	for (const struct bclient *c = br->clients; c; c = c->next)
+		clients += !c->tool;
+	for (int d = 0; d < br->ndevices; d++) {
+		lent += br->pools[d].lent_bytes;
+		held += br->pools[d].held_bytes;
+	}
+	n = snprintf(buf, len, "%u client%s, %s lent of %s held on %d device%s (%s)", clients,
+		     clients == 1 ? "" : "s", size_str(lent, b1),
+		     size_str(held, b2), br->ndevices,
+		     br->ndevices == 1 ? "" : "s", g->backend->ops->name);
+	if (orphans && n > 0 && (size_t)n < len)
+		snprintf(buf + n, len - (size_t)n, ", %u restored client%s not back yet", orphans,
+			 orphans == 1 ? "" : "s");
+}
+
+/* mkdir -p of the socket's directory, 0755 for what it creates. */
+static int gmbd_make_dir(const char *path)
+{
+	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	char *slash;
+
+	snprintf(dir, sizeof(dir), "%s", path);
+	slash = strrchr(dir, '/');
+	if (!slash || slash == dir)
+		return 0;
+	*slash = '\0';
+	for (char *p = dir + 1;; p++) {
+		char c = *p;
+
+		if (c != '/' && c != '\0')
+			continue;
+		*p = '\0';
+		if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
+			int r = -errno;
+
+			log_errno(LOG_LVL_ERR, r, "cannot create the socket's directory path=%s", dir);
+			return r;
+		}
+		*p = c;
+		if (c == '\0')
+			return 0;
+	}
+}
+
+static int gmbd_signals(struct gmbd *g)
+{
+	int r;
+
+	uv_signal_init(&g->loop, &g->sigint);
+	uv_signal_init(&g->loop, &g->sigterm);
+	g->sigint.data = g->sigterm.data = g;
+	r = uv_signal_start(&g->sigint, gmbd_on_signal, SIGINT);
+	if (r == 0)
+		r = uv_signal_start(&g->sigterm, gmbd_on_signal, SIGTERM);
+	if (r < 0) {
+		uv_close((uv_handle_t *)&g->sigint, NULL);
+		uv_close((uv_handle_t *)&g->sigterm, NULL);
+	}
+	return r;
+}
+
+static void gmbd_on_signal(uv_signal_t *sig, int signum)
+{
+	struct gmbd *g = sig->data;
+
+	if (g->stopping)
+		return;
+	g->stopping = true;
+	sd_glue_stopping();
+	if (persist_handover(g->persist)) {
+		log_info("shutting down, clients will rejoin the next gmbd signal=%s clients=%u",
+			 signum == SIGINT ? "SIGINT" : "SIGTERM", g->broker->nclients);
+		g->handlers.handover = true;
+	} else {
+		log_info("shutting down signal=%s clients=%u", signum == SIGINT ? "SIGINT" : "SIGTERM",
+			 g->broker->nclients);
+		handlers_goodbye(&g->handlers, g->server, "gmbd stopped and kept no state");
+	}
+	sd_glue_stop(&g->sd);
+	server_stop(g->server);
+	g->server = NULL;
+	handlers_close(&g->handlers);
+	/* With the signal handles closed, a second signal kills at once. */
+	uv_close((uv_handle_t *)&g->sigint, NULL);
+	uv_close((uv_handle_t *)&g->sigterm, NULL);
+}

@@ -1,0 +1,168 @@
+/*
+ * sess.h - one client connection of gmbd: the socket and its poll handle,
+ * the peer's credentials and the outgoing queue. A session knows no
+ * message's meaning: it hands every packet it reads to the layer above
+ * through the struct sess_ops that layer gave the server, and keeps that
+ * layer's per-connection state (sess->data) without looking into it.
+ *
+ * Lifetime. A session is reference-counted: the connection holds one
+ * reference until its poll handle is closed; parked requests and forwarded
+ * control requests hold more, because their callbacks may outlive the
+ * socket. The last sess_unref() frees it.
+ *
+ * States. OPEN -> DOOMED -> CLOSED. sess_doom() logs the reason once, stops
+ * reading and asks the server to disconnect the session on the next loop
+ * turn; sess_disconnect() then removes the client from the broker (its
+ * memory goes back to the pools), fails what is pending and closes the fd.
+ * Nothing frees a session's client in the middle of a handler, so a handler
+ * may send to any session (which at worst dooms it) and keep its pointers.
+ *
+ * Outgoing packets are sent at once when the socket takes them, else queued
+ * (bounded: a client that stops reading is disconnected). On a corked
+ * server (server_cork()) they are always queued, and leave at the end of
+ * the loop turn. The fds of the
+ * chunks a packet names in fd_chunks are exported from the chunk handles at
+ * send time and closed right after sendmsg(), so at most one batch of
+ * exported fds exists at a time.
+ */
+#ifndef GMB_SESS_H
+#define GMB_SESS_H
+
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "common/log.h"
+#include "common/wire.h"
+#include "proto/gmb.pb-c.h"
+
+#define SESS_READ_BATCH 32          /* packets per wake-up, then yield */
+#define SESS_OUT_MAX_BYTES (4u << 20) /* queued bytes before we give up */
+#define SESS_OUT_MAX_PACKETS 4096
+
+enum sess_state {
+	SESS_OPEN,
+	SESS_DOOMED,  /* reason logged, waiting for the server's reaper */
+	SESS_CLOSED,  /* disconnected; only references keep it alive */
+};
+
+struct sess;
+struct sess_out;
+
+/*
+ * What the layer above does with its sessions; handed to server_start()
+ * with an @arg passed back to every call but free_data.
+ */
+struct sess_ops {
+	/* A new connection: *@data gets the layer's state for @s (kept in
+	 * s->data, freed by free_data). Return: 0 or -ENOMEM. */
+	int (*open)(void *arg, struct sess *s, void **data);
+	/* One packet of @s; takes @env. */
+	void (*recv)(void *arg, struct sess *s, Gmb__Envelope *env);
+	/* @s disconnects (sess_disconnect()): fail what is pending. */
+	void (*gone)(void *arg, struct sess *s);
+	/* The session's last reference went: free what open() made. */
+	void (*free_data)(void *data);
+	/* New fds for @n chunk ids, the caller's to close; none open on failure. */
+	int (*export_fds)(void *arg, const uint64_t *ids, size_t n, int *fds);
+	/* A body case's name for logs. */
+	const char *(*body_name)(int body_case);
+};
+
+/* What a session knows of the server it belongs to (embedded there). */
+struct sess_host {
+	uv_loop_t *loop;
+	const struct sess_ops *ops;
+	void *arg;
+	bool corked;              /* packets leave at the end of the loop turn */
+	void (*reap_later)(struct sess_host *host); /* doomed: disconnect next turn */
+	struct sess *sessions;    /* every session not yet disconnected */
+	unsigned nsessions;
+};
+
+struct sess {
+	struct sess_host *host;
+	int fd;                   /* owned; -1 once closed */
+	uv_poll_t poll;           /* embedded; memory lives until its close cb */
+	int poll_events;          /* events the poll is started with now */
+	unsigned refs;
+	enum sess_state state;
+
+	/* Peer credentials, read once at accept. */
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	gid_t *groups;            /* SO_PEERGROUPS; NULL when the kernel said no */
+	int ngroups;
+
+	/* For logs: the client's name and id, set by the layer above. */
+	char name[WIRE_MAX_NAME + 1];
+	uint64_t client_id;
+	void *data;               /* the layer above's (sess_ops.open) */
+
+	struct sess_out *out_head, *out_tail;
+	size_t out_bytes;
+	uint32_t out_count;
+
+	struct sess *prev, *next; /* host->sessions */
+};
+
+/* Names the session in a log line: SESS_FMT's four facts. */
+#define SESS_FMT "client=%s id=%" PRIu64 " pid=%d uid=%u"
+#define SESS_ARGS(s) (s)->name, (s)->client_id, (int)(s)->pid, (unsigned)(s)->uid
+
+/**
+ * sess_new() - a session for the connected socket @fd, linked into @host.
+ * Reads the peer's credentials, asks the layer above for its state
+ * (ops->open) and starts polling. On success the session owns @fd; on
+ * failure @fd is still the caller's.
+ * Return: 0, -ENOMEM, or the errno of getsockopt(SO_PEERCRED)/uv_poll_init.
+ */
+int sess_new(struct sess_host *host, int fd, struct sess **out);
+
+struct sess *sess_ref(struct sess *s);
+/* Drops one reference; the last frees the session. Returns NULL. */
+struct sess *sess_unref(struct sess *s);
+
+/**
+ * sess_doom() - give up on this client: log the reason (at @level, naming
+ * the client), stop reading, and let the server disconnect it on the next
+ * loop turn. Does nothing once the session is no longer OPEN.
+ */
+void sess_doom(struct sess *s, int level, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* A protocol error: sess_doom() at warning level with the reason. */
+#define sess_protocol_error(s, ...) sess_doom((s), LOG_LVL_WARNING, "protocol error: " __VA_ARGS__)
+
+/**
+ * sess_disconnect() - close the session now: pending requests fail, the
+ * client's memory returns to the pools, the fd is closed and the poll
+ * handle's close callback drops the connection's reference. Call it only
+ * from the top of a loop callback (the server's reaper and shutdown).
+ */
+void sess_disconnect(struct sess *s);
+
+/**
+ * sess_send() - send @env, or queue it while the socket is full.
+ * The chunks in env->fd_chunks are exported when the packet leaves (their
+ * fds ride with it and are closed right after). @env stays the caller's:
+ * the packed bytes are copied. On any failure the session is doomed (the
+ * peer cannot make sense of the rest of a reply), so callers may stop there.
+ * Return: 0, or a negative errno (-EPIPE once the session is not OPEN).
+ */
+int sess_send(struct sess *s, const Gmb__Envelope *env);
+
+/* Corked server: send what this session queued this turn (server.c). */
+void sess_uncork(struct sess *s);
+
+/* Names the session in logs from now on (NULL: "-", as before hello). */
+void sess_set_name(struct sess *s, const char *name, uint64_t client_id);
+static inline const char *sess_name(const struct sess *s)
+{
+	return s->name;
+}
+
+#endif
