@@ -264,12 +264,22 @@ check-systemd: build/bin build/tests/prog_worker nspawn-deps $(NSPAWN_STAMP) ## 
 	$(Q)$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/$(NSPAWN_ROOT) PREFIX=/usr/local
 	$(Q)tests/systemd/boot.sh $(NSPAWN_ROOT) build/tests/prog_worker
 
+# Every tracked C file, formatted by the committed .clang-format (clang-format 14).
+FORMAT_SRC = $(shell git ls-files '*.c' '*.h' 2>/dev/null)
+format: ## format the C sources in place with .clang-format
+	$(Q)clang-format -i $(FORMAT_SRC)
+
+check-format: ## fail if a C source differs from what .clang-format makes of it
+	$(Q)clang-format --dry-run -Werror $(FORMAT_SRC) 2>&1 | head -40; \
+		[ "$${PIPESTATUS[0]}" = 0 ] || { echo "check-format: run 'make format'" >&2; exit 1; }
+	@echo "check-format: clean"
+
 clean: ## remove build folders
 	rm -rf build build-asan build-clang run
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-.PHONY: all check run demo deps clean help install nspawn-deps check-systemd build/bin build/tests build-asan/bin build-asan/tests \
+.PHONY: format check-format all check run demo deps clean help install nspawn-deps check-systemd build/bin build/tests build-asan/bin build-asan/tests \
 	build-clang/bin build-clang/tests
 .SECONDARY:
