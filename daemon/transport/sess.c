@@ -65,7 +65,7 @@ int sess_new(struct sess_host *host, int fd, struct sess **out)
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
-	*s = (struct sess){ .host = host, .fd = fd, .refs = 1, .state = SESS_OPEN, .name = "-" };
+	*s = (struct sess){ .host = host, .free_data = host->ops->free_data, .fd = fd, .refs = 1, .state = SESS_OPEN, .name = "-" };
 	r = sess_read_creds(s);
 	if (r < 0)
 		goto err_free;
@@ -144,7 +144,7 @@ struct sess *sess_unref(struct sess *s)
 	if (!s || --s->refs > 0)
 		return NULL;
 	if (s->data)
-		s->host->ops->free_data(s->data);
+		s->free_data(s->data);
 	free(s->groups);
 	free(s);
 	return NULL;

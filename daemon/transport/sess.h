@@ -83,7 +83,10 @@ struct sess_host {
 };
 
 struct sess {
+	/* The host may be gone before the last unref (its handles close first
+	 * at shutdown): what the unref needs is copied here. */
 	struct sess_host *host;
+	void (*free_data)(void *data);
 	int fd;                   /* owned; -1 once closed */
 	uv_poll_t poll;           /* embedded; memory lives until its close cb */
 	int poll_events;          /* events the poll is started with now */
