@@ -10,6 +10,8 @@ from torch_memory_saver.utils import get_binary_path_from_package
 
 
 class HookUtilModePreload(HookUtilBase):
+    mode = "preload"
+
     def get_path_binary(self):
         if not gmb.preload_active():
             raise RuntimeError(

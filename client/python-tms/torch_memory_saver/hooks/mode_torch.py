@@ -5,6 +5,8 @@ from torch_memory_saver.utils import get_binary_path_from_package
 
 
 class HookUtilModeTorch(HookUtilBase):
+    mode = "torch"
+
     def __init__(self):
         from torch.cuda.memory import CUDAPluggableAllocator
 
