@@ -230,7 +230,7 @@ PYTHON ?= $(if $(wildcard /usr/bin/python3),/usr/bin/python3,python3)
 # /usr/local, /usr/lib/python3/dist-packages for /usr); for a PREFIX it
 # does not search, its scheme's site-packages there (set PYTHONPATH).
 PYTHONDIR_ASK := import sys, sysconfig; p = sys.argv[1].rstrip("/") + "/lib/"; \
-	print(next((d for d in sys.path if d.startswith(p) and d.endswith(("-packages"))), \
+	print(next((d for d in sys.path if d.startswith(p) and d.endswith("-packages")), \
 	sysconfig.get_paths("posix_prefix", vars={"base": sys.argv[1], "platbase": sys.argv[1]})["purelib"]))
 PYTHONDIR ?= $(eval PYTHONDIR := $(shell $(PYTHON) -c '$(PYTHONDIR_ASK)' '$(PREFIX)'))$(PYTHONDIR)
 GMB_VERSION := $(shell sed -n 's/^\#define GMB_VERSION "\(.*\)"/\1/p' include/gmb.h)
@@ -329,7 +329,12 @@ check-rebuild: $(BUILD_GOALS) ## a second make of every build target does nothin
 	$(Q)if ! $(MAKE) --no-print-directory -q $(BUILD_GOALS); then \
 		echo "check-rebuild: FAILED: these would be rebuilt:" >&2; \
 		$(MAKE) --no-print-directory -n $(BUILD_GOALS) | grep -v 'Nothing to be done' | head -20 >&2; exit 1; fi
-	@echo "check-rebuild: PASS (nothing to rebuild)"
+	$(Q)n=$$($(MAKE) --no-print-directory V=1 -W proto/gmb.proto -n build/proto/gmb.pb-c.c \
+		build/proto/gmb.pb-c.h | grep -c 'protoc-c'); [ "$$n" = 1 ] || \
+		{ echo "check-rebuild: FAILED: protoc-c would run $$n times for one tree" >&2; exit 1; }
+	$(Q)if $(MAKE) --no-print-directory help | grep -v '^[a-z-]*'$$'\t'; then \
+		echo "check-rebuild: FAILED: make help prints more than 'target<TAB>text' (above)" >&2; exit 1; fi
+	@echo "check-rebuild: PASS (nothing to rebuild; protoc-c runs once per tree; make help clean)"
 check-packaging: check-install check-pip check-completion check-examples
 
 # make print-VAR: a variable's value (for the checks).

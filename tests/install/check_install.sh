@@ -57,6 +57,18 @@ $(diff <(echo "$want") <(echo "$got") || true)"
 	done
 }
 
+# 0. What only the live system gets (a dry run: this machine is not changed):
+# users from sysusers.d, the linker cache, systemd reloading its units.
+live=$(mk -n install V=1) || fail "make -n install"
+staged=$(mk -n install V=1 DESTDIR="$T/dry") || fail "make -n install DESTDIR="
+for w in systemd-sysusers ldconfig 'systemctl daemon-reload'; do
+	grep -q "$w" <<< "$live" || fail "make install would not run $w on the live system"
+	if grep -q "$w" <<< "$staged"; then fail "make install DESTDIR= would run $w"; fi
+done
+live=$(mk -n uninstall V=1) && staged=$(mk -n uninstall V=1 DESTDIR="$T/dry") || fail "make -n uninstall"
+grep -q ldconfig <<< "$live" || fail "make uninstall would not run ldconfig on the live system"
+if grep -q 'ldconfig\|systemctl' <<< "$staged"; then fail "make uninstall DESTDIR= would run ldconfig or systemctl"; fi
+
 # 1. The default PREFIX: the Python module lands where python3 looks.
 d=$T/stage-local
 mk install DESTDIR="$d" > "$T/install-local.log" 2>&1 || { cat "$T/install-local.log"; fail "make install"; }
