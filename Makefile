@@ -126,7 +126,7 @@ $(1)/tests: $(patsubst tests/%.c,$(1)/tests/%,$(TEST_SRC) $(TEST_PROG_SRC))
 $(1)/bin: $(1)/libgmb_preload.so
 
 # (The nspawn tree of check-systemd lives under build/ and is full of *.d.)
--include $(shell find $(1) -path $(1)/nspawn-root -prune -o -name '*.d' -type f -print 2>/dev/null)
+-include $(shell find $(1) -path '$(1)/nspawn-root*' -prune -o -name '*.d' -type f -print 2>/dev/null)
 endef
 
 B := build
@@ -351,7 +351,8 @@ NSPAWN_SUITE := bookworm
 # debootstrap's own default mirror unless NSPAWN_MIRROR names another.
 NSPAWN_MIRROR ?=
 # gmbd and the test client link libuv and protobuf-c dynamically.
-NSPAWN_INCLUDE := systemd,dbus,libuv1,libprotobuf-c1
+# man-db: the units' Documentation=man: pages are checked there (systemd-analyze verify).
+NSPAWN_INCLUDE := systemd,dbus,libuv1,libprotobuf-c1,man-db
 NSPAWN_DEB := debootstrap systemd-container
 
 nspawn-deps: ## debootstrap and systemd-nspawn on this machine (apt-get, as root)
@@ -367,7 +368,12 @@ $(NSPAWN_STAMP):
 	$(Q)debootstrap --variant=minbase --include=$(NSPAWN_INCLUDE) $(NSPAWN_SUITE) \
 		$(NSPAWN_ROOT).tmp $(NSPAWN_MIRROR) > build/nspawn-debootstrap.log 2>&1 || \
 		{ tail -20 build/nspawn-debootstrap.log; exit 1; }
-	$(Q)mv $(NSPAWN_ROOT).tmp $(NSPAWN_ROOT) && touch $@
+	$(Q)mv $(NSPAWN_ROOT).tmp $(NSPAWN_ROOT) && echo '$(NSPAWN_INCLUDE)' > $@
+# A tree made with other packages is made again.
+ifneq ($(shell cat $(NSPAWN_STAMP) 2>/dev/null),$(NSPAWN_INCLUDE))
+$(NSPAWN_STAMP): nspawn-tree-outdated
+endif
+.PHONY: nspawn-tree-outdated
 
 check-systemd: build/bin build/tests/prog_worker nspawn-deps $(NSPAWN_STAMP) ## gmbd under systemd 252 in nspawn: socket, notify, restart without loss
 	$(Q)$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/$(NSPAWN_ROOT) PREFIX=/usr/local
