@@ -284,7 +284,7 @@ ifeq ($(DESTDIR),)
 	@# when it is installed, and its linker cache from its own ldconfig.
 	$(Q)if command -v systemd-sysusers >/dev/null; then systemd-sysusers $(SYSUSERSDIR)/gmbd.conf; fi
 	$(Q)ldconfig
-	$(Q)ldconfig -p | grep -qF '$(LIBDIR)/libgmb.so.0' || \
+	$(Q)ldconfig -p | grep -F '$(LIBDIR)/libgmb.so.0' >/dev/null || \
 		echo "install: note: $(LIBDIR) is not on the linker's path; add it to /etc/ld.so.conf.d/"
 	$(Q)if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 endif

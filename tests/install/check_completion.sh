@@ -27,7 +27,7 @@ worker malloc u 2097152 1
 PATH=$PWD/build:$PATH
 # shellcheck source=/dev/null
 . deploy/gmbctl.bash-completion
-complete -p gmbctl | grep -q -- '-F _gmbctl' || fail "no completion registered for gmbctl"
+complete -p gmbctl | grep -- '-F _gmbctl' > /dev/null || fail "no completion registered for gmbctl"
 
 # expect 'WORD...' 'WANT': complete the last WORD (the cursor at its end).
 expect() {

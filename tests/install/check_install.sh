@@ -50,7 +50,7 @@ $(diff <(echo "$want") <(echo "$got") || true)"
 		got=$(MANWIDTH=80 man --warnings -E UTF-8 -l "$d$prefix/share/man/$f" 2>&1 >/dev/null) ||
 			fail "man -l $f failed: $got"
 		[ -z "$got" ] || fail "man -l $f: $got"
-		MANWIDTH=80 man -l "$d$prefix/share/man/$f" | grep -q '^NAME' || fail "man -l $f: no NAME section"
+		MANWIDTH=80 man -l "$d$prefix/share/man/$f" | grep '^NAME' > /dev/null || fail "man -l $f: no NAME section"
 		f=${f##*/}
 		[ "$(MANPATH=$d$prefix/share/man man -w "${f%.*}")" = "$d$prefix/share/man/man${f##*.}/$f" ] ||
 			fail "man -w ${f%.*} does not find the staged page"
@@ -111,15 +111,15 @@ $cc -o "$T/example-static" examples/pause_resume.c $(pkg-config --cflags gmb) \
 	$(pkg-config --static --libs gmb | sed 's/-lgmb /-l:libgmb.a /') ||
 	fail "cc with pkg-config --static --libs gmb"
 unset PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR
-readelf -d "$T/example" | grep -q 'NEEDED.*\[libgmb\.so\.0\]' || fail "the program does not need libgmb.so.0"
-if readelf -d "$T/example-static" | grep -q 'NEEDED.*libgmb'; then fail "the static program needs libgmb.so"; fi
+readelf -d "$T/example" | grep 'NEEDED.*\[libgmb\.so\.0\]' > /dev/null || fail "the program does not need libgmb.so.0"
+if readelf -d "$T/example-static" | grep 'NEEDED.*libgmb' > /dev/null; then fail "the static program needs libgmb.so"; fi
 
 # Both programs and the Python module against the staged gmbd.
 sock=$T/gmbd.sock
 gmbd_start "$d$p/sbin/gmbd" "$sock"
 export GMB_SOCKET=$sock
 lib=$d$p/lib
-LD_LIBRARY_PATH=$lib ldd "$T/example" | grep -q "libgmb.so.0 => $lib/libgmb.so.0" ||
+LD_LIBRARY_PATH=$lib ldd "$T/example" | grep "libgmb.so.0 => $lib/libgmb.so.0" > /dev/null ||
 	fail "ldd: libgmb.so.0 is not the staged one"
 LD_LIBRARY_PATH=$lib "$T/example" > "$T/example.out" 2>&1 || { cat "$T/example.out"; fail "the program failed"; }
 grep -q '^resumed:' "$T/example.out" || fail "the program did not resume: $(cat "$T/example.out")"
