@@ -176,7 +176,7 @@ check: build/bin build/tests build-asan/bin build-asan/tests build-clang/bin bui
 	$(call run_tests,build,)
 	$(call run_python_tests,build)
 	$(call run_tests,build-asan,ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
-	$(Q)$(MAKE) --no-print-directory -j1 check-packaging check-rebuild
+	$(Q)for t in $(PACKAGING_CHECKS) check-rebuild; do $(MAKE) --no-print-directory $$t; done
 	@echo "check: all tests passed (build and build-asan; clang build clean)"
 
 RUN_DIR := $(CURDIR)/run
@@ -335,7 +335,8 @@ check-rebuild: $(BUILD_GOALS) ## a second make of every build target does nothin
 	$(Q)if $(MAKE) --no-print-directory help | grep -v '^[a-z-]*'$$'\t'; then \
 		echo "check-rebuild: FAILED: make help prints more than 'target<TAB>text' (above)" >&2; exit 1; fi
 	@echo "check-rebuild: PASS (nothing to rebuild; protoc-c runs once per tree; make help clean)"
-check-packaging: check-install check-pip check-completion check-examples
+PACKAGING_CHECKS := check-install check-pip check-completion check-examples
+check-packaging: $(PACKAGING_CHECKS)
 
 # make print-VAR: a variable's value (for the checks).
 print-%:
