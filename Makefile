@@ -1,10 +1,13 @@
 # gmbd - GPU memory broker. GNU make, non-recursive.
 #   make deps    install the build and test dependencies (apt-get, as root)
-#   make         build/gmbd, build/gmbctl, build/libgmb.so, build/libgmb.a
-#   make check   every test, then again under AddressSanitizer + UBSan
+#   make         build/gmbd, build/gmbctl, build/libgmb.so(.0), build/libgmb.a, build/man
+#   make check   every test, then again under AddressSanitizer + UBSan; the
+#                installed tree (DESTDIR), pip, completion and examples/ too
 #   make run     gmbd in the foreground on ./run/gmbd.sock (--backend auto)
 #   make demo    two workers alternating on one simulated device
-#   make install            gmbd, gmbctl, libgmb, units, config (PREFIX, DESTDIR)
+#   make install            gmbd, gmbctl, libgmb, gmb.pc, Python module, man pages,
+#                           completion, units, config (PREFIX, DESTDIR, PYTHON)
+#   make uninstall          what install wrote, but the config (PURGE=1: that too)
 #   make check-systemd      restart without loss under a real systemd (nspawn, root)
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
@@ -74,7 +77,9 @@ DEPS_STAMP := build/.deps-ok
 objs = $(addprefix $(1)/,$(2:.c=.o))
 
 define build_tree
-$(1)/proto/gmb.pb-c.c $(1)/proto/gmb.pb-c.h: proto/gmb.proto | $(DEPS_STAMP)
+# One run of protoc-c makes both files (a grouped target): two runs would
+# rewrite the header after objects were compiled against it.
+$(1)/proto/gmb.pb-c.c $(1)/proto/gmb.pb-c.h &: proto/gmb.proto | $(DEPS_STAMP)
 	$$(call say,PROTOC,$$<)mkdir -p $(1) && protoc-c --c_out=$(1) $$<
 
 $(1)/proto/gmb.pb-c.o: $(1)/proto/gmb.pb-c.c
@@ -93,8 +98,17 @@ $(1)/libgmbd.a: $(call objs,$(1),$(DAEMON_SRC))
 $(1)/libgmb.a: $(call objs,$(1),$(LIB_SRC) $(COMMON_SRC)) $(1)/proto/gmb.pb-c.o
 	$$(call say,AR,$$@)rm -f $$@ && ar rcs $$@ $$^
 
-$(1)/libgmb.so: $(call objs,$(1),$(LIB_SRC) $(COMMON_SRC)) $(1)/proto/gmb.pb-c.o
+# The file is named by its soname, as installed, so a program linked with
+# -L$(1) -lgmb (through the libgmb.so link) starts with LD_LIBRARY_PATH=$(1).
+$(1)/libgmb.so.0: $(call objs,$(1),$(LIB_SRC) $(COMMON_SRC)) $(1)/proto/gmb.pb-c.o
 	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -shared -Wl,-soname,libgmb.so.0 -Wl,--no-undefined -o $$@ $$^ $$(LIB_LIBS)
+
+$(1)/libgmb.so: $(1)/libgmb.so.0
+	$(Q)ln -sfn libgmb.so.0 $$@
+
+# pkg-config for this tree: PKG_CONFIG_PATH=$(1) pkg-config --cflags --libs gmb
+$(1)/gmb-uninstalled.pc: gmb.pc.in include/gmb.h
+	$$(call say,GEN,$$@)mkdir -p $(1) && sed $$(call pc_sed,$$$${pcfiledir}/..,$$$${pcfiledir},$$$${pcfiledir}/../include) $$< > $$@
 
 $(1)/libgmb_preload.so: $(call objs,$(1),$(PRELOAD_SRC))
 	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -shared -Wl,-soname,libgmb_preload.so -Wl,--no-undefined -o $$@ $$^ -Wl,--as-needed -ldl
@@ -118,12 +132,12 @@ $(1)/tests/prog_%: $(1)/tests/prog_%.o $(1)/libgmb.a
 $(1)/tests/test_%: $(1)/tests/test_%.o $(call objs,$(1),$(TEST_HELPER_SRC)) $(1)/libgmbd.a $(call objs,$(1),$(LIB_SRC)) $(1)/libcommon.a
 	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$^ $$(TEST_LIBS) $$(LIBS)
 
-$(1)/bin: $(1)/gmbd $(1)/gmbctl $(1)/libgmb.so $(1)/libgmb.a
+$(1)/bin: $(1)/gmbd $(1)/gmbctl $(1)/libgmb.so $(1)/libgmb.a $(1)/gmb-uninstalled.pc
 $(1)/tests: $(patsubst tests/%.c,$(1)/tests/%,$(TEST_SRC) $(TEST_PROG_SRC))
 $(1)/bin: $(1)/libgmb_preload.so
 
 # (The nspawn tree of check-systemd lives under build/ and is full of *.d.)
--include $(shell find $(1) -path $(1)/nspawn-root -prune -o -name '*.d' -type f -print 2>/dev/null)
+-include $(shell find $(1) -path '$(1)/nspawn-root*' -prune -o -name '*.d' -type f -print 2>/dev/null)
 endef
 
 B := build
@@ -137,7 +151,17 @@ build-clang/%: B := build-clang
 build-clang/%: CC := clang
 $(eval $(call build_tree,build-clang))
 
-all: build/bin ## build gmbd, gmbctl, libgmb.so, libgmb.a
+MAN_PAGES := build/man/gmbd.8 build/man/gmbctl.1 build/man/libgmb.3
+all: build/bin $(MAN_PAGES) ## build gmbd, gmbctl, libgmb.so, libgmb.a, the man pages
+
+# Man pages: scdoc(5) sources under doc/.
+build/man/%: doc/%.scd | $(DEPS_STAMP)
+	@command -v scdoc >/dev/null || { echo "error: scdoc not found (make deps)" >&2; exit 1; }
+	$(call say,SCDOC,$@)mkdir -p $(@D) && scdoc < $< > $@.tmp && mv $@.tmp $@
+
+# The examples, built as their comments say (-Lbuild -lgmb, nothing else).
+build/examples/%: examples/%.c include/gmb.h build/libgmb.so
+	$(call say,CC,$@)mkdir -p $(@D) && $(CC) -std=gnu11 -Wall -Wextra -Werror -Iinclude $< -Lbuild -lgmb -o $@
 
 $(CUDA_H):
 	@echo "error: $(CUDA_H) not found: gmbd builds against the CUDA Toolkit's cuda.h (no GPU needed); set CUDA_HOME" >&2; exit 1
@@ -159,10 +183,11 @@ define run_python_tests
 		python3 -m unittest discover -s tests/python -p 'test_*.py' -v
 endef
 
-check: build/bin build/tests build-asan/bin build-asan/tests build-clang/bin build-clang/tests ## run every test, then under ASan+UBSan
+check: build/bin build/tests build-asan/bin build-asan/tests build-clang/bin build-clang/tests $(MAN_PAGES) build/examples/pause_resume ## run every test, then under ASan+UBSan
 	$(call run_tests,build,)
 	$(call run_python_tests,build)
 	$(call run_tests,build-asan,ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
+	$(Q)for t in $(PACKAGING_CHECKS) check-rebuild; do $(MAKE) --no-print-directory $$t; done
 	@echo "check: all tests passed (build and build-asan; clang build clean)"
 
 RUN_DIR := $(CURDIR)/run
@@ -179,8 +204,10 @@ $(DEPS_STAMP):
 	@mkdir -p $(@D) && touch $@
 
 # systemd: systemd-socket-activate for tests/test_sd.c (no need for it as PID 1).
+# scdoc: the man pages; python3-venv and python3-wheel-whl: pip installs the
+# Python module into a fresh venv offline; man-db: man -l in the checks.
 DEPS_DEB := libuv1-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libcriterion-dev pkg-config util-linux clang \
-	systemd
+	systemd clang-format scdoc python3-venv python3-wheel-whl man-db
 deps: ## install build/test dependencies with apt-get (needs root)
 	@missing=$$(for p in $(DEPS_DEB); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -z "$$missing" ]; then echo "deps: all installed"; else \
@@ -191,46 +218,140 @@ deps: ## install build/test dependencies with apt-get (needs root)
 # ---- install ----
 # Programs under PREFIX; the configuration under SYSCONFDIR (/etc, whatever
 # PREFIX is: gmbd reads /etc/gmbd/gmbd.conf); units and sysusers.d where
-# systemd looks for PREFIX (/usr/local/lib/systemd/system is on its path).
+# systemd looks for PREFIX (/usr/local/lib/systemd/system is on its path);
+# the Python module where the system's python3 looks for PREFIX.
 BINDIR ?= $(PREFIX)/bin
 SBINDIR ?= $(PREFIX)/sbin
 LIBDIR ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
-DOCDIR ?= $(PREFIX)/share/doc/gmbd
+DATADIR ?= $(PREFIX)/share
+DOCDIR ?= $(DATADIR)/doc/gmbd
+MANDIR ?= $(DATADIR)/man
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+# bash-completion looks in $XDG_DATA_DIRS (/usr/local/share:/usr/share).
+BASHCOMPDIR ?= $(DATADIR)/bash-completion/completions
 SYSCONFDIR ?= /etc
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
-# The Python module: it finds libgmb through $GMB_LIB or the library path (libgmb.so.0).
-PYTHONDIR ?= $(PREFIX)/lib/python3/dist-packages
+# The system's python3, not the first one on PATH (a pyenv or a venv).
+PYTHON ?= $(if $(wildcard /usr/bin/python3),/usr/bin/python3,python3)
+# The Python module (it finds libgmb through $GMB_LIB or libgmb.so.0 on the
+# library path). PYTHON is asked which of its own sys.path entries lies
+# under $(PREFIX)/lib (Debian: /usr/local/lib/python3.X/dist-packages for
+# /usr/local, /usr/lib/python3/dist-packages for /usr); for a PREFIX it
+# does not search, its scheme's site-packages there (set PYTHONPATH).
+PYTHONDIR_ASK := import sys, sysconfig; p = sys.argv[1].rstrip("/") + "/lib/"; \
+	print(next((d for d in sys.path if d.startswith(p) and d.endswith("-packages")), \
+	sysconfig.get_paths("posix_prefix", vars={"base": sys.argv[1], "platbase": sys.argv[1]})["purelib"]))
+PYTHONDIR ?= $(eval PYTHONDIR := $(shell $(PYTHON) -c '$(PYTHONDIR_ASK)' '$(PREFIX)'))$(PYTHONDIR)
+GMB_VERSION := $(shell sed -n 's/^\#define GMB_VERSION "\(.*\)"/\1/p' include/gmb.h)
 # The units name /usr/local; another PREFIX is written into them.
 UNIT_SED := s|/usr/local/sbin/gmbd|$(SBINDIR)/gmbd|; s|/usr/local/share/doc/gmbd|$(DOCDIR)|
+# $(call pc_sed,PREFIX,LIBDIR,INCLUDEDIR): gmb.pc.in's sed arguments.
+pc_sed = -e 's|@PREFIX@|$(1)|; s|@LIBDIR@|$(2)|; s|@INCLUDEDIR@|$(3)|; s|@VERSION@|$(GMB_VERSION)|'
 
-install: build/bin ## install (PREFIX=/usr/local, DESTDIR=); keeps an existing gmbd.conf
-	$(call say,INSTALL,$(DESTDIR)$(PREFIX))install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SBINDIR) \
-		$(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(DOCDIR) $(DESTDIR)$(UNITDIR) \
-		$(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(SYSCONFDIR)/gmbd
+PY_MODULES := $(notdir $(wildcard client/python/gmb/*.py))
+EXAMPLES := examples/pause_resume.c examples/pause_resume.py
+# Every file install writes (without DESTDIR), so uninstall and the DESTDIR
+# check use the same list; the configuration file is not in it.
+INSTALLED = $(SBINDIR)/gmbd $(BINDIR)/gmbctl $(LIBDIR)/libgmb.so.0 $(LIBDIR)/libgmb.so \
+	$(LIBDIR)/libgmb.a $(LIBDIR)/libgmb_preload.so $(INCLUDEDIR)/gmb.h $(PKGCONFIGDIR)/gmb.pc \
+	$(addprefix $(PYTHONDIR)/gmb/,$(PY_MODULES)) \
+	$(UNITDIR)/gmbd.service $(UNITDIR)/gmbd.socket $(SYSUSERSDIR)/gmbd.conf \
+	$(MANDIR)/man8/gmbd.8 $(MANDIR)/man1/gmbctl.1 $(MANDIR)/man3/libgmb.3 $(BASHCOMPDIR)/gmbctl \
+	$(DOCDIR)/gmbd.conf.sample $(DOCDIR)/gmbd-daemonset.yaml $(DOCDIR)/README.md \
+	$(addprefix $(DOCDIR)/examples/,$(notdir $(EXAMPLES)))
+
+# $(call install_sed,SED,SRC,DEST): a rewritten copy, mode 0644, in place at once.
+install_sed = sed $(1) $(2) > $(3).tmp && chmod 0644 $(3).tmp && mv $(3).tmp $(3)
+
+install: build/bin $(MAN_PAGES) ## install (PREFIX=/usr/local, DESTDIR=, PYTHON=); keeps an existing gmbd.conf
+	$(call say,INSTALL,$(DESTDIR)$(PREFIX))install -d $(addprefix $(DESTDIR),$(BINDIR) $(SBINDIR) \
+		$(LIBDIR) $(INCLUDEDIR) $(PKGCONFIGDIR) $(DOCDIR)/examples $(UNITDIR) $(SYSUSERSDIR) \
+		$(SYSCONFDIR)/gmbd $(PYTHONDIR)/gmb $(MANDIR)/man1 $(MANDIR)/man3 $(MANDIR)/man8 $(BASHCOMPDIR))
 	$(Q)install -m 0755 build/gmbd $(DESTDIR)$(SBINDIR)/gmbd
 	$(Q)install -m 0755 build/gmbctl $(DESTDIR)$(BINDIR)/gmbctl
-	$(Q)install -m 0755 build/libgmb.so $(DESTDIR)$(LIBDIR)/libgmb.so.0
-	$(Q)ln -sf libgmb.so.0 $(DESTDIR)$(LIBDIR)/libgmb.so
+	$(Q)install -m 0755 build/libgmb.so.0 $(DESTDIR)$(LIBDIR)/libgmb.so.0
+	$(Q)ln -sfn libgmb.so.0 $(DESTDIR)$(LIBDIR)/libgmb.so
 	$(Q)install -m 0644 build/libgmb.a $(DESTDIR)$(LIBDIR)/libgmb.a
 	$(Q)install -m 0755 build/libgmb_preload.so $(DESTDIR)$(LIBDIR)/libgmb_preload.so
-	$(Q)install -d $(DESTDIR)$(PYTHONDIR)/gmb
-	$(Q)install -m 0644 client/python/gmb/*.py $(DESTDIR)$(PYTHONDIR)/gmb/
 	$(Q)install -m 0644 include/gmb.h $(DESTDIR)$(INCLUDEDIR)/gmb.h
+	$(Q)$(call install_sed,$(call pc_sed,$(PREFIX),$(LIBDIR),$(INCLUDEDIR)),gmb.pc.in,$(DESTDIR)$(PKGCONFIGDIR)/gmb.pc)
+	$(Q)install -m 0644 $(addprefix client/python/gmb/,$(PY_MODULES)) $(DESTDIR)$(PYTHONDIR)/gmb/
 	$(Q)for u in gmbd.service gmbd.socket; do \
-		sed '$(UNIT_SED)' deploy/$$u > $(DESTDIR)$(UNITDIR)/$$u.tmp; \
-		chmod 0644 $(DESTDIR)$(UNITDIR)/$$u.tmp; mv $(DESTDIR)$(UNITDIR)/$$u.tmp $(DESTDIR)$(UNITDIR)/$$u; done
+		$(call install_sed,'$(UNIT_SED)',deploy/$$u,$(DESTDIR)$(UNITDIR)/$$u); done
 	$(Q)install -m 0644 deploy/gmbd.sysusers $(DESTDIR)$(SYSUSERSDIR)/gmbd.conf
+	$(Q)install -m 0644 build/man/gmbd.8 $(DESTDIR)$(MANDIR)/man8/
+	$(Q)install -m 0644 build/man/gmbctl.1 $(DESTDIR)$(MANDIR)/man1/
+	$(Q)install -m 0644 build/man/libgmb.3 $(DESTDIR)$(MANDIR)/man3/
+	$(Q)install -m 0644 deploy/gmbctl.bash-completion $(DESTDIR)$(BASHCOMPDIR)/gmbctl
 	$(Q)install -m 0644 deploy/gmbd.conf $(DESTDIR)$(DOCDIR)/gmbd.conf.sample
 	$(Q)install -m 0644 deploy/kubernetes/gmbd-daemonset.yaml README.md $(DESTDIR)$(DOCDIR)/
+	$(Q)install -m 0644 $(EXAMPLES) $(DESTDIR)$(DOCDIR)/examples/
 	$(Q)[ -e $(DESTDIR)$(SYSCONFDIR)/gmbd/gmbd.conf ] || \
 		install -m 0644 deploy/gmbd.conf $(DESTDIR)$(SYSCONFDIR)/gmbd/gmbd.conf
-	@# The group the socket needs, now rather than at the next boot.
-	$(Q)if command -v systemd-sysusers >/dev/null; then \
-		systemd-sysusers --root=$(if $(DESTDIR),$(DESTDIR),/) $(DESTDIR)$(SYSUSERSDIR)/gmbd.conf; fi
-	$(Q)if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+ifeq ($(DESTDIR),)
+	@# The live system only: a staged tree gets its users from sysusers.d
+	@# when it is installed, and its linker cache from its own ldconfig.
+	$(Q)if command -v systemd-sysusers >/dev/null; then systemd-sysusers $(SYSUSERSDIR)/gmbd.conf; fi
+	$(Q)ldconfig
+	$(Q)ldconfig -p | grep -F '$(LIBDIR)/libgmb.so.0' >/dev/null || \
+		echo "install: note: $(LIBDIR) is not on the linker's path; add it to /etc/ld.so.conf.d/"
+	$(Q)if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+endif
+	$(Q)$(PYTHON) -c 'import sys; sys.exit("$(PYTHONDIR)" not in sys.path)' || \
+		echo "install: note: $(PYTHON) does not search $(PYTHONDIR); set PYTHONPATH=$(PYTHONDIR)"
 	@echo "install: done; enable with: systemctl enable --now gmbd.socket"
+
+# Removes what install wrote; the configuration stays unless PURGE=1, and
+# the gmb group and gmbd user stay (files may still belong to them).
+uninstall: ## remove what install wrote (PREFIX, DESTDIR); PURGE=1 also removes /etc/gmbd
+ifeq ($(DESTDIR),)
+	$(Q)if [ -d /run/systemd/system ]; then systemctl disable --now gmbd.socket gmbd.service 2>/dev/null || true; fi
+endif
+	$(call say,RM,$(DESTDIR)$(PREFIX))rm -f $(addprefix $(DESTDIR),$(INSTALLED))
+	$(Q)rm -rf $(DESTDIR)$(PYTHONDIR)/gmb/__pycache__
+	$(Q)rmdir $(DESTDIR)$(PYTHONDIR)/gmb $(DESTDIR)$(DOCDIR)/examples $(DESTDIR)$(DOCDIR) 2>/dev/null || true
+ifeq ($(PURGE),1)
+	$(Q)rm -f $(DESTDIR)$(SYSCONFDIR)/gmbd/gmbd.conf && rmdir $(DESTDIR)$(SYSCONFDIR)/gmbd 2>/dev/null || true
+endif
+ifeq ($(DESTDIR),)
+	$(Q)ldconfig
+	$(Q)if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+endif
+	@echo "uninstall: done$(if $(filter 1,$(PURGE)),,; kept $(SYSCONFDIR)/gmbd/gmbd.conf (PURGE=1 removes it))"
+
+# ---- packaging checks (part of check; no root needed) ----
+# Each runs a real gmbd (host backend) on a socket of its own.
+PKG_CHECK_ENV = MAKE="$(MAKE)" PYTHON="$(PYTHON)" CC="$(CC)"
+check-install: build/bin $(MAN_PAGES) ## make install DESTDIR= checked file by file, then used; uninstall
+	$(Q)$(PKG_CHECK_ENV) tests/install/check_install.sh
+check-pip: build/bin ## pip install ./client/python offline in a fresh venv; the module's tests there
+	$(Q)$(PKG_CHECK_ENV) tests/install/check_pip.sh
+check-completion: build/bin build/tests/prog_worker ## gmbctl's bash completion against a live gmbd
+	$(Q)$(PKG_CHECK_ENV) tests/install/check_completion.sh
+check-examples: build/bin build/examples/pause_resume ## examples/ built as the README says and run
+	$(Q)$(PKG_CHECK_ENV) tests/install/check_examples.sh
+# Nothing is rebuilt once everything is built (protoc runs once; no header
+# is rewritten after its objects).
+BUILD_GOALS := build/bin build/tests build-asan/bin build-asan/tests build-clang/bin build-clang/tests \
+	$(MAN_PAGES) build/examples/pause_resume
+check-rebuild: $(BUILD_GOALS) ## a second make of every build target does nothing
+	$(Q)if ! $(MAKE) --no-print-directory -q $(BUILD_GOALS); then \
+		echo "check-rebuild: FAILED: these would be rebuilt:" >&2; \
+		$(MAKE) --no-print-directory -n $(BUILD_GOALS) | grep -v 'Nothing to be done' | head -20 >&2; exit 1; fi
+	$(Q)n=$$($(MAKE) --no-print-directory V=1 -W proto/gmb.proto -n build/proto/gmb.pb-c.c \
+		build/proto/gmb.pb-c.h | grep -c 'protoc-c'); [ "$$n" = 1 ] || \
+		{ echo "check-rebuild: FAILED: protoc-c would run $$n times for one tree" >&2; exit 1; }
+	$(Q)if $(MAKE) --no-print-directory help | grep -v '^[a-z-]*'$$'\t'; then \
+		echo "check-rebuild: FAILED: make help prints more than 'target<TAB>text' (above)" >&2; exit 1; fi
+	@echo "check-rebuild: PASS (nothing to rebuild; protoc-c runs once per tree; make help clean)"
+PACKAGING_CHECKS := check-install check-pip check-completion check-examples
+check-packaging: $(PACKAGING_CHECKS)
+
+# make print-VAR: a variable's value (for the checks).
+print-%:
+	@echo '$($*)'
 
 # ---- check-systemd: a real systemd 252 in systemd-nspawn ----
 # A debootstrap'd Debian 12 tree, built once and kept under build/, boots
@@ -242,7 +363,8 @@ NSPAWN_SUITE := bookworm
 # debootstrap's own default mirror unless NSPAWN_MIRROR names another.
 NSPAWN_MIRROR ?=
 # gmbd and the test client link libuv and protobuf-c dynamically.
-NSPAWN_INCLUDE := systemd,dbus,libuv1,libprotobuf-c1
+# man-db: the units' Documentation=man: pages are checked there (systemd-analyze verify).
+NSPAWN_INCLUDE := systemd,dbus,libuv1,libprotobuf-c1,man-db
 NSPAWN_DEB := debootstrap systemd-container
 
 nspawn-deps: ## debootstrap and systemd-nspawn on this machine (apt-get, as root)
@@ -258,7 +380,12 @@ $(NSPAWN_STAMP):
 	$(Q)debootstrap --variant=minbase --include=$(NSPAWN_INCLUDE) $(NSPAWN_SUITE) \
 		$(NSPAWN_ROOT).tmp $(NSPAWN_MIRROR) > build/nspawn-debootstrap.log 2>&1 || \
 		{ tail -20 build/nspawn-debootstrap.log; exit 1; }
-	$(Q)mv $(NSPAWN_ROOT).tmp $(NSPAWN_ROOT) && touch $@
+	$(Q)mv $(NSPAWN_ROOT).tmp $(NSPAWN_ROOT) && echo '$(NSPAWN_INCLUDE)' > $@
+# A tree made with other packages is made again.
+ifneq ($(shell cat $(NSPAWN_STAMP) 2>/dev/null),$(NSPAWN_INCLUDE))
+$(NSPAWN_STAMP): nspawn-tree-outdated
+endif
+.PHONY: nspawn-tree-outdated
 
 check-systemd: build/bin build/tests/prog_worker nspawn-deps $(NSPAWN_STAMP) ## gmbd under systemd 252 in nspawn: socket, notify, restart without loss
 	$(Q)$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/$(NSPAWN_ROOT) PREFIX=/usr/local
@@ -277,9 +404,11 @@ check-format: ## fail if a C source differs from what .clang-format makes of it
 clean: ## remove build folders
 	rm -rf build build-asan build-clang run
 
+# (MAKEFILE_LIST also holds every included .d file.)
 help: ## this list
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+	@grep -hE '^[a-z-]+:.*## ' $(firstword $(MAKEFILE_LIST)) | sed 's/:.*## /\t/'
 
-.PHONY: format check-format all check run demo deps clean help install nspawn-deps check-systemd build/bin build/tests build-asan/bin build-asan/tests \
+.PHONY: format check-format all check run demo deps clean help install uninstall check-install check-pip check-completion \
+	check-examples check-rebuild check-packaging nspawn-deps check-systemd build/bin build/tests build-asan/bin build-asan/tests \
 	build-clang/bin build-clang/tests
 .SECONDARY:
