@@ -5,7 +5,9 @@ this module must share its default client and its per-thread regions. So a
 libgmb already in the process (loaded by libgmb_preload.so or by the
 application, found by its soname) wins; otherwise, in order: $GMB_LIB (only
 there when set), libgmb.so next to this package, the source tree's
-build/libgmb.so, and libgmb.so.0 on the system's library path.
+build/libgmb.so, libgmb.so.0 on the system's library path, and the
+usual install folders (/usr/local/lib, /usr/lib) when the loader's cache
+does not list them yet (no ldconfig since the install).
 """
 
 import ctypes
@@ -67,6 +69,9 @@ def _candidates():
         os.path.join(here, "..", "libgmb.so"),
         os.path.normpath(os.path.join(here, "..", "..", "..", "build", "libgmb.so")),
         SONAME,
+        "/usr/local/lib/" + SONAME,
+        "/usr/lib/" + SONAME,
+        "/usr/lib/x86_64-linux-gnu/" + SONAME,
     ]
 
 
@@ -85,8 +90,8 @@ def _open():
             return ctypes.CDLL(path)
         except OSError as e:
             tried.append(f"{path} ({e})")
-    raise OSError("gmb: cannot load libgmb; set GMB_LIB to build/libgmb.so. Tried: "
-                  + "; ".join(tried))
+    raise OSError("gmb: cannot load libgmb: install it (make install runs ldconfig) or set "
+                  "GMB_LIB to the path of libgmb.so.0. Tried: " + "; ".join(tried))
 
 
 def _bind(lib):
