@@ -132,7 +132,7 @@ $(1)/tests/prog_%: $(1)/tests/prog_%.o $(1)/libgmb.a
 $(1)/tests/test_%: $(1)/tests/test_%.o $(call objs,$(1),$(TEST_HELPER_SRC)) $(1)/libgmbd.a $(call objs,$(1),$(LIB_SRC)) $(1)/libcommon.a
 	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$^ $$(TEST_LIBS) $$(LIBS)
 
-$(1)/bin: $(1)/gmbd $(1)/gmbctl $(1)/libgmb.so $(1)/libgmb.a $(1)/gmb-uninstalled.pc
+$(1)/bin: $(1)/gmbd $(1)/gmbctl $(1)/libgmb.so.0 $(1)/libgmb.so $(1)/libgmb.a $(1)/gmb-uninstalled.pc
 $(1)/tests: $(patsubst tests/%.c,$(1)/tests/%,$(TEST_SRC) $(TEST_PROG_SRC))
 $(1)/bin: $(1)/libgmb_preload.so
 
