@@ -234,7 +234,7 @@ fi
 
 # The soak: inference, trainer and a churning process under random pauses (its own gmbd).
 # torch_run.sh built libgmb.so and the shim; SOAK_ROUNDS shortens it.
-if wanted soak; then
+if [ "$DO_TORCH" = 1 ] && wanted soak; then
 	SPY=${TORCH_PYTHON:-/opt/torch/.venv/bin/python3}
 	if [ -f "$B/libgmb.so" ] && [ -f "$B/libgmb_preload.so" ] && [ -x "$SPY" ]; then
 		SOAK_GMBD_LOG=$OUTDIR/soak-gmbd.log LD_LIBRARY_PATH=$PWD/.gpu-deps/so${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
