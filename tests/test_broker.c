@@ -306,7 +306,7 @@ static void pause_ok(struct bclient *c, const char *tag)
 {
 	char err[ERR_MSG_MAX] = "";
 
-	cr_assert(eq(i32, broker_pause(br, c, tag, err), 0), "pause: %s", err);
+	cr_assert(eq(i32, broker_pause(br, c, tag, false, err), 0), "pause: %s", err);
 	check_broker();
 }
 
@@ -477,7 +477,7 @@ Test(broker, pause_resume_reuses_the_exact_chunks)
 	resume_ok(a, "kv", 0, 0);
 	pause_ok(a, NULL);
 	resume_ok(a, "", 2, 0);
-	cr_assert(eq(i32, broker_pause(br, a, "nope", err), -ENOENT));
+	cr_assert(eq(i32, broker_pause(br, a, "nope", false, err), -ENOENT));
 	cr_assert(eq(str, err, "client 'infer' has no tag 'nope'"));
 	cr_assert(eq(i32, resume_rc(a, "nope", err), -ENOENT));
 }
