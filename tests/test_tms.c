@@ -394,9 +394,10 @@ static void pause_and_measure(int64_t *pool_paused, int *fds_drop, int *my_fds_d
 	fds = proc_count_fds(gmbd.pid);
 	mine = proc_count_fds(getpid());
 	cr_assert(eq(i32, gmb_pause(client(), "kv"), 0), "%s", gmb_last_error(client()));
-	*pool_paused = status_i64("pool_bytes");
+	/* At once: a drop gmbd would send after its reply must not have had its round trip. */
 	*fds_drop = fds - proc_count_fds(gmbd.pid);
 	*my_fds_drop = mine - proc_count_fds(getpid());
+	*pool_paused = status_i64("pool_bytes");
 	cr_assert(eq(i32, gmb_resume(client(), "kv"), 0), "%s", gmb_last_error(client()));
 	cr_assert(holds(p, n, 11), "bytes back on new chunks");
 	cr_assert(eq(i64, status_i64("pool_bytes"), (int64_t)n));
