@@ -394,7 +394,8 @@ static int backup_ring_save(struct gmb__mem *m, struct gmb__alloc *a, char *dst,
 }
 
 /* @src -> device through the ring: the threads fill one piece while the other is in flight. */
-static int backup_ring_restore(struct gmb__mem *m, struct gmb__alloc *a, const char *src, char *err)
+static int backup_ring_restore(struct gmb__mem *m, struct gmb__alloc *a, const char *src,
+			       char *err)
 {
 	struct backend *be = m->be;
 	uint64_t off = 0;
@@ -403,12 +404,12 @@ static int backup_ring_restore(struct gmb__mem *m, struct gmb__alloc *a, const c
 	while (rc == 0 && off < a->size) {
 		uint64_t n = a->size - off < BACKUP_RING_PIECE ? a->size - off : BACKUP_RING_PIECE;
 
-		/* The copy that last used this piece was waited for after the other was queued. */
+		/* This piece's last copy (two back) was waited for before the one in flight. */
 		backup_par_copy(m->ring[slot], src + off, n);
-		rc = be->ops->contents_queue(be, a->dev, BACKEND_FROM_HOST, m->ring[slot],
-					     a->va + off, n);
-		if (rc == 0 && off)
-			rc = be->ops->wait(be, a->dev);
+		rc = be->ops->wait(be, a->dev);
+		if (rc == 0)
+			rc = be->ops->contents_queue(be, a->dev, BACKEND_FROM_HOST, m->ring[slot],
+						     a->va + off, n);
 		off += n;
 		slot = !slot;
 	}
