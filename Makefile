@@ -60,8 +60,8 @@ DAEMON_MAIN := daemon/service/main.c
 # shim is a library of its own that loads libgmb at run time (no NEEDED on it).
 LIB_SRC := client/lib/api/api.c client/lib/api/status_json.c \
 	client/lib/hook/region.c client/lib/hook/default.c client/lib/hook/alloc.c \
-	client/lib/hook/torch.c client/lib/hook/libpath.c \
-	client/lib/mem/mem.c client/lib/mem/cycle.c client/lib/mem/rejoin.c \
+	client/lib/hook/torch.c client/lib/hook/libpath.c client/lib/hook/tms.c \
+	client/lib/mem/mem.c client/lib/mem/cycle.c client/lib/mem/rejoin.c client/lib/mem/backup.c \
 	client/lib/cache/cache.c client/lib/conn/conn.c client/lib/conn/reconnect.c
 PRELOAD_SRC := client/preload/preload.c common/err.c
 CTL_SRC := client/gmbctl/gmbctl.c

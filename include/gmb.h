@@ -221,13 +221,81 @@ GMB_API int gmb_owns(gmb_client *c, const void *ptr);
 
 /**
  * gmb_host_copy() - the host copy of [@ptr, @ptr+@size) inside one of @c's
- * allocations (@c NULL: the default client). *@host is NULL while the tag is
- * active, else the saved bytes of a paused PRESERVE tag (valid until the
- * allocation is freed; rewritten by each pause).
+ * allocations (@c NULL: the default client), whenever one exists: while
+ * paused (PRESERVE), and while active when it was retained (the same
+ * pointer). *@host is NULL while active without a copy and for a DISK copy.
+ * The pointer is CUDA host memory (pinned or registered) for PINNED copies,
+ * valid until the copy is freed (resume without retain, or the free).
  * Return: 0, -ENOENT (no allocation holds the range) or -ENODATA (paused,
- * but its tag is not PRESERVE).
+ * but the allocation is not PRESERVE).
  */
 GMB_API int gmb_host_copy(gmb_client *c, const void *ptr, size_t size, void **host);
+
+/*
+ * Host copies per allocation (what the torch_memory_saver drop-in builds
+ * on). An allocation made in a region opened with gmb_region_begin_ex()
+ * keeps that region's mode and backup kind as its own, whatever its tag's
+ * mode: a DISCARD allocation in a tag that also has PRESERVE ones loses its
+ * bytes at a pause. A PRESERVE allocation's host copy is made at its first
+ * pause, in one of these kinds:
+ *   PINNED: host memory the device copies at full speed. Unless retained it
+ *           is pageable memory filled through a small pinned ring (pinning
+ *           the whole copy at every pause would cost more than the copy),
+ *           registered with the driver only when gmb_host_copy() hands it out;
+ *           a retained copy is pinned memory.
+ *   MMAP:   anonymous mmap'd memory; its resident pages go back to the
+ *           system when the copy is freed.
+ *   DISK:   one file per allocation in the disk folder (0600), written at
+ *           pause and read at resume through a pinned buffer of
+ *           $TMS_DISK_BACKUP_CHUNK_MB MiB (default 256).
+ * Retain (process-wide, read at each resume): off (the default) frees a
+ * copy once resume has copied it back (the file is removed); on keeps it,
+ * and the next pause rewrites it at the same address.
+ *
+ * Environment, read once at first use (booleans: "1", "true", "TRUE",
+ * "yes", "YES"): TMS_INIT_ENABLE makes each thread's base region (below any
+ * region, above $GMB_DEFAULT_TAG) tag "default" from the first allocation
+ * on, in mode PRESERVE with TMS_INIT_ENABLE_CPU_BACKUP, PRESERVE on disk
+ * with TMS_INIT_ENABLE_DISK_BACKUP, else DISCARD; TMS_INIT_CPU_BACKUP_BACKEND
+ * ("pinned" or "mmap") is the default kind; TMS_RETAIN_CPU_BACKUP the
+ * retain setting; TMS_DISK_BACKUP_DIR the disk folder (else /tmp).
+ */
+enum { GMB_BACKUP_DEFAULT = -1, GMB_BACKUP_PINNED = 0, GMB_BACKUP_MMAP = 1, GMB_BACKUP_DISK = 2 };
+
+/**
+ * gmb_region_begin_ex() - gmb_region_begin() whose allocations keep @mode
+ * and @backup (GMB_BACKUP_*; DEFAULT: gmb_get_default_backup() at
+ * allocation time) as their own. @backup only matters for PRESERVE.
+ * Return: as gmb_region_begin(), or -EINVAL for an unknown @backup.
+ */
+GMB_API int gmb_region_begin_ex(const char *tag, int mode, int backup);
+
+/**
+ * gmb_region_current_ex() - gmb_region_current() plus the backup kind in
+ * force, resolved (never DEFAULT). The thread's base region counts.
+ */
+GMB_API int gmb_region_current_ex(char *tag, size_t cap, int *mode, int *backup);
+
+/** gmb_set_retain_host_copy() - 0 or 1 (else -EINVAL); see above. */
+GMB_API int gmb_set_retain_host_copy(int retain);
+GMB_API int gmb_get_retain_host_copy(void);
+
+/**
+ * gmb_set_default_backup() - the kind GMB_BACKUP_DEFAULT means: PINNED or
+ * MMAP (else -EINVAL). gmb_get_default_backup() returns it, or -EINVAL when
+ * $TMS_INIT_CPU_BACKUP_BACKEND is malformed (then every region allocation
+ * fails with -EINVAL until a kind is set).
+ */
+GMB_API int gmb_set_default_backup(int backup);
+GMB_API int gmb_get_default_backup(void);
+
+/**
+ * gmb_set_disk_dir() - the folder of disk copies for the process, created
+ * if needed (-errno if it cannot be). gmb_get_disk_dir() copies it to @buf
+ * (-ENOBUFS when @cap is too small).
+ */
+GMB_API int gmb_set_disk_dir(const char *dir);
+GMB_API int gmb_get_disk_dir(char *buf, size_t cap);
 
 /**
  * gmb_set_memory_margin() - region allocations of this process fail with
@@ -247,6 +315,40 @@ GMB_API void gmb_set_memory_margin(uint64_t bytes);
  */
 GMB_API void *gmb_torch_malloc(ssize_t size, int device, void *stream);
 GMB_API void gmb_torch_free(void *ptr, ssize_t size, int device, void *stream);
+
+/*
+ * torch_memory_saver's C entry points, same names and C types (its
+ * csrc/entrypoint.cpp), so that its C/C++ callers work unchanged; the
+ * preload shim re-exports them. The setters edit the calling thread's base
+ * region (tag, on/off, backup), taking effect at the next allocation; the
+ * getters report the region in force. tms_pause/tms_resume act on the
+ * default client (NULL: every tag) and return 0 or a nonzero status (a
+ * sentence in gmb_region_last_error()); an unknown tag is 0.
+ */
+#ifdef __cplusplus
+#define GMB_BOOL bool
+#else
+#define GMB_BOOL _Bool
+#endif
+GMB_API void tms_set_interesting_region(GMB_BOOL on);
+GMB_API GMB_BOOL tms_get_interesting_region(void);
+GMB_API void tms_set_current_tag(const char *tag);
+GMB_API const char *tms_get_current_tag(void);
+GMB_API void tms_set_enable_cpu_backup(GMB_BOOL on);
+GMB_API GMB_BOOL tms_get_enable_cpu_backup(void);
+GMB_API void tms_set_cpu_backup_backend(const char *name);
+GMB_API const char *tms_get_cpu_backup_backend(void);
+GMB_API void tms_set_enable_disk_backup(GMB_BOOL on);
+GMB_API GMB_BOOL tms_get_enable_disk_backup(void);
+GMB_API void tms_set_disk_backup_dir(const char *dir);
+GMB_API void set_memory_margin_bytes(uint64_t bytes);
+GMB_API void tms_set_retain_cpu_backup(GMB_BOOL on);
+GMB_API GMB_BOOL tms_get_retain_cpu_backup(void);
+GMB_API int tms_pause(const char *tag);
+GMB_API int tms_resume(const char *tag);
+GMB_API uint8_t *tms_get_cpu_backup_pointer(const uint8_t *gpu_ptr, uint64_t size);
+GMB_API void *tms_torch_malloc(ssize_t size, int device, void *stream);
+GMB_API void tms_torch_free(void *ptr, ssize_t size, int device, void *stream);
 
 /** gmb_library_path() - the file this libgmb was loaded from ("" if unknown). */
 GMB_API const char *gmb_library_path(void);

@@ -26,12 +26,18 @@
  *   tfree PTR              gmb_torch_free
  *   shim                   "0 <version>" when libgmb_preload.so is preloaded
  *   error                  gmb_region_last_error() | gmb_preload_error()
+ *   tms pause|resume TAG|-   torch_memory_saver's tms_pause/tms_resume ("-": NULL)
+ *   tms get tag|interesting|cpu|backend|disk|retain   its getters -> "0 <value>"
+ *   tms set tag|interesting|cpu|backend|disk|retain|dir VALUE   its setters
+ *   tms copy PTR SIZE        tms_get_cpu_backup_pointer -> "0 <ptr>"
+ *   (tms symbols come from the global scope: the shim's when preloaded)
  *   quit
  */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -237,6 +243,91 @@ static int prog_shim(const char *verb, char *out, size_t cap)
 	return 0;
 }
 
+/* torch_memory_saver's entry points, looked up as its C callers find them. */
+static void *prog_tms_sym(const char *fmt, const char *what)
+{
+	char name[64];
+
+	snprintf(name, sizeof(name), fmt, what);
+	return dlsym(RTLD_DEFAULT, name);
+}
+
+static int prog_tms_get(const char *what, char *out, size_t cap)
+{
+	bool text = !strcmp(what, "tag") || !strcmp(what, "backend");
+	void *sym = prog_tms_sym(!strcmp(what, "tag")		? "tms_get_current_tag"
+				 : !strcmp(what, "interesting") ? "tms_get_interesting_region"
+				 : !strcmp(what, "backend")	? "tms_get_cpu_backup_backend"
+				 : !strcmp(what, "cpu")		? "tms_get_enable_cpu_backup"
+				 : !strcmp(what, "disk")	? "tms_get_enable_disk_backup"
+								: "tms_get_%s_cpu_backup",
+				 what);
+	const char *(*ftext)(void);
+	bool (*fbool)(void);
+
+	if (!sym)
+		return -ENOENT;
+	if (text) {
+		memcpy(&ftext, &sym, sizeof(sym));
+		snprintf(out, cap, "%s", ftext());
+	} else {
+		memcpy(&fbool, &sym, sizeof(sym));
+		snprintf(out, cap, "%d", fbool());
+	}
+	return 0;
+}
+
+static int prog_tms_set(const char *what, const char *v)
+{
+	bool text = !strcmp(what, "tag") || !strcmp(what, "backend") || !strcmp(what, "dir");
+	void *sym = prog_tms_sym(!strcmp(what, "tag")		? "tms_set_current_tag"
+				 : !strcmp(what, "interesting") ? "tms_set_interesting_region"
+				 : !strcmp(what, "backend")	? "tms_set_cpu_backup_backend"
+				 : !strcmp(what, "cpu")		? "tms_set_enable_cpu_backup"
+				 : !strcmp(what, "disk")	? "tms_set_enable_disk_backup"
+				 : !strcmp(what, "dir")		? "tms_set_disk_backup_dir"
+								: "tms_set_%s_cpu_backup",
+				 what);
+	void (*ftext)(const char *);
+	void (*fbool)(bool);
+
+	if (!sym)
+		return -ENOENT;
+	if (text) {
+		memcpy(&ftext, &sym, sizeof(sym));
+		ftext(v);
+	} else {
+		memcpy(&fbool, &sym, sizeof(sym));
+		fbool(atoi(v) != 0);
+	}
+	return 0;
+}
+
+static int prog_tms(const char *verb, const char *a, const char *b, char *out, size_t cap)
+{
+	uint8_t *(*fcopy)(const uint8_t *, uint64_t);
+	int (*fcycle)(const char *);
+	void *sym;
+
+	if (!strcmp(verb, "get"))
+		return prog_tms_get(a, out, cap);
+	if (!strcmp(verb, "set"))
+		return prog_tms_set(a, b);
+	if (!strcmp(verb, "copy")) {
+		sym = dlsym(RTLD_DEFAULT, "tms_get_cpu_backup_pointer");
+		if (!sym)
+			return -ENOENT;
+		memcpy(&fcopy, &sym, sizeof(sym));
+		snprintf(out, cap, "%p", (void *)fcopy(prog_ptr(a), strtoull(b, NULL, 0)));
+		return 0;
+	}
+	sym = prog_tms_sym("tms_%s", verb);
+	if (!sym || (strcmp(verb, "pause") && strcmp(verb, "resume")))
+		return -ENOENT;
+	memcpy(&fcycle, &sym, sizeof(sym));
+	return fcycle(strcmp(a, "-") ? a : NULL);
+}
+
 /* Commands that need libgmb bound. */
 static int prog_gmb(const char *verb, const char *a, const char *b, char *out, size_t cap)
 {
@@ -273,6 +364,8 @@ static int prog_run(char *line, char *out, size_t cap)
 		return prog_bytes(a, b, c, verb[0] == 'c');
 	if (!strcmp(verb, "shim") || !strcmp(verb, "error"))
 		return prog_shim(verb, out, cap);
+	if (!strcmp(verb, "tms"))
+		return prog_tms(a, b, c, out, cap);
 	rc = prog_cuda(verb, a, out, cap);
 	if (rc == -EINVAL)
 		rc = prog_fake(verb, a, out, cap);

@@ -306,7 +306,7 @@ static void pause_ok(struct bclient *c, const char *tag)
 {
 	char err[ERR_MSG_MAX] = "";
 
-	cr_assert(eq(i32, broker_pause(br, c, tag, err), 0), "pause: %s", err);
+	cr_assert(eq(i32, broker_pause(br, c, tag, false, err), 0), "pause: %s", err);
 	check_broker();
 }
 
@@ -477,9 +477,36 @@ Test(broker, pause_resume_reuses_the_exact_chunks)
 	resume_ok(a, "kv", 0, 0);
 	pause_ok(a, NULL);
 	resume_ok(a, "", 2, 0);
-	cr_assert(eq(i32, broker_pause(br, a, "nope", err), -ENOENT));
+	cr_assert(eq(i32, broker_pause(br, a, "nope", false, err), -ENOENT));
 	cr_assert(eq(str, err, "client 'infer' has no tag 'nope'"));
 	cr_assert(eq(i32, resume_rc(a, "nope", err), -ENOENT));
+}
+
+Test(broker, a_pause_with_handles_released_gives_the_chunks_back_at_once)
+{
+	struct bclient *a, *b;
+	struct balloc *x, *y;
+	char err[ERR_MSG_MAX] = "";
+
+	open_broker(0, 0);
+	a = client("infer", 42, 1000);
+	b = client("old", 43, 1000);
+	x = alloc_ok(a, 0, 3 * GiB, "kv", 3, 3);
+	y = alloc_ok(b, 0, 1 * GiB, "kv", 1, 1);
+	cr_assert(eq(i32, broker_pause(br, a, "kv", true, err), 0), "%s", err);
+	check_broker();
+	cr_assert(eq(u64, br->pools[0].held_bytes, 1 * GiB), "released within the call");
+	cr_assert(eq(u64, br->pools[0].pending_bytes, 0), "no drop to wait for");
+	cr_assert(eq(i32, proc_count_memfds(), 1), "only the other client's chunk is alive");
+	for (uint32_t i = 0; i < x->nchunks; i++)
+		cr_assert(eq(ptr, x->chunks[i], NULL), "the last lend names nothing any more");
+	/* A client that keeps its handles: the chunk waits for its drop, as before. */
+	pause_ok(b, "kv");
+	cr_assert(eq(u64, br->pools[0].pending_bytes, 1 * GiB));
+	cr_assert(pool_is_held_by(y->chunks[0], b));
+	resume_ok(a, "kv", 1, 3);
+	cr_assert(eq(u32, x->nchunks, 3), "new chunks, all sent again");
+	cr_assert(eq(u64, br->pools[0].lent_bytes, 3 * GiB));
 }
 
 Test(broker, resume_after_another_client_took_the_chunks)

@@ -335,8 +335,10 @@ static struct gmbd_proc gmbd;
 
 static void daemon_start(void)
 {
+	/* The warm pool: trims and handles kept over a pause are what these test. */
 	static const char *const args[] = { "--host-memory", "64MiB", "--max-chunk", "4MiB",
-					    "--log-level", "warning", NULL };
+					    "--pool-keep", "unlimited", "--log-level", "warning",
+					    NULL };
 
 	cr_assert(eq(i32, gmbd_start(&gmbd, args), 0), "gmbd did not start");
 }

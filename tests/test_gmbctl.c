@@ -23,7 +23,9 @@ static char out[CAP], err[CAP];
 
 static void start(void)
 {
-	static const char *const args[] = { "--host-memory", "1GiB", "--log-level", "warning", NULL };
+	/* Warm: trim has free chunks to release. */
+	static const char *const args[] = { "--host-memory", "1GiB", "--pool-keep", "unlimited",
+					    "--log-level", "warning", NULL };
 
 	cr_assert(eq(i32, gmbd_start(&gmbd, args), 0), "gmbd did not start");
 	/* Let another uid reach the socket, as gmbd.socket's group would. */

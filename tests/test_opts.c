@@ -50,7 +50,7 @@ Test(opts, defaults)
 	cr_assert(eq(u64, o.host_memory, 8 * GiB));
 	cr_assert(eq(u64, o.host_granularity, 2 * MiB));
 	cr_assert(eq(u64, o.max_chunk, 1 * GiB));
-	cr_assert(eq(u64, o.pool_keep, UINT64_MAX));
+	cr_assert(eq(u64, o.pool_keep, 0), "a pause gives memory to the driver by default");
 	cr_assert(eq(u64, o.budget, 0));
 	cr_assert(not(o.reserve_set));
 	cr_assert(eq(str, (char *)o.admin_group, "gmb"));
@@ -191,7 +191,7 @@ Test(opts, help_lists_every_option_and_its_default)
 	static const char *const want[] = {
 		"--socket=PATH", "/run/gmbd/gmbd.sock", "--backend=auto|cuda|host", "--host-devices=N",
 		"--host-memory=BYTES", "(default: 8GiB)", "--host-granularity=BYTES", "(default: 2MiB)",
-		"--max-chunk=BYTES", "(default: 1GiB)", "--pool-keep=BYTES|unlimited", "unlimited",
+		"--max-chunk=BYTES", "(default: 1GiB)", "--pool-keep=BYTES|unlimited", "0: a pause gives memory to the driver",
 		"--budget=BYTES", "minus --reserve", "--reserve=BYTES", "2GiB on cuda, 0 on host",
 		"--admin-group=NAME", "(default: gmb)", "--control-timeout=SECONDS", "(default: 30)",
 		"--log-level=LEVEL", "(default: info)", "-h, --help", "-V, --version",

@@ -159,6 +159,8 @@ Test(preload, shim_needs_no_cuda_library_and_exports_only_the_overrides)
 	cr_assert(not(eq(ptr, h, NULL)), "dlopen: %s", dlerror());
 	cr_assert(not(eq(ptr, dlsym(h, "cudaMalloc"), NULL)));
 	cr_assert(not(eq(ptr, dlsym(h, "cudaFreeAsync"), NULL)));
+	cr_assert(not(eq(ptr, dlsym(h, "tms_pause"), NULL)), "torch_memory_saver's entry points");
+	cr_assert(not(eq(ptr, dlsym(h, "set_memory_margin_bytes"), NULL)));
 	cr_assert(eq(ptr, dlsym(h, "shim_gmb"), NULL), "internals stay hidden");
 	dlclose(h);
 }
@@ -388,5 +390,58 @@ Test(preload, a_default_tag_without_libgmb_fails_the_allocation_loudly)
 	run(&w, cudaErrorInitializationError, "malloc 1048576");
 	cr_assert(not(eq(ptr, strstr(run(&w, 0, "error"), "/nonexistent/libgmb.so"), NULL)));
 	expect_stats(&w, "mallocs=0 frees=0 bad_frees=0 syncs=0 amallocs=0 afrees=0");
+	quit(&w);
+}
+
+Test(preload, tms_init_enable_makes_the_process_one_region_through_the_shims_entry_points)
+{
+	static const char *const env[] = { "TMS_INIT_ENABLE=1", "TMS_INIT_ENABLE_CPU_BACKUP=1",
+					   "GMB_CLIENT_NAME=tmsjob", NULL };
+	struct worker w;
+	char p[32], q[32], cmd[96];
+
+	prog_start(&w, true, env);
+	/* Nobody loaded libgmb and no region was opened: the shim loads it at the first malloc. */
+	alloc(&w, "malloc 6912", p);
+	expect_stats(&w, "mallocs=0 frees=0 bad_frees=0 syncs=0 amallocs=0 afrees=0");
+	snprintf(cmd, sizeof(cmd), "fill %s 6912 7", p);
+	run(&w, 0, cmd);
+	cr_assert(eq(str, (char *)run(&w, 0, "tms get tag"), "default"));
+	cr_assert(eq(str, (char *)run(&w, 0, "tms get interesting"), "1"));
+	cr_assert(eq(str, (char *)run(&w, 0, "tms get cpu"), "1"));
+	run(&w, 0, "tms pause -");
+	cr_assert(strcmp(runf(&w, 0, "tms copy %s 6912", p), "(nil)") != 0, "a copy while paused");
+	run(&w, 0, "tms resume -");
+	snprintf(cmd, sizeof(cmd), "check %s 6912 7", p);
+	run(&w, 0, cmd);
+	cr_assert(eq(str, (char *)runf(&w, 0, "tms copy %s 16", p), "(nil)"), "resumed: no copy");
+	/* A discard allocation next to it, a pause, a free while paused (torch's pool teardown). */
+	run(&w, 0, "tms set cpu 0");
+	cr_assert(eq(str, (char *)run(&w, 0, "tms get cpu"), "0"));
+	alloc(&w, "malloc 4096", q);
+	run(&w, 0, "tms pause -");
+	cr_assert(eq(str, (char *)runf(&w, 0, "tms copy %s 16", q), "(nil)"), "discard: none");
+	cr_assert(strcmp(runf(&w, 0, "tms copy %s 16", p), "(nil)") != 0, "p keeps its own mode");
+	runf(&w, 0, "free %s", p);
+	run(&w, 0, "tms resume -");
+	runf(&w, 0, "free %s", q);
+	run(&w, 0, "tms set interesting 0");
+	cr_assert(eq(str, (char *)run(&w, 0, "tms get interesting"), "0"));
+	alloc(&w, "malloc 4096", p);
+	/* Two frees of gmbd memory drained the device, as cudaFree does; then the runtime's. */
+	expect_stats(&w, "mallocs=1 frees=0 bad_frees=0 syncs=2 amallocs=0 afrees=0");
+	quit(&w);
+}
+
+Test(preload, tms_entry_points_without_gmbd_fail_without_exiting)
+{
+	static const char *const env[] = { "GMB_SOCKET=/nonexistent/gmbd.sock", NULL };
+	struct worker w;
+
+	prog_start(&w, true, env);
+	cr_assert(eq(str, (char *)run(&w, 0, "tms get tag"), "default"));
+	run(&w, 0, "tms pause -"); /* no default client: nothing to pause */
+	run(&w, 0, "tms set interesting 1");
+	run(&w, cudaErrorDevicesUnavailable, "malloc 4096"); /* no gmbd: the process lives */
 	quit(&w);
 }

@@ -103,7 +103,7 @@ static void setup(void)
 	cr_assert(eq(i32, broker_set_mode(fx.br, fx.a, "weights", GMB_MODE_PRESERVE, err), 0));
 	alloc(fx.br, fx.a, 6 * MiB, "weights");
 	alloc(fx.br, fx.a, 4 * MiB, "kv");
-	cr_assert(eq(i32, broker_pause(fx.br, fx.a, "kv", err), 0));
+	cr_assert(eq(i32, broker_pause(fx.br, fx.a, "kv", false, err), 0));
 	alloc(fx.br, fx.b, 2 * MiB, "act");
 }
 

@@ -218,7 +218,7 @@ Test(conf, every_option_is_settable_and_the_command_line_wins)
 		   "  host-memory =  96MiB  \n"
 		   "host-granularity = 64KiB\n"
 		   "max-chunk = \"8MiB\"\n"
-		   "pool-keep = 0\n"
+		   "pool-keep = 32MiB\n"
 		   "budget = 48MiB\n"
 		   "reserve = 1MiB\n"
 		   "admin-group = wheel\n"
@@ -235,7 +235,7 @@ Test(conf, every_option_is_settable_and_the_command_line_wins)
 	cr_assert(eq(u64, o.host_memory, 96 * MiB));
 	cr_assert(eq(u64, o.host_granularity, 64 * 1024));
 	cr_assert(eq(u64, o.max_chunk, 8 * MiB));
-	cr_assert(eq(u64, o.pool_keep, 0));
+	cr_assert(eq(u64, o.pool_keep, 32 * MiB));
 	cr_assert(eq(u64, o.budget, 48 * MiB));
 	cr_assert(eq(u64, o.reserve, 1 * MiB));
 	cr_assert(o.reserve_set);

@@ -19,7 +19,9 @@
  *     libgmb is the copy already loaded in the process (by Python's gmb
  *     module or the application: dlopen of its soname with RTLD_NOLOAD), or,
  *     when $GMB_DEFAULT_TAG asks for broker memory from the first
- *     allocation, $GMB_LIB or the libgmb.so next to this file. So the shim,
+ *     allocation (or $TMS_INIT_ENABLE, torch_memory_saver's equivalent),
+ *     $GMB_LIB or the libgmb.so next to this file. torch_memory_saver's C
+ *     entry points (tms_pause, ...) are forwarders to that libgmb. So the shim,
  *     Python and PyTorch's pluggable allocator share one libgmb, one
  *     default client and one region stack per thread.
  *   - The connection to gmbd is made on the first allocation in a region.
@@ -82,6 +84,7 @@ struct shim_gmb {
 
 static _Atomic(void *) shim_real[SHIM_NREAL];
 static struct shim_gmb shim_gmb_fns;
+static void *shim_gmb_handle; /* published with shim_gmb_ready; never closed */
 static atomic_bool shim_gmb_ready;
 static pthread_mutex_t shim_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread char shim_error[ERR_MSG_MAX];
@@ -155,11 +158,24 @@ typedef cudaError_t (*shim_is_capturing_fn)(cudaStream_t, enum cudaStreamCapture
 
 /* libgmb. */
 
+/* torch_memory_saver's boolean variables (its get_bool_env_var). */
+static bool shim_env_true(const char *name)
+{
+	static const char *const yes[] = { "1", "true", "TRUE", "yes", "YES" };
+	const char *v = getenv(name);
+
+	for (size_t i = 0; v && i < sizeof(yes) / sizeof(yes[0]); i++)
+		if (strcmp(v, yes[i]) == 0)
+			return true;
+	return false;
+}
+
+/* Broker memory from the first allocation: load libgmb if nobody did. */
 static bool shim_default_tag(void)
 {
 	const char *t = getenv("GMB_DEFAULT_TAG");
 
-	return t && *t;
+	return (t && *t) || shim_env_true("TMS_INIT_ENABLE");
 }
 
 static int shim_gmb_bind(void *h)
@@ -229,8 +245,10 @@ static const struct shim_gmb *shim_gmb(bool load)
 		h = dlopen("libgmb.so.0", RTLD_NOW | RTLD_NOLOAD);
 		if (!h && load)
 			h = shim_gmb_open();
-		if (h && shim_gmb_bind(h) == 0)
+		if (h && shim_gmb_bind(h) == 0) {
+			shim_gmb_handle = h;
 			atomic_store_explicit(&shim_gmb_ready, true, memory_order_release);
+		}
 		else if (h)
 			dlclose(h);
 	}
@@ -383,3 +401,74 @@ SHIM_API const char *gmb_preload_error(void)
 {
 	return shim_error;
 }
+
+/*
+ * torch_memory_saver's C entry points (its preload library's names and C
+ * types), forwarded to the process's libgmb, loaded here if nobody did: a
+ * C/C++ caller of the peer, or ctypes.CDLL(None), finds them in the shim.
+ * Without libgmb the getters answer as outside any region and tms_pause /
+ * tms_resume return cudaErrorInitializationError (why: gmb_preload_error()).
+ */
+
+/* @name in libgmb, or NULL. */
+static void *shim_tms_sym(const char *name)
+{
+	void *p;
+
+	if (!shim_gmb(true))
+		return NULL;
+	p = dlsym(shim_gmb_handle, name);
+	if (!p)
+		err_fmt(shim_error, 0, "libgmb lacks %s: an older libgmb?", name);
+	return p;
+}
+
+#define SHIM_TMS(ret, name, params, args, fail)                                        \
+	SHIM_API ret name params;                                                       \
+	SHIM_API ret name params                                                        \
+	{                                                                               \
+		void *sym_ = shim_tms_sym(#name);                                       \
+		ret(*f_) params;                                                        \
+                                                                                        \
+		if (!sym_)                                                              \
+			return fail;                                                    \
+		memcpy(&f_, &sym_, sizeof(f_));                                         \
+		return f_ args;                                                         \
+	}
+
+#define SHIM_TMS_VOID(name, params, args)                                               \
+	SHIM_API void name params;                                                      \
+	SHIM_API void name params                                                       \
+	{                                                                               \
+		void *sym_ = shim_tms_sym(#name);                                       \
+		void(*f_) params;                                                       \
+                                                                                        \
+		if (!sym_)                                                              \
+			return;                                                         \
+		memcpy(&f_, &sym_, sizeof(f_));                                         \
+		f_ args;                                                                \
+	}
+
+SHIM_TMS_VOID(tms_set_interesting_region, (bool on), (on))
+SHIM_TMS(bool, tms_get_interesting_region, (void), (), false)
+SHIM_TMS_VOID(tms_set_current_tag, (const char *tag), (tag))
+SHIM_TMS(const char *, tms_get_current_tag, (void), (), "default")
+SHIM_TMS_VOID(tms_set_enable_cpu_backup, (bool on), (on))
+SHIM_TMS(bool, tms_get_enable_cpu_backup, (void), (), false)
+SHIM_TMS_VOID(tms_set_cpu_backup_backend, (const char *name), (name))
+SHIM_TMS(const char *, tms_get_cpu_backup_backend, (void), (), "pinned")
+SHIM_TMS_VOID(tms_set_enable_disk_backup, (bool on), (on))
+SHIM_TMS(bool, tms_get_enable_disk_backup, (void), (), false)
+SHIM_TMS_VOID(tms_set_disk_backup_dir, (const char *dir), (dir))
+SHIM_TMS_VOID(set_memory_margin_bytes, (uint64_t bytes), (bytes))
+SHIM_TMS_VOID(tms_set_retain_cpu_backup, (bool on), (on))
+SHIM_TMS(bool, tms_get_retain_cpu_backup, (void), (), false)
+SHIM_TMS(int, tms_pause, (const char *tag), (tag), (int)cudaErrorInitializationError)
+SHIM_TMS(int, tms_resume, (const char *tag), (tag), (int)cudaErrorInitializationError)
+/* cudaStream_t is a pointer: gmb.h spells it void * so as not to need the runtime. */
+SHIM_TMS(uint8_t *, tms_get_cpu_backup_pointer, (const uint8_t *gpu_ptr, uint64_t size),
+	 (gpu_ptr, size), NULL)
+SHIM_TMS(void *, tms_torch_malloc, (ssize_t size, int device, void *stream),
+	 (size, device, stream), NULL)
+SHIM_TMS_VOID(tms_torch_free, (void *ptr, ssize_t size, int device, void *stream),
+	      (ptr, size, device, stream))

@@ -90,6 +90,13 @@ struct backend_ops {
 	/* Host staging memory for preserved tags (pinned on cuda). */
 	int (*host_alloc)(struct backend *b, uint64_t size, void **p);
 	void (*host_free)(struct backend *b, void *p, uint64_t size);
+	/*
+	 * Pinning of memory the caller made (page-aligned, whole pages), so that
+	 * it is the driver's host memory until unregister (cuda: a pointer
+	 * cudaHostGetFlags accepts); the host backend only checks the range.
+	 */
+	int (*host_register)(struct backend *b, void *p, uint64_t size);
+	void (*host_unregister)(struct backend *b, void *p, uint64_t size);
 };
 
 struct backend {

@@ -473,5 +473,7 @@ static const struct backend_ops cuda_ops = {
 	.wait = cuda__wait,
 	.host_alloc = cuda__host_alloc,
 	.host_free = cuda__host_free,
+	.host_register = cuda__host_register,
+	.host_unregister = cuda__host_unregister,
 };
 

@@ -332,3 +332,45 @@ void cuda__close_dev(struct cuda_priv *c, int dev)
 	c->api.DevicePrimaryCtxRelease(d->cu);
 	*d = (struct cuda_dev){ 0 };
 }
+
+/*
+ * Pins [p, p+size) for every context (PORTABLE), as host_alloc's memory is:
+ * a copy registered this way copies at the pinned speed and is the driver's
+ * host memory for cudaHostGetFlags until unregistered.
+ */
+int cuda__host_register(struct backend *b, void *p, uint64_t size)
+{
+	struct cuda_priv *c = b->priv;
+	CUcontext ctx;
+	bool pushed;
+	CUresult r;
+	int rc;
+
+	if (size == 0 || !p)
+		return backend_fail(-EINVAL, "cuda backend: host_register: empty range");
+	rc = cuda_host_ctx(c, &ctx);
+	if (rc == 0)
+		rc = cuda_ctx_push(c, ctx, &pushed);
+	if (rc < 0)
+		return rc;
+	r = CUDA_RELAXED(c, c->api.MemHostRegister(p, size, CU_MEMHOSTREGISTER_PORTABLE));
+	cuda_ctx_pop(c, pushed);
+	if (r != CUDA_SUCCESS)
+		return cuda__fail(c, r, "cuMemHostRegister", "p=%p size=0x%" PRIx64, p, size);
+	return 0;
+}
+
+void cuda__host_unregister(struct backend *b, void *p, uint64_t size)
+{
+	struct cuda_priv *c = b->priv;
+	CUcontext ctx;
+	bool pushed;
+	CUresult r;
+
+	if (!p || cuda_host_ctx(c, &ctx) < 0 || cuda_ctx_push(c, ctx, &pushed) < 0)
+		return;
+	r = CUDA_RELAXED(c, c->api.MemHostUnregister(p));
+	cuda_ctx_pop(c, pushed);
+	if (r != CUDA_SUCCESS)
+		cuda__fail(c, r, "cuMemHostUnregister", "p=%p size=0x%" PRIx64, p, size);
+}

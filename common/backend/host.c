@@ -654,6 +654,29 @@ static void host_host_free(struct backend *b, void *p, uint64_t size)
 		munmap(p, size);
 }
 
+/* Nothing to pin here; the driver's rules are checked: whole pages, mapped. */
+static int host_host_register(struct backend *b, void *p, uint64_t size)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	unsigned char vec;
+
+	(void)b;
+	if (!p || size == 0 || (uintptr_t)p % (uintptr_t)page || size % (uint64_t)page)
+		return backend_fail(-EINVAL, "host backend: host_register: %p + 0x%" PRIx64
+				    " is not whole pages", p, size);
+	if (mincore(p, (size_t)page, &vec) < 0)
+		return backend_fail(-EFAULT, "host backend: host_register: %p is not mapped: %s", p,
+				    strerror(errno));
+	return 0;
+}
+
+static void host_host_unregister(struct backend *b, void *p, uint64_t size)
+{
+	(void)b;
+	(void)p;
+	(void)size;
+}
+
 /* Setup and teardown. */
 
 static void host_close(struct backend *b)
@@ -786,4 +809,6 @@ static const struct backend_ops host_ops = {
 	.wait = host_wait,
 	.host_alloc = host_host_alloc,
 	.host_free = host_host_free,
+	.host_register = host_host_register,
+	.host_unregister = host_host_unregister,
 };

@@ -81,6 +81,8 @@
 	X(MemsetD8Async, 3020, "cuMemsetD8Async")                                        \
 	X(MemHostAlloc, 2020, "cuMemHostAlloc")                                          \
 	X(MemFreeHost, 2000, "cuMemFreeHost")                                            \
+	X(MemHostRegister, 6050, "cuMemHostRegister_v2")                                 \
+	X(MemHostUnregister, 4000, "cuMemHostUnregister")                                \
 	X(MemGetInfo, 3020, "cuMemGetInfo_v2")                                           \
 	X(ThreadExchangeStreamCaptureMode, 10010, "cuThreadExchangeStreamCaptureMode")
 
@@ -147,6 +149,8 @@ int cuda__contents_queue(struct backend *b, int dev, enum backend_contents op, v
 int cuda__wait(struct backend *b, int dev);
 int cuda__host_alloc(struct backend *b, uint64_t size, void **p);
 void cuda__host_free(struct backend *b, void *p, uint64_t size);
+int cuda__host_register(struct backend *b, void *p, uint64_t size);
+void cuda__host_unregister(struct backend *b, void *p, uint64_t size);
 /* Destroys @dev's stream and releases its primary context, if made. */
 void cuda__close_dev(struct cuda_priv *c, int dev);
 

@@ -151,13 +151,16 @@ void broker_client_usage(const struct bclient *c, const char *tag, uint64_t *byt
  * can succeed once their holders ack the drops (park it, flush the drops,
  * retry after broker_dropped()). A size over the device's budget is -ENOMEM
  * too. pause/resume take a tag or NULL/"" for every tag; pausing a paused
- * tag and resuming an active one succeed and do nothing.
+ * tag and resuming an active one succeed and do nothing. pause's @released:
+ * the client lets go of the handles of the paused allocations' last lends
+ * (HelloReply.release_on_pause), so it stops holding them and chunks nobody
+ * holds go back to the backend within the call (with a keep limit of 0).
  */
 int broker_alloc(struct broker *br, struct bclient *c, int dev, uint64_t size, const char *tag,
 		 struct broker_result *res, char *err);
 int broker_free_alloc(struct broker *br, struct bclient *c, uint64_t alloc_id, char *err);
 int broker_set_mode(struct broker *br, struct bclient *c, const char *tag, int mode, char *err);
-int broker_pause(struct broker *br, struct bclient *c, const char *tag, char *err);
+int broker_pause(struct broker *br, struct bclient *c, const char *tag, bool released, char *err);
 int broker_resume(struct broker *br, struct bclient *c, const char *tag,
 		  struct broker_result *res, char *err);
 /* Every free chunk of @dev (-1: all) back: *@released now, *@pending (every

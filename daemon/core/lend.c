@@ -253,24 +253,34 @@ int broker_free_alloc(struct broker *br, struct bclient *c, uint64_t alloc_id, c
 
 /* ---- pause ---- */
 
-/* Bit d of @touched: device d got chunks back, so its keep limit is checked. */
-static void lend_pause_tag(struct broker *br, struct btag *t, uint64_t *touched)
+/*
+ * Bit d of @touched: device d got chunks back, so its keep limit is checked.
+ * @released: the client lets go of the handles of the last lends, so it no
+ * longer holds them; the entries become NULL (as dropped ones), which both
+ * sides' re-announcement and resume already know.
+ */
+static void lend_pause_tag(struct broker *br, struct btag *t, bool released, uint64_t *touched)
 {
 	if (t->paused)
 		return;
 	for (struct balloc *a = t->allocs; a; a = a->next) {
 		if (!a->active)
 			continue;
-		/* The holds stay: the client keeps the handles for a cheap resume. */
 		for (uint32_t i = 0; i < a->nchunks; i++)
 			pool_put(&br->pools[a->dev], a->chunks[i]);
+		/* Otherwise the holds stay: the client keeps the handles for a cheap resume. */
+		for (uint32_t i = 0; released && i < a->nchunks; i++) {
+			if (a->chunks[i])
+				pool_unhold(&br->pools[a->dev], a->chunks[i], t->client, false);
+			a->chunks[i] = NULL;
+		}
 		a->active = false;
 		*touched |= 1ULL << a->dev;
 	}
 	t->paused = true;
 }
 
-int broker_pause(struct broker *br, struct bclient *c, const char *tag, char *err)
+int broker_pause(struct broker *br, struct bclient *c, const char *tag, bool released, char *err)
 {
 	uint64_t touched = 0;
 	struct btag *t;
@@ -279,10 +289,10 @@ int broker_pause(struct broker *br, struct bclient *c, const char *tag, char *er
 		t = broker__tag_find(c, tag);
 		if (!t)
 			return err_fmt(err, -ENOENT, "client '%s' has no tag '%s'", c->name, tag);
-		lend_pause_tag(br, t, &touched);
+		lend_pause_tag(br, t, released, &touched);
 	} else {
 		for (t = c->tags; t; t = t->next)
-			lend_pause_tag(br, t, &touched);
+			lend_pause_tag(br, t, released, &touched);
 	}
 	for (int d = 0; d < br->ndevices; d++)
 		if (touched & (1ULL << d))

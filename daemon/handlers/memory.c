@@ -92,7 +92,9 @@ int handlers__pause(struct hreq *rq)
 	if (r < 0)
 		return r;
 	broker_client_usage(hconn_of(rq->s)->client, tag, &bytes, &chunks);
-	r = broker_pause(rq->h->broker, hconn_of(rq->s)->client, tag, rq->err);
+	/* With handles_released, what nobody holds goes back to the backend before the reply. */
+	r = broker_pause(rq->h->broker, hconn_of(rq->s)->client, tag,
+			 rq->env->pause->handles_released, rq->err);
 	if (r < 0)
 		return r;
 	if (chunks)

@@ -88,10 +88,13 @@ static const struct opts_entry opts_table[] = {
 	  "the granularity); an allocation uses the\n"
 	  "fewest, largest chunks",
 	  opts_set_max_chunk },
-	{ "pool-keep", 0, "BYTES|unlimited", "unlimited: every free chunk stays",
+	{ "pool-keep", 0, "BYTES|unlimited", "0: a pause gives memory to the driver",
 	  "free memory kept warm per device for the next\n"
 	  "request; free chunks beyond it go back to the\n"
-	  "driver",
+	  "driver. 0: a pause returns once its memory is\n"
+	  "the driver's (others on the GPU can have it);\n"
+	  "more: clients keep paused memory mapped-ready\n"
+	  "and resume skips the driver's create",
 	  opts_set_pool_keep },
 	{ "budget", 0, "BYTES", "the device's total minus --reserve",
 	  "most memory gmbd holds on each device", opts_set_budget },
@@ -361,7 +364,7 @@ static void opts_defaults(struct gmbd_opts *o)
 		.host_memory = 8ULL << 30,
 		.host_granularity = 2ULL << 20,
 		.max_chunk = 1ULL << 30,
-		.pool_keep = UINT64_MAX,
+		.pool_keep = 0,
 		.budget = 0,
 		.reserve = 0,
 		.reserve_set = false,

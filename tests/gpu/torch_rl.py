@@ -19,7 +19,7 @@ graph (output bit-exact against its first replay); `gmbctl pause infer` +
 `gmbctl resume trainer`. After every pause gmbd's status must show the
 paused side's tags paused and nothing lent to it, and nvidia-smi must show
 the memory gone from the device when gmbd keeps no pool (--label cold runs
-against a gmbd with --pool-keep 0; warm against the default pool).
+against a gmbd with --pool-keep 0, the default; warm with --pool-keep unlimited).
 
 Then, with the workers gone and gmbd trimmed, torch_baseline (C, the
 driver API) replays the same switches the way torch_memory_saver does them:

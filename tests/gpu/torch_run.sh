@@ -15,7 +15,7 @@
 #                        see torch_graph.py on capture modes)
 #   torch_rl_warm        trainer (AdamW, GMB_DEFAULT_TAG=train) and inference engine
 #   torch_rl_cold        alternate 5 rounds driven by gmbctl; switch times next to the
-#                        create-per-allocation baseline (warm: gmbd's pool; cold: a
+#                        create-per-allocation baseline (warm: --pool-keep unlimited; cold: a
 #                        second gmbd with --pool-keep 0, memory back to the driver)
 #
 # Needs, carried from the build machine: .gpu-deps (tests/gpu/pack-deps.sh, then
@@ -187,7 +187,8 @@ export GMB_LIB=$PWD/$B/libgmb.so GMB_PRELOAD_LIB=$PWD/$B/libgmb_preload.so
 export PYTHONUNBUFFERED=1
 SHIM=$GMB_PRELOAD_LIB
 SOCK=$TMPD/gmbd.sock
-if ! gmbd_start "$SOCK" "$TMPD/gmbd.log"; then
+# The warm pool: what torch_rl_warm measures (the default gives memory to the driver).
+if ! gmbd_start "$SOCK" "$TMPD/gmbd.log" --pool-keep unlimited; then
 	record gmbd FAIL "gmbd did not start; see torch-tests.log"
 	append_daemon_log "gmbd log" "$TMPD/gmbd.log"
 	finish

@@ -137,13 +137,19 @@ GMB_API void gmb_close(gmb_client *c)
 
 GMB_API int gmb_malloc(gmb_client *c, void **ptr, size_t size, int device, const char *tag)
 {
+	return gmb__malloc_how(c, ptr, size, device, tag, NULL);
+}
+
+int gmb__malloc_how(struct gmb_client *c, void **ptr, size_t size, int device, const char *tag,
+		    const struct gmb__mem_how *how)
+{
 	char err[ERR_MSG_MAX] = "";
 	int rc;
 
 	if (!c)
 		return -EINVAL;
 	gmb__op_begin(&c->conn);
-	rc = gmb__mem_malloc(&c->mem, ptr, size, device, tag, err);
+	rc = gmb__mem_malloc(&c->mem, ptr, size, device, tag, how, err);
 	gmb__op_end(&c->conn);
 	return api_done(c, rc, err);
 }

@@ -162,6 +162,20 @@ void gmb__lend_clear(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__han
 }
 
 /*
+ * gmb__lend_let_go() - @a's last lend stops holding its chunks (a pause
+ * whose memory goes back to the driver): each is unreferenced, unnamed
+ * handles move to @rel, and the ids become 0 as dropped ones do, so the
+ * lend keeps its shape for the re-announcement and the next resume.
+ */
+void gmb__lend_let_go(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel)
+{
+	for (uint32_t i = 0; i < a->nchunks; i++) {
+		cache_unref(m, a->chunk_ids[i], rel);
+		a->chunk_ids[i] = 0;
+	}
+}
+
+/*
  * gmb__cache_adopt() - enter @a (its id set) in by_id and by_va with @l as
  * its last lend. Return: 0; -EPROTO (a lend this client cannot map, or an
  * allocation lent twice) with a sentence in @err; or -ENOMEM. On failure

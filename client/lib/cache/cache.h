@@ -31,6 +31,18 @@ struct gmb__handle {
 
 struct gmb__tag;
 
+/* How a host copy's memory was made (client/lib/mem/backup.c). */
+enum { GMB__COPY_NONE, GMB__COPY_PINNED, GMB__COPY_PAGEABLE, GMB__COPY_FILE };
+
+/* One allocation's host copy; all of it under op_lock. */
+struct gmb__hostcopy {
+	int how;                     /* GMB__COPY_* */
+	void *p;                     /* PINNED, PAGEABLE: size bytes, owned */
+	bool registered;             /* PAGEABLE: registered with the backend */
+	int fd;                      /* FILE: the open file, owned; else -1 */
+	char *path;                  /* FILE: malloc'd, unlinked when the copy goes */
+};
+
 struct gmb__alloc {
 	/* Set at malloc, then read-only until free. */
 	uint64_t id;                 /* the daemon's allocation id */
@@ -38,6 +50,9 @@ struct gmb__alloc {
 	uint64_t size;               /* granularity multiple */
 	uintptr_t va;                /* reserved for the allocation's whole life */
 	struct gmb__tag *tag;
+	bool own_mode;               /* mode and backup are its own, not the tag's */
+	int mode;                    /* own_mode: GMB_MODE_* */
+	int backup;                  /* GMB_BACKUP_PINNED, _MMAP or _DISK (resolved) */
 	/* Under the state lock: the last lend, mapping order; id 0 = dropped. */
 	uint64_t *chunk_ids;
 	uint64_t *chunk_sizes;
@@ -45,9 +60,9 @@ struct gmb__alloc {
 	bool freeing;                /* a FreeRequest is on its way: not re-announced */
 	/* Under op_lock. */
 	bool mapped;
-	bool saved;                  /* staging holds the bytes of the last pause */
+	bool saved;                  /* copy holds the bytes of the last pause */
 	bool marked;                 /* scratch: got its lend in the resume at hand */
-	void *staging;               /* PRESERVE tags: host copy, size bytes */
+	struct gmb__hostcopy copy;   /* PRESERVE: made at the first pause */
 	struct gmb__alloc *prev, *next; /* in the tag */
 };
 
@@ -79,6 +94,7 @@ int gmb__cache_adopt(struct gmb__cache *m, struct gmb__alloc *a, const Gmb__Lend
 		     struct gmb__handle **rel, char *err);
 void gmb__cache_forget(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel);
 void gmb__lend_clear(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel);
+void gmb__lend_let_go(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel);
 void gmb__cache_drop(struct gmb__cache *m, const uint64_t *ids, size_t n,
 		     struct gmb__handle **rel);
 void gmb__cache_sweep(struct gmb__cache *m, struct gmb__handle **rel);

@@ -177,6 +177,8 @@ static int reconnect_hello(struct gmb__conn *c, int fd, uint64_t *next_id)
 	else if (!reconnect_same_devices(c, hr))
 		rc = reconnect_refused(c, -ENODEV, "%s", "gmbd came back with other devices than"
 				       " the ones this client's memory is on");
+	else /* every operation waits for the rejoin: none reads it now */
+		c->devs.release_on_pause = hr->release_on_pause;
 	gmb__envelope__free_unpacked(rep, NULL);
 	return rc;
 }

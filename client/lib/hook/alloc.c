@@ -81,12 +81,13 @@ static int hook_tag_mode(struct gmb_client *c, const char *tag, int want)
 
 GMB_API int gmb_region_malloc(gmb_client *c, void **ptr, size_t size, int device)
 {
+	struct gmb__mem_how how = { .mode = GMB_MODE_DISCARD, .backup = GMB_BACKUP_DEFAULT };
 	char tag[WIRE_MAX_NAME + 1];
-	int mode = GMB_MODE_DISCARD, rc;
+	int rc;
 
 	if (!ptr)
 		return err_fmt(gmb__hook_err(), -EINVAL, "no place for the pointer");
-	rc = gmb_region_current(tag, sizeof(tag), &mode);
+	rc = gmb__region_how(tag, sizeof(tag), &how);
 	if (rc < 0)
 		return rc;
 	if (rc == 0)
@@ -97,11 +98,12 @@ GMB_API int gmb_region_malloc(gmb_client *c, void **ptr, size_t size, int device
 			return rc;
 	}
 	rc = hook_margin_check(c, size, device);
-	if (rc == 0)
-		rc = hook_tag_mode(c, tag, mode);
+	/* A region of its own leaves the tag's mode alone: the allocation keeps its own. */
+	if (rc == 0 && !how.own)
+		rc = hook_tag_mode(c, tag, how.mode);
 	if (rc < 0)
 		return rc;
-	rc = gmb_malloc(c, ptr, size, device, tag);
+	rc = gmb__malloc_how(c, ptr, size, device, tag, how.own ? &how : NULL);
 	if (rc < 0)
 		return gmb__hook_fail_client(rc, c, "allocating from gmbd");
 	return 0;
@@ -133,10 +135,30 @@ static struct gmb__alloc *hook_alloc_holding(struct gmb_client *c, uintptr_t p, 
 	return NULL;
 }
 
+/* The copy of @a at @ptr, as gmb_host_copy() answers; the caller holds op_lock. */
+static int hook_copy_of(struct gmb_client *c, struct gmb__alloc *a, const void *ptr, void **host)
+{
+	char err[ERR_MSG_MAX] = "";
+	void *p;
+	int rc;
+
+	if (a->tag->paused && (gmb__alloc_mode(a) != GMB_MODE_PRESERVE || !a->saved))
+		return err_fmt(gmb__hook_err(), -ENODATA,
+			       "allocation %p of tag \"%s\" is paused in mode %s: no host copy",
+			       (void *)a->va, a->tag->name, gmb__mode_name(gmb__alloc_mode(a)));
+	/* Active: only a retained copy exists (the same one as while paused). */
+	rc = gmb__backup_pointer(&c->mem, a, &p, err);
+	if (rc < 0)
+		return err_fmt(gmb__hook_err(), rc, "%s", err);
+	if (p)
+		*host = (char *)p + ((uintptr_t)ptr - a->va);
+	return 0;
+}
+
 GMB_API int gmb_host_copy(gmb_client *c, const void *ptr, size_t size, void **host)
 {
 	struct gmb__alloc *a;
-	int rc = 0;
+	int rc;
 
 	if (!host)
 		return err_fmt(gmb__hook_err(), -EINVAL, "no place for the host pointer");
@@ -150,12 +172,8 @@ GMB_API int gmb_host_copy(gmb_client *c, const void *ptr, size_t size, void **ho
 	a = hook_alloc_holding(c, (uintptr_t)ptr, size);
 	if (!a)
 		rc = err_fmt(gmb__hook_err(), -ENOENT, "no allocation holds %p + %zu", ptr, size);
-	else if (a->tag->paused && (a->tag->mode != GMB_MODE_PRESERVE || !a->saved || !a->staging))
-		rc = err_fmt(gmb__hook_err(), -ENODATA,
-			     "tag \"%s\" is paused in mode %s: no host copy",
-			     a->tag->name, gmb__mode_name(a->tag->mode));
-	else if (a->tag->paused)
-		*host = (char *)a->staging + ((uintptr_t)ptr - a->va);
+	else
+		rc = hook_copy_of(c, a, ptr, host);
 	pthread_mutex_unlock(&c->conn.op_lock);
 	return rc;
 }

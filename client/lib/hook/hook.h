@@ -14,6 +14,8 @@
 #ifndef GMB_CLIENT_HOOK_H
 #define GMB_CLIENT_HOOK_H
 
+#include <stdbool.h>
+
 #include "common/err.h"
 #include "gmb.h"
 
@@ -26,5 +28,17 @@ int gmb__mode_parse(const char *s);
 const char *gmb__mode_name(int mode);
 /* The default client if it exists; never connects. */
 gmb_client *gmb__hook_client_peek(void);
+
+/* region.c: the region in force for gmb_region_malloc() (1 in one, 0 outside, -errno). */
+struct gmb__mem_how;
+int gmb__region_how(char *tag, size_t cap, struct gmb__mem_how *how);
+/* Its tag ("default" outside; thread-local storage), mode, resolved backup; 1 in one. */
+int gmb__region_effective(const char **tag, int *mode, int *backup);
+/* The thread's base region, as torch_memory_saver's setters edit it (tms.c). */
+void gmb__region_base_on(bool on);
+void gmb__region_base_tag(const char *tag);
+void gmb__region_base_cpu(bool on);
+void gmb__region_base_disk(bool on);
+int gmb__region_base_kind(int kind);
 
 #endif

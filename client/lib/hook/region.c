@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client/lib/api/client.h"
 #include "client/lib/hook/hook.h"
 #include "common/err.h"
 #include "common/wire.h"
@@ -27,7 +28,29 @@
 struct region {
 	char tag[WIRE_MAX_NAME + 1];
 	int mode;
+	int backup; /* GMB_BACKUP_*, DEFAULT unresolved */
 	bool plain;
+	bool own; /* its allocations keep mode and backup (gmb_region_begin_ex) */
+};
+
+/*
+ * The thread's base region, below the stack and above $GMB_DEFAULT_TAG:
+ * TMS_INIT_ENABLE turns it on from the first allocation, torch_memory_saver's
+ * setters (tms.c) edit it. Filled from the environment on the thread's
+ * first look.
+ */
+struct region_base {
+	bool init;
+	bool on;
+	bool cpu;  /* PRESERVE in host memory of kind @kind */
+	bool disk; /* PRESERVE on disk (wins over cpu) */
+	int kind;  /* GMB_BACKUP_DEFAULT, _PINNED or _MMAP */
+	char tag[WIRE_MAX_NAME + 1];
+};
+
+/* The TMS_INIT_* variables, read once for every thread's base region. */
+struct region_tms_env {
+	bool enable, cpu, disk;
 };
 
 /* $GMB_DEFAULT_TAG: err < 0 when the variables are malformed. */
@@ -43,8 +66,12 @@ static __thread struct region region_stack[GMB_REGION_MAX];
 static __thread int region_depth;
 static __thread char region_error[ERR_MSG_MAX];
 
+static __thread struct region_base region_base;
+
 static struct region_env region_env;
 static pthread_once_t region_env_once = PTHREAD_ONCE_INIT;
+static struct region_tms_env region_tms_env;
+static pthread_once_t region_tms_once = PTHREAD_ONCE_INIT;
 
 static const char *const region_mode_names[] = {
 	[GMB_MODE_DISCARD] = "discard",
@@ -131,15 +158,74 @@ static void region_env_load(void)
 
 /* Regions. */
 
-GMB_API int gmb_region_begin(const char *tag, int mode)
+/* The thread's base region. */
+
+static void region_tms_load(void)
+{
+	region_tms_env.enable = gmb__env_true("TMS_INIT_ENABLE");
+	region_tms_env.cpu = gmb__env_true("TMS_INIT_ENABLE_CPU_BACKUP");
+	region_tms_env.disk = gmb__env_true("TMS_INIT_ENABLE_DISK_BACKUP");
+}
+
+static struct region_base *region_base_get(void)
+{
+	struct region_base *b = &region_base;
+
+	if (b->init)
+		return b;
+	pthread_once(&region_tms_once, region_tms_load);
+	*b = (struct region_base){ .init = true,
+				   .on = region_tms_env.enable,
+				   .cpu = region_tms_env.cpu,
+				   .disk = region_tms_env.disk,
+				   .kind = GMB_BACKUP_DEFAULT,
+				   .tag = "default" };
+	return b;
+}
+
+void gmb__region_base_on(bool on)
+{
+	region_base_get()->on = on;
+}
+
+void gmb__region_base_tag(const char *tag)
+{
+	if (tag && *tag && strlen(tag) <= WIRE_MAX_NAME)
+		snprintf(region_base_get()->tag, sizeof(region_base.tag), "%s", tag);
+}
+
+void gmb__region_base_cpu(bool on)
+{
+	region_base_get()->cpu = on;
+}
+
+void gmb__region_base_disk(bool on)
+{
+	region_base_get()->disk = on;
+}
+
+int gmb__region_base_kind(int kind)
+{
+	if (kind != GMB_BACKUP_DEFAULT && kind != GMB_BACKUP_PINNED && kind != GMB_BACKUP_MMAP)
+		return -EINVAL;
+	region_base_get()->kind = kind;
+	return 0;
+}
+
+/* Regions. */
+
+static int region_push(const char *tag, int mode, int backup, bool own)
 {
 	struct region *r;
 	int rc;
 
 	if (mode < GMB_MODE_DISCARD || mode > GMB_MODE_PRESERVE)
 		return err_fmt(region_error, -EINVAL,
-			       "unknown mode %d (want 0 discard, 1 zero, 2 preserve)",
-			       mode);
+			       "unknown mode %d (want 0 discard, 1 zero, 2 preserve)", mode);
+	if (backup < GMB_BACKUP_DEFAULT || backup > GMB_BACKUP_DISK)
+		return err_fmt(region_error, -EINVAL,
+			       "unknown backup %d (want -1 default, 0 pinned, 1 mmap, 2 disk)",
+			       backup);
 	if (tag) {
 		rc = region_check_tag(tag);
 		if (rc < 0)
@@ -150,10 +236,22 @@ GMB_API int gmb_region_begin(const char *tag, int mode)
 			       GMB_REGION_MAX);
 	r = &region_stack[region_depth];
 	r->plain = !tag;
+	r->own = own && tag;
 	r->mode = tag ? mode : GMB_MODE_DISCARD;
+	r->backup = backup;
 	snprintf(r->tag, sizeof(r->tag), "%s", tag ? tag : "");
 	region_depth++;
 	return 0;
+}
+
+GMB_API int gmb_region_begin(const char *tag, int mode)
+{
+	return region_push(tag, mode, GMB_BACKUP_DEFAULT, false);
+}
+
+GMB_API int gmb_region_begin_ex(const char *tag, int mode, int backup)
+{
+	return region_push(tag, mode, backup, true);
 }
 
 GMB_API int gmb_region_end(void)
@@ -164,39 +262,105 @@ GMB_API int gmb_region_end(void)
 	return 0;
 }
 
-/* The tag and mode in force: the innermost region, else the environment's. */
-static int region_lookup(const char **tag, int *mode)
+/*
+ * The region in force: the innermost one, else the thread's base region
+ * when on, else the environment's default. 1 for a gmbd region, 0 for none
+ * (or a plain one), or a negative errno.
+ */
+static int region_lookup(struct region *out)
 {
 	const struct region *r = region_depth ? &region_stack[region_depth - 1] : NULL;
+	const struct region_base *b = region_base_get();
 
 	if (r) {
-		*tag = r->tag;
-		*mode = r->mode;
+		*out = *r;
 		return !r->plain;
+	}
+	if (b->on) {
+		*out = (struct region){ .mode = b->disk || b->cpu ? GMB_MODE_PRESERVE :
+								    GMB_MODE_DISCARD,
+					.backup = b->disk ? GMB_BACKUP_DISK : b->kind,
+					.own = true };
+		memcpy(out->tag, b->tag, sizeof(out->tag));
+		return 1;
 	}
 	pthread_once(&region_env_once, region_env_load);
 	if (region_env.err < 0)
 		return err_fmt(region_error, region_env.err, "%s", region_env.msg);
-	*tag = region_env.tag;
-	*mode = region_env.mode;
+	*out = (struct region){ .mode = region_env.mode, .backup = GMB_BACKUP_DEFAULT };
+	memcpy(out->tag, region_env.tag, sizeof(out->tag));
 	return region_env.set;
+}
+
+/* What gmb_region_malloc() needs: 1 in a region (@how filled), 0 outside, or -errno. */
+int gmb__region_how(char *tag, size_t cap, struct gmb__mem_how *how)
+{
+	int backup = GMB_BACKUP_DEFAULT, rc = gmb_region_current_ex(tag, cap, &how->mode, &backup);
+	struct region r;
+
+	if (rc <= 0)
+		return rc;
+	region_lookup(&r);
+	how->own = r.own;
+	how->backup = backup;
+	return 1;
 }
 
 GMB_API int gmb_region_current(char *tag, size_t cap, int *mode)
 {
-	const char *t = "";
-	int m = GMB_MODE_DISCARD, rc = region_lookup(&t, &m);
+	struct region r = { .mode = GMB_MODE_DISCARD };
+	int rc = region_lookup(&r);
 
 	if (rc <= 0)
 		return rc;
 	if (tag) {
-		if (strlen(t) >= cap)
+		if (strlen(r.tag) >= cap)
 			return err_fmt(region_error, -ENOBUFS,
-				       "region tag \"%s\" does not fit %zu bytes",
-				       t, cap);
-		memcpy(tag, t, strlen(t) + 1);
+				       "region tag \"%s\" does not fit %zu bytes", r.tag, cap);
+		memcpy(tag, r.tag, strlen(r.tag) + 1);
 	}
 	if (mode)
-		*mode = m;
+		*mode = r.mode;
 	return 1;
+}
+
+/* The kind @backup means here (DEFAULT: the process's default), or -EINVAL. */
+static int region_resolve(int backup)
+{
+	return backup == GMB_BACKUP_DEFAULT ? gmb__backup_default(region_error) : backup;
+}
+
+GMB_API int gmb_region_current_ex(char *tag, size_t cap, int *mode, int *backup)
+{
+	struct region r = { .mode = GMB_MODE_DISCARD, .backup = GMB_BACKUP_DEFAULT };
+	int rc = gmb_region_current(tag, cap, mode), k;
+
+	if (rc <= 0)
+		return rc;
+	region_lookup(&r);
+	k = region_resolve(r.backup);
+	if (k < 0)
+		return k;
+	if (backup)
+		*backup = k;
+	return 1;
+}
+
+/*
+ * torch_memory_saver's view of the region in force (tms.c): its tag
+ * ("default" outside any), its mode and its resolved backup kind (the
+ * default kind when there is none or it is bad).
+ */
+int gmb__region_effective(const char **tag, int *mode, int *backup)
+{
+	static __thread char tag_buf[WIRE_MAX_NAME + 1];
+	struct region r = { .mode = GMB_MODE_DISCARD, .backup = GMB_BACKUP_DEFAULT };
+	int rc = region_lookup(&r), k;
+
+	snprintf(tag_buf, sizeof(tag_buf), "%s", rc > 0 && r.tag[0] ? r.tag : "default");
+	*tag = tag_buf;
+	*mode = rc > 0 ? r.mode : GMB_MODE_DISCARD;
+	k = region_resolve(r.backup);
+	*backup = k < 0 ? GMB_BACKUP_PINNED : k;
+	return rc > 0;
 }

@@ -2,9 +2,10 @@
  * cycle.c - pause and resume of tags: the part of libgmb that gives memory
  * back to gmbd and takes it again at the same addresses.
  *
- * Pause: drain the devices, copy PRESERVE bytes to their staging buffers,
- * unmap each allocation (one call each; the VA stays reserved), then tell
- * gmbd. Resume: ask gmbd, adopt each lend as the allocation's last lend
+ * Pause: drain the devices, copy PRESERVE bytes to their host copies
+ * (backup.c), unmap each allocation (one call each; the VA stays reserved),
+ * then tell gmbd; when gmbd gives paused memory back to the driver, the
+ * imported handles of the paused allocations go too, before pause returns. Resume: ask gmbd, adopt each lend as the allocation's last lend
  * (cache.c's rule), map it back to back with one set_access, then restore
  * the bytes per mode. Runs under the operation lock.
  *
@@ -66,36 +67,66 @@ static int cycle_wait(struct gmb__mem *m, uint64_t mask, char *err)
 	return first;
 }
 
+/* Prepares @a's copy; a pinned one is queued now, *@slow says the rest waits for later. */
+static int cycle_save_queue(struct gmb__mem *m, struct gmb__alloc *a, uint64_t *queued,
+			    bool *slow, char *err)
+{
+	struct backend *be = m->be;
+	int rc = gmb__backup_prepare(m, a, err);
+
+	*slow = false;
+	if (rc < 0)
+		return rc;
+	if (a->copy.how != GMB__COPY_PINNED) {
+		*slow = true;
+		return 0;
+	}
+	rc = be->ops->contents_queue(be, a->dev, BACKEND_TO_HOST, a->copy.p, a->va, a->size);
+	if (rc < 0)
+		return gmb__mem_be_fail(err, rc, "saving a preserved allocation");
+	*queued |= GMB__DEV_BIT(a->dev);
+	return 0;
+}
+
 /*
- * PRESERVE tags: device to host, before anything is unmapped. Every copy is
- * queued first and waited for once, so many small allocations copy back to
- * back at the link's bandwidth.
+ * PRESERVE allocations: device to host, before anything is unmapped. Pinned
+ * copies are all queued first and waited for once, so many small
+ * allocations copy back to back at the link's bandwidth; pageable and file
+ * copies then go through their pinned pieces one allocation at a time.
  */
 static int cycle_save(struct gmb__mem *m, const struct gmb__tag *only, char *err)
 {
-	struct backend *be = m->be;
 	uint64_t queued = 0;
+	bool any_slow = false, slow;
 	int rc = 0, wrc;
 
 	for (struct gmb__tag *t = m->tags; t && rc == 0; t = t->next) {
-		if (!cycle_tag_in(t, only, false) || t->mode != GMB_MODE_PRESERVE)
+		if (!cycle_tag_in(t, only, false))
 			continue;
 		for (struct gmb__alloc *a = t->allocs; a && rc == 0; a = a->next) {
-			rc = gmb__mem_staging_new(m, a, err);
-			if (rc == 0)
-				rc = be->ops->contents_queue(be, a->dev, BACKEND_TO_HOST, a->staging,
-							     a->va, a->size);
-			if (rc < 0) {
-				rc = gmb__mem_be_fail(err, rc, "saving a preserved allocation");
-				break;
-			}
-			queued |= GMB__DEV_BIT(a->dev);
-			a->saved = true;
+			a->marked = false;
+			if (gmb__alloc_mode(a) != GMB_MODE_PRESERVE)
+				continue;
+			rc = cycle_save_queue(m, a, &queued, &slow, err);
+			a->marked = slow;
+			a->saved = rc == 0 && !slow;
+			any_slow |= slow;
 		}
 	}
-	/* Even after a failure: queued copies still write the staging buffers. */
+	/* Even after a failure: queued copies still write the host copies. */
 	wrc = cycle_wait(m, queued, rc ? NULL : err);
-	return rc ? rc : wrc;
+	rc = rc ? rc : wrc;
+	for (struct gmb__tag *t = m->tags; t && rc == 0 && any_slow; t = t->next) {
+		if (!cycle_tag_in(t, only, false))
+			continue;
+		for (struct gmb__alloc *a = t->allocs; a && rc == 0; a = a->next) {
+			if (!a->marked)
+				continue;
+			rc = gmb__backup_save(m, a, err);
+			a->saved = rc == 0;
+		}
+	}
+	return rc;
 }
 
 /* Maps again what a failed pause unmapped (best effort: the chunks are still ours). */
@@ -139,6 +170,30 @@ static void cycle_mark(struct gmb__mem *m, const struct gmb__tag *only, bool fro
 	}
 }
 
+/*
+ * When gmbd releases paused memory (its hello said so, and the pause told
+ * it this side lets go too), the handles of the paused allocations' last
+ * lends go now: the memory is the driver's once both sides let go, before
+ * gmb_pause() returns. A resume then gets (and imports) new chunks. Done
+ * after gmbd's answer, so that a failed pause can still map the same chunks.
+ */
+static void cycle_release(struct gmb__mem *m, const struct gmb__tag *only)
+{
+	struct gmb__handle *rel = NULL;
+
+	if (!m->devs->release_on_pause)
+		return;
+	pthread_mutex_lock(&m->conn->lock);
+	for (struct gmb__tag *t = m->tags; t; t = t->next) {
+		if (!cycle_tag_in(t, only, true))
+			continue;
+		for (struct gmb__alloc *a = t->allocs; a; a = a->next)
+			gmb__lend_let_go(&m->tab, a, &rel);
+	}
+	pthread_mutex_unlock(&m->conn->lock);
+	gmb__release_run(m->be, rel);
+}
+
 /**
  * gmb__cycle_pause() - drain, save PRESERVE bytes, unmap (VA kept), tell gmbd.
  * @name NULL or "": every active tag. A paused tag is a no-op success.
@@ -174,6 +229,7 @@ int gmb__cycle_pause(struct gmb__mem *m, const char *name, char *err)
 		return rc;
 	}
 	cycle_mark(m, only, false, true);
+	cycle_release(m, only);
 	return 0;
 }
 
@@ -244,13 +300,16 @@ static int cycle_check_lends(struct gmb__mem *m, const struct gmb__tag *only,
 static int cycle_restore_one(struct gmb__mem *m, struct gmb__alloc *a, char *err)
 {
 	struct backend *be = m->be;
-	bool copy = a->saved && a->staging;
-	int rc;
+	bool copy = a->saved && a->copy.how != GMB__COPY_NONE;
+	int mode = gmb__alloc_mode(a), rc;
 
-	if (a->tag->mode == GMB_MODE_DISCARD)
+	if (mode == GMB_MODE_DISCARD)
 		return 0;
+	/* Pageable and file copies go piece by piece through pinned memory. */
+	if (mode == GMB_MODE_PRESERVE && copy && a->copy.how != GMB__COPY_PINNED)
+		return gmb__backup_restore(m, a, err);
 	rc = be->ops->contents_queue(be, a->dev, copy ? BACKEND_FROM_HOST : BACKEND_ZERO,
-				     copy ? a->staging : NULL, a->va, a->size);
+				     copy ? a->copy.p : NULL, a->va, a->size);
 	return rc < 0 ? gmb__mem_be_fail(err, rc, "restoring an allocation's contents") : 0;
 }
 
@@ -290,6 +349,7 @@ static void cycle_repause(struct gmb__mem *m, const struct gmb__tag *only)
 	for (struct gmb__tag *t = m->tags; t; t = t->next)
 		if (cycle_tag_in(t, only, true))
 			gmb__mem_send_pause(m, t->name, NULL);
+	cycle_release(m, only);
 }
 
 static int cycle_resume_reply(struct gmb__mem *m, const struct gmb__tag *only,
@@ -316,6 +376,19 @@ static int cycle_resume_reply(struct gmb__mem *m, const struct gmb__tag *only,
 	}
 	free(lends);
 	return rc;
+}
+
+/* Without retain, a copy is freed once resume has copied it back (and drained). */
+static void cycle_drop_copies(struct gmb__mem *m, const struct gmb__tag *only)
+{
+	if (gmb__backup_retain())
+		return;
+	for (struct gmb__tag *t = m->tags; t; t = t->next) {
+		if (!cycle_tag_in(t, only, true))
+			continue;
+		for (struct gmb__alloc *a = t->allocs; a; a = a->next)
+			gmb__backup_free(m, a);
+	}
 }
 
 /**
@@ -348,10 +421,12 @@ int gmb__cycle_resume(struct gmb__mem *m, const char *name, char *err)
 		goto out_rep; /* nothing was lent: still paused on both sides */
 	if (rc == 0)
 		rc = cycle_resume_reply(m, only, &rep, err);
-	if (rc < 0)
+	if (rc < 0) {
 		cycle_repause(m, only);
-	else
+	} else {
+		cycle_drop_copies(m, only);
 		cycle_mark(m, only, true, false);
+	}
 out_rep:
 	gmb__mem_sweep(m);
 	gmb__reply_deinit(&rep);

@@ -13,9 +13,9 @@
  * Invariants (between operations):
  *   - an allocation is in by_id and by_va, in its tag's list, and its last
  *     lend is non-empty from the moment gmb_malloc() returns it to its free;
- *   - a PRESERVE tag's allocations each have a staging buffer (made at
- *     malloc or set_mode, never during a pause: pinning is slow); saved says
- *     it holds the bytes of the pause in progress;
+ *   - a PRESERVE allocation's host copy (backup.c) is made at its first
+ *     pause and kept only as the retain setting says; saved says it holds
+ *     the bytes of the pause in progress or the last one;
  *   - a failed malloc leaves nothing behind, gmbd's side included.
  */
 #include <errno.h>
@@ -141,6 +141,8 @@ int gmb__mem_send_pause(struct gmb__mem *m, const char *name, char *err)
 	int rc;
 
 	req.tag = (char *)name;
+	/* cycle.c lets go of the paused allocations' chunks once gmbd answers. */
+	req.handles_released = m->devs->release_on_pause;
 	env.body_case = GMB__ENVELOPE__BODY_PAUSE;
 	env.pause = &req;
 	rc = gmb__request(m->conn, &env, &rep, err);
@@ -237,56 +239,37 @@ int gmb__mem_sync(struct gmb__mem *m, uint64_t mask, char *err)
 	return 0;
 }
 
-static void mem_staging_free(struct gmb__mem *m, struct gmb__alloc *a)
-{
-	if (a->staging)
-		m->be->ops->host_free(m->be, a->staging, a->size);
-	a->staging = NULL;
-	a->saved = false;
-}
-
-int gmb__mem_staging_new(struct gmb__mem *m, struct gmb__alloc *a, char *err)
-{
-	int rc;
-
-	if (a->staging)
-		return 0;
-	rc = m->be->ops->host_alloc(m->be, a->size, &a->staging);
-	if (rc < 0)
-		return gmb__mem_be_fail(err, rc, "allocating the host copy of a preserved allocation");
-	return 0;
-}
-
 /* Allocations: the record, its tables, its undoing. */
 
-/* A record with its VA range reserved (and staging for PRESERVE), not yet lent. */
+/* A record with its VA range reserved, not yet lent. */
 static int mem_alloc_new(struct gmb__mem *m, struct gmb__tag *t, int dev, uint64_t size,
-			 struct gmb__alloc **out, char *err)
+			 const struct gmb__mem_how *how, struct gmb__alloc **out, char *err)
 {
-	struct gmb__alloc *a = calloc(1, sizeof(*a));
+	int backup = how && how->own ? how->backup : GMB_BACKUP_DEFAULT;
+	struct gmb__alloc *a;
 	int rc;
 
+	/* A tag's own allocations do not fail for a TMS_ variable they do not use. */
+	if (backup == GMB_BACKUP_DEFAULT)
+		backup = gmb__backup_default(how && how->own ? err : NULL);
+	if (backup < 0 && how && how->own)
+		return backup;
+	a = calloc(1, sizeof(*a));
 	if (!a)
 		return err_fmt(err, -ENOMEM, "out of memory for an allocation record");
 	*a = (struct gmb__alloc){ .dev = dev, .size = size, .tag = t };
+	a->own_mode = how && how->own;
+	a->mode = a->own_mode ? how->mode : GMB_MODE_DISCARD;
+	a->backup = backup < 0 ? GMB_BACKUP_PINNED : backup;
+	gmb__backup_init(a);
 	rc = m->be->ops->va_reserve(m->be, size, m->devs->granularity[dev], &a->va);
 	if (rc < 0) {
 		rc = gmb__mem_be_fail(err, rc, "reserving the address range");
-		goto out_a;
-	}
-	if (t->mode == GMB_MODE_PRESERVE) {
-		rc = gmb__mem_staging_new(m, a, err);
-		if (rc < 0)
-			goto out_va;
+		free(a);
+		return rc;
 	}
 	*out = a;
 	return 0;
-
-out_va:
-	m->be->ops->va_free(m->be, a->va, a->size);
-out_a:
-	free(a);
-	return rc;
 }
 
 /* Frees what mem_alloc_new() made; @a is out of every table. */
@@ -295,7 +278,7 @@ static void mem_alloc_destroy(struct gmb__mem *m, struct gmb__alloc *a)
 	/* Only gmb_close() gets here mapped: the VA cannot be freed under a mapping. */
 	if (a->mapped)
 		m->be->ops->unmap(m->be, a->va, a->size);
-	mem_staging_free(m, a);
+	gmb__backup_free(m, a);
 	m->be->ops->va_free(m->be, a->va, a->size);
 	free(a->chunk_ids);
 	free(a->chunk_sizes);
@@ -417,7 +400,7 @@ static int mem_malloc_check(struct gmb__mem *m, void **ptr, size_t size, int dev
  * failure everything is undone, including gmbd's side.
  */
 int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const char *tag,
-		    char *err)
+		    const struct gmb__mem_how *how, char *err)
 {
 	struct gmb__alloc *a = NULL;
 	struct gmb__tag *t;
@@ -439,7 +422,7 @@ int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const 
 	rc = mem_tag_get(m, tag, &t, &created, err);
 	if (rc < 0)
 		return rc;
-	rc = mem_alloc_new(m, t, dev, backend_round_up(size, m->devs->granularity[dev]), &a, err);
+	rc = mem_alloc_new(m, t, dev, backend_round_up(size, m->devs->granularity[dev]), how, &a, err);
 	if (rc < 0)
 		goto out_tag;
 	rc = mem_alloc_lend_map(m, a, err);
@@ -495,21 +478,12 @@ int gmb__mem_free(struct gmb__mem *m, void *ptr, char *err)
 
 /* Mode. */
 
-static void mem_staging_free_tag(struct gmb__mem *m, struct gmb__tag *t)
+/* The host copies of @t's allocations that follow its mode (not PRESERVE any more). */
+static void mem_backup_free_tag(struct gmb__mem *m, struct gmb__tag *t)
 {
 	for (struct gmb__alloc *a = t->allocs; a; a = a->next)
-		mem_staging_free(m, a);
-}
-
-static int mem_staging_new_tag(struct gmb__mem *m, struct gmb__tag *t, char *err)
-{
-	for (struct gmb__alloc *a = t->allocs; a; a = a->next) {
-		int rc = gmb__mem_staging_new(m, a, err);
-
-		if (rc < 0)
-			return rc;
-	}
-	return 0;
+		if (!a->own_mode)
+			gmb__backup_free(m, a);
 }
 
 static int mem_send_mode(struct gmb__mem *m, const char *name, int mode, char *err)
@@ -529,9 +503,10 @@ static int mem_send_mode(struct gmb__mem *m, const char *name, int mode, char *e
 }
 
 /**
- * gmb__mem_set_mode() - set @name's mode (creating the tag). Switching to
- * PRESERVE makes the host copies now, before any pause needs them; a paused
- * tag switched to PRESERVE has nothing saved yet and resumes zero-filled.
+ * gmb__mem_set_mode() - set @name's mode (creating the tag), for its
+ * allocations that have no mode of their own. Host copies are made at the
+ * next pause; a paused tag switched to PRESERVE has nothing saved yet and
+ * resumes zero-filled; one switched away from it loses its copies.
  */
 int gmb__mem_set_mode(struct gmb__mem *m, const char *name, int mode, char *err)
 {
@@ -549,22 +524,15 @@ int gmb__mem_set_mode(struct gmb__mem *m, const char *name, int mode, char *err)
 		rc = mem_tag_get(m, name, &t, &created, err);
 	if (rc < 0)
 		return rc;
-	if (mode == GMB_MODE_PRESERVE) {
-		rc = mem_staging_new_tag(m, t, err);
-		if (rc < 0)
-			goto out_staging;
-	}
 	rc = mem_send_mode(m, name, mode, err);
 	if (rc < 0)
-		goto out_staging;
+		goto out_tag;
 	if (mode != GMB_MODE_PRESERVE)
-		mem_staging_free_tag(m, t);
+		mem_backup_free_tag(m, t);
 	t->mode = mode;
 	return 0;
 
-out_staging:
-	if (t->mode != GMB_MODE_PRESERVE)
-		mem_staging_free_tag(m, t);
+out_tag:
 	if (created)
 		mem_tag_drop(m, t);
 	return rc;
@@ -650,6 +618,8 @@ void gmb__mem_deinit(struct gmb__mem *m)
 		m->tags = t->next;
 		free(t);
 	}
+	if (m->be)
+		gmb__backup_mem_deinit(m);
 	gmb__cache_clear(&m->tab, &rel);
 	gmb__release_run(m->be, rel);
 	idmap_deinit(&m->tab.by_id);

@@ -33,6 +33,9 @@ struct gmb__mem {
 	struct gmb__cache tab;
 	/* Under op_lock only. */
 	struct gmb__tag *tags;
+	void *ring[2];               /* backup.c's pinned pieces; NULL until first used */
+	void *disk_stage;            /* backup.c's pinned disk buffer, disk_stage_size bytes */
+	uint64_t disk_stage_size;
 };
 
 void gmb__mem_init(struct gmb__mem *m, struct gmb__conn *conn);
@@ -45,8 +48,15 @@ void gmb__mem_deinit(struct gmb__mem *m);
 int gmb__mem_backend(struct gmb__mem *m, char *err);
 /* gmbd's index of this process's device @ordinal (what the application calls it). */
 int gmb__mem_dev_index(struct gmb__mem *m, int ordinal, char *err);
+/* What an allocation's own mode is: @own false follows the tag's mode. */
+struct gmb__mem_how {
+	bool own;
+	int mode;   /* GMB_MODE_* */
+	int backup; /* GMB_BACKUP_* (DEFAULT resolved at allocation) */
+};
+
 int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const char *tag,
-		    char *err);
+		    const struct gmb__mem_how *how, char *err);
 int gmb__mem_free(struct gmb__mem *m, void *ptr, char *err);
 int gmb__mem_set_mode(struct gmb__mem *m, const char *tag, int mode, char *err);
 struct gmb__tag *gmb__mem_tag_find(struct gmb__mem *m, const char *name);
@@ -55,9 +65,29 @@ int gmb__mem_be_fail(char *err, int rc, const char *what);
 int gmb__mem_map(struct gmb__mem *m, struct gmb__alloc *a, char *err);
 int gmb__mem_unmap(struct gmb__mem *m, struct gmb__alloc *a, char *err);
 int gmb__mem_sync(struct gmb__mem *m, uint64_t dev_mask, char *err);
-int gmb__mem_staging_new(struct gmb__mem *m, struct gmb__alloc *a, char *err);
 int gmb__mem_send_pause(struct gmb__mem *m, const char *name, char *err);
 void gmb__mem_sweep(struct gmb__mem *m);
+
+/*
+ * backup.c: host copies (the caller holds op_lock) and the process's
+ * settings for them (any thread).
+ */
+bool gmb__env_true(const char *name);
+int gmb__backup_parse(const char *name);
+int gmb__backup_retain(void);
+void gmb__backup_set_retain(int on);
+int gmb__backup_default(char *err);
+int gmb__backup_set_default(int kind);
+int gmb__backup_set_dir(const char *dir, char *err);
+int gmb__backup_get_dir(char *buf, size_t cap);
+int gmb__alloc_mode(const struct gmb__alloc *a);
+void gmb__backup_init(struct gmb__alloc *a);
+int gmb__backup_prepare(struct gmb__mem *m, struct gmb__alloc *a, char *err);
+int gmb__backup_save(struct gmb__mem *m, struct gmb__alloc *a, char *err);
+int gmb__backup_restore(struct gmb__mem *m, struct gmb__alloc *a, char *err);
+int gmb__backup_pointer(struct gmb__mem *m, struct gmb__alloc *a, void **p, char *err);
+void gmb__backup_free(struct gmb__mem *m, struct gmb__alloc *a);
+void gmb__backup_mem_deinit(struct gmb__mem *m);
 
 /* cycle.c: the caller holds op_lock. @tag NULL or "": every tag. */
 int gmb__cycle_pause(struct gmb__mem *m, const char *tag, char *err);

@@ -1,0 +1,515 @@
+/*
+ * backup.c - host copies of PRESERVE allocations (pinned, pageable through
+ * a pinned ring, mmap'd, or a file) and the process's settings for them.
+ *
+ * A copy is made at an allocation's first pause and, unless retained, freed
+ * once resume has copied it back. Its memory depends on the kind and on
+ * retain:
+ *   - PINNED retained: the backend's host memory (pinned on cuda), copied
+ *     directly and queued with the other copies (the link's full speed);
+ *   - PINNED not retained, and MMAP: anonymous mmap'd memory, filled through
+ *     a ring of two pinned pieces with the host side copied by several
+ *     threads (their first touch faults the fresh pages in parallel): pinning
+ *     the whole copy at each pause would cost more than copying it;
+ *   - DISK: a file in the disk folder, through one pinned buffer.
+ * gmb_host_copy() of a pageable PINNED copy registers it with the backend,
+ * so that what it hands out is CUDA host memory as the kind promises.
+ *
+ * Ring copies wait for the device (wait()) between pieces: exactly one piece
+ * is in flight while the threads copy the other. Everything here runs under
+ * the operation lock; the settings are atomics (or under backup_lock) and
+ * read by any thread.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "client/lib/mem/mem.h"
+
+/* Two pieces: one in flight on the link while the threads copy the other. */
+#define BACKUP_RING_PIECE	  (64ULL << 20)
+/* Threads for the host side of a piece, each at least this many bytes. */
+#define BACKUP_PAR_MAX		  8
+#define BACKUP_PAR_MIN		  (4ULL << 20)
+#define BACKUP_DISK_CHUNK_DEFAULT 256ULL
+
+struct backup_cfg {
+	atomic_int retain;  /* 0 or 1 */
+	atomic_int dflt;    /* GMB_BACKUP_PINNED, _MMAP, or -EINVAL (bad environment) */
+	char bad_kind[64];  /* the malformed $TMS_INIT_CPU_BACKUP_BACKEND */
+	char dir[PATH_MAX]; /* under backup_lock */
+};
+
+static struct backup_cfg backup_cfg;
+static pthread_mutex_t backup_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t backup_once = PTHREAD_ONCE_INIT;
+
+/* Settings. */
+
+bool gmb__env_true(const char *name)
+{
+	static const char *const yes[] = { "1", "true", "TRUE", "yes", "YES" };
+	const char *v = getenv(name);
+
+	for (size_t i = 0; v && i < sizeof(yes) / sizeof(yes[0]); i++)
+		if (strcmp(v, yes[i]) == 0)
+			return true;
+	return false;
+}
+
+/* "pinned" | "mmap" ("" or NULL: pinned) -> GMB_BACKUP_*, else -EINVAL. */
+int gmb__backup_parse(const char *name)
+{
+	if (!name || !*name || strcmp(name, "pinned") == 0)
+		return GMB_BACKUP_PINNED;
+	if (strcmp(name, "mmap") == 0)
+		return GMB_BACKUP_MMAP;
+	return -EINVAL;
+}
+
+static void backup_env_load(void)
+{
+	const char *kind = getenv("TMS_INIT_CPU_BACKUP_BACKEND");
+	const char *dir = getenv("TMS_DISK_BACKUP_DIR");
+	int k = gmb__backup_parse(kind);
+
+	atomic_store(&backup_cfg.retain, gmb__env_true("TMS_RETAIN_CPU_BACKUP"));
+	atomic_store(&backup_cfg.dflt, k);
+	if (k < 0)
+		snprintf(backup_cfg.bad_kind, sizeof(backup_cfg.bad_kind), "%.60s", kind);
+	snprintf(backup_cfg.dir, sizeof(backup_cfg.dir), "%s", dir && *dir ? dir : "/tmp");
+}
+
+static void backup_env(void)
+{
+	pthread_once(&backup_once, backup_env_load);
+}
+
+int gmb__backup_retain(void)
+{
+	backup_env();
+	return atomic_load(&backup_cfg.retain);
+}
+
+void gmb__backup_set_retain(int on)
+{
+	backup_env();
+	atomic_store(&backup_cfg.retain, on ? 1 : 0);
+}
+
+/* The kind GMB_BACKUP_DEFAULT means, or -EINVAL with the reason in @err. */
+int gmb__backup_default(char *err)
+{
+	int k;
+
+	backup_env();
+	k = atomic_load(&backup_cfg.dflt);
+	if (k < 0)
+		return err_fmt(err, -EINVAL,
+			       "TMS_INIT_CPU_BACKUP_BACKEND=\"%s\": want pinned or mmap",
+			       backup_cfg.bad_kind);
+	return k;
+}
+
+int gmb__backup_set_default(int kind)
+{
+	if (kind != GMB_BACKUP_PINNED && kind != GMB_BACKUP_MMAP)
+		return -EINVAL;
+	backup_env();
+	atomic_store(&backup_cfg.dflt, kind);
+	return 0;
+}
+
+/* mkdir -p of @dir (mode 0700 for what it creates). */
+static int backup_mkdirs(const char *dir)
+{
+	char p[PATH_MAX];
+	size_t n = strlen(dir);
+
+	if (n == 0 || n >= sizeof(p))
+		return n ? -ENAMETOOLONG : -EINVAL;
+	memcpy(p, dir, n + 1);
+	for (char *s = p + 1; *s; s++) {
+		if (*s != '/')
+			continue;
+		*s = 0;
+		if (mkdir(p, 0700) < 0 && errno != EEXIST)
+			return -errno;
+		*s = '/';
+	}
+	if (mkdir(p, 0700) < 0 && errno != EEXIST)
+		return -errno;
+	return 0;
+}
+
+int gmb__backup_set_dir(const char *dir, char *err)
+{
+	struct stat st;
+	int rc;
+
+	if (!dir || !*dir)
+		return err_fmt(err, -EINVAL, "an empty disk backup folder");
+	backup_env();
+	rc = backup_mkdirs(dir);
+	if (rc == 0 && (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode)))
+		rc = -ENOTDIR;
+	if (rc < 0)
+		return err_fmt(err, rc, "disk backup folder %s: %s", dir, strerror(-rc));
+	pthread_mutex_lock(&backup_lock);
+	snprintf(backup_cfg.dir, sizeof(backup_cfg.dir), "%s", dir);
+	pthread_mutex_unlock(&backup_lock);
+	return 0;
+}
+
+int gmb__backup_get_dir(char *buf, size_t cap)
+{
+	int rc = 0;
+
+	backup_env();
+	pthread_mutex_lock(&backup_lock);
+	if (!buf || strlen(backup_cfg.dir) >= cap)
+		rc = -ENOBUFS;
+	else
+		memcpy(buf, backup_cfg.dir, strlen(backup_cfg.dir) + 1);
+	pthread_mutex_unlock(&backup_lock);
+	return rc;
+}
+
+/* $TMS_DISK_BACKUP_CHUNK_MB MiB (0, unset or bad: 256), read when first needed. */
+static uint64_t backup_disk_chunk(void)
+{
+	const char *v = getenv("TMS_DISK_BACKUP_CHUNK_MB");
+	char *end = NULL;
+	unsigned long long mb = v && *v ? strtoull(v, &end, 10) : 0;
+
+	if (!end || *end || mb == 0 || mb > (1ULL << 20))
+		mb = BACKUP_DISK_CHUNK_DEFAULT;
+	return mb << 20;
+}
+
+/* Parallel host copies. */
+
+struct backup_par {
+	void *dst;
+	const void *src;
+	size_t n;
+};
+
+static void *backup_par_run(void *arg)
+{
+	struct backup_par *p = arg;
+
+	memcpy(p->dst, p->src, p->n);
+	return NULL;
+}
+
+/* memcpy in up to BACKUP_PAR_MAX threads (fewer if a thread cannot start). */
+static void backup_par_copy(void *dst, const void *src, size_t n)
+{
+	struct backup_par part[BACKUP_PAR_MAX];
+	pthread_t th[BACKUP_PAR_MAX];
+	bool started[BACKUP_PAR_MAX] = { false };
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	size_t k = n / BACKUP_PAR_MIN, each, off = 0;
+
+	if (k > BACKUP_PAR_MAX)
+		k = BACKUP_PAR_MAX;
+	if (ncpu > 0 && k > (size_t)ncpu)
+		k = (size_t)ncpu;
+	if (k < 2) {
+		memcpy(dst, src, n);
+		return;
+	}
+	each = (n / k + 4095) & ~(size_t)4095;
+	for (size_t i = 0; i < k && off < n; i++) {
+		part[i] = (struct backup_par){ (char *)dst + off, (const char *)src + off,
+					       n - off < each ? n - off : each };
+		off += part[i].n;
+		/* The calling thread takes the last part, and any a thread could not. */
+		if (i + 1 < k && off < n &&
+		    pthread_create(&th[i], NULL, backup_par_run, &part[i]) == 0)
+			started[i] = true;
+		else
+			backup_par_run(&part[i]);
+	}
+	for (size_t i = 0; i < k; i++)
+		if (started[i])
+			pthread_join(th[i], NULL);
+}
+
+/* The ring and the disk buffer: pinned, made on first use, kept until close. */
+
+static int backup_ring(struct gmb__mem *m, char *err)
+{
+	for (int i = 0; i < 2; i++) {
+		int rc = m->ring[i] ? 0 :
+				      m->be->ops->host_alloc(m->be, BACKUP_RING_PIECE, &m->ring[i]);
+
+		if (rc < 0)
+			return gmb__mem_be_fail(err, rc, "allocating the pinned copy ring");
+	}
+	return 0;
+}
+
+static int backup_disk_stage(struct gmb__mem *m, char *err)
+{
+	uint64_t want;
+	int rc;
+
+	if (m->disk_stage)
+		return 0;
+	want = backup_disk_chunk();
+	rc = m->be->ops->host_alloc(m->be, want, &m->disk_stage);
+	if (rc < 0)
+		return gmb__mem_be_fail(err, rc, "allocating the pinned disk buffer");
+	m->disk_stage_size = want;
+	return 0;
+}
+
+void gmb__backup_mem_deinit(struct gmb__mem *m)
+{
+	for (int i = 0; i < 2; i++)
+		if (m->ring[i])
+			m->be->ops->host_free(m->be, m->ring[i], BACKUP_RING_PIECE);
+	if (m->disk_stage)
+		m->be->ops->host_free(m->be, m->disk_stage, m->disk_stage_size);
+	m->ring[0] = m->ring[1] = m->disk_stage = NULL;
+}
+
+/* Copies. */
+
+int gmb__alloc_mode(const struct gmb__alloc *a)
+{
+	return a->own_mode ? a->mode : a->tag->mode;
+}
+
+void gmb__backup_init(struct gmb__alloc *a)
+{
+	a->copy = (struct gmb__hostcopy){ .how = GMB__COPY_NONE, .fd = -1 };
+}
+
+/** gmb__backup_free() - frees @a's copy, whatever it is (the file is removed). */
+void gmb__backup_free(struct gmb__mem *m, struct gmb__alloc *a)
+{
+	struct gmb__hostcopy *h = &a->copy;
+
+	if (h->how == GMB__COPY_PINNED)
+		m->be->ops->host_free(m->be, h->p, a->size);
+	if (h->how == GMB__COPY_PAGEABLE) {
+		if (h->registered && m->be->ops->host_unregister)
+			m->be->ops->host_unregister(m->be, h->p, a->size);
+		munmap(h->p, a->size);
+	}
+	if (h->how == GMB__COPY_FILE) {
+		close(h->fd);
+		unlink(h->path);
+		free(h->path);
+	}
+	gmb__backup_init(a);
+	a->saved = false;
+}
+
+static int backup_file_new(struct gmb__alloc *a, char *err)
+{
+	char dir[PATH_MAX], *path;
+	int fd;
+
+	gmb__backup_get_dir(dir, sizeof(dir));
+	if (asprintf(&path, "%s/gmb-%d-%" PRIu64 "-XXXXXX", dir, (int)getpid(), a->id) < 0)
+		return err_fmt(err, -ENOMEM, "out of memory naming a disk copy");
+	fd = mkostemp(path, O_CLOEXEC);
+	if (fd < 0) {
+		int rc = -errno;
+
+		free(path);
+		return err_fmt(err, rc, "creating a disk copy in %s: %s", dir, strerror(-rc));
+	}
+	/* mkostemp makes it 0600: the bytes are the application's. */
+	a->copy = (struct gmb__hostcopy){ .how = GMB__COPY_FILE, .fd = fd, .path = path };
+	return 0;
+}
+
+/*
+ * gmb__backup_prepare() - @a's copy exists (made now if needed) in the
+ * memory its kind and the retain setting ask for. A copy kept from an
+ * earlier cycle is reused as it is (same address, same file).
+ */
+int gmb__backup_prepare(struct gmb__mem *m, struct gmb__alloc *a, char *err)
+{
+	void *p;
+	int rc;
+
+	if (a->copy.how != GMB__COPY_NONE)
+		return 0;
+	if (a->backup == GMB_BACKUP_DISK)
+		return backup_file_new(a, err);
+	if (a->backup == GMB_BACKUP_PINNED && gmb__backup_retain()) {
+		rc = m->be->ops->host_alloc(m->be, a->size, &p);
+		if (rc < 0)
+			return gmb__mem_be_fail(err, rc,
+						"allocating the host copy of an allocation");
+		a->copy = (struct gmb__hostcopy){ .how = GMB__COPY_PINNED, .p = p, .fd = -1 };
+		return 0;
+	}
+	p = mmap(NULL, a->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+		 -1, 0);
+	if (p == MAP_FAILED)
+		return err_fmt(err, -ENOMEM, "mapping a host copy of %" PRIu64 " bytes: %s",
+			       a->size, strerror(errno));
+	a->copy = (struct gmb__hostcopy){ .how = GMB__COPY_PAGEABLE, .p = p, .fd = -1 };
+	return 0;
+}
+
+/* Device -> @dst through the ring: one piece in flight while the threads drain the other. */
+static int backup_ring_save(struct gmb__mem *m, struct gmb__alloc *a, char *dst, char *err)
+{
+	struct backend *be = m->be;
+	uint64_t off = 0, prev_n = 0;
+	int rc = backup_ring(m, err), slot = 0;
+
+	while (rc == 0 && (off < a->size || prev_n)) {
+		uint64_t n = a->size - off < BACKUP_RING_PIECE ? a->size - off : BACKUP_RING_PIECE;
+
+		if (n)
+			rc = be->ops->contents_queue(be, a->dev, BACKEND_TO_HOST, m->ring[slot],
+						     a->va + off, n);
+		if (rc == 0 && prev_n)
+			backup_par_copy(dst + off - prev_n, m->ring[!slot], prev_n);
+		if (rc == 0)
+			rc = be->ops->wait(be, a->dev);
+		off += n;
+		prev_n = n;
+		slot = !slot;
+	}
+	return rc < 0 ? gmb__mem_be_fail(err, rc, "copying an allocation to host") : 0;
+}
+
+/* @src -> device through the ring: the threads fill one piece while the other is in flight. */
+static int backup_ring_restore(struct gmb__mem *m, struct gmb__alloc *a, const char *src,
+			       char *err)
+{
+	struct backend *be = m->be;
+	uint64_t off = 0;
+	int rc = backup_ring(m, err), slot = 0;
+
+	while (rc == 0 && off < a->size) {
+		uint64_t n = a->size - off < BACKUP_RING_PIECE ? a->size - off : BACKUP_RING_PIECE;
+
+		/* This piece's last copy (two back) was waited for before the one in flight. */
+		backup_par_copy(m->ring[slot], src + off, n);
+		rc = be->ops->wait(be, a->dev);
+		if (rc == 0)
+			rc = be->ops->contents_queue(be, a->dev, BACKEND_FROM_HOST, m->ring[slot],
+						     a->va + off, n);
+		off += n;
+		slot = !slot;
+	}
+	if (rc == 0)
+		rc = be->ops->wait(be, a->dev);
+	return rc < 0 ? gmb__mem_be_fail(err, rc, "copying an allocation from host") : 0;
+}
+
+static int backup_file_io(struct gmb__alloc *a, void *buf, uint64_t off, uint64_t n, bool wr,
+			  char *err)
+{
+	uint64_t done = 0;
+
+	while (done < n) {
+		ssize_t r =
+			wr ? pwrite(a->copy.fd, (char *)buf + done, n - done, (off_t)(off + done)) :
+			     pread(a->copy.fd, (char *)buf + done, n - done, (off_t)(off + done));
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return err_fmt(err, r < 0 ? -errno : -EIO, "%s disk copy %s: %s",
+				       wr ? "writing" : "reading", a->copy.path,
+				       r < 0 ? strerror(errno) : "short file");
+		done += (uint64_t)r;
+	}
+	return 0;
+}
+
+/* Device <-> file through the pinned disk buffer, piece by piece. */
+static int backup_file_copy(struct gmb__mem *m, struct gmb__alloc *a, bool save, char *err)
+{
+	struct backend *be = m->be;
+	int rc = backup_disk_stage(m, err);
+
+	for (uint64_t off = 0; rc == 0 && off < a->size;) {
+		uint64_t n = a->size - off < m->disk_stage_size ? a->size - off :
+								  m->disk_stage_size;
+
+		if (!save)
+			rc = backup_file_io(a, m->disk_stage, off, n, false, err);
+		if (rc == 0) {
+			rc = be->ops->contents_queue(be, a->dev,
+						     save ? BACKEND_TO_HOST : BACKEND_FROM_HOST,
+						     m->disk_stage, a->va + off, n);
+			if (rc == 0)
+				rc = be->ops->wait(be, a->dev);
+			if (rc < 0)
+				rc = gmb__mem_be_fail(err, rc, "copying through the disk buffer");
+		}
+		if (rc == 0 && save)
+			rc = backup_file_io(a, m->disk_stage, off, n, true, err);
+		off += n;
+	}
+	return rc;
+}
+
+/**
+ * gmb__backup_save() - @a's bytes to its prepared copy, unless it is
+ * PINNED (cycle.c queues those with the others). Returns once they landed.
+ */
+int gmb__backup_save(struct gmb__mem *m, struct gmb__alloc *a, char *err)
+{
+	if (a->copy.how == GMB__COPY_FILE)
+		return backup_file_copy(m, a, true, err);
+	if (a->copy.how == GMB__COPY_PAGEABLE)
+		return backup_ring_save(m, a, a->copy.p, err);
+	return 0;
+}
+
+/** gmb__backup_restore() - the copy back to the mapped @a (not PINNED; see save). */
+int gmb__backup_restore(struct gmb__mem *m, struct gmb__alloc *a, char *err)
+{
+	if (a->copy.how == GMB__COPY_FILE)
+		return backup_file_copy(m, a, false, err);
+	if (a->copy.how == GMB__COPY_PAGEABLE)
+		return backup_ring_restore(m, a, a->copy.p, err);
+	return 0;
+}
+
+/**
+ * gmb__backup_pointer() - the address of @a's copy for gmb_host_copy(),
+ * NULL for a file or none. A pageable PINNED copy is registered first, so
+ * that it is CUDA host memory from then on (until it is freed).
+ */
+int gmb__backup_pointer(struct gmb__mem *m, struct gmb__alloc *a, void **p, char *err)
+{
+	struct gmb__hostcopy *h = &a->copy;
+	int rc;
+
+	*p = NULL;
+	if (h->how != GMB__COPY_PINNED && h->how != GMB__COPY_PAGEABLE)
+		return 0;
+	if (h->how == GMB__COPY_PAGEABLE && a->backup == GMB_BACKUP_PINNED && !h->registered &&
+	    m->be->ops->host_register) {
+		rc = m->be->ops->host_register(m->be, h->p, a->size);
+		if (rc < 0)
+			return gmb__mem_be_fail(err, rc, "registering a host copy");
+		h->registered = true;
+	}
+	*p = h->p;
+	return 0;
+}
