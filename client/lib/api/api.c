@@ -137,13 +137,19 @@ GMB_API void gmb_close(gmb_client *c)
 
 GMB_API int gmb_malloc(gmb_client *c, void **ptr, size_t size, int device, const char *tag)
 {
+	return gmb_malloc_peers(c, ptr, size, device, tag, 0);
+}
+
+GMB_API int gmb_malloc_peers(gmb_client *c, void **ptr, size_t size, int device, const char *tag,
+			     uint64_t peers)
+{
 	char err[ERR_MSG_MAX] = "";
 	int rc;
 
 	if (!c)
 		return -EINVAL;
 	gmb__op_begin(&c->conn);
-	rc = gmb__mem_malloc(&c->mem, ptr, size, device, tag, err);
+	rc = gmb__mem_malloc(&c->mem, ptr, size, device, tag, peers, err);
 	gmb__op_end(&c->conn);
 	return api_done(c, rc, err);
 }

@@ -45,8 +45,9 @@ void gmb__mem_deinit(struct gmb__mem *m);
 int gmb__mem_backend(struct gmb__mem *m, char *err);
 /* gmbd's index of this process's device @ordinal (what the application calls it). */
 int gmb__mem_dev_index(struct gmb__mem *m, int ordinal, char *err);
+/* @peers: this process's device ordinals (bits) that get access too, besides @dev. */
 int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const char *tag,
-		    char *err);
+		    uint64_t peers, char *err);
 int gmb__mem_free(struct gmb__mem *m, void *ptr, char *err);
 int gmb__mem_set_mode(struct gmb__mem *m, const char *tag, int mode, char *err);
 struct gmb__tag *gmb__mem_tag_find(struct gmb__mem *m, const char *name);
