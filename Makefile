@@ -116,6 +116,10 @@ $(1)/libgmb_preload.so: $(call objs,$(1),$(PRELOAD_SRC))
 $(1)/tests/libfake_cudart.so: $(1)/tests/fake_cudart.o
 	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -shared -Wl,-soname,libfake_cudart.so -o $$@ $$^
 
+# The stand-in driver: soname libcuda.so.1, so the cuda backend's dlopen finds it once loaded.
+$(1)/tests/libfake_cuda.so: $(1)/tests/fake_cuda.o
+	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -shared -Wl,-soname,libcuda.so.1 -o $$@ $$^
+
 # The stand-in runtime, never libgmb: it dlopens libgmb as Python does.
 $(1)/tests/prog_preload: $(1)/tests/prog_preload.o $(1)/tests/libfake_cudart.so
 	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$< -L$(1)/tests -lfake_cudart -Wl,-rpath,'$$$$ORIGIN' -ldl
@@ -135,6 +139,7 @@ $(1)/tests/test_%: $(1)/tests/test_%.o $(call objs,$(1),$(TEST_HELPER_SRC)) $(1)
 $(1)/bin: $(1)/gmbd $(1)/gmbctl $(1)/libgmb.so.0 $(1)/libgmb.so $(1)/libgmb.a $(1)/gmb-uninstalled.pc
 $(1)/tests: $(patsubst tests/%.c,$(1)/tests/%,$(TEST_SRC) $(TEST_PROG_SRC))
 $(1)/bin: $(1)/libgmb_preload.so
+$(1)/tests: $(1)/tests/libfake_cuda.so
 
 # (The nspawn tree of check-systemd lives under build/ and is full of *.d.)
 -include $(shell find $(1) -path '$(1)/nspawn-root*' -prune -o -name '*.d' -type f -print 2>/dev/null)

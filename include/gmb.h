@@ -63,6 +63,17 @@ GMB_API void gmb_close(gmb_client *c);
  */
 GMB_API int gmb_malloc(gmb_client *c, void **ptr, size_t size, int device, const char *tag);
 
+/**
+ * gmb_malloc_peers() - gmb_malloc() whose memory @device and every device d
+ * with bit d of @peers set (indexes as for @device) may read and write, on
+ * every mapping: now and after each resume. Kernels on a peer reach it
+ * over NVLink or PCIe; the devices must be able to access each other's
+ * memory (cuDeviceCanAccessPeer), else the mapping fails with the driver's
+ * reason. -ENODEV when a peer is none of gmbd's devices or not visible here.
+ */
+GMB_API int gmb_malloc_peers(gmb_client *c, void **ptr, size_t size, int device, const char *tag,
+			     uint64_t peers);
+
 /** gmb_free() - free an allocation, active or paused. -EINVAL if unknown. */
 GMB_API int gmb_free(gmb_client *c, void *ptr);
 

@@ -556,3 +556,30 @@ Test(backend_host, queued_contents_are_done_by_wait)
 	free(src);
 	free(dst);
 }
+
+Test(backend_host, peer_access_checks_each_peer_and_grants_access)
+{
+	uintptr_t va = reserve(2 * G);
+	uint8_t buf[16];
+
+	cr_assert(eq(i32, b->ops->map(b, va, 2 * G, chunk(2 * G)), 0));
+	cr_assert(eq(i32, b->ops->set_access_peers(b, 0, 1ULL << NDEV, va, 2 * G), -EINVAL),
+		  "a peer that is no device");
+	cr_assert(not(eq(ptr, strstr(backend_last_error(), "peer"), NULL)), "%s",
+		  backend_last_error());
+	cr_assert(eq(i32, b->ops->copy_to_host(b, 0, buf, va, sizeof(buf)), -EINVAL),
+		  "a refused peer grants nothing");
+	cr_assert(eq(i32, b->ops->set_access_peers(b, 0, 1ULL << 1 | 1ULL << 0, va, 2 * G), 0),
+		  "%s", backend_last_error());
+	cr_assert(eq(i32, b->ops->copy_to_host(b, 1, buf, va, sizeof(buf)), 0));
+	expect_fill(va, 2 * G, 0);
+}
+
+Test(backend_host, sync_is_counted)
+{
+	uint64_t n = backend_host_sync_count();
+
+	cr_assert(eq(i32, b->ops->sync(b, 1), 0));
+	cr_assert(eq(i32, b->ops->sync(b, NDEV), -EINVAL));
+	cr_assert(eq(u64, backend_host_sync_count(), n + 2));
+}

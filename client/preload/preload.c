@@ -30,8 +30,11 @@
  *     cache and retries) and a sentence in gmb_region_last_error() (libgmb)
  *     or gmb_preload_error() (this file: libgmb or the runtime not found).
  *   - A pointer is gmbd's if the default client owns it, whichever thread
- *     and region frees it; its free drains the device first, as the
- *     runtime's cudaFree does.
+ *     and region frees it; its free drains the device first (gmb_free
+ *     does, once), as the runtime's cudaFree does.
+ *   - Outside regions the added cost is atomic loads: libgmb announces
+ *     itself from its constructor (gmb_preload_attach), so the shim never
+ *     probes for it; dlopen is only called with no lock of ours held.
  * Thread-safety: the resolved functions are published once with atomics;
  * the rest is per call or per thread.
  */
@@ -80,13 +83,19 @@ struct shim_gmb {
 	int (*owns)(gmb_client *c, const void *ptr);
 	int (*default_client)(const char *path, const char *name, gmb_client **out);
 	int (*free)(gmb_client *c, void *ptr);
+	void *handle; /* the libgmb the functions come from; a reference, never closed */
 };
 
 static _Atomic(void *) shim_real[SHIM_NREAL];
-static struct shim_gmb shim_gmb_fns;
-static void *shim_gmb_handle; /* published with shim_gmb_ready; never closed */
-static atomic_bool shim_gmb_ready;
-static pthread_mutex_t shim_lock = PTHREAD_MUTEX_INITIALIZER;
+/*
+ * libgmb's functions, published once (malloc'd, never freed). Until then,
+ * shim_gmb_anchor is an address inside a libgmb that announced itself from
+ * its constructor (gmb_preload_attach), not yet looked up.
+ */
+static _Atomic(const struct shim_gmb *) shim_gmb_fns;
+static _Atomic(const void *) shim_gmb_anchor;
+/* $GMB_DEFAULT_TAG, read once as libgmb does: -1 not yet, else 0 or 1. */
+static atomic_int shim_default_tag_set = -1;
 static __thread char shim_error[ERR_MSG_MAX];
 static const char shim_anchor;
 
@@ -173,12 +182,18 @@ static bool shim_env_true(const char *name)
 /* Broker memory from the first allocation: load libgmb if nobody did. */
 static bool shim_default_tag(void)
 {
-	const char *t = getenv("GMB_DEFAULT_TAG");
+	int set = atomic_load_explicit(&shim_default_tag_set, memory_order_relaxed);
+	const char *t;
 
-	return (t && *t) || shim_env_true("TMS_INIT_ENABLE");
+	if (set >= 0)
+		return set;
+	t = getenv("GMB_DEFAULT_TAG");
+	set = (t && *t) || shim_env_true("TMS_INIT_ENABLE");
+	atomic_store_explicit(&shim_default_tag_set, set, memory_order_relaxed);
+	return set;
 }
 
-static int shim_gmb_bind(void *h)
+static int shim_gmb_bind(void *h, struct shim_gmb *fns)
 {
 	static const char *const names[] = { "gmb_region_current", "gmb_region_malloc",
 					     "gmb_owns", "gmb_default_client", "gmb_free" };
@@ -191,11 +206,11 @@ static int shim_gmb_bind(void *h)
 			return -ENOSYS;
 		}
 	}
-	memcpy(&shim_gmb_fns.region_current, &syms[0], sizeof(void *));
-	memcpy(&shim_gmb_fns.region_malloc, &syms[1], sizeof(void *));
-	memcpy(&shim_gmb_fns.owns, &syms[2], sizeof(void *));
-	memcpy(&shim_gmb_fns.default_client, &syms[3], sizeof(void *));
-	memcpy(&shim_gmb_fns.free, &syms[4], sizeof(void *));
+	memcpy(&fns->region_current, &syms[0], sizeof(void *));
+	memcpy(&fns->region_malloc, &syms[1], sizeof(void *));
+	memcpy(&fns->owns, &syms[2], sizeof(void *));
+	memcpy(&fns->default_client, &syms[3], sizeof(void *));
+	memcpy(&fns->free, &syms[4], sizeof(void *));
 	return 0;
 }
 
@@ -230,30 +245,80 @@ static void *shim_gmb_open(void)
 }
 
 /*
+ * Publishes the functions of libgmb's handle @h (owned by the caller) and
+ * returns what is published: threads may race here, the first one wins and
+ * the others use its table. No lock: dlopen and dlsym take the loader's.
+ */
+static const struct shim_gmb *shim_gmb_publish(void *h)
+{
+	struct shim_gmb *fns = malloc(sizeof(*fns));
+	const struct shim_gmb *won = NULL;
+
+	if (!fns) {
+		err_fmt(shim_error, 0, "out of memory binding libgmb");
+		return NULL;
+	}
+	if (shim_gmb_bind(h, fns) < 0) {
+		free(fns);
+		return NULL;
+	}
+	fns->handle = h;
+	if (atomic_compare_exchange_strong_explicit(&shim_gmb_fns, &won, fns, memory_order_acq_rel,
+						    memory_order_acquire))
+		return fns;
+	free(fns);
+	return won;
+}
+
+/* Looks up the libgmb that announced itself, or loads one when @load. */
+static const struct shim_gmb *shim_gmb_find(bool load)
+{
+	const void *anchor = atomic_load_explicit(&shim_gmb_anchor, memory_order_acquire);
+	const struct shim_gmb *g = NULL;
+	Dl_info info;
+	void *h = NULL;
+
+	/* The announced file, by the name it was loaded under (a reference, kept). */
+	if (anchor && dladdr(anchor, &info) && info.dli_fname)
+		h = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+	if (!h && load)
+		h = shim_gmb_open();
+	if (h)
+		g = shim_gmb_publish(h);
+	/* An announcement that cannot be bound is not looked up on every call. */
+	if (!g && anchor)
+		atomic_compare_exchange_strong(&shim_gmb_anchor, &anchor, NULL);
+	if (h && g != atomic_load_explicit(&shim_gmb_fns, memory_order_acquire))
+		dlclose(h);
+	return atomic_load_explicit(&shim_gmb_fns, memory_order_acquire);
+}
+
+/*
  * The process's libgmb, or NULL. Loaded here only when @load; otherwise
- * only found if someone loaded it (a region needs libgmb's API to begin).
+ * only found if it was loaded (a region needs libgmb's API to begin), and
+ * then libgmb said so from its constructor. Outside regions in a process
+ * that never loads libgmb this is two atomic loads: no lock, no dlopen.
  */
 static const struct shim_gmb *shim_gmb(bool load)
 {
-	void *h;
+	const struct shim_gmb *g = atomic_load_explicit(&shim_gmb_fns, memory_order_acquire);
 
-	if (atomic_load_explicit(&shim_gmb_ready, memory_order_acquire))
-		return &shim_gmb_fns;
-	pthread_mutex_lock(&shim_lock);
-	if (!atomic_load_explicit(&shim_gmb_ready, memory_order_relaxed)) {
-		/* By soname: whatever path Python or the application used. */
-		h = dlopen("libgmb.so.0", RTLD_NOW | RTLD_NOLOAD);
-		if (!h && load)
-			h = shim_gmb_open();
-		if (h && shim_gmb_bind(h) == 0) {
-			shim_gmb_handle = h;
-			atomic_store_explicit(&shim_gmb_ready, true, memory_order_release);
-		}
-		else if (h)
-			dlclose(h);
-	}
-	pthread_mutex_unlock(&shim_lock);
-	return atomic_load_explicit(&shim_gmb_ready, memory_order_acquire) ? &shim_gmb_fns : NULL;
+	if (g || (!load && !atomic_load_explicit(&shim_gmb_anchor, memory_order_acquire)))
+		return g;
+	return shim_gmb_find(load);
+}
+
+/*
+ * Called by libgmb's constructor when it is loaded into a process with this
+ * shim (while the loader's lock is held: only a store here). @anchor is an
+ * address inside it.
+ */
+SHIM_API void gmb_preload_attach(const void *anchor);
+
+SHIM_API void gmb_preload_attach(const void *anchor)
+{
+	if (anchor)
+		atomic_store_explicit(&shim_gmb_anchor, anchor, memory_order_release);
 }
 
 /*
@@ -299,13 +364,12 @@ static int shim_is_broker(void *ptr, const struct shim_gmb **g)
 static cudaError_t shim_broker_free(const struct shim_gmb *g, void *ptr)
 {
 	gmb_client *c;
-	cudaError_t r;
 	int rc;
 
-	/* The runtime's cudaFree waits for the device; so does this (and gmb_free). */
-	r = SHIM_CALL(SHIM_SYNC, shim_sync_fn);
-	if (r != cudaSuccess)
-		return r;
+	/*
+	 * The runtime's cudaFree waits for the device; gmb_free does the same
+	 * (it drains the allocation's device before unmapping), so once.
+	 */
 	rc = g->default_client(NULL, NULL, &c);
 	if (rc >= 0)
 		rc = g->free(c, ptr);
@@ -413,11 +477,12 @@ SHIM_API const char *gmb_preload_error(void)
 /* @name in libgmb, or NULL. */
 static void *shim_tms_sym(const char *name)
 {
+	const struct shim_gmb *g = shim_gmb(true);
 	void *p;
 
-	if (!shim_gmb(true))
+	if (!g)
 		return NULL;
-	p = dlsym(shim_gmb_handle, name);
+	p = dlsym(g->handle, name);
 	if (!p)
 		err_fmt(shim_error, 0, "libgmb lacks %s: an older libgmb?", name);
 	return p;

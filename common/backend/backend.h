@@ -68,6 +68,13 @@ struct backend_ops {
 	int (*va_free)(struct backend *b, uintptr_t va, uint64_t size);
 	int (*map)(struct backend *b, uintptr_t va, uint64_t size, uint64_t handle);
 	int (*set_access)(struct backend *b, int dev, uintptr_t va, uint64_t size);
+	/*
+	 * set_access for @dev and for each device whose bit is set in @peers
+	 * (device indexes of this backend; @dev's own bit may be set): all of
+	 * them read and write the range. A peer must exist and be visible.
+	 */
+	int (*set_access_peers)(struct backend *b, int dev, uint64_t peers, uintptr_t va,
+				uint64_t size);
 	int (*unmap)(struct backend *b, uintptr_t va, uint64_t size);
 
 	/* Contents (client side). sync drains the device's queued work. */
@@ -127,6 +134,8 @@ int backend_open(const char *kind, const struct backend_host_opts *host, struct 
 void backend_close(struct backend *b);
 
 int backend_host_open(const struct backend_host_opts *opts, struct backend **out);
+/* How many times host backends of this process drained a device (sync), for tests. */
+uint64_t backend_host_sync_count(void);
 int backend_cuda_open(struct backend **out);
 /*
  * backend_cuda_open_order() - the cuda backend with its devices in the order

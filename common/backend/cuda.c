@@ -7,7 +7,8 @@
  *   import       cuMemImportFromShareableHandle: the fd stays the caller's
  *   reservation  cuMemAddressReserve / cuMemAddressFree
  *   map          cuMemMap of a whole chunk at offset 0; no access until
- *   set_access   cuMemSetAccess (read-write for one device, one call)
+ *   set_access   cuMemSetAccess (read-write for the owning device and any
+ *                peers asked for: one descriptor each, one call)
  *   unmap        cuMemUnmap: the VA stays reserved
  *   contents     copies and memset on this backend's stream, then a wait
  *                (cuda_contents.c)
@@ -24,11 +25,15 @@
  *     device's primary context, retained on first use and released at
  *     close, pushed on the calling thread for the call and popped after.
  *   - The host backend's stateless checks are repeated (device index,
- *     granularity multiples), each refusal -EINVAL with a reason; the driver
+ *     granularity multiples: the chunk's or access's own device's, else the
+ *     smallest), each refusal -EINVAL with a reason; the driver
  *     checks overlaps and whole mappings. What needs a record of handles and
  *     mappings (whole-chunk maps, unknown handles: cuMemRelease of one is
  *     undefined) is the host backend's to catch, in the tests: callers here
  *     are trusted to pass handles they hold.
+ *   - A slot of gmbd's device order this process cannot see
+ *     (backend_cuda_open_order) is marked invisible (ordinal -1, visible
+ *     false) and refused by every operation; nothing walks into it.
  *   - One mutex guards the lazily made contexts and streams; the driver
  *     serializes a process's VMM calls anyway.
  */
@@ -144,9 +149,20 @@ static int cuda_dev_probe(struct cuda_priv *c, int i)
 	bd->total_bytes = total;
 	bd->granularity = gran;
 	bd->ordinal = i;
-	if (gran > c->gran)
-		c->gran = gran;
+	c->devs[i].visible = true;
 	return 0;
+}
+
+/* The smallest granularity of the visible devices (0 if none is). */
+static void cuda_gran_min(struct cuda_priv *c)
+{
+	c->gran_min = 0;
+	for (int i = 0; i < c->b.ndevices; i++) {
+		uint64_t g = c->b.devices[i].granularity;
+
+		if (c->devs[i].visible && (!c->gran_min || g < c->gran_min))
+			c->gran_min = g;
+	}
 }
 
 static int cuda_devices(struct cuda_priv *c)
@@ -182,7 +198,7 @@ static void cuda_devices_order(struct cuda_priv *c, const uint8_t (*uuids)[16], 
 	for (int i = 0; i < n; i++) {
 		bd[i] = hole;
 		memcpy(bd[i].uuid, uuids[i], sizeof(bd[i].uuid));
-		cd[i] = (struct cuda_dev){ 0 };
+		cd[i] = (struct cuda_dev){ .visible = false };
 		for (int j = 0; j < c->b.ndevices; j++) {
 			if (memcmp(c->b.devices[j].uuid, uuids[i], sizeof(bd[i].uuid)) == 0) {
 				bd[i] = c->b.devices[j];
@@ -198,15 +214,24 @@ static void cuda_devices_order(struct cuda_priv *c, const uint8_t (*uuids)[16], 
 
 /* Range checks, as the host backend makes them (device checks: cuda_error.c). */
 
-/* @size non-zero, @size and @va multiples of the granularity (pass va 0 if none). */
-static int cuda_check_range(struct cuda_priv *c, const char *op, uintptr_t va, uint64_t size)
+/*
+ * @size non-zero, @size and @va multiples of @dev's granularity (pass va 0
+ * if none; @dev -1: not tied to a device, the smallest granularity).
+ */
+static int cuda_check_range(struct cuda_priv *c, const char *op, int dev, uintptr_t va,
+			    uint64_t size)
 {
+	uint64_t gran = dev >= 0 ? c->b.devices[dev].granularity : c->gran_min;
+
 	if (size == 0)
 		return backend_fail(-EINVAL, "cuda backend: %s: size 0", op);
-	if (size % c->gran || va % c->gran)
+	if (!gran)
+		return backend_fail(-ENODEV, "cuda backend: %s: none of the devices is visible "
+				    "in this process (CUDA_VISIBLE_DEVICES)", op);
+	if (size % gran || va % gran)
 		return backend_fail(-EINVAL, "cuda backend: %s: 0x%" PRIxPTR "+0x%" PRIx64
 				    " is not aligned to the granularity 0x%" PRIx64, op, va, size,
-				    c->gran);
+				    gran);
 	return 0;
 }
 
@@ -222,7 +247,7 @@ static int cuda_chunk_create(struct backend *b, int dev, uint64_t size, uint64_t
 
 	rc = cuda__check_dev(c, "chunk_create", dev);
 	if (rc == 0)
-		rc = cuda_check_range(c, "chunk_create", 0, size);
+		rc = cuda_check_range(c, "chunk_create", dev, 0, size);
 	if (rc < 0)
 		return rc;
 	cuda_prop_init(&prop, c->b.devices[dev].ordinal);
@@ -265,7 +290,7 @@ static int cuda_chunk_import(struct backend *b, int fd, uint64_t size, uint64_t 
 
 	if (fd < 0)
 		return backend_fail(-EBADF, "cuda backend: chunk_import: bad fd %d", fd);
-	rc = cuda_check_range(c, "chunk_import", 0, size);
+	rc = cuda_check_range(c, "chunk_import", -1, 0, size);
 	if (rc < 0)
 		return rc;
 	/* The POSIX fd travels as the pointer value; the driver does not close it. */
@@ -299,15 +324,19 @@ static int cuda_va_reserve(struct backend *b, uint64_t size, uint64_t align, uin
 	CUresult r;
 	int rc;
 
-	rc = cuda_check_range(c, "va_reserve", 0, size);
+	rc = cuda_check_range(c, "va_reserve", -1, 0, size);
 	if (rc < 0)
 		return rc;
 	if (align & (align - 1))
 		return backend_fail(-EINVAL, "cuda backend: va_reserve: alignment 0x%" PRIx64
 				    " is not a power of two", align);
-	/* Every map address must be a granularity multiple: align the base so. */
-	if (align < c->gran)
-		align = c->gran;
+	/*
+	 * Every map address must be a multiple of its chunk's device's
+	 * granularity: callers pass that device's as @align (at least the
+	 * smallest is kept).
+	 */
+	if (align < c->gran_min)
+		align = c->gran_min;
 	r = CUDA_RELAXED(c, c->api.MemAddressReserve(&p, size, align, 0, 0));
 	if (r != CUDA_SUCCESS)
 		return cuda__fail(c, r, "cuMemAddressReserve", "size=0x%" PRIx64 " align=0x%" PRIx64,
@@ -322,7 +351,7 @@ static int cuda_va_free(struct backend *b, uintptr_t va, uint64_t size)
 	CUresult r;
 	int rc;
 
-	rc = cuda_check_range(c, "va_free", va, size);
+	rc = cuda_check_range(c, "va_free", -1, va, size);
 	if (rc < 0)
 		return rc;
 	r = CUDA_RELAXED(c, c->api.MemAddressFree(va, size));
@@ -338,7 +367,7 @@ static int cuda_map(struct backend *b, uintptr_t va, uint64_t size, uint64_t han
 	CUresult r;
 	int rc;
 
-	rc = cuda_check_range(c, "map", va, size);
+	rc = cuda_check_range(c, "map", -1, va, size);
 	if (rc < 0)
 		return rc;
 	/* offset "currently must be zero" (cuMemMap); flags must be 0. */
@@ -349,30 +378,56 @@ static int cuda_map(struct backend *b, uintptr_t va, uint64_t size, uint64_t han
 	return 0;
 }
 
-static int cuda_set_access(struct backend *b, int dev, uintptr_t va, uint64_t size)
+/* One descriptor per device of @dev and @peers, by this process's ordinals. */
+static int cuda_access_descs(struct cuda_priv *c, int dev, uint64_t peers,
+			     CUmemAccessDesc desc[static BACKEND_MAX_DEVICES], int *n)
+{
+	int rc = cuda__check_dev(c, "set_access", dev);
+
+	*n = 0;
+	peers |= 1ULL << dev;
+	for (int d = 0; d < BACKEND_MAX_DEVICES && rc == 0; d++) {
+		if (!(peers & (1ULL << d)))
+			continue;
+		if (d != dev && (rc = cuda__check_dev(c, "set_access (peer)", d)) < 0)
+			break;
+		/* The driver names a device by this process's ordinal, not by our index. */
+		desc[(*n)++] = (CUmemAccessDesc){
+			.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE,
+				      .id = c->b.devices[d].ordinal },
+			.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+		};
+	}
+	return rc;
+}
+
+static int cuda_set_access_peers(struct backend *b, int dev, uint64_t peers, uintptr_t va,
+				 uint64_t size)
 {
 	struct cuda_priv *c = b->priv;
-	CUmemAccessDesc desc = {
-		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev },
-		.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-	};
+	CUmemAccessDesc desc[BACKEND_MAX_DEVICES];
 	CUresult r;
-	int rc;
+	int rc, n;
 
-	rc = cuda__check_dev(c, "set_access", dev);
+	rc = cuda_access_descs(c, dev, peers, desc, &n);
 	if (rc == 0)
-		rc = cuda_check_range(c, "set_access", va, size);
+		rc = cuda_check_range(c, "set_access", dev, va, size);
 	if (rc < 0)
 		return rc;
-	/* The driver names the device by this process's ordinal, not by our index. */
-	desc.location.id = c->b.devices[dev].ordinal;
 	/* One call over back-to-back mappings costs what one call per mapping does
 	 * (GPU-FACTS.md, bench/unmap_probe.cu): the driver charges per mapping. */
-	r = CUDA_RELAXED(c, c->api.MemSetAccess(va, size, &desc, 1));
+	r = CUDA_RELAXED(c, c->api.MemSetAccess(va, size, desc, (size_t)n));
 	if (r != CUDA_SUCCESS)
-		return cuda__fail(c, r, "cuMemSetAccess", "dev=%d va=0x%" PRIxPTR " size=0x%" PRIx64,
-				 dev, va, size);
+		return cuda__fail(c, r, "cuMemSetAccess", "dev=%d peers=0x%" PRIx64 " va=0x%" PRIxPTR
+				 " size=0x%" PRIx64 "%s", dev, peers, va, size,
+				 n > 1 ? " (can each peer reach the device? cuDeviceCanAccessPeer)"
+				       : "");
 	return 0;
+}
+
+static int cuda_set_access(struct backend *b, int dev, uintptr_t va, uint64_t size)
+{
+	return cuda_set_access_peers(b, dev, 0, va, size);
 }
 
 static int cuda_unmap(struct backend *b, uintptr_t va, uint64_t size)
@@ -381,7 +436,7 @@ static int cuda_unmap(struct backend *b, uintptr_t va, uint64_t size)
 	CUresult r;
 	int rc;
 
-	rc = cuda_check_range(c, "unmap", va, size);
+	rc = cuda_check_range(c, "unmap", -1, va, size);
 	if (rc < 0)
 		return rc;
 	/* Does not wait for GPU work on the range: callers sync first. */
@@ -439,6 +494,7 @@ int backend_cuda_open_order(const uint8_t (*uuids)[16], int n, struct backend **
 		goto out_lib;
 	if (uuids && n > 0)
 		cuda_devices_order(c, uuids, n);
+	cuda_gran_min(c);
 	c->b.ops = &cuda_ops;
 	c->b.priv = c;
 	*out = &c->b;
@@ -464,6 +520,7 @@ static const struct backend_ops cuda_ops = {
 	.va_free = cuda_va_free,
 	.map = cuda_map,
 	.set_access = cuda_set_access,
+	.set_access_peers = cuda_set_access_peers,
 	.unmap = cuda_unmap,
 	.sync = cuda__sync,
 	.zero = cuda__zero,

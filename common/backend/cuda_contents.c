@@ -16,6 +16,8 @@ static int cuda_dev_ctx(struct cuda_priv *c, int dev, CUcontext *ctx)
 	CUresult r = CUDA_SUCCESS;
 	CUcontext got = NULL;
 
+	if (!d->visible)
+		return cuda__check_dev(c, "context", dev);
 	pthread_mutex_lock(&c->lock);
 	if (!d->ctx) {
 		r = c->api.DevicePrimaryCtxRetain(&got, d->cu);
@@ -80,7 +82,7 @@ static int cuda_dev_stream(struct cuda_priv *c, int dev, CUstream *s)
 	pthread_mutex_lock(&c->lock);
 	/* Non-blocking: no implicit ordering with the application's stream 0. */
 	if (!d->stream) {
-		r = c->api.StreamCreate(&got, CU_STREAM_NON_BLOCKING);
+		r = CUDA_RELAXED(c, c->api.StreamCreate(&got, CU_STREAM_NON_BLOCKING));
 		if (r == CUDA_SUCCESS)
 			d->stream = got;
 	}
@@ -105,8 +107,12 @@ int cuda__sync(struct backend *b, int dev)
 		rc = cuda_dev_enter(c, dev, &pushed);
 	if (rc < 0)
 		return rc;
-	/* Drains every stream of the primary context: the application's too. */
-	r = c->api.CtxSynchronize();
+	/*
+	 * Drains every stream of the primary context: the application's too.
+	 * Relaxed, as every call here: a drain in the default global mode, while
+	 * the application captures a graph, would invalidate its capture.
+	 */
+	r = CUDA_RELAXED(c, c->api.CtxSynchronize());
 	cuda_ctx_pop(c, pushed);
 	if (r != CUDA_SUCCESS)
 		return cuda__fail(c, r, "cuCtxSynchronize", "dev=%d", dev);
@@ -150,10 +156,10 @@ static int cuda_contents_run(struct cuda_priv *c, int dev, enum backend_contents
 		return rc;
 	for (; off < size && r == CUDA_SUCCESS; off += n) {
 		n = size - off < CUDA_COPY_PIECE ? size - off : CUDA_COPY_PIECE;
-		r = cuda_enqueue(c, op, s, host ? host + off : NULL, va + off, n);
+		r = CUDA_RELAXED(c, cuda_enqueue(c, op, s, host ? host + off : NULL, va + off, n));
 	}
 	/* On failure wait too: pieces already queued still read or write @host. */
-	rs = wait || r != CUDA_SUCCESS ? c->api.StreamSynchronize(s) : CUDA_SUCCESS;
+	rs = wait || r != CUDA_SUCCESS ? CUDA_RELAXED(c, c->api.StreamSynchronize(s)) : CUDA_SUCCESS;
 	if (r != CUDA_SUCCESS)
 		return cuda__fail(c, r, cuda_op_call[op], "dev=%d va=0x%" PRIxPTR " size=0x%" PRIx64
 				 " at=0x%" PRIx64, dev, va, size, off - n);
@@ -223,7 +229,7 @@ int cuda__wait(struct backend *b, int dev)
 		return rc;
 	rc = cuda_dev_stream(c, dev, &s);
 	if (rc == 0) {
-		r = c->api.StreamSynchronize(s);
+		r = CUDA_RELAXED(c, c->api.StreamSynchronize(s));
 		if (r != CUDA_SUCCESS)
 			rc = cuda__fail(c, r, "cuStreamSynchronize", "dev=%d", dev);
 	}
@@ -234,7 +240,8 @@ int cuda__wait(struct backend *b, int dev)
 /*
  * Host memory needs some context: the thread's own if it has one; else a
  * primary context already active (the application's or ours), so that a
- * worker of GPU 3 does not pay a context on GPU 0; else device 0's.
+ * worker of GPU 3 does not pay a context on GPU 0; else the first visible
+ * device's.
  */
 static int cuda_host_ctx(struct cuda_priv *c, CUcontext *ctx)
 {
@@ -246,12 +253,18 @@ static int cuda_host_ctx(struct cuda_priv *c, CUcontext *ctx)
 		*ctx = cur;
 		return 0;
 	}
+	/* Invisible slots are skipped: their cu would name another GPU. */
 	for (int i = 0; i < c->b.ndevices; i++)
-		if (c->api.DevicePrimaryCtxGetState(c->devs[i].cu, &flags, &active) ==
+		if (c->devs[i].visible &&
+		    c->api.DevicePrimaryCtxGetState(c->devs[i].cu, &flags, &active) ==
 			    CUDA_SUCCESS &&
 		    active)
 			return cuda_dev_ctx(c, i, ctx);
-	return cuda_dev_ctx(c, 0, ctx);
+	for (int i = 0; i < c->b.ndevices; i++)
+		if (c->devs[i].visible)
+			return cuda_dev_ctx(c, i, ctx);
+	return backend_fail(-ENODEV, "cuda backend: host memory: none of the devices is "
+			    "visible in this process (CUDA_VISIBLE_DEVICES)");
 }
 
 int cuda__host_alloc(struct backend *b, uint64_t size, void **p)

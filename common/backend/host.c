@@ -31,6 +31,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -532,18 +533,28 @@ static int host_set_access_locked(struct host_priv *p, uintptr_t va, uint64_t si
 	return 0;
 }
 
-static int host_set_access(struct backend *b, int dev, uintptr_t va, uint64_t size)
+static int host_set_access_peers(struct backend *b, int dev, uint64_t peers, uintptr_t va,
+				 uint64_t size)
 {
 	struct host_priv *p = b->priv;
 	int rc;
 
 	rc = host_check_dev(b, "set_access", dev);
+	/* One mprotect serves every device, but a peer must be one, as on cuda. */
+	for (int d = 0; d < BACKEND_MAX_DEVICES && rc == 0; d++)
+		if (peers & (1ULL << d))
+			rc = host_check_dev(b, "set_access (peer)", d);
 	if (rc < 0)
 		return rc;
 	pthread_mutex_lock(&p->lock);
 	rc = host_set_access_locked(p, va, size);
 	pthread_mutex_unlock(&p->lock);
 	return rc;
+}
+
+static int host_set_access(struct backend *b, int dev, uintptr_t va, uint64_t size)
+{
+	return host_set_access_peers(b, dev, 0, va, size);
 }
 
 static int host_unmap_locked(struct host_priv *p, uintptr_t va, uint64_t size)
@@ -577,8 +588,17 @@ static int host_unmap(struct backend *b, uintptr_t va, uint64_t size)
 
 /* Contents. */
 
+/* Drains served in this process: tests count them (a drain costs on a GPU). */
+static atomic_uint_fast64_t host_syncs;
+
+uint64_t backend_host_sync_count(void)
+{
+	return atomic_load(&host_syncs);
+}
+
 static int host_sync(struct backend *b, int dev)
 {
+	atomic_fetch_add(&host_syncs, 1);
 	return host_check_dev(b, "sync", dev);
 }
 
@@ -800,6 +820,7 @@ static const struct backend_ops host_ops = {
 	.va_free = host_va_free,
 	.map = host_map,
 	.set_access = host_set_access,
+	.set_access_peers = host_set_access_peers,
 	.unmap = host_unmap,
 	.sync = host_sync,
 	.zero = host_zero,

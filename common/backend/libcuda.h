@@ -101,6 +101,11 @@ struct cuda_sym {
 };
 
 struct cuda_dev {
+	/*
+	 * false: a slot of gmbd's order this process cannot see. Its cu is
+	 * meaningless (0 is a real device here), so nothing may use it.
+	 */
+	bool visible;
 	CUdevice cu;
 	CUcontext ctx;   /* retained primary context; NULL until first needed */
 	CUstream stream; /* copy stream in ctx; NULL until the first copy */
@@ -110,7 +115,13 @@ struct cuda_priv {
 	struct backend b; /* b.priv points back here */
 	void *lib;
 	struct cuda_api api;
-	uint64_t gran; /* largest device granularity: VA ranges must suit every device */
+	/*
+	 * Smallest granularity of the visible devices: what a size or address
+	 * not tied to one device (a reservation, an imported chunk, a mapping)
+	 * must be a multiple of; the driver checks the rest. Chunks and access
+	 * are checked against their own device's.
+	 */
+	uint64_t gran_min;
 	pthread_mutex_t lock; /* guards devs[].ctx and devs[].stream */
 	struct cuda_dev devs[BACKEND_MAX_DEVICES];
 };

@@ -169,6 +169,8 @@ scenario reclaim 180 "$B/reclaim"
 scenario many_allocs 420 "$B/many_allocs"
 scenario uid_isolation 300 "$B/uid_isolation"
 scenario two_gpus 180 "$B/two_gpus"
+# Access for a peer GPU (gmb_malloc_peers); on one GPU its one-device part, then SKIP.
+scenario peer_access 180 "$B/peer_access"
 
 if wanted budget; then
 	# The main gmbd's warm pool may hold most of device 0: give it back first.
@@ -244,6 +246,31 @@ if [ "$DO_TORCH" = 1 ] && wanted soak; then
 			--rounds "${SOAK_ROUNDS:-200}"
 	else
 		record soak FAIL "needs $B/libgmb.so and $B/libgmb_preload.so (tests/gpu/torch_run.sh) and $SPY"
+	fi
+fi
+
+# A tensor-parallel pair (NCCL all-reduce in its captured graph) switched out and
+# back as one, a trainer pair in between (its own gmbd); SKIP on one GPU.
+if wanted tp_pair; then
+	SPY=${TORCH_PYTHON:-/opt/torch/.venv/bin/python3}
+	if [ -f "$B/libgmb.so" ] && [ -f "$B/libgmb_preload.so" ] && [ -x "$SPY" ]; then
+		TP_GMBD_LOG=$OUTDIR/tp-gmbd.log LD_LIBRARY_PATH=$PWD/.gpu-deps/so${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+			PYTHONPATH=$PWD/client/python:$PWD/tests/gpu GMB_LIB=$PWD/$B/libgmb.so \
+			GMB_PRELOAD_LIB=$PWD/$B/libgmb_preload.so \
+			scenario tp_pair 600 "$SPY" tests/gpu/tp_pair.py --gmbd "$B/gmbd" --gmbctl "$B/gmbctl" \
+			--rounds "${TP_ROUNDS:-10}"
+	else
+		record tp_pair FAIL "needs $B/libgmb.so and $B/libgmb_preload.so (tests/gpu/torch_run.sh) and $SPY"
+	fi
+fi
+
+# What the preload shim adds to cudaMalloc/cudaFree outside regions (goal < 50 ns), and inside one.
+if wanted preload_bench; then
+	if [ -f "$B/libgmb.so" ] && [ -f "$B/libgmb_preload.so" ]; then
+		LD_LIBRARY_PATH=$PWD/.gpu-deps/so${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+			scenario preload_bench 300 bench/preload_bench.sh
+	else
+		record preload_bench FAIL "needs $B/libgmb.so and $B/libgmb_preload.so (tests/gpu/torch_run.sh)"
 	fi
 fi
 

@@ -225,6 +225,22 @@ class NativeApi(unittest.TestCase):
             gmb.region("t", "keep").__enter__()
         c.free(p)
 
+    def test_malloc_peers_keeps_access_and_bytes_over_a_cycle(self):
+        c = self.client("peers")
+        c.set_mode("kv", "preserve")
+        p = c.malloc_peers(3 * MiB, device=0, peers=[1], tag="kv")
+        fill(p, 0x3D, 3 * MiB)
+        c.pause("kv")
+        c.resume("kv")
+        self.assertEqual(bytes_at(p, 3 * MiB), b"\x3d" * (3 * MiB))
+        with self.assertRaises(gmb.GmbError) as e:
+            c.malloc_peers(MiB, device=0, peers=[5], tag="kv")
+        self.assertEqual(e.exception.errno, errno.ENODEV)
+        self.assertIn("peer device 5", e.exception.strerror)
+        with self.assertRaises(ValueError):
+            c.malloc_peers(MiB, peers=[64])
+        c.free(p)
+
     def test_host_copy_and_memory_margin(self):
         c = self.client("backup")
         with gmb.region("w", "preserve"):

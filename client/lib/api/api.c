@@ -137,11 +137,17 @@ GMB_API void gmb_close(gmb_client *c)
 
 GMB_API int gmb_malloc(gmb_client *c, void **ptr, size_t size, int device, const char *tag)
 {
-	return gmb__malloc_how(c, ptr, size, device, tag, NULL);
+	return gmb__malloc_how(c, ptr, size, device, tag, NULL, 0);
+}
+
+GMB_API int gmb_malloc_peers(gmb_client *c, void **ptr, size_t size, int device, const char *tag,
+			     uint64_t peers)
+{
+	return gmb__malloc_how(c, ptr, size, device, tag, NULL, peers);
 }
 
 int gmb__malloc_how(struct gmb_client *c, void **ptr, size_t size, int device, const char *tag,
-		    const struct gmb__mem_how *how)
+		    const struct gmb__mem_how *how, uint64_t peers)
 {
 	char err[ERR_MSG_MAX] = "";
 	int rc;
@@ -149,7 +155,7 @@ int gmb__malloc_how(struct gmb_client *c, void **ptr, size_t size, int device, c
 	if (!c)
 		return -EINVAL;
 	gmb__op_begin(&c->conn);
-	rc = gmb__mem_malloc(&c->mem, ptr, size, device, tag, how, err);
+	rc = gmb__mem_malloc(&c->mem, ptr, size, device, tag, how, peers, err);
 	gmb__op_end(&c->conn);
 	return api_done(c, rc, err);
 }

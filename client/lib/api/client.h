@@ -32,8 +32,9 @@ struct gmb_client {
  */
 int gmb__status_device(struct gmb_client *c, uint32_t index, uint64_t *budget, uint64_t *used);
 
-/* gmb_malloc() with the allocation's own mode and backup (@how NULL: the tag's). */
+/* gmb_malloc() with the allocation's own mode and backup (@how NULL: the
+ * tag's) and peer devices (@peers: bits of this process's ordinals). */
 int gmb__malloc_how(struct gmb_client *c, void **ptr, size_t size, int device, const char *tag,
-		    const struct gmb__mem_how *how);
+		    const struct gmb__mem_how *how, uint64_t peers);
 
 #endif

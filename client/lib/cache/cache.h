@@ -47,6 +47,7 @@ struct gmb__alloc {
 	/* Set at malloc, then read-only until free. */
 	uint64_t id;                 /* the daemon's allocation id */
 	int dev;
+	uint64_t peers;              /* gmbd's indexes of the devices given access besides dev */
 	uint64_t size;               /* granularity multiple */
 	uintptr_t va;                /* reserved for the allocation's whole life */
 	struct gmb__tag *tag;

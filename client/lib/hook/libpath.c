@@ -1,11 +1,13 @@
 /*
  * libpath.c - where this library lives (gmb_library_path()), for
- * CUDAPluggableAllocator and the preload shim.
+ * CUDAPluggableAllocator and the preload shim, and telling a preloaded shim
+ * that it is loaded.
  */
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "gmb.h"
@@ -34,4 +36,21 @@ GMB_API const char *gmb_library_path(void)
 {
 	pthread_once(&hook_path_once, hook_path_find);
 	return hook_path;
+}
+
+/*
+ * Tells a preloaded shim (libgmb_preload.so) that this library is loaded,
+ * so that its cudaMalloc never has to look for it. Runs under the loader's
+ * lock: the shim only stores the address.
+ */
+__attribute__((constructor)) static void hook_preload_announce(void)
+{
+	void *sym = dlsym(RTLD_DEFAULT, "gmb_preload_attach");
+	void (*attach)(const void *anchor);
+
+	if (!sym)
+		return;
+	/* POSIX guarantees a void * holds a function pointer (dlsym). */
+	memcpy(&attach, &sym, sizeof(attach));
+	attach(&hook_anchor);
 }

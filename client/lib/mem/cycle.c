@@ -2,7 +2,7 @@
  * cycle.c - pause and resume of tags: the part of libgmb that gives memory
  * back to gmbd and takes it again at the same addresses.
  *
- * Pause: drain the devices, copy PRESERVE bytes to their host copies
+ * Pause: drain the devices once, copy PRESERVE bytes to their host copies
  * (backup.c), unmap each allocation (one call each; the VA stays reserved),
  * then tell gmbd; when gmbd gives paused memory back to the driver, the
  * imported handles of the paused allocations go too, before pause returns. Resume: ask gmbd, adopt each lend as the allocation's last lend
@@ -214,12 +214,13 @@ int gmb__cycle_pause(struct gmb__mem *m, const char *name, char *err)
 		return 0;
 	}
 	mask = cycle_devices(m, only, false);
+	/*
+	 * One drain: the application's work is done after it, and cycle_save
+	 * waits for its own copies (on the backend's stream) before returning.
+	 */
 	rc = gmb__mem_sync(m, mask, err);
 	if (rc == 0)
 		rc = cycle_save(m, only, err);
-	/* Copies may be asynchronous: they must land before the memory goes. */
-	if (rc == 0)
-		rc = gmb__mem_sync(m, mask, err);
 	if (rc == 0)
 		rc = cycle_unmap_tags(m, only, false, err);
 	if (rc == 0)

@@ -197,7 +197,7 @@ int gmb__mem_map(struct gmb__mem *m, struct gmb__alloc *a, char *err)
 		off += a->chunk_sizes[i];
 	}
 	/* One call for the range: the driver charges per call, not per mapping. */
-	rc = be->ops->set_access(be, a->dev, a->va, a->size);
+	rc = be->ops->set_access_peers(be, a->dev, a->peers, a->va, a->size);
 	if (rc < 0) {
 		rc = gmb__mem_be_fail(err, rc, "setting access");
 		goto out_unmap;
@@ -242,8 +242,9 @@ int gmb__mem_sync(struct gmb__mem *m, uint64_t mask, char *err)
 /* Allocations: the record, its tables, its undoing. */
 
 /* A record with its VA range reserved, not yet lent. */
-static int mem_alloc_new(struct gmb__mem *m, struct gmb__tag *t, int dev, uint64_t size,
-			 const struct gmb__mem_how *how, struct gmb__alloc **out, char *err)
+static int mem_alloc_new(struct gmb__mem *m, struct gmb__tag *t, int dev, uint64_t peers,
+			 uint64_t size, const struct gmb__mem_how *how, struct gmb__alloc **out,
+			 char *err)
 {
 	int backup = how && how->own ? how->backup : GMB_BACKUP_DEFAULT;
 	struct gmb__alloc *a;
@@ -257,7 +258,7 @@ static int mem_alloc_new(struct gmb__mem *m, struct gmb__tag *t, int dev, uint64
 	a = calloc(1, sizeof(*a));
 	if (!a)
 		return err_fmt(err, -ENOMEM, "out of memory for an allocation record");
-	*a = (struct gmb__alloc){ .dev = dev, .size = size, .tag = t };
+	*a = (struct gmb__alloc){ .dev = dev, .peers = peers, .size = size, .tag = t };
 	a->own_mode = how && how->own;
 	a->mode = a->own_mode ? how->mode : GMB_MODE_DISCARD;
 	a->backup = backup < 0 ? GMB_BACKUP_PINNED : backup;
@@ -395,12 +396,32 @@ static int mem_malloc_check(struct gmb__mem *m, void **ptr, size_t size, int dev
 	return mem_check_name(tag, err);
 }
 
+/*
+ * gmbd's indexes of the peers named by this process's ordinals in @peers
+ * (the owner @dev's own bit dropped: it has access anyway).
+ */
+static int mem_peer_indexes(struct gmb__mem *m, uint64_t peers, int dev, uint64_t *out,
+			    char *err)
+{
+	*out = 0;
+	for (int o = 0; o < BACKEND_MAX_DEVICES; o++) {
+		int i = peers & GMB__DEV_BIT(o) ? gmb__mem_dev_index(m, o, err) : dev;
+
+		if (i < 0)
+			return err_fmt(err, i, "peer device %d of this process is none of gmbd's",
+				       o);
+		if (i != dev)
+			*out |= GMB__DEV_BIT(i);
+	}
+	return 0;
+}
+
 /**
  * gmb__mem_malloc() - reserve, lend, map. *@ptr is set only on success; on
  * failure everything is undone, including gmbd's side.
  */
 int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const char *tag,
-		    const struct gmb__mem_how *how, char *err)
+		    const struct gmb__mem_how *how, uint64_t peers, char *err)
 {
 	struct gmb__alloc *a = NULL;
 	struct gmb__tag *t;
@@ -414,6 +435,8 @@ int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const 
 		rc = dev = gmb__mem_dev_index(m, dev, err);
 	if (rc >= 0)
 		rc = mem_malloc_check(m, ptr, size, dev, tag, err);
+	if (rc >= 0)
+		rc = mem_peer_indexes(m, peers, dev, &peers, err);
 	if (rc < 0)
 		return rc;
 	t = gmb__mem_tag_find(m, tag);
@@ -422,7 +445,8 @@ int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const 
 	rc = mem_tag_get(m, tag, &t, &created, err);
 	if (rc < 0)
 		return rc;
-	rc = mem_alloc_new(m, t, dev, backend_round_up(size, m->devs->granularity[dev]), how, &a, err);
+	rc = mem_alloc_new(m, t, dev, peers, backend_round_up(size, m->devs->granularity[dev]), how,
+			   &a, err);
 	if (rc < 0)
 		goto out_tag;
 	rc = mem_alloc_lend_map(m, a, err);

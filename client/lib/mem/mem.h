@@ -55,8 +55,10 @@ struct gmb__mem_how {
 	int backup; /* GMB_BACKUP_* (DEFAULT resolved at allocation) */
 };
 
+/* @how: NULL follows the tag's mode; @peers: this process's device ordinals
+ * (bits) that get access too, besides @dev. */
 int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const char *tag,
-		    const struct gmb__mem_how *how, char *err);
+		    const struct gmb__mem_how *how, uint64_t peers, char *err);
 int gmb__mem_free(struct gmb__mem *m, void *ptr, char *err);
 int gmb__mem_set_mode(struct gmb__mem *m, const char *tag, int mode, char *err);
 struct gmb__tag *gmb__mem_tag_find(struct gmb__mem *m, const char *name);

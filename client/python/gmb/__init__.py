@@ -201,6 +201,20 @@ class Client:
             _raise(rc, last_error())
         return p.value
 
+    def malloc_peers(self, size, device=0, peers=(), tag="default"):
+        """``gmb_malloc_peers``: ``size`` bytes on ``device`` in ``tag`` that the devices
+        in ``peers`` (indexes as for ``device``) may read and write too, after every
+        resume as well; the address. Regions do not apply: the tag is given."""
+        mask = 0
+        for d in peers:
+            if not 0 <= int(d) < 64:
+                raise ValueError(f"peer device {d}: want 0..63")
+            mask |= 1 << int(d)
+        p = c_void_p()
+        self._check(self._lib().gmb_malloc_peers(self._handle(), byref(p), int(size), int(device),
+                                                 _b(tag), c_uint64(mask)))
+        return p.value
+
     def free(self, ptr):
         self._check(self._lib().gmb_free(self._handle(), c_void_p(ptr)))
 

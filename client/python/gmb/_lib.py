@@ -27,6 +27,7 @@ _PROTOTYPES = {
     "gmb_connect_flags": (c_int, [c_char_p, c_char_p, c_uint, POINTER(c_void_p)]),
     "gmb_close": (None, [_H]),
     "gmb_malloc": (c_int, [_H, POINTER(c_void_p), c_size_t, c_int, c_char_p]),
+    "gmb_malloc_peers": (c_int, [_H, POINTER(c_void_p), c_size_t, c_int, c_char_p, c_uint64]),
     "gmb_free": (c_int, [_H, c_void_p]),
     "gmb_tag_set_mode": (c_int, [_H, c_char_p, c_int]),
     "gmb_pause": (c_int, [_H, c_char_p]),

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# preload_bench.sh - what libgmb_preload.so adds to cudaMalloc/cudaFree, in
+# ns per call: the same program (bench/preload_bench.c) without the shim,
+# with it in a process that never loads libgmb, with libgmb loaded but no
+# region, and inside a region (every call then goes to gmbd).
+#
+#   bench/preload_bench.sh            the CUDA runtime ($CUDA_HOME/lib64/libcudart.so),
+#                                     gmbd --backend cuda; libgmb.so and the shim from
+#                                     $GPU_BUILD_DIR (build-gpu: tests/gpu/torch_run.sh)
+#   bench/preload_bench.sh --fake     the stand-in runtime tests/fake_cudart.c and
+#                                     gmbd --backend host, from build/ (no GPU: the
+#                                     numbers are the shim's cost over a runtime that
+#                                     costs almost nothing, not a GPU's)
+#
+# Prints the table and "RESULT: PASS|FAIL - ..." last: PASS when each
+# outside-region case adds under 50 ns per call. Logs to $OUT when set.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+
+FAKE=0
+[ "${1:-}" = --fake ] && FAKE=1
+CC=${CC:-gcc}
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+GOAL_NS=50
+ITERS=${PRELOAD_BENCH_ITERS:-200000}
+REGION_ITERS=${PRELOAD_BENCH_REGION_ITERS:-500}
+
+if [ "$FAKE" = 1 ]; then
+	B=${BUILD_DIR:-build}
+	[ -f "$B/tests/libfake_cudart.so" ] && [ -f "$B/libgmb.so" ] && [ -f "$B/libgmb_preload.so" ] ||
+		make -j2 "$B/bin" "$B/tests/libfake_cudart.so" >/dev/null || exit 1
+	RTDIR=$PWD/$B/tests RTLIB=fake_cudart BACKEND=host RUNTIME="the stand-in runtime (tests/fake_cudart.c)"
+else
+	B=${GPU_BUILD_DIR:-build-gpu}
+	RTDIR=$CUDA_HOME/lib64 RTLIB=cudart BACKEND=cuda RUNTIME="libcudart.so ($CUDA_HOME)"
+fi
+OUTDIR=${OUT:-$PWD/$B/out}
+mkdir -p "$OUTDIR" "$B/bench"
+LOG=$OUTDIR/preload-bench.log
+for f in "$B/libgmb.so" "$B/libgmb_preload.so" "$B/gmbd"; do
+	if [ ! -f "$f" ]; then
+		echo "RESULT: FAIL - $f missing (tests/gpu/torch_run.sh builds libgmb.so and the shim)"
+		exit 1
+	fi
+done
+
+BIN=$B/bench/preload_bench
+if ! "$CC" -std=gnu11 -O2 -Wall -Wextra -Werror -I"$CUDA_HOME/include" -o "$BIN" bench/preload_bench.c \
+	-L"$RTDIR" -l"$RTLIB" -Wl,-rpath,"$RTDIR" -ldl >"$LOG" 2>&1; then
+	cat "$LOG"
+	echo "RESULT: FAIL - bench/preload_bench.c did not build against $RUNTIME"
+	exit 1
+fi
+
+TMPD=$(mktemp -d /tmp/gmb-preload-bench.XXXXXX)
+SOCK=$TMPD/gmbd.sock
+"$B/gmbd" --backend "$BACKEND" --socket "$SOCK" --log-level warning >"$TMPD/gmbd.log" 2>&1 &
+GPID=$!
+trap 'kill "$GPID" 2>/dev/null; wait "$GPID" 2>/dev/null; rm -rf "$TMPD"' EXIT
+for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
+export GMB_SOCKET=$SOCK GMB_LIB=$PWD/$B/libgmb.so
+SHIM=$PWD/$B/libgmb_preload.so
+
+# run NAME [env...] -- args: one measurement line into $NAME's variables.
+declare -A MAL FRE
+run() {
+	local name=$1 line
+	shift
+	line=$(env "$@" 2>>"$LOG") || { echo "$name: failed (see $LOG)" >&2; return 1; }
+	echo "$name: $line" >>"$LOG"
+	MAL[$name]=$(sed -n 's/.*malloc_ns=\([0-9.]*\).*/\1/p' <<<"$line")
+	FRE[$name]=$(sed -n 's/.*free_ns=\([0-9.]*\).*/\1/p' <<<"$line")
+}
+
+ok=1
+run plain "$BIN" --iters "$ITERS" --size 4096 || ok=0
+run shim LD_PRELOAD="$SHIM" "$BIN" --iters "$ITERS" --size 4096 || ok=0
+run loaded LD_PRELOAD="$SHIM" "$BIN" --iters "$ITERS" --size 4096 --load-gmb || ok=0
+run region LD_PRELOAD="$SHIM" "$BIN" --iters "$REGION_ITERS" --size $((2 << 20)) --region bench || ok=0
+if [ "$ok" = 0 ]; then
+	cat "$LOG" "$TMPD/gmbd.log"
+	echo "RESULT: FAIL - a run failed"
+	exit 1
+fi
+
+add() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%+.1f", a - b }'; }
+{
+	echo "preload shim cost, $(date -u +%F), against $RUNTIME; ns per call, median of 7 runs"
+	printf '| %-44s | %10s | %10s | %9s | %9s |\n' case cudaMalloc cudaFree "added M" "added F"
+	printf '| %-44s | %10s | %10s | %9s | %9s |\n' "no shim" "${MAL[plain]}" "${FRE[plain]}" - -
+	for n in shim loaded; do
+		d="shim, outside regions, libgmb never loaded"
+		[ "$n" = loaded ] && d="shim, outside regions, libgmb loaded"
+		printf '| %-44s | %10s | %10s | %9s | %9s |\n' "$d" "${MAL[$n]}" "${FRE[$n]}" \
+			"$(add "${MAL[$n]}" "${MAL[plain]}")" "$(add "${FRE[$n]}" "${FRE[plain]}")"
+	done
+	printf '| %-44s | %10s | %10s | %9s | %9s |\n' "shim, inside a region (2 MiB from gmbd)" \
+		"${MAL[region]}" "${FRE[region]}" - -
+} | tee "$OUTDIR/preload-bench-table.txt"
+
+worst=$(awk -v a="${MAL[shim]}" -v b="${FRE[shim]}" -v c="${MAL[loaded]}" -v d="${FRE[loaded]}" \
+	-v p="${MAL[plain]}" -v q="${FRE[plain]}" \
+	'BEGIN { w = a - p; if (b - q > w) w = b - q; if (c - p > w) w = c - p; if (d - q > w) w = d - q; printf "%.1f", w }')
+label=$([ "$FAKE" = 1 ] && echo "against the stand-in runtime" || echo "against libcudart")
+if awk -v w="$worst" -v g="$GOAL_NS" 'BEGIN { exit !(w < g) }'; then
+	echo "RESULT: PASS - the shim adds at most $worst ns per call outside regions (goal < $GOAL_NS), $label; inside a region ${MAL[region]} / ${FRE[region]} ns"
+else
+	echo "RESULT: FAIL - the shim adds $worst ns per call outside regions (goal < $GOAL_NS), $label"
+	exit 1
+fi
