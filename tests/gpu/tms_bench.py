@@ -72,7 +72,7 @@ def child(mode, reps):
         if backup:
             ok &= all(int(t[:: 1 << 24].min()) == i + 1 == int(t[:: 1 << 24].max())
                       for i, t in enumerate(big))
-            ok &= all(int(t[0]) == i % 251 for i, t in enumerate(small[::97]))
+            ok &= all(int(t[0]) == i % 251 for i, t in list(enumerate(small))[::97])
     print("BENCH " + json.dumps({"pause_s": statistics.median(pauses[1:]),
                                  "resume_s": statistics.median(resumes[1:]), "bytes_ok": ok,
                                  "tms": tms.__class__.__module__}), flush=True)
