@@ -151,8 +151,8 @@ bool broker__handover_keeps(const struct bclient *c)
 	return false;
 }
 
-void broker__handover_took(struct bclient *c, const struct pool_take *t, uint64_t handed_bytes,
-			   uint32_t handed_chunks)
+void broker__handover_took(struct pool *pool, struct bclient *c, const struct pool_take *t,
+			   uint64_t handed_bytes, uint32_t handed_chunks)
 {
 	struct bhandover *h = c->handover;
 	uint32_t reused = t->nchunks - t->ncreated;
@@ -160,9 +160,10 @@ void broker__handover_took(struct bclient *c, const struct pool_take *t, uint64_
 	if (!h)
 		return;
 	/* FROM taking its own chunks back (a rollback) hands nothing over. */
-	if (!c->handover_from) {
+	if (!c->handover_from && handed_chunks) {
 		h->st.handed_bytes += handed_bytes;
 		h->st.handed_chunks += handed_chunks;
+		pool->chunks_handed_over += handed_chunks;
 	}
 	for (uint32_t i = reused; i < t->nchunks; i++) {
 		h->st.created_bytes += t->chunks[i]->size;

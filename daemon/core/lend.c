@@ -239,7 +239,7 @@ int broker_alloc(struct broker *br, struct bclient *c, int dev, uint64_t size, c
 	s.a->nchunks = s.t.nchunks;
 	s.a->active = true;
 	broker__tag_link(t, s.a);
-	broker__handover_took(c, &s.t, s.handed_bytes, s.handed_chunks);
+	broker__handover_took(&br->pools[dev], c, &s.t, s.handed_bytes, s.handed_chunks);
 	res->allocs[0] = s.a;
 	res->nallocs = 1;
 	if (err)
@@ -388,8 +388,8 @@ static void lend_commit(struct broker *br, struct bclient *c, struct lend_step *
 		struct balloc *a = steps[i].a;
 
 		if (!steps[i].exact) {
-			broker__handover_took(c, &steps[i].t, steps[i].handed_bytes,
-					      steps[i].handed_chunks);
+			broker__handover_took(&br->pools[a->dev], c, &steps[i].t,
+					      steps[i].handed_bytes, steps[i].handed_chunks);
 			for (uint32_t j = 0; j < a->nchunks; j++)
 				if (a->chunks[j])
 					pool_unhold(&br->pools[a->dev], a->chunks[j], c, false);
