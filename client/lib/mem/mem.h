@@ -33,6 +33,8 @@ struct gmb__mem {
 	struct gmb__cache tab;
 	/* Under op_lock only. */
 	struct gmb__tag *tags;
+	uint32_t wait_ms;            /* how long malloc and resume may wait for memory;
+					written under the state lock too */
 };
 
 void gmb__mem_init(struct gmb__mem *m, struct gmb__conn *conn);
