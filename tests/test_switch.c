@@ -22,8 +22,8 @@
 
 #include "tests/util.h"
 
-#define MiB (1024ULL * 1024)
-#define CAP 65536
+#define MiB    (1024ULL * 1024)
+#define CAP    65536
 #define NOBODY "65534"
 
 static struct gmbd_proc gmbd;
@@ -31,9 +31,9 @@ static char out[CAP], err[CAP];
 
 static void start(void)
 {
-	static const char *const args[] = { "--host-memory", "64MiB", "--max-chunk", "4MiB",
-					    "--pool-keep", "0", "--log-level", "info",
-					    "--control-timeout", "10", NULL };
+	static const char *const args[] = { "--host-memory",	 "64MiB", "--max-chunk", "4MiB",
+					    "--pool-keep",	 "0",	  "--log-level", "info",
+					    "--control-timeout", "10",	  NULL };
 
 	cr_assert(eq(i32, gmbd_start(&gmbd, args), 0), "gmbd did not start");
 	chmod(gmbd.dir, 0711);
@@ -249,7 +249,8 @@ Test(switch, a_refused_pause_resumes_from_again)
 
 	pair(&a, &b, "refuse-pause", "accept");
 	cr_assert(eq(i32, ctl("switch", "from", "to"), 1));
-	cr_assert(not(eq(ptr, strstr(err, "pause of every tag of 'from' failed"), NULL)), "%s", err);
+	cr_assert(not(eq(ptr, strstr(err, "pause of every tag of 'from' failed"), NULL)), "%s",
+		  err);
 	cr_assert(not(eq(ptr, strstr(err, "both sides are as before"), NULL)), "%s", err);
 	as_before();
 	cr_assert(eq(i32, worker_quit(&a), 0));
@@ -332,7 +333,8 @@ Test(switch, groups_of_three_switch_together)
 		w_ok(&ro[i], "pause kv");
 	}
 	status();
-	cr_assert(not(eq(ptr, strstr(out, "\"group\":\"rollout\",\"priority\":3"), NULL)), "%s", out);
+	cr_assert(not(eq(ptr, strstr(out, "\"group\":\"rollout\",\"priority\":3"), NULL)), "%s",
+		  out);
 	cr_assert(eq(i32, ctl("switch", "trainer", "@rollout"), 0), "%s", err);
 	cr_assert(not(eq(ptr, strstr(out, "handed over 24.0 MiB"), NULL)), "%s", out);
 	status();
@@ -376,7 +378,8 @@ Test(switch, waits_are_served_in_order)
 	snprintf(line, sizeof(line), "malloc b %llu", 16 * MiB);
 	w_send(&w2, line);
 	await_waiters(2);
-	cr_assert(lt(ptr, strstr(out, "\"client\":\"first\""), strstr(out, "\"client\":\"second\"")),
+	cr_assert(lt(ptr, strstr(out, "\"client\":\"first\""),
+		     strstr(out, "\"client\":\"second\"")),
 		  "first come first: %s", out);
 	cr_assert(eq(i32, ctl("status"), 0));
 	cr_assert(not(eq(ptr, strstr(out, "WAITING"), NULL)), "%s", out);
@@ -471,8 +474,8 @@ Test(switch, a_low_priority_preemptible_client_is_paused_for_a_high_one)
 	w_ok(&lo, "malloc b %llu", 48 * MiB);
 	w_ok(&keep, "malloc s %llu", 16 * MiB);
 	w_ok(&hi, "wait 10000");
-	cr_assert(eq(i32, worker_cmd(&hi, text, sizeof(text), "malloc q %llu", 32 * MiB), 0),
-		  "%s", text);
+	cr_assert(eq(i32, worker_cmd(&hi, text, sizeof(text), "malloc q %llu", 32 * MiB), 0), "%s",
+		  text);
 	status();
 	cr_assert(eq(str, (char *)tag_state("batch", "b"), "paused"), "%s", out);
 	cr_assert(eq(str, (char *)tag_state("steady", "s"), "active"), "not preemptible");

@@ -28,15 +28,14 @@
 
 struct bhandover {
 	uint64_t id;
-	uid_t *to_uids;            /* TO's users: FROM of those hands over */
+	uid_t *to_uids; /* TO's users: FROM of those hands over */
 	size_t nto_uids;
 	struct broker_handover_stats st;
 };
 
 /* ---- groups and priorities ---- */
 
-void broker_client_set_arb(struct bclient *c, const char *group, int priority,
-			   bool preemptible)
+void broker_client_set_arb(struct bclient *c, const char *group, int priority, bool preemptible)
 {
 	size_t len = group ? strnlen(group, WIRE_MAX_NAME) : 0;
 
@@ -46,8 +45,7 @@ void broker_client_set_arb(struct bclient *c, const char *group, int priority,
 	c->preemptible = preemptible;
 }
 
-int broker_select(struct broker *br, const char *sel, struct bclient **out, size_t max,
-		  char *err)
+int broker_select(struct broker *br, const char *sel, struct bclient **out, size_t max, char *err)
 {
 	bool group_only = sel[0] == '@';
 	const char *g = group_only ? sel + 1 : sel;
@@ -71,16 +69,17 @@ int broker_select(struct broker *br, const char *sel, struct bclient **out, size
 	if (n > 0)
 		return (int)n;
 	if (same > 1)
-		return err_fmt(err, -ENOTUNIQ, "%zu clients are named '%s': name one by id (#N) or"
-			       " pid, or give them a group", same, sel);
+		return err_fmt(err, -ENOTUNIQ,
+			       "%zu clients are named '%s': name one by id (#N) or"
+			       " pid, or give them a group",
+			       same, sel);
 	return err_fmt(err, -ENOENT, "no client or group matches '%s'", sel);
 }
 
 /* ---- switches ---- */
 
 int broker_handover_begin(struct broker *br, struct bclient *const *from, size_t nfrom,
-			  struct bclient *const *to, size_t nto, struct bhandover **out,
-			  char *err)
+			  struct bclient *const *to, size_t nto, struct bhandover **out, char *err)
 {
 	struct bhandover *h;
 
@@ -111,8 +110,7 @@ int broker_handover_begin(struct broker *br, struct bclient *const *from, size_t
 	return 0;
 }
 
-void broker_handover_end(struct broker *br, struct bhandover *h,
-			 struct broker_handover_stats *st)
+void broker_handover_end(struct broker *br, struct bhandover *h, struct broker_handover_stats *st)
 {
 	if (!h)
 		return;

@@ -38,28 +38,34 @@
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
 
-#define HSWITCH_MAX_LANES 64     /* per side */
-#define HSWITCH_MAX_TAGS 64
+#define HSWITCH_MAX_LANES 64 /* per side */
+#define HSWITCH_MAX_TAGS  64
 
 typedef char hswitch_name[WIRE_MAX_NAME + 1];
 
-enum hswitch_phase { HSW_PAUSE, HSW_RESUME, HSW_UNDO_TO, HSW_UNDO_FROM, HSW_DONE };
+enum hswitch_phase {
+	HSW_PAUSE,
+	HSW_RESUME,
+	HSW_UNDO_TO,
+	HSW_UNDO_FROM,
+	HSW_DONE
+};
 
 struct hswitch_lane {
 	struct hswitch *sw;
 	uint64_t client_id;
 	hswitch_name name;
 	bool from;
-	hswitch_name *fwd;           /* forward steps in order; "" = every tag */
+	hswitch_name *fwd; /* forward steps in order; "" = every tag */
 	size_t nfwd;
-	hswitch_name *changed;       /* tags in the other state at the start */
+	hswitch_name *changed; /* tags in the other state at the start */
 	size_t nchanged;
-	size_t next;                 /* this phase's next step to send */
-	size_t sent;                 /* forward steps sent: what a rollback may undo */
-	hswitch_name *undo;          /* this phase's undo steps */
+	size_t next;	    /* this phase's next step to send */
+	size_t sent;	    /* forward steps sent: what a rollback may undo */
+	hswitch_name *undo; /* this phase's undo steps */
 	size_t nundo;
-	struct hdreq *dreq;          /* the command in flight; NULL: none */
-	uint64_t t0, deadline;       /* uv_hrtime() of its send; uv_now() limit */
+	struct hdreq *dreq;    /* the command in flight; NULL: none */
+	uint64_t t0, deadline; /* uv_hrtime() of its send; uv_now() limit */
 	bool gone;
 };
 
@@ -69,27 +75,27 @@ struct hswitch_step {
 	int op, status;
 	bool undo;
 	double ms;
-	char *error;                 /* malloc'd; NULL when none */
+	char *error; /* malloc'd; NULL when none */
 };
 
 struct hswitch {
 	struct handlers *h;
-	struct sess *actor;          /* reference held */
+	struct sess *actor; /* reference held */
 	uint64_t actor_req;
 	hswitch_name from, to;
 	struct bhandover *ho;
-	struct hswitch_lane *lanes;  /* FROM's first, then TO's */
+	struct hswitch_lane *lanes; /* FROM's first, then TO's */
 	size_t nfrom, nto;
 	enum hswitch_phase phase;
 	uint32_t wait_ms;
 	struct hswitch_step *steps;
 	size_t nsteps, cap_steps;
-	int status;                  /* the first failure of a forward step */
+	int status; /* the first failure of a forward step */
 	char why[ERR_MSG_MAX];
 	bool undo_failed;
 	char undo_why[ERR_MSG_MAX];
 	uint64_t t0;
-	uv_timer_t timer;            /* the earliest step deadline; frees the switch */
+	uv_timer_t timer; /* the earliest step deadline; frees the switch */
 	struct hswitch *prev, *next;
 };
 
@@ -136,11 +142,13 @@ static int hswitch_lane_plan(struct hreq *rq, struct hswitch_lane *l, const stru
 			return handlers__fail(rq, -ENOMEM, "out of memory planning a switch");
 	}
 	if (ntags && !any)
-		return handlers__fail(rq, -ENOENT, "client '%s' has none of the tags named", c->name);
+		return handlers__fail(rq, -ENOENT, "client '%s' has none of the tags named",
+				      c->name);
 	if (ntags)
 		return 0;
 	for (const struct btag *t = c->tags; t; t = t->next)
-		if (t->paused != l->from && hswitch_tag_push(&l->changed, &l->nchanged, t->name) < 0)
+		if (t->paused != l->from &&
+		    hswitch_tag_push(&l->changed, &l->nchanged, t->name) < 0)
 			return handlers__fail(rq, -ENOMEM, "out of memory planning a switch");
 	if (l->nchanged && hswitch_tag_push(&l->fwd, &l->nfwd, "") < 0)
 		return handlers__fail(rq, -ENOMEM, "out of memory planning a switch");
@@ -161,8 +169,10 @@ static int hswitch_side(struct hreq *rq, const char *sel, struct bclient **out)
 		if (r < 0)
 			return r;
 		if (!out[i]->control || !ts || ts->state != SESS_OPEN)
-			return handlers__fail(rq, -EOPNOTSUPP, "client '%s' does not accept remote"
-					      " control", out[i]->name);
+			return handlers__fail(rq, -EOPNOTSUPP,
+					      "client '%s' does not accept remote"
+					      " control",
+					      out[i]->name);
 	}
 	return n;
 }
@@ -188,12 +198,16 @@ static int hswitch_lanes(struct hreq *rq, struct hswitch *sw, struct bclient **c
 		struct hswitch_lane *l = &sw->lanes[i];
 		int r;
 
-		*l = (struct hswitch_lane){ .sw = sw, .client_id = c[i]->id, .from = i < sw->nfrom };
+		*l = (struct hswitch_lane){ .sw = sw,
+					    .client_id = c[i]->id,
+					    .from = i < sw->nfrom };
 		snprintf(l->name, sizeof(l->name), "%s", c[i]->name);
 		for (size_t j = 0; j < i; j++)
 			if (sw->lanes[j].client_id == l->client_id)
-				return handlers__fail(rq, -EINVAL, "client '%s' is on both sides of"
-						      " the switch", l->name);
+				return handlers__fail(rq, -EINVAL,
+						      "client '%s' is on both sides of"
+						      " the switch",
+						      l->name);
 		r = hswitch_lane_plan(rq, l, c[i], tags, ntags);
 		if (r < 0)
 			return r;
@@ -262,7 +276,8 @@ int handlers__switch(struct hreq *rq)
 	DLIST_PUSH(rq->h->switches, sw);
 	hconn_of(rq->s)->inflight++;
 	log_info("switch started " SESS_FMT " from=%s to=%s from_clients=%d to_clients=%d"
-		 " tags=%zu", SESS_ARGS(rq->s), sw->from, sw->to, nf, nt, m->n_tags);
+		 " tags=%zu",
+		 SESS_ARGS(rq->s), sw->from, sw->to, nf, nt, m->n_tags);
 	hswitch_advance(sw);
 	return 0;
 }
@@ -284,8 +299,8 @@ static bool hswitch_forward(const struct hswitch *sw)
 /* Pause for FROM's forward steps and TO's undo; resume for the others. */
 static int hswitch_op(const struct hswitch *sw)
 {
-	return sw->phase == HSW_PAUSE || sw->phase == HSW_UNDO_TO ? GMB__OP__OP_PAUSE
-								   : GMB__OP__OP_RESUME;
+	return sw->phase == HSW_PAUSE || sw->phase == HSW_UNDO_TO ? GMB__OP__OP_PAUSE :
+								    GMB__OP__OP_RESUME;
 }
 
 static const char *hswitch_step_tag(const struct hswitch_lane *l, size_t i)
@@ -313,8 +328,10 @@ static void hswitch_record(struct hswitch *sw, struct hswitch_lane *l, const cha
 		sw->cap_steps = cap;
 	}
 	st = &sw->steps[sw->nsteps++];
-	*st = (struct hswitch_step){ .client_id = l->client_id, .op = hswitch_op(sw),
-				     .status = status, .undo = !hswitch_forward(sw) };
+	*st = (struct hswitch_step){ .client_id = l->client_id,
+				     .op = hswitch_op(sw),
+				     .status = status,
+				     .undo = !hswitch_forward(sw) };
 	snprintf(st->client, sizeof(st->client), "%s", l->name);
 	snprintf(st->tag, sizeof(st->tag), "%s", tag);
 	st->ms = l->t0 ? (double)(uv_hrtime() - l->t0) / 1e6 : 0;
@@ -558,9 +575,12 @@ static void hswitch_reply(struct hswitch *sw, const struct broker_handover_stats
 			const struct hswitch_step *s = &sw->steps[i];
 
 			gmb__switch_step__init(&st[i]);
-			st[i] = (Gmb__SwitchStep){ .base = st[i].base, .client = (char *)s->client,
-						   .client_id = s->client_id, .op = (Gmb__Op)s->op,
-						   .tag = (char *)s->tag, .ms = s->ms,
+			st[i] = (Gmb__SwitchStep){ .base = st[i].base,
+						   .client = (char *)s->client,
+						   .client_id = s->client_id,
+						   .op = (Gmb__Op)s->op,
+						   .tag = (char *)s->tag,
+						   .ms = s->ms,
 						   .status = s->status,
 						   .error = s->error ? s->error : "",
 						   .undo = s->undo };
@@ -593,7 +613,8 @@ static void hswitch_finish(struct hswitch *sw)
 	if (sw->status)
 		hswitch_failure_text(sw, msg);
 	log_info("switch done " SESS_FMT " from=%s to=%s status=%d ms=%.3f handed_over=%s"
-		 " created=%s%s%s%s", SESS_ARGS(sw->actor), sw->from, sw->to, sw->status, total,
+		 " created=%s%s%s%s",
+		 SESS_ARGS(sw->actor), sw->from, sw->to, sw->status, total,
 		 size_str(hs.handed_bytes, b1), size_str(hs.created_bytes, b2),
 		 sw->status ? " error=\"" : "", msg, sw->status ? "\"" : "");
 	hconn_of(sw->actor)->inflight--;
@@ -636,8 +657,8 @@ int handlers__priority(struct hreq *rq)
 		return n;
 	for (int i = 0; i < n; i++) {
 		log_info("priority set " SESS_FMT " target=%s target_id=%" PRIu64 " priority=%d"
-			 " was=%d", SESS_ARGS(rq->s), c[i]->name, c[i]->id, m->priority,
-			 c[i]->priority);
+			 " was=%d",
+			 SESS_ARGS(rq->s), c[i]->name, c[i]->id, m->priority, c[i]->priority);
 		broker_set_priority(br, c[i], m->priority);
 	}
 	handlers__reply_status(rq->s, rq->env->id, 0, NULL);
