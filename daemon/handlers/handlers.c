@@ -106,6 +106,7 @@ void handlers_close(struct handlers *h)
 	if (h->closed)
 		return;
 	h->closed = true;
+	handlers__switch_close_all(h);
 	idmap_deinit(&h->conns);
 	uv_close((uv_handle_t *)&h->park_timer, NULL);
 	uv_close((uv_handle_t *)&h->orphan_timer, NULL);

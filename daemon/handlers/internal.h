@@ -165,6 +165,8 @@ int handlers__priority(struct hreq *rq);
 void handlers__switch_answered(struct handlers *h, struct hdreq *d, const Gmb__Envelope *env);
 /* The lane's client went before answering. */
 void handlers__switch_lane_lost(struct handlers *h, struct hdreq *d, const char *name);
+/* gmbd stops: switches still running end unanswered, their handover too. */
+void handlers__switch_close_all(struct handlers *h);
 
 /* control.c */
 int handlers__control(struct hreq *rq);

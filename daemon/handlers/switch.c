@@ -635,6 +635,22 @@ static void hswitch_on_closed(uv_handle_t *hd)
 	hswitch_free(sw);
 }
 
+void handlers__switch_close_all(struct handlers *h)
+{
+	while (h->switches) {
+		struct hswitch *sw = h->switches;
+
+		for (size_t i = 0; i < sw->nfrom + sw->nto; i++)
+			if (sw->lanes[i].dreq)
+				sw->lanes[i].dreq->lane = NULL;
+		broker_handover_end(h->broker, sw->ho, NULL);
+		sw->ho = NULL;
+		DLIST_UNLINK(h->switches, sw);
+		uv_timer_stop(&sw->timer);
+		uv_close((uv_handle_t *)&sw->timer, hswitch_on_closed);
+	}
+}
+
 /* ---- priorities ---- */
 
 int handlers__priority(struct hreq *rq)
