@@ -364,6 +364,51 @@ GMB_API void tms_torch_free(void *ptr, ssize_t size, int device, void *stream);
 /** gmb_library_path() - the file this libgmb was loaded from ("" if unknown). */
 GMB_API const char *gmb_library_path(void);
 
+/*
+ * Arbitration: waits, switches, groups and priorities.
+ *
+ * At connect, $GMB_GROUP names the client's group (a switch or `gmbctl
+ * priority` may name the group instead of each client), $GMB_PRIORITY its
+ * priority (an integer, default 0; higher is served first), and
+ * $GMB_PREEMPTIBLE=1 lets gmbd pause it (as a remote pause, so it needs a
+ * control handler) when a waiting request of higher priority cannot be
+ * served otherwise. $GMB_WAIT_MS sets the client's initial wait (below).
+ */
+
+/**
+ * gmb_set_wait() - how long (@ms milliseconds, 0: not at all, the default)
+ * gmb_malloc(), gmb_resume() and the region/preload allocations of @c wait
+ * at gmbd for memory that does not fit the budget now, instead of failing
+ * with -ENOMEM. Waiting requests are served per device, higher priority
+ * first, then first come first served, as memory comes back; at the
+ * deadline the call fails with -ENOMEM and gmb_last_error() names who
+ * holds the memory. For a tool, it is how long a resume by gmb_control()
+ * or the resumes of gmb_switch() may wait.
+ */
+GMB_API int gmb_set_wait(gmb_client *c, uint32_t ms);
+
+/**
+ * gmb_switch() - pause @from's tags, then resume @to's, as one request:
+ * @from and @to name a client (name, pid, #id) or a group (every client
+ * that connected with that $GMB_GROUP; "@NAME" for a group only). @tags
+ * (@ntags of them, in order; NULL/0: every tag) are the tags to pause on
+ * FROM and to resume on TO, each where that client has it. Between clients
+ * of one Unix user TO gets FROM's memory straight (no release, no zeroing,
+ * no create); between users through the driver. On any failure both sides
+ * are put back (TO paused again, FROM resumed again) and the error says so.
+ * *@report (may be NULL) gets a malloc'd text, one line per step with its
+ * time, then the total, on success and on failure alike (NULL when gmbd
+ * did not answer).
+ */
+GMB_API int gmb_switch(gmb_client *c, const char *from, const char *to,
+		       const char *const *tags, size_t ntags, char **report);
+
+/**
+ * gmb_set_priority() - set the priority of client or group @target
+ * (higher is served first among waiting requests). -ENOENT, -EPERM.
+ */
+GMB_API int gmb_set_priority(gmb_client *c, const char *target, int priority);
+
 #ifdef __cplusplus
 }
 #endif

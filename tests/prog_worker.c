@@ -7,7 +7,9 @@
  * or gmb_last_error(). Commands:
  *   uid N                  setuid(N) (before connect)
  *   connect NAME           gmb_connect($GMB_SOCKET)
- *   handler accept|refuse  install a control handler
+ *   env NAME VALUE         setenv (before connect: GMB_GROUP, GMB_PRIORITY, ...)
+ *   handler accept|refuse|refuse-pause|refuse-resume  install a control handler
+ *   wait MS                gmb_set_wait
  *   mode TAG discard|zero|preserve
  *   malloc TAG SIZE        allocate SIZE bytes on device 0 (or "malloc TAG SIZE DEV")
  *   fill TAG BYTE          memset every allocation of TAG
@@ -38,13 +40,13 @@ struct alloc {
 static gmb_client *client;
 static struct alloc allocs[MAX_ALLOCS];
 static int nallocs;
-static int refuse_control;
+static int refuse_control; /* bit GMB_OP_PAUSE, bit GMB_OP_RESUME */
 static int controls_seen;
 
 static int on_control(void *arg, int op, const char *tag)
 {
 	controls_seen++;
-	return refuse_control ? -EBUSY : 0;
+	return refuse_control & (1 << op) ? -EBUSY : 0;
 }
 
 static const char *tag_arg(const char *t)
@@ -152,11 +154,18 @@ static int run(char *line, char *out, size_t cap)
 		return setuid((uid_t)atoi(a)) ? -errno : 0;
 	if (!strcmp(verb, "connect"))
 		return gmb_connect(NULL, a, &client);
+	if (!strcmp(verb, "env"))
+		return setenv(a, b, 1) ? -errno : 0;
 	if (!client)
 		return -ENOTCONN;
 	if (!strcmp(verb, "handler")) {
-		refuse_control = !strcmp(a, "refuse");
+		refuse_control = !strcmp(a, "refuse") ? (1 << GMB_OP_PAUSE) | (1 << GMB_OP_RESUME)
+				 : !strcmp(a, "refuse-pause") ? 1 << GMB_OP_PAUSE
+				 : !strcmp(a, "refuse-resume") ? 1 << GMB_OP_RESUME : 0;
 		return gmb_set_control_handler(client, on_control, NULL);
+	}
+	if (!strcmp(verb, "wait")) {
+		return gmb_set_wait(client, (uint32_t)strtoul(a, NULL, 0));
 	}
 	if (!strcmp(verb, "mode"))
 		return cmd_mode(a, b);

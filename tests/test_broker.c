@@ -770,3 +770,119 @@ Test(broker, failed_alloc_leaks_nothing)
 	test_backend_restore(be);
 	alloc_ok(a, 0, 4 * GiB, "kv", 4, 4);
 }
+
+/* ---- arbitration: switches, the waiting queue, preemption ---- */
+
+Test(broker, a_switch_keeps_from_chunks_for_to_whatever_the_keep_limit)
+{
+	struct bclient *a, *b, *other;
+	struct bhandover *h;
+	struct broker_handover_stats st;
+	char err[ERR_MSG_MAX] = "";
+	uint64_t created;
+
+	open_broker(4 * GiB, 0);
+	a = client("from", 10, 1000);
+	b = client("to", 11, 1000);
+	other = client("other", 12, 1000);
+	alloc_ok(b, 0, 2 * GiB, "kv", 2, 2);
+	pause_ok(b, "kv");
+	flush(1);
+	broker_dropped(br, b, drops.ids[0], drops.n[0]);
+	alloc_ok(a, 0, 2 * GiB, "w", 2, 2);
+	created = br->pools[0].chunks_created;
+
+	struct bclient *from[] = { a }, *to[] = { b };
+	cr_assert(eq(i32, broker_handover_begin(br, from, 1, to, 1, &h, err), 0), "%s", err);
+	cr_assert(eq(i32, broker_handover_begin(br, to, 1, from, 1, &h, err), -EBUSY));
+	pause_ok(a, "w");
+	flush(0); /* kept for TO: no drop, no release under --pool-keep 0 */
+	cr_assert(eq(u64, br->pools[0].free_bytes, 2 * GiB));
+	/* Nobody else may take them meanwhile. */
+	cr_assert(eq(i32, alloc_rc(other, 0, 4 * GiB, "x", err), -ENOMEM), "%s", err);
+	resume_ok(b, "kv", 1, 2);
+	cr_assert(eq(u64, br->pools[0].chunks_created, created), "handed over, none created");
+	cr_assert(eq(u64, br->pools[0].chunks_handed_over, 2));
+	broker_handover_end(br, h, &st);
+	cr_assert(eq(u64, st.handed_bytes, 2 * GiB));
+	cr_assert(eq(u64, st.created_bytes, 0));
+	cr_assert(eq(ptr, (void *)a->handover, NULL));
+	check_broker();
+}
+
+Test(broker, a_switch_between_users_reserves_nothing)
+{
+	struct bclient *a, *b;
+	struct bhandover *h;
+	char err[ERR_MSG_MAX] = "";
+
+	open_broker(4 * GiB, 0);
+	a = client("from", 10, 1000);
+	b = client("to", 11, 1001);
+	alloc_ok(a, 0, 2 * GiB, "w", 2, 2);
+	struct bclient *from[] = { a }, *to[] = { b };
+	cr_assert(eq(i32, broker_handover_begin(br, from, 1, to, 1, &h, err), 0), "%s", err);
+	pause_ok(a, "w");
+	flush(1); /* released as any pause under --pool-keep 0 */
+	broker_handover_end(br, h, NULL);
+	check_broker();
+}
+
+Test(broker, waiters_queue_by_priority_then_arrival)
+{
+	struct bclient *lo = client("lo", 10, 1000), *hi = client("hi", 11, 1000);
+	struct bwaiter w[4] = {
+		{ .client = lo, .dev = 0 }, { .client = hi, .dev = 0 },
+		{ .client = lo, .dev = 1 }, { .client = hi, .dev = 0 },
+	};
+	const struct bwaiter *order[4], *p;
+	size_t n = 0;
+
+	broker_client_set_arb(hi, "g", 5, false);
+	for (int i = 0; i < 4; i++)
+		broker_wait_add(br, &w[i]);
+	for (p = br->waiters; p; p = p->next)
+		order[n++] = p;
+	cr_assert(eq(sz, n, 4));
+	cr_assert(order[0] == &w[1] && order[1] == &w[3] && order[2] == &w[0] && order[3] == &w[2]);
+	cr_assert(broker_wait_ahead(br, lo, 0));
+	cr_assert(not(broker_wait_ahead(br, hi, 1)), "a lower priority is not ahead");
+	broker_set_priority(br, lo, 9);
+	cr_assert(eq(ptr, (void *)br->waiters, &w[0]), "lo first now, arrival kept");
+	cr_assert(eq(ptr, (void *)br->waiters->next, &w[2]));
+	broker_client_remove(br, lo);
+	cr_assert(eq(ptr, (void *)br->waiters, &w[1]), "a removed client's waiters leave");
+	cr_assert(not(w[0].linked));
+	broker_wait_remove(br, &w[0]); /* no-op */
+	broker_wait_remove(br, &w[1]);
+	broker_wait_remove(br, &w[3]);
+	cr_assert(eq(ptr, (void *)br->waiters, NULL));
+}
+
+Test(broker, preemption_picks_low_priority_opted_in_clients_that_cover_the_need)
+{
+	struct bclient *hi = client("hi", 10, 1000), *a = client("a", 11, 1000);
+	struct bclient *b = client("b", 12, 1000), *no = client("no", 13, 1000);
+	struct bclient *out[8];
+	struct bwaiter w = { .client = hi, .dev = 0, .need = 3 * GiB };
+
+	broker_client_set_arb(hi, "", 10, false);
+	broker_client_set_arb(a, "", 1, true);
+	broker_client_set_arb(b, "", 0, true);
+	broker_client_set_arb(no, "", 0, false);
+	alloc_ok(a, 0, 2 * GiB, "x", 2, 2);
+	alloc_ok(b, 0, 2 * GiB, "x", 2, 2);
+	alloc_ok(no, 0, 2 * GiB, "x", 2, 2);
+	w.need = 5 * GiB;
+	cr_assert(eq(sz, broker_preempt_pick(br, &w, out, 8), 0), "4 GiB cannot cover 5");
+	w.need = 3 * GiB;
+	cr_assert(eq(sz, broker_preempt_pick(br, &w, out, 8), 2));
+	cr_assert(out[0] == b && out[1] == a, "lowest priority first");
+	cr_assert(eq(u64, a->preempt_for, hi->id));
+	cr_assert(eq(sz, broker_preempt_pick(br, &w, out, 8), 0), "not asked twice");
+	broker_preempt_done(a);
+	broker_preempt_done(b);
+	w.need = 1 * GiB;
+	cr_assert(eq(sz, broker_preempt_pick(br, &w, out, 8), 1));
+	cr_assert(eq(ptr, (void *)out[0], b));
+}

@@ -265,10 +265,12 @@ static bool json_valid(const char *s)
 static const char small_json[] =
 	"{\"backend\":\"host\",\"version\":\"0.1.0\",\"devices\":[{\"index\":0,\"name\":\"host0\","
 	"\"total_bytes\":8589934592,\"budget_bytes\":8589934592,\"granularity\":2097152,"
-	"\"pool_bytes\":2147483648,\"used_bytes\":1610612736,\"free_bytes\":536870912}],"
+	"\"pool_bytes\":2147483648,\"used_bytes\":1610612736,\"free_bytes\":536870912,"
+	"\"chunks_created\":0,\"chunks_released\":0,\"chunks_handed_over\":0}],"
 	"\"clients\":[{\"id\":1,\"name\":\"w\",\"pid\":123,\"uid\":0,\"gid\":0,\"control\":true,"
+	"\"group\":\"\",\"priority\":0,\"preemptible\":false,"
 	"\"tags\":[{\"name\":\"kv\",\"device\":0,\"state\":\"active\",\"mode\":\"discard\","
-	"\"allocations\":2,\"bytes\":1610612736}]}]}";
+	"\"allocations\":2,\"bytes\":1610612736}]}],\"waiters\":[]}";
 
 static const char small_table[] =
 	"gmbd 0.1.0, backend host\n"
@@ -276,9 +278,9 @@ static const char small_table[] =
 	"DEV  NAME     TOTAL   BUDGET     POOL     USED       FREE\n"
 	"  0  host0  8.0 GiB  8.0 GiB  2.0 GiB  1.5 GiB  512.0 MiB\n"
 	"\n"
-	"CLIENT  NAME  PID  UID  GID  CONTROL\n"
+	"CLIENT  NAME  PID  UID  GID  CONTROL  GROUP  PRIO\n"
 	"    TAG  DEVICE  STATE   MODE     ALLOCS    BYTES\n"
-	"#1      w     123    0    0  yes\n"
+	"#1      w     123    0    0  yes      -         0\n"
 	"    kv        0  active  discard       2  1.5 GiB\n";
 
 /* Hostile names: quote, backslash, newline, \x01, DEL, an ANSI escape. */
@@ -339,7 +341,8 @@ Test(status_json, empty_reply_has_empty_lists)
 	char *json;
 
 	json = render_json(&st);
-	cr_expect(eq(str, json, "{\"backend\":\"\",\"version\":\"\",\"devices\":[],\"clients\":[]}"));
+	cr_expect(eq(str, json, "{\"backend\":\"\",\"version\":\"\",\"devices\":[],\"clients\":[],"
+				   "\"waiters\":[]}"));
 	free(json);
 
 	/* A client without tags; NULL strings of a hand-built reply read as "". */
@@ -348,7 +351,7 @@ Test(status_json, empty_reply_has_empty_lists)
 	f.cli.tags = NULL;
 	f.st.backend = NULL;
 	json = render_json(&f.st);
-	cr_expect(ne(ptr, strstr(json, "\"control\":true,\"tags\":[]}]}"), NULL), "%s", json);
+	cr_expect(ne(ptr, strstr(json, "\"preemptible\":false,\"tags\":[]}]"), NULL), "%s", json);
 	cr_expect(ne(ptr, strstr(json, "{\"backend\":\"\","), NULL), "%s", json);
 	cr_expect(json_valid(json));
 	free(json);

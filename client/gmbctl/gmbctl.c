@@ -1,5 +1,6 @@
 /*
- * gmbctl.c - the operator's CLI of gmbd: status, pause/resume, trim.
+ * gmbctl.c - the operator's CLI of gmbd: status, pause/resume, trim, and
+ * arbitration (switch, priority).
  *
  * Three tables drive everything: ctl_opts[] (global options), ctl_kinds[]
  * (what each kind of argument is and how it is checked) and ctl_cmds[]
@@ -35,12 +36,19 @@
 enum { CTL_EXIT_OK = 0, CTL_EXIT_FAIL = 1, CTL_EXIT_USAGE = 2 };
 
 /* ctl_cmd.flags */
-enum { CTL_F_JSON = 1u << 0 /* takes --json */ };
+enum {
+	CTL_F_JSON = 1u << 0, /* takes --json */
+	CTL_F_WAIT = 1u << 1, /* takes --wait SECONDS */
+	CTL_F_TAGS = 1u << 2, /* takes --tags T1,T2,... */
+};
+
+#define CTL_MAX_TAGS 64
 
 /* getopt keys of long-only options: past every char. */
 enum { CTL_OPT_JSON = 256 };
 
-enum ctl_kind { CTL_ARG_NONE, CTL_ARG_CLIENT, CTL_ARG_TAG, CTL_ARG_DEVICE };
+enum ctl_kind { CTL_ARG_NONE, CTL_ARG_CLIENT, CTL_ARG_TAG, CTL_ARG_DEVICE, CTL_ARG_FROM,
+		CTL_ARG_TO, CTL_ARG_PRIORITY };
 
 /* A command's arguments, checked: what a handler gets. */
 struct ctl_args {
@@ -48,6 +56,12 @@ struct ctl_args {
 	const char *tag; /* NULL: every tag */
 	int device;	 /* -1: every device */
 	bool json;
+	const char *to;	 /* switch: TO */
+	int priority;
+	uint32_t wait_ms; /* --wait */
+	const char *tags[CTL_MAX_TAGS]; /* --tags, in order (pointing into tags_buf) */
+	size_t ntags;
+	char tags_buf[4096];
 };
 
 struct ctl_kind_info {
@@ -87,6 +101,10 @@ struct ctl_cli {
 static int ctl_check_client(const char *s, struct ctl_args *a, const char **why);
 static int ctl_check_tag(const char *s, struct ctl_args *a, const char **why);
 static int ctl_check_device(const char *s, struct ctl_args *a, const char **why);
+static int ctl_check_to(const char *s, struct ctl_args *a, const char **why);
+static int ctl_check_priority(const char *s, struct ctl_args *a, const char **why);
+static int ctl_switch(gmb_client *c, const struct ctl_args *a);
+static int ctl_priority(gmb_client *c, const struct ctl_args *a);
 static int ctl_status(gmb_client *c, const struct ctl_args *a);
 static int ctl_pause(gmb_client *c, const struct ctl_args *a);
 static int ctl_resume(gmb_client *c, const struct ctl_args *a);
@@ -98,6 +116,11 @@ static const struct ctl_kind_info ctl_kinds[] = {
 	[CTL_ARG_TAG] = { "TAG", "a tag of that client; every tag when omitted", ctl_check_tag },
 	[CTL_ARG_DEVICE] = { "DEVICE", "a device index (see status); every device when omitted",
 			     ctl_check_device },
+	[CTL_ARG_FROM] = { "FROM", "a client (as CLIENT) or a group (GMB_GROUP; @NAME: only a group)",
+			   ctl_check_client },
+	[CTL_ARG_TO] = { "TO", "a client or a group, as FROM", ctl_check_to },
+	[CTL_ARG_PRIORITY] = { "N", "a priority, an integer (higher is served first)",
+			       ctl_check_priority },
 };
 
 static const struct ctl_cmd ctl_cmds[] = {
@@ -105,10 +128,14 @@ static const struct ctl_cmd ctl_cmds[] = {
 	  "show devices, pools, clients and their tags" },
 	{ "pause", { CTL_ARG_CLIENT, CTL_ARG_TAG }, 1, 2, 0, ctl_pause,
 	  "pause a client's tag: memory back to the pool, addresses kept" },
-	{ "resume", { CTL_ARG_CLIENT, CTL_ARG_TAG }, 1, 2, 0, ctl_resume,
-	  "resume a paused tag at the same addresses" },
+	{ "resume", { CTL_ARG_CLIENT, CTL_ARG_TAG }, 1, 2, CTL_F_WAIT, ctl_resume,
+	  "resume a paused tag at the same addresses (--wait: wait for memory)" },
 	{ "trim", { CTL_ARG_DEVICE }, 0, 1, CTL_F_JSON, ctl_trim,
 	  "release the pool's free memory to the driver" },
+	{ "switch", { CTL_ARG_FROM, CTL_ARG_TO }, 2, 2, CTL_F_TAGS | CTL_F_WAIT, ctl_switch,
+	  "pause FROM's tags, then resume TO's in the order of --tags" },
+	{ "priority", { CTL_ARG_CLIENT, CTL_ARG_PRIORITY }, 2, 2, 0, ctl_priority,
+	  "set the priority of a client or group" },
 };
 
 static const struct ctl_opt ctl_opts[] = {
@@ -176,6 +203,72 @@ static int ctl_check_device(const char *s, struct ctl_args *a, const char **why)
 	return 0;
 }
 
+static int ctl_check_to(const char *s, struct ctl_args *a, const char **why)
+{
+	const char *from = a->client;
+	int r = ctl_check_client(s, a, why);
+
+	a->to = a->client;
+	a->client = from;
+	return r;
+}
+
+static int ctl_check_priority(const char *s, struct ctl_args *a, const char **why)
+{
+	char *end;
+	long v;
+
+	errno = 0;
+	v = strtol(s, &end, 10);
+	if (!*s || *end || errno || v < INT_MIN || v > INT_MAX) {
+		*why = "a priority is an integer";
+		return -EINVAL;
+	}
+	a->priority = (int)v;
+	return 0;
+}
+
+/* --wait SECONDS (a decimal fraction) into milliseconds. */
+static int ctl_check_wait(const char *s, struct ctl_args *a, const char **why)
+{
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(s, &end);
+	if (!*s || *end || errno || !(v >= 0) || v * 1000 > UINT32_MAX) {
+		*why = "--wait takes seconds, a number >= 0";
+		return -EINVAL;
+	}
+	a->wait_ms = (uint32_t)(v * 1000 + 0.5);
+	return 0;
+}
+
+/* --tags T1,T2,...: non-empty names, in order. */
+static int ctl_check_tags(const char *s, struct ctl_args *a, const char **why)
+{
+	char *p, *tok, *save = NULL;
+
+	if (strlen(s) >= sizeof(a->tags_buf)) {
+		*why = "--tags is too long";
+		return -EINVAL;
+	}
+	snprintf(a->tags_buf, sizeof(a->tags_buf), "%s", s);
+	a->ntags = 0;
+	for (p = a->tags_buf; (tok = strtok_r(p, ",", &save)); p = NULL) {
+		if (a->ntags == CTL_MAX_TAGS || strlen(tok) > WIRE_MAX_NAME) {
+			*why = "too many tags, or a tag too long";
+			return -EINVAL;
+		}
+		a->tags[a->ntags++] = tok;
+	}
+	if (a->ntags == 0 || s[0] == ',' || s[strlen(s) - 1] == ',' || strstr(s, ",,")) {
+		*why = "--tags takes names separated by commas, none empty";
+		return -EINVAL;
+	}
+	return 0;
+}
+
 /* --- output helpers ----------------------------------------------------- */
 
 /*
@@ -204,6 +297,10 @@ static const char *ctl_cmd_synopsis(const struct ctl_cmd *cmd, char *buf, size_t
 	for (i = 0; i < cmd->max_args && n < size; i++)
 		n += (size_t)snprintf(buf + n, size - n, i < cmd->min_args ? " %s" : " [%s]",
 				      ctl_kinds[cmd->args[i]].metavar);
+	if ((cmd->flags & CTL_F_TAGS) && n < size)
+		n += (size_t)snprintf(buf + n, size - n, " [--tags T1,T2,...]");
+	if ((cmd->flags & CTL_F_WAIT) && n < size)
+		n += (size_t)snprintf(buf + n, size - n, " [--wait SECONDS]");
 	if ((cmd->flags & CTL_F_JSON) && n < size)
 		snprintf(buf + n, size - n, " [--json]");
 	return buf;
@@ -366,6 +463,20 @@ static int ctl_parse_cmd_args(struct ctl_cli *cli, int argc, char **argv)
 			cli->json = true;
 		} else if (opts && (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))) {
 			cli->help = true;
+		} else if (opts && (cmd->flags & (CTL_F_WAIT | CTL_F_TAGS)) &&
+			   (!strcmp(argv[i], "--wait") || !strcmp(argv[i], "--tags"))) {
+			bool wait = !strcmp(argv[i], "--wait");
+
+			if ((wait && !(cmd->flags & CTL_F_WAIT)) || (!wait && !(cmd->flags & CTL_F_TAGS)))
+				return ctl_usage_error(cmd, "%s: unknown option '%s'", cmd->name,
+						       argv[i]);
+			if (i + 1 >= argc)
+				return ctl_usage_error(cmd, "%s: option '%s' needs a value",
+						       cmd->name, argv[i]);
+			if ((wait ? ctl_check_wait : ctl_check_tags)(argv[i + 1], &cli->args, &why) < 0)
+				return ctl_usage_error(cmd, "%s: %s: '%s'", cmd->name, why,
+						       argv[i + 1]);
+			i++;
 		} else if (opts && argv[i][0] == '-' && argv[i][1] && !ctl_is_number(argv[i] + 1)) {
 			return ctl_usage_error(cmd, "%s: unknown option '%s'", cmd->name, argv[i]);
 		} else if (n >= cmd->max_args) {
@@ -434,7 +545,27 @@ static int ctl_pause(gmb_client *c, const struct ctl_args *a)
 
 static int ctl_resume(gmb_client *c, const struct ctl_args *a)
 {
+	gmb_set_wait(c, a->wait_ms);
 	return gmb_control(c, a->client, GMB_OP_RESUME, a->tag);
+}
+
+/* The steps and their times go to stdout, success or not. */
+static int ctl_switch(gmb_client *c, const struct ctl_args *a)
+{
+	char *report = NULL;
+	int r;
+
+	gmb_set_wait(c, a->wait_ms);
+	r = gmb_switch(c, a->client, a->to, a->ntags ? a->tags : NULL, a->ntags, &report);
+	if (report)
+		fputs(report, stdout);
+	free(report);
+	return r;
+}
+
+static int ctl_priority(gmb_client *c, const struct ctl_args *a)
+{
+	return gmb_set_priority(c, a->client, a->priority);
 }
 
 static int ctl_trim(gmb_client *c, const struct ctl_args *a)

@@ -33,6 +33,8 @@
 
 struct btag;
 struct bclient;
+struct bhandover;
+struct bwaiter;
 
 struct balloc {
 	uint64_t id;
@@ -83,6 +85,13 @@ struct bclient {
 	struct idmap allocs;       /* id -> balloc */
 	uint64_t *drops;           /* chunk ids to ask the client to drop */
 	size_t ndrops, cap_drops;
+	/* Arbitration (daemon/core/arb.c). */
+	char group[WIRE_MAX_NAME + 1]; /* "": none */
+	int priority;              /* higher is served first */
+	bool preemptible;          /* gmbd may pause it for a higher priority */
+	uint64_t preempt_for;      /* asked to pause for that client; 0: not */
+	struct bhandover *handover; /* the switch it is part of; NULL: none */
+	bool handover_from;        /* ... on the FROM side */
 	struct bclient *prev, *next;
 };
 
@@ -106,6 +115,8 @@ struct broker {
 	uint64_t next_chunk_id, next_client_id, next_alloc_id;
 	struct bclient *clients;
 	uint32_t nclients;
+	struct bwaiter *waiters;   /* serving order: priority, then arrival */
+	uint64_t next_wait_seq, next_handover_id;
 };
 
 /* What alloc/resume lend: send fds of send[] first, then the lends. The
@@ -115,9 +126,13 @@ struct broker_result {
 	size_t nallocs;
 	struct chunk **send;       /* chunks the client holds no handle to yet */
 	size_t nsend;
+	/* On -ENOMEM/-EAGAIN: the device that was short (-1: not a shortage,
+	 * e.g. a size past the budget) and by how many bytes. */
+	int short_dev;
+	uint64_t short_bytes;
 };
 
-#define BROKER_RESULT_INIT { 0 }
+#define BROKER_RESULT_INIT { .short_dev = -1 }
 
 int broker_new(struct backend *b, const struct broker_opts *o, struct broker **out);
 void broker_free(struct broker *br);
@@ -249,5 +264,85 @@ void broker_rejoin_result_deinit(struct broker_rejoin_result *res);
 uint32_t broker_orphans(const struct broker *br);
 /* Orphan @c will not be back (@why, logged): its memory returns; @c is freed. */
 void broker_reclaim(struct broker *br, struct bclient *c, const char *why);
+
+/*
+ * Arbitration (daemon/core/arb.c): groups, priorities, switches that hand
+ * one client's chunks straight to the next, requests waiting for memory,
+ * and the choice of whom to preempt for them.
+ */
+
+/* @group ("" or NULL: none) is copied, truncated to WIRE_MAX_NAME. */
+void broker_client_set_arb(struct bclient *c, const char *group, int priority,
+			   bool preemptible);
+/**
+ * broker_select() - the clients @sel names: one client (id, pid or unique
+ * name, as broker_client_find()), else every client of group @sel ("@NAME"
+ * names a group only). At most @max go to @out (the broker's).
+ * Return: how many (>= 1); -ENOENT, -ENOTUNIQ or -E2BIG with @err saying why.
+ */
+int broker_select(struct broker *br, const char *sel, struct bclient **out, size_t max,
+		  char *err);
+
+/* What a switch lent TO: straight from FROM's chunks, and newly made. */
+struct broker_handover_stats {
+	uint64_t handed_bytes, handed_chunks;
+	uint64_t created_bytes, created_chunks;
+};
+
+/**
+ * broker_handover_begin() - a switch from @from to @to starts: the chunks
+ * FROM's pauses give back are reserved for it (never released, whatever
+ * the keep limit, and lent to nobody else) when some TO client has the same
+ * uid; TO's and FROM's own lends may use them. Each client is in at most
+ * one switch. *@out belongs to the broker until broker_handover_end().
+ * Return: 0; -EBUSY (a client is in another switch) or -ENOMEM, with @err.
+ */
+int broker_handover_begin(struct broker *br, struct bclient *const *from, size_t nfrom,
+			  struct bclient *const *to, size_t nto, struct bhandover **out,
+			  char *err);
+/* The switch is over: reservations end (the keep limit applies again),
+ * @st (may be NULL) gets its figures, @h is freed. */
+void broker_handover_end(struct broker *br, struct bhandover *h,
+			 struct broker_handover_stats *st);
+
+enum { BROKER_WAIT_ALLOC = 1, BROKER_WAIT_RESUME = 2 };
+
+/* A request waiting for memory; owned by the caller, linked by the broker. */
+struct bwaiter {
+	struct bclient *client;
+	int kind;                  /* BROKER_WAIT_* */
+	int dev;                   /* the device it is short of */
+	char tag[WIRE_MAX_NAME + 1];
+	uint64_t need;             /* bytes missing at the last try */
+	uint64_t since, deadline;  /* the caller's millisecond clock */
+	bool preempt_asked;        /* its preemption was tried already */
+	void *owner;               /* the caller's */
+	/* The broker's: */
+	uint64_t seq;
+	bool linked;
+	struct bwaiter *prev, *next;
+};
+
+/* Enters @w (client, kind, dev, ... set) in serving order: higher priority
+ * first, then first come first served. */
+void broker_wait_add(struct broker *br, struct bwaiter *w);
+/* Takes @w out (no-op when it is not in). */
+void broker_wait_remove(struct broker *br, struct bwaiter *w);
+/* Does a request of @c's priority or higher wait for @dev already? */
+bool broker_wait_ahead(const struct broker *br, const struct bclient *c, int dev);
+/* @c's priority; its waiting requests take their new place. */
+void broker_set_priority(struct broker *br, struct bclient *c, int priority);
+/**
+ * broker_preempt_pick() - whom to pause so that @w can be served: clients
+ * of lower priority that accept control and opted into preemption, not in
+ * a switch, not asked already, holding memory on @w->dev; lowest priority,
+ * then most memory, first, until their memory covers @w->need. None when
+ * even all of them would not. At most @max go to @out, each marked
+ * preempt_for = @w->client->id (clear it with broker_preempt_done()).
+ * Return: how many.
+ */
+size_t broker_preempt_pick(struct broker *br, const struct bwaiter *w, struct bclient **out,
+			   size_t max);
+void broker_preempt_done(struct bclient *c);
 
 #endif

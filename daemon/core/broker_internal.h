@@ -25,4 +25,13 @@ void broker__alloc_destroy(struct broker *br, struct bclient *c, struct balloc *
 void broker__take_error(const struct broker *br, int dev, int rc, const struct pool_take *t,
 			char *err);
 
+/* arb.c, for lend.c: the switch @c's takes belong to (0: none); whether
+ * @c's pause keeps its chunks for the switch; a take's figures. */
+uint64_t broker__handover_id(const struct bclient *c);
+bool broker__handover_keeps(const struct bclient *c);
+void broker__handover_took(struct pool *pool, struct bclient *c, const struct pool_take *t,
+			   uint64_t handed_bytes, uint32_t handed_chunks);
+/* arb.c, for broker_client_remove(): @c's waiters leave the queue. */
+void broker__wait_forget(struct broker *br, struct bclient *c);
+
 #endif

@@ -26,6 +26,8 @@ struct lend_step {
 	uint32_t nheld;       /* of t.chunks, how many pool_hold()s were made */
 	bool exact;           /* its last lend, taken back as it is */
 	bool done;            /* t holds an acquired lend */
+	uint64_t handed_bytes; /* of t.chunks, those a switch reserved for it */
+	uint32_t handed_chunks;
 };
 
 /* ---- messages ---- */
@@ -106,6 +108,17 @@ static int lend_send_push(struct broker_result *res, struct chunk *ch)
 }
 
 /* Undoes lend_acquire(): holds removed, chunks back to the pool. */
+/* A failed take's shortage, kept through broker_result_deinit(). */
+static void lend_result_fail(struct broker_result *res)
+{
+	int dev = res->short_dev;
+	uint64_t bytes = res->short_bytes;
+
+	broker_result_deinit(res);
+	res->short_dev = dev;
+	res->short_bytes = bytes;
+}
+
 static void lend_unacquire(struct broker *br, struct bclient *c, struct lend_step *s)
 {
 	struct pool *p = &br->pools[s->a->dev];
@@ -124,15 +137,26 @@ static int lend_acquire(struct broker *br, struct bclient *c, struct lend_step *
 	struct pool *p = &br->pools[s->a->dev];
 	int rc;
 
-	s->t = (struct pool_take){ .size = s->a->size, .uid = c->uid, .prefer = c };
+	s->t = (struct pool_take){ .size = s->a->size, .uid = c->uid, .prefer = c,
+				   .handover = broker__handover_id(c) };
 	rc = pool_take(p, &s->t);
 	if (rc < 0) {
 		broker__take_error(br, s->a->dev, rc, &s->t, err);
+		if (rc == -EAGAIN || (rc == -ENOMEM && s->t.shortfall)) {
+			res->short_dev = s->a->dev;
+			res->short_bytes = s->t.shortfall;
+		}
 		return rc;
 	}
 	s->done = true;
-	for (uint32_t i = 0; i < s->t.nchunks; i++)
+	s->handed_bytes = s->handed_chunks = 0;
+	for (uint32_t i = 0; i < s->t.nchunks; i++) {
+		if (s->t.handover && s->t.chunks[i]->handover == s->t.handover) {
+			s->handed_bytes += s->t.chunks[i]->size;
+			s->handed_chunks++;
+		}
 		pool_lend(p, s->t.chunks[i], s->a);
+	}
 	for (uint32_t i = 0; i < s->t.nchunks; i++) {
 		struct chunk *ch = s->t.chunks[i];
 
@@ -215,6 +239,7 @@ int broker_alloc(struct broker *br, struct bclient *c, int dev, uint64_t size, c
 	s.a->nchunks = s.t.nchunks;
 	s.a->active = true;
 	broker__tag_link(t, s.a);
+	broker__handover_took(&br->pools[dev], c, &s.t, s.handed_bytes, s.handed_chunks);
 	res->allocs[0] = s.a;
 	res->nallocs = 1;
 	if (err)
@@ -228,7 +253,7 @@ err_acquire:
 	lend_unacquire(br, c, &s);
 err_mem:
 	free(s.a);
-	broker_result_deinit(res);
+	lend_result_fail(res);
 err_tag:
 	if (created)
 		broker__tag_remove(c, t);
@@ -257,22 +282,30 @@ int broker_free_alloc(struct broker *br, struct bclient *c, uint64_t alloc_id, c
  * Bit d of @touched: device d got chunks back, so its keep limit is checked.
  * @released: the client lets go of the handles of the last lends, so it no
  * longer holds them; the entries become NULL (as dropped ones), which both
- * sides' re-announcement and resume already know.
+ * sides' re-announcement and resume already know. In a switch that hands
+ * over (@handover), the chunks wait for TO instead of going back.
  */
-static void lend_pause_tag(struct broker *br, struct btag *t, bool released, uint64_t *touched)
+static void lend_pause_tag(struct broker *br, struct btag *t, bool released, uint64_t handover,
+			   uint64_t *touched)
 {
 	if (t->paused)
 		return;
 	for (struct balloc *a = t->allocs; a; a = a->next) {
 		if (!a->active)
 			continue;
-		for (uint32_t i = 0; i < a->nchunks; i++)
-			pool_put(&br->pools[a->dev], a->chunks[i]);
-		/* Otherwise the holds stay: the client keeps the handles for a cheap resume. */
-		for (uint32_t i = 0; released && i < a->nchunks; i++) {
-			if (a->chunks[i])
-				pool_unhold(&br->pools[a->dev], a->chunks[i], t->client, false);
-			a->chunks[i] = NULL;
+		/* Unless released, the holds stay: the client keeps the handles for a cheap resume. */
+		for (uint32_t i = 0; i < a->nchunks; i++) {
+			struct chunk *ch = a->chunks[i];
+
+			if (!ch)
+				continue;
+			pool_put(&br->pools[a->dev], ch);
+			if (handover && ch->free)
+				ch->handover = handover;
+			if (released) {
+				pool_unhold(&br->pools[a->dev], ch, t->client, false);
+				a->chunks[i] = NULL;
+			}
 		}
 		a->active = false;
 		*touched |= 1ULL << a->dev;
@@ -282,17 +315,19 @@ static void lend_pause_tag(struct broker *br, struct btag *t, bool released, uin
 
 int broker_pause(struct broker *br, struct bclient *c, const char *tag, bool released, char *err)
 {
-	uint64_t touched = 0;
+	uint64_t touched = 0, handover = 0;
 	struct btag *t;
 
+	if (broker__handover_keeps(c))
+		handover = broker__handover_id(c);
 	if (tag && *tag) {
 		t = broker__tag_find(c, tag);
 		if (!t)
 			return err_fmt(err, -ENOENT, "client '%s' has no tag '%s'", c->name, tag);
-		lend_pause_tag(br, t, released, &touched);
+		lend_pause_tag(br, t, released, handover, &touched);
 	} else {
 		for (t = c->tags; t; t = t->next)
-			lend_pause_tag(br, t, released, &touched);
+			lend_pause_tag(br, t, released, handover, &touched);
 	}
 	for (int d = 0; d < br->ndevices; d++)
 		if (touched & (1ULL << d))
@@ -320,14 +355,19 @@ static size_t lend_collect(struct bclient *c, struct btag *only, struct lend_ste
 	return n;
 }
 
-/* Its last lend back as it is, when every chunk still sits free in the pool. */
-static bool lend_try_exact(struct broker *br, struct lend_step *s)
+/* Its last lend back as it is, when every chunk still sits free in the pool
+ * (and no other switch reserved it). */
+static bool lend_try_exact(struct broker *br, const struct bclient *c, struct lend_step *s)
 {
 	struct pool *p = &br->pools[s->a->dev];
+	uint64_t handover = broker__handover_id(c);
 
-	for (uint32_t i = 0; i < s->a->nchunks; i++)
-		if (!s->a->chunks[i] || !s->a->chunks[i]->free)
+	for (uint32_t i = 0; i < s->a->nchunks; i++) {
+		const struct chunk *ch = s->a->chunks[i];
+
+		if (!ch || !ch->free || (ch->handover && ch->handover != handover))
 			return false;
+	}
 	for (uint32_t i = 0; i < s->a->nchunks; i++)
 		pool_lend(p, s->a->chunks[i], s->a);
 	s->exact = true;
@@ -357,6 +397,8 @@ static void lend_commit(struct broker *br, struct bclient *c, struct lend_step *
 		struct balloc *a = steps[i].a;
 
 		if (!steps[i].exact) {
+			broker__handover_took(&br->pools[a->dev], c, &steps[i].t,
+					      steps[i].handed_bytes, steps[i].handed_chunks);
 			for (uint32_t j = 0; j < a->nchunks; j++)
 				if (a->chunks[j])
 					pool_unhold(&br->pools[a->dev], a->chunks[j], c, false);
@@ -382,7 +424,7 @@ static int lend_resume_steps(struct broker *br, struct bclient *c, struct lend_s
 	int rc;
 
 	for (size_t i = 0; i < n; i++)
-		lend_try_exact(br, &steps[i]);
+		lend_try_exact(br, c, &steps[i]);
 	for (size_t i = 0; i < n; i++) {
 		if (steps[i].exact)
 			continue;
@@ -439,6 +481,6 @@ int broker_resume(struct broker *br, struct bclient *c, const char *tag,
 
 err_mem:
 	free(steps);
-	broker_result_deinit(res);
+	lend_result_fail(res);
 	return rc;
 }

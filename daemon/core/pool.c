@@ -96,6 +96,7 @@ static void pool_chunk_destroy(struct pool *p, struct chunk *c)
 		idmap_del(p->registry, c->id);
 	p->held_bytes -= c->size;
 	p->nchunks--;
+	p->chunks_released++;
 	free(c->holders);
 	free(c);
 }
@@ -127,6 +128,7 @@ static int pool_chunk_new(struct pool *p, uint64_t size, struct chunk **out)
 	p->nchunks++;
 	p->held_bytes += size;
 	p->lent_bytes += size;
+	p->chunks_created++;
 	*out = c;
 	return 0;
 
@@ -198,6 +200,12 @@ static bool pool_uid_ok(const struct chunk *c, uid_t uid)
 	return !c->uid_set || c->uid == uid;
 }
 
+/* A switch's reservation binds everyone but that switch's own takes. */
+static bool pool_usable(const struct chunk *c, uint64_t handover)
+{
+	return c->handover == 0 || c->handover == handover;
+}
+
 /* At equal size: a chunk the client holds (no fd to send), then an idle one
  * (nobody loses a warm handle), then one other clients hold. */
 static int pool_pick_rank(const struct chunk *c, const struct bclient *prefer)
@@ -228,7 +236,7 @@ static struct chunk *pool_pick_free(const struct pool *p, const struct pool_take
 	for (struct chunk *c = p->free_head; c; c = c->next) {
 		int rank;
 
-		if (c->size > rest || !pool_uid_ok(c, t->uid))
+		if (c->size > rest || !pool_uid_ok(c, t->uid) || !pool_usable(c, t->handover))
 			continue;
 		if (compact && 1 + pool_pieces(p, rest - c->size) > pool_pieces(p, rest))
 			continue;
@@ -263,35 +271,38 @@ static int pool_take_free(struct pool *p, const struct pool_take *t, struct pool
 	return 0;
 }
 
-/* Free bytes with no holder (@idle) and with holders (@held). */
-static void pool_free_split(const struct pool *p, uint64_t *idle, uint64_t *held)
+/* Free bytes @handover may release, with no holder (@idle) and with holders (@held). */
+static void pool_free_split(const struct pool *p, uint64_t handover, uint64_t *idle,
+			    uint64_t *held)
 {
 	*idle = *held = 0;
 	for (const struct chunk *c = p->free_head; c; c = c->next)
-		*(c->nholders ? held : idle) += c->size;
+		if (pool_usable(c, handover))
+			*(c->nholders ? held : idle) += c->size;
 }
 
 /* Can @rest fresh bytes fit, releasing idle chunks if need be? */
-static bool pool_room_ok(const struct pool *p, uint64_t rest)
+static bool pool_room_ok(const struct pool *p, uint64_t rest, uint64_t handover)
 {
 	uint64_t room = p->budget > p->held_bytes ? p->budget - p->held_bytes : 0;
 	uint64_t idle, held;
 
 	if (rest <= room)
 		return true;
-	pool_free_split(p, &idle, &held);
+	pool_free_split(p, handover, &idle, &held);
 	return rest <= room + idle;
 }
 
-/* Releases (idle) or marks (held) free chunks, largest first, until @need is met. */
-static void pool_free_some(struct pool *p, uint64_t need, bool held)
+/* Releases (idle) or marks (held) free chunks, largest first, until @need
+ * is met; chunks reserved for a switch other than @handover stay. */
+static void pool_free_some(struct pool *p, uint64_t need, bool held, uint64_t handover)
 {
 	struct chunk *c, *next;
 	uint64_t done = 0;
 
 	for (c = p->free_head; c && done < need; c = next) {
 		next = c->next;
-		if ((c->nholders > 0) != held)
+		if ((c->nholders > 0) != held || !pool_usable(c, handover))
 			continue;
 		done += c->size;
 		pool_mark_releasing(p, c);
@@ -312,14 +323,14 @@ static int pool_make_room(struct pool *p, uint64_t rest, struct pool_take *t)
 	if (rest <= room)
 		return 0;
 	shortage = rest - room;
-	pool_free_split(p, &idle, &held);
+	pool_free_split(p, t->handover, &idle, &held);
 	if (idle >= shortage) {
-		pool_free_some(p, shortage, false);
+		pool_free_some(p, shortage, false, t->handover);
 		return 0;
 	}
 	if (idle + p->pending_bytes + held >= shortage) {
 		if (idle + p->pending_bytes < shortage)
-			pool_free_some(p, shortage - idle - p->pending_bytes, true);
+			pool_free_some(p, shortage - idle - p->pending_bytes, true, t->handover);
 		t->shortfall = shortage;
 		return -EAGAIN;
 	}
@@ -374,7 +385,7 @@ int pool_take(struct pool *p, struct pool_take *t)
 		return -EINVAL;
 	rest = t->size;
 	rc = pool_take_free(p, t, &vec, &rest, true);
-	if (rc == 0 && rest > 0 && !pool_room_ok(p, rest))
+	if (rc == 0 && rest > 0 && !pool_room_ok(p, rest, t->handover))
 		/* Fresh chunks do not fit: every warm chunk that fits is worth it now. */
 		rc = pool_take_free(p, t, &vec, &rest, false);
 	if (rc < 0)
@@ -429,6 +440,7 @@ void pool_lend(struct pool *p, struct chunk *c, struct balloc *a)
 		p->lent_bytes += c->size;
 	}
 	c->lent_to = a;
+	c->handover = 0;
 }
 
 void pool_put(struct pool *p, struct chunk *c)
@@ -523,9 +535,9 @@ uint64_t pool_shrink(struct pool *p, uint64_t keep, uint64_t *pending)
 	uint64_t before = p->held_bytes;
 
 	if (p->free_bytes > keep)
-		pool_free_some(p, p->free_bytes - keep, false);
+		pool_free_some(p, p->free_bytes - keep, false, 0);
 	if (p->free_bytes > keep)
-		pool_free_some(p, p->free_bytes - keep, true);
+		pool_free_some(p, p->free_bytes - keep, true, 0);
 	if (pending)
 		*pending += p->pending_bytes;
 	return before - p->held_bytes;
@@ -537,7 +549,7 @@ uint64_t pool_available(const struct pool *p, uid_t uid)
 
 	/* Idle chunks of another uid count: they can go back to make room. */
 	for (const struct chunk *c = p->free_head; c; c = c->next)
-		if (pool_uid_ok(c, uid) || c->nholders == 0)
+		if ((pool_uid_ok(c, uid) || c->nholders == 0) && c->handover == 0)
 			n += c->size;
 	return n;
 }

@@ -16,6 +16,10 @@
  *   A holder entry has refs > 0, or drop_sent (then it stays until the
  *   client acknowledges the drop). drop_sent implies releasing.
  *   Every live chunk is in the registry (when one is given) under its id.
+ *   A free chunk with handover != 0 is reserved for a switch in progress
+ *   (daemon/core/arb.c): it is never released nor marked releasing, and
+ *   only takes of that switch (pool_take.handover) may use it; a lend
+ *   clears the mark.
  * The pool owns its chunks and their backend handles.
  *
  * Drops: the pool only marks chunks releasing (pending list); the broker
@@ -56,6 +60,7 @@ struct chunk {
 	struct chunk *prev, *next; /* free list, or pending list if releasing */
 	bool free;                /* on the free list */
 	bool acked;               /* scratch flag of broker_dropped() */
+	uint64_t handover;        /* free and reserved for this switch; 0: not */
 };
 
 /*
@@ -90,6 +95,9 @@ struct pool {
 	uint64_t pending_bytes;
 	struct idmap *registry;   /* not owned; NULL: none */
 	const struct pool_hooks *hooks; /* not owned; NULL: none */
+	/* Since start, for status: what went to and came from the backend, and
+	 * what switches lent straight from one client to the next. */
+	uint64_t chunks_created, chunks_released, chunks_handed_over;
 };
 
 /* What pool_take() needs to decide and what it hands back. */
@@ -97,6 +105,7 @@ struct pool_take {
 	uint64_t size;              /* granularity multiple */
 	uid_t uid;
 	struct bclient *prefer;     /* prefer chunks this client holds */
+	uint64_t handover;          /* a switch's take: may use chunks it reserved */
 	struct chunk **chunks;      /* out: malloc'd, owned by the caller */
 	uint32_t nchunks;
 	uint32_t ncreated;          /* how many of them are new */

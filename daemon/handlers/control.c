@@ -46,6 +46,8 @@ void handlers__dreqs_fail(struct handlers *h, struct sess *s)
 		if (d->fwd)
 			handlers_fwd_done(d->fwd, -ECONNRESET, "client '%s' disconnected before it"
 					  " answered", sess_name(s));
+		if (d->kind == HDREQ_SWITCH)
+			handlers__switch_lane_lost(h, d, sess_name(s));
 		handlers__dreq_free(d);
 	}
 	idmap_deinit(&hc->dreqs);
@@ -135,7 +137,9 @@ static int handlers_ctl_forward(struct hreq *rq, struct bclient *target)
 	/* Timer init cannot fail; from here the forward is freed on close. */
 	uv_timer_init(rq->h->loop, &f->timer);
 	f->timer.data = f;
-	uv_timer_start(&f->timer, handlers_on_fwd_timer, rq->h->control_timeout_ms, 0);
+	/* A resume that may wait for memory gets that long on top. */
+	uv_timer_start(&f->timer, handlers_on_fwd_timer,
+		       rq->h->control_timeout_ms + (m->op == GMB__OP__OP_RESUME ? m->wait_ms : 0), 0);
 	hconn_of(ts)->ctl_in = f;
 	hconn_of(rq->s)->inflight++;
 	log_info("control forwarded " SESS_FMT " target=%s target_id=%" PRIu64 " op=%s tag=%s",
@@ -146,6 +150,7 @@ static int handlers_ctl_forward(struct hreq *rq, struct bclient *target)
 	env.control_cmd = &cc;
 	cc.op = (Gmb__Op)m->op;
 	cc.tag = f->tag;
+	cc.wait_ms = m->op == GMB__OP__OP_RESUME ? m->wait_ms : 0;
 	/* A failed send dooms the target; its disconnect answers the actor. */
 	sess_send(ts, &env);
 	return 0;

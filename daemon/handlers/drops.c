@@ -108,3 +108,67 @@ bool handlers__drop_acked(struct handlers *h, struct sess *s, struct hdreq *d, i
 	broker_dropped(h->broker, hconn_of(s)->client, d->ids, d->nids);
 	return true;
 }
+
+/* ---- control commands of gmbd's own: switches and preemption ---- */
+
+int handlers__send_command(struct sess *s, struct hdreq *d, int op, const char *tag,
+			   uint32_t wait_ms)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__ControlCommand cc = GMB__CONTROL_COMMAND__INIT;
+	uint64_t id;
+	int r;
+
+	if (hconn_of(s)->dreqs.count >= HANDLERS_MAX_DREQS)
+		return -EBUSY;
+	r = handlers__dreq_add(s, d, &id);
+	if (r < 0)
+		return r;
+	env.id = id;
+	env.body_case = GMB__ENVELOPE__BODY_CONTROL_CMD;
+	env.control_cmd = &cc;
+	cc.op = (Gmb__Op)op;
+	cc.tag = (char *)tag;
+	cc.wait_ms = wait_ms;
+	/* A failed send dooms the client; its disconnect completes the entry. */
+	sess_send(s, &env);
+	return 0;
+}
+
+void handlers__send_preempt(struct handlers *h, struct bclient *victim,
+			    const struct bclient *for_c, int dev, uint64_t need)
+{
+	struct sess *s = handlers__conn_client(h, victim);
+	struct hdreq *d = calloc(1, sizeof(*d));
+
+	if (!s || s->state != SESS_OPEN || !d)
+		goto err_undo;
+	*d = (struct hdreq){ .kind = HDREQ_PREEMPT, .for_client = for_c->id };
+	if (handlers__send_command(s, d, GMB__OP__OP_PAUSE, "", 0) < 0)
+		goto err_undo;
+	log_notice("client preempted " SESS_FMT " for=%s for_id=%llu for_priority=%d"
+		   " priority=%d device=%d need=%llu", SESS_ARGS(s), for_c->name,
+		   (unsigned long long)for_c->id, for_c->priority, victim->priority, dev,
+		   (unsigned long long)need);
+	return;
+
+err_undo:
+	free(d);
+	broker_preempt_done(victim);
+}
+
+void handlers__preempt_answered(struct handlers *h, struct sess *s, struct hdreq *d,
+				int status, const char *error)
+{
+	struct bclient *c = hconn_of(s)->client;
+
+	if (c)
+		broker_preempt_done(c);
+	if (status == 0)
+		log_info("client paused for preemption " SESS_FMT " for_id=%llu", SESS_ARGS(s),
+			 (unsigned long long)d->for_client);
+	else
+		log_warn("client refused preemption " SESS_FMT " for_id=%llu status=%d"
+			 " error=\"%s\"", SESS_ARGS(s), (unsigned long long)d->for_client, status,
+			 error ? error : "");
+}

@@ -75,6 +75,10 @@ static const struct handler handlers_table[] = {
 	[GMB__ENVELOPE__BODY_REJOIN] = { "rejoin", handlers__rejoin, H_SETTLE },
 	[GMB__ENVELOPE__BODY_REJOIN_REPLY] = { "rejoin_reply", NULL, 0 },
 	[GMB__ENVELOPE__BODY_BYE] = { "bye", NULL, 0 },
+	[GMB__ENVELOPE__BODY_SWITCH_REQ] = { "switch", handlers__switch,
+					     H_SETTLE | H_INFLIGHT | H_STATE },
+	[GMB__ENVELOPE__BODY_SWITCH_REPLY] = { "switch_reply", NULL, 0 },
+	[GMB__ENVELOPE__BODY_PRIORITY] = { "priority", handlers__priority, H_SETTLE },
 };
 
 #define HANDLERS_N (sizeof(handlers_table) / sizeof(handlers_table[0]))
@@ -102,6 +106,7 @@ void handlers_close(struct handlers *h)
 	if (h->closed)
 		return;
 	h->closed = true;
+	handlers__switch_close_all(h);
 	idmap_deinit(&h->conns);
 	uv_close((uv_handle_t *)&h->park_timer, NULL);
 	uv_close((uv_handle_t *)&h->orphan_timer, NULL);
@@ -125,7 +130,7 @@ static void handlers_recv(void *arg, struct sess *s, Gmb__Envelope *env)
 {
 	struct handlers *h = arg;
 	struct hconn *hc = hconn_of(s);
-	struct hreq rq = { .h = h, .s = s, .env = env };
+	struct hreq rq = { .h = h, .s = s, .env = env, .short_dev = -1 };
 	const struct handler *hd = handlers_lookup(env->body_case);
 	int r;
 
@@ -212,6 +217,10 @@ static void handlers_daemon_reply(struct hreq *rq)
 	idmap_del(&hc->dreqs, env->reply_to);
 	if (d->kind == HDREQ_CONTROL) {
 		handlers__fwd_answered(d, env, s);
+	} else if (d->kind == HDREQ_SWITCH) {
+		handlers__switch_answered(rq->h, d, env);
+	} else if (d->kind == HDREQ_PREEMPT) {
+		handlers__preempt_answered(rq->h, s, d, env->status, env->error);
 	} else if (handlers__drop_acked(rq->h, s, d, env->status, env->error)) {
 		handlers__settle(rq->h);
 		handlers__changed(rq->h);

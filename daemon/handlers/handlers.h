@@ -7,9 +7,12 @@
  * work, all owned here and cancelled when a session goes (the handlers'
  * state of one connection is a struct hconn, daemon/handlers/internal.h):
  *   - parked requests: an alloc/resume the core answered with -EAGAIN
- *     (memory returns once clients drop handles). Retried in arrival order
- *     after every drop ack and every operation that frees memory; answered
- *     -ENOMEM at their deadline.
+ *     (memory returns once clients drop handles), or with -ENOMEM when
+ *     the request may wait (wait_ms). Retried in the core's serving order
+ *     (priority, then arrival, per device) after every drop ack and every
+ *     operation that frees memory; answered -ENOMEM at their deadline.
+ *   - switches (gmbctl switch): a sequence of control commands to the
+ *     clients of both sides, with their rollback.
  *   - daemon requests to a client (DropRequest, ControlCommand), keyed by
  *     the session's own request ids; a client reply must match one.
  *   - forwarded control requests (gmbctl pause/resume of another client),
@@ -38,14 +41,16 @@ struct bclient;
 struct broker;
 struct server;
 struct hpark;
+struct hswitch;
 
 struct handlers {
 	uv_loop_t *loop;
 	struct broker *broker;          /* not owned */
 	uint64_t control_timeout_ms;
 	uint64_t park_timeout_ms;
-	struct hpark *parked, *parked_tail; /* arrival order */
-	uv_timer_t park_timer;          /* the first parked request's deadline */
+	uint32_t nparked;               /* in the broker's waiting queue */
+	uv_timer_t park_timer;          /* the earliest parked request's deadline */
+	struct hswitch *switches;       /* switches in progress (switch.c) */
 	/* Called after anything that changes the broker's record (gmbd: the
 	 * fd store's state and STATUS=); NULL: nobody cares. */
 	void (*changed)(void *arg);

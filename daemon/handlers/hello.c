@@ -40,6 +40,9 @@ static int handlers_send_hello_reply(struct hreq *rq, const struct bclient *c, b
 struct hrejoin {
 	struct bclient *c;          /* the orphan; handlers->conns names the session */
 	bool control;
+	char group[WIRE_MAX_NAME + 1]; /* the hello's, given to the client at the end */
+	int priority;
+	bool preemptible;
 	Gmb__Envelope **parts;      /* owned */
 	size_t nparts;
 	size_t ntags, nallocs, nheld;
@@ -91,6 +94,8 @@ int handlers__hello(struct hreq *rq)
 		return 0;
 	}
 	r = handlers__check_name(rq, "the client name", given);
+	if (r == 0)
+		r = handlers__check_name(rq, "the group", m->group ? m->group : "");
 	if (r < 0)
 		return r;
 	if (m->rejoin_id)
@@ -107,9 +112,12 @@ int handlers__hello(struct hreq *rq)
 		return handlers__fail(rq, -ENOMEM, "cannot register client '%s': %s", name,
 				      strerror(ENOMEM));
 	}
+	broker_client_set_arb(c, m->group, m->priority, m->preemptible);
 	/* Tools come and go all the time (gmbctl status): not worth a line. */
 	log_at(m->tool ? LOG_LVL_DEBUG : LOG_LVL_INFO, "client connected " SESS_FMT
-	       " control=%d tool=%d", SESS_ARGS(s), m->control ? 1 : 0, m->tool ? 1 : 0);
+	       " control=%d tool=%d group=%s priority=%d preemptible=%d", SESS_ARGS(s),
+	       m->control ? 1 : 0, m->tool ? 1 : 0, c->group, c->priority,
+	       c->preemptible ? 1 : 0);
 	return handlers_send_hello_reply(rq, c, false);
 }
 
@@ -152,7 +160,10 @@ static int handlers_rejoin_hello(struct hreq *rq, bool control)
 		free(r);
 		return handlers__fail(rq, -ENOMEM, "out of memory for a rejoin");
 	}
-	*r = (struct hrejoin){ .c = c, .control = control };
+	*r = (struct hrejoin){ .c = c, .control = control, .priority = rq->env->hello->priority,
+			       .preemptible = rq->env->hello->preemptible };
+	snprintf(r->group, sizeof(r->group), "%s",
+		 rq->env->hello->group ? rq->env->hello->group : "");
 	hconn_of(rq->s)->rejoin = r;
 	log_debug("client rejoining " SESS_FMT " as_id=%" PRIu64, SESS_ARGS(rq->s), id);
 	return handlers_send_hello_reply(rq, c, true);
@@ -285,6 +296,7 @@ static void handlers_rejoin_attach(struct hreq *rq, struct hrejoin *r,
 	char b[SIZE_STR_MAX];
 
 	c->control = r->control;
+	broker_client_set_arb(c, r->group, r->priority, r->preemptible);
 	/* The entry exists since the rejoin hello: this cannot fail. */
 	(void)handlers__conn_bind(rq->h, rq->s, c);
 	r->c = NULL;

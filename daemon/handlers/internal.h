@@ -10,6 +10,7 @@
  *   hello.c      hello, the rejoin hello and its claim, Bye
  *   memory.c     alloc, free, tag mode, pause, resume, trim, lend replies
  *   control.c    an operator's pause/resume forwarded to its target
+ *   switch.c     switches (pause FROM, resume TO, roll back), priorities
  *   status.c     the status reply
  *   park.c       requests waiting for memory; settling after a change
  *   drops.c      daemon -> client requests (their table) and DropRequests
@@ -57,6 +58,14 @@ struct hreq {
 	struct sess *s;
 	Gmb__Envelope *env;       /* the caller's (dispatch or a parked request) */
 	char err[ERR_MSG_MAX];    /* the sentence of a negative return */
+	/* Set by a handler that returns HANDLERS_PARK (park.c reads them). */
+	bool retry;               /* set by park.c: a parked request tried again */
+	int short_dev;            /* the device it is short of; -1: unknown */
+	uint64_t short_bytes;
+	uint32_t wait_ms;         /* the caller's wait; 0: only for drops */
+	bool drops;               /* short until clients drop handles (-EAGAIN) */
+	int wait_kind;            /* BROKER_WAIT_* */
+	const char *wait_tag;     /* in env */
 };
 
 /* A handler's return besides 0 (replied or will reply) and -errno (the
@@ -67,7 +76,9 @@ struct hreq {
 
 typedef int (*handlers_fn)(struct hreq *rq);
 
-enum hdreq_kind { HDREQ_DROP, HDREQ_CONTROL };
+enum hdreq_kind { HDREQ_DROP, HDREQ_CONTROL, HDREQ_SWITCH, HDREQ_PREEMPT };
+
+struct hswitch_lane;
 
 /* A daemon -> client request waiting for its reply, in hconn->dreqs. */
 struct hdreq {
@@ -75,6 +86,8 @@ struct hdreq {
 	uint64_t *ids;            /* DROP: the chunks asked for, owned */
 	size_t nids;
 	struct hfwd *fwd;         /* CONTROL: NULL once the operator was answered */
+	struct hswitch_lane *lane; /* SWITCH: NULL once the switch gave up on it */
+	uint64_t for_client;      /* PREEMPT: the client it pauses for */
 };
 
 /* A control request forwarded from an operator (actor) to a target. */
@@ -117,6 +130,16 @@ struct sess *handlers__conn_client(const struct handlers *h, const struct bclien
 /* Enters @d in @s's daemon requests under a new id (*@id). -ENOMEM. */
 int handlers__dreq_add(struct sess *s, struct hdreq *d, uint64_t *id);
 void handlers__dreq_free(struct hdreq *d);
+/* ControlCommand @op of @tag to @s as a daemon request @d of @d->kind
+ * (entered here). 0, or -errno (nothing entered; @d stays the caller's). */
+int handlers__send_command(struct sess *s, struct hdreq *d, int op, const char *tag,
+			   uint32_t wait_ms);
+/* Asks @victim to pause every tag so that @for_c may be served (logged). */
+void handlers__send_preempt(struct handlers *h, struct bclient *victim,
+			    const struct bclient *for_c, int dev, uint64_t need);
+/* @victim's answer to a preemption (logged; its mark cleared). */
+void handlers__preempt_answered(struct handlers *h, struct sess *s, struct hdreq *d,
+				int status, const char *error);
 /* broker_drop_cb: DropRequests to @c, HANDLERS_DROP_BATCH ids a packet. */
 void handlers__send_drops(void *arg, struct bclient *c, const uint64_t *ids, size_t n);
 /* The client's answer to DropRequest @d. Return: true when the memory is
@@ -134,6 +157,16 @@ void handlers__settle(struct handlers *h);
 
 /* status.c */
 int handlers__status(struct hreq *rq);
+
+/* switch.c */
+int handlers__switch(struct hreq *rq);
+int handlers__priority(struct hreq *rq);
+/* A lane's client answered its command (@env: the last part). */
+void handlers__switch_answered(struct handlers *h, struct hdreq *d, const Gmb__Envelope *env);
+/* The lane's client went before answering. */
+void handlers__switch_lane_lost(struct handlers *h, struct hdreq *d, const char *name);
+/* gmbd stops: switches still running end unanswered, their handover too. */
+void handlers__switch_close_all(struct handlers *h);
 
 /* control.c */
 int handlers__control(struct hreq *rq);

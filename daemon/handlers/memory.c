@@ -27,6 +27,19 @@ static int handlers_send_lends(struct sess *s, uint64_t reply_to, Gmb__Lend *len
 static int handlers_send_lend_part(struct sess *s, uint64_t reply_to, Gmb__Lend **lends,
 				   size_t n, bool resume, bool last);
 
+/* Says why and how long @rq waits (park.c reads it) and asks to park it. */
+static int handlers_wait(struct hreq *rq, uint32_t wait_ms, bool drops, int dev, uint64_t bytes,
+			 int kind, const char *tag)
+{
+	rq->wait_ms = wait_ms;
+	rq->drops = drops;
+	rq->short_dev = dev;
+	rq->short_bytes = bytes;
+	rq->wait_kind = kind;
+	rq->wait_tag = tag;
+	return HANDLERS_PARK;
+}
+
 int handlers__alloc(struct hreq *rq)
 {
 	const Gmb__AllocRequest *m = rq->env->alloc;
@@ -42,9 +55,18 @@ int handlers__alloc(struct hreq *rq)
 	if (m->device >= (uint32_t)br->ndevices)
 		return handlers__fail(rq, -ENODEV, "device %u does not exist (%d devices)",
 				      m->device, br->ndevices);
+	/* A request that may wait queues behind those that wait already. */
+	if (m->wait_ms && !rq->retry &&
+	    broker_wait_ahead(br, hconn_of(rq->s)->client, (int)m->device)) {
+		handlers__fail(rq, -ENOMEM, "device %u: requests of the same or higher priority"
+			       " wait already", m->device);
+		return handlers_wait(rq, m->wait_ms, false, (int)m->device, 0, BROKER_WAIT_ALLOC,
+				     tag);
+	}
 	r = broker_alloc(br, hconn_of(rq->s)->client, (int)m->device, m->size, tag, &res, rq->err);
-	if (r == -EAGAIN)
-		return HANDLERS_PARK;
+	if (r == -EAGAIN || (r == -ENOMEM && m->wait_ms && res.short_dev >= 0))
+		return handlers_wait(rq, m->wait_ms, r == -EAGAIN, res.short_dev, res.short_bytes,
+				     BROKER_WAIT_ALLOC, tag);
 	if (r < 0)
 		return r;
 	handlers_send_result(rq, &res, false);
@@ -120,8 +142,9 @@ int handlers__resume(struct hreq *rq)
 	if (r < 0)
 		return r;
 	r = broker_resume(rq->h->broker, hconn_of(rq->s)->client, tag, &res, rq->err);
-	if (r == -EAGAIN)
-		return HANDLERS_PARK;
+	if (r == -EAGAIN || (r == -ENOMEM && rq->env->resume->wait_ms && res.short_dev >= 0))
+		return handlers_wait(rq, rq->env->resume->wait_ms, r == -EAGAIN, res.short_dev,
+				     res.short_bytes, BROKER_WAIT_RESUME, tag);
 	if (r < 0)
 		return r;
 	for (size_t i = 0; i < res.nallocs; i++) {

@@ -1,9 +1,15 @@
 /*
  * park.c - requests waiting for memory: an alloc/resume the core answered
- * with -EAGAIN (memory returns once clients drop handles) waits here with
- * the handler that parked it, and is retried in arrival order after every
- * drop ack and every operation that frees memory (handlers__settle());
- * answered -ENOMEM at its deadline.
+ * with -EAGAIN (memory returns once clients drop handles), or with -ENOMEM
+ * when the caller said it may wait (wait_ms), waits here with the handler
+ * that parked it. Its place is the core's waiting queue (struct bwaiter:
+ * priority, then arrival); after every drop ack and every operation that
+ * frees memory (handlers__settle()) the queue is retried in that order,
+ * and a request still short of a device's memory blocks those behind it
+ * on that device, so that memory coming back goes to the first in line.
+ * A request that may wait and is short may have gmbd preempt clients of
+ * lower priority for it (once). At its deadline it is answered -ENOMEM
+ * with the core's latest sentence, which names the holders.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -16,112 +22,144 @@
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
 
-/* A request waiting for memory that clients are dropping. */
+#define HPARK_MAX_VICTIMS 64
+
+/* A request waiting for memory. */
 struct hpark {
+	struct bwaiter w;            /* its place in the broker's queue; w.owner = this */
 	struct sess *s;              /* reference held */
 	Gmb__Envelope *env;          /* owned */
 	handlers_fn fn;              /* the handler that parked it, to retry it */
-	uint64_t deadline;           /* uv_now() milliseconds */
-	char why[ERR_MSG_MAX];       /* the core's latest -EAGAIN sentence */
-	struct hpark *prev, *next;
+	bool may_wait;               /* the caller gave a wait: -ENOMEM keeps it */
+	char why[ERR_MSG_MAX];       /* the core's latest sentence */
 };
 
 static void handlers_unpark(struct handlers *h, struct hpark *p);
 static void handlers_park_arm(struct handlers *h);
 static void handlers_on_park_timer(uv_timer_t *timer);
 static void handlers_retry_parked(struct handlers *h);
+static void handlers_park_preempt(struct handlers *h, struct hpark *p);
+
+/* What the handler said about its shortage, into the waiter. */
+static void handlers_park_note(struct hpark *p, const struct hreq *rq)
+{
+	p->w.dev = rq->short_dev;
+	p->w.need = rq->short_bytes;
+	memcpy(p->why, rq->err, sizeof(p->why));
+}
 
 int handlers__park(struct hreq *rq, handlers_fn fn)
 {
 	struct handlers *h = rq->h;
+	uint64_t now = uv_now(h->loop), wait;
 	struct hpark *p;
 
 	p = calloc(1, sizeof(*p));
 	if (!p)
 		return handlers__fail(rq, -ENOMEM, "%s; out of memory waiting for it", rq->err);
+	/* Drops come back quickly; a caller's wait may be longer than that. */
+	wait = rq->wait_ms > h->park_timeout_ms || !rq->drops ? rq->wait_ms : h->park_timeout_ms;
 	p->s = sess_ref(rq->s);
 	p->env = rq->env;
 	p->fn = fn;
-	p->deadline = uv_now(h->loop) + h->park_timeout_ms;
-	memcpy(p->why, rq->err, sizeof(p->why));
-	p->prev = h->parked_tail;
-	if (h->parked_tail)
-		h->parked_tail->next = p;
-	else
-		h->parked = p;
-	h->parked_tail = p;
+	p->may_wait = rq->wait_ms > 0;
+	p->w = (struct bwaiter){ .client = hconn_of(rq->s)->client, .kind = rq->wait_kind,
+				 .since = now, .deadline = now + wait, .owner = p };
+	snprintf(p->w.tag, sizeof(p->w.tag), "%s", rq->wait_tag ? rq->wait_tag : "");
+	handlers_park_note(p, rq);
+	broker_wait_add(h->broker, &p->w);
+	h->nparked++;
 	hconn_of(rq->s)->inflight++;
-	log_debug("request parked " SESS_FMT " req=%" PRIu64 " why=\"%s\"", SESS_ARGS(rq->s),
-		  rq->env->id, rq->err);
+	log_debug("request parked " SESS_FMT " req=%" PRIu64 " wait_ms=%" PRIu64 " why=\"%s\"",
+		  SESS_ARGS(rq->s), rq->env->id, wait, rq->err);
+	handlers_park_preempt(h, p);
 	handlers_park_arm(h);
 	return 0;
 }
 
 static void handlers_unpark(struct handlers *h, struct hpark *p)
 {
-	if (p->prev)
-		p->prev->next = p->next;
-	else
-		h->parked = p->next;
-	if (p->next)
-		p->next->prev = p->prev;
-	else
-		h->parked_tail = p->prev;
+	broker_wait_remove(h->broker, &p->w);
+	h->nparked--;
 	hconn_of(p->s)->inflight--;
 	gmb__envelope__free_unpacked(p->env, NULL);
 	sess_unref(p->s);
 	free(p);
 }
 
-/* Deadlines come in arrival order: the first one is the earliest. */
+/* The earliest deadline of the queue (deadlines differ: each caller's wait). */
 static void handlers_park_arm(struct handlers *h)
 {
-	uint64_t now = uv_now(h->loop);
+	uint64_t now = uv_now(h->loop), first = UINT64_MAX;
 
 	if (h->closed)
 		return;
-	if (!h->parked) {
+	for (const struct bwaiter *w = h->broker->waiters; w; w = w->next)
+		if (w->deadline < first)
+			first = w->deadline;
+	if (first == UINT64_MAX) {
 		uv_timer_stop(&h->park_timer);
 		return;
 	}
-	uv_timer_start(&h->park_timer, handlers_on_park_timer,
-		       h->parked->deadline > now ? h->parked->deadline - now : 0, 0);
+	uv_timer_start(&h->park_timer, handlers_on_park_timer, first > now ? first - now : 0, 0);
 }
 
 static void handlers_on_park_timer(uv_timer_t *timer)
 {
 	struct handlers *h = timer->data;
 	uint64_t now = uv_now(h->loop);
+	struct bwaiter *w, *next;
 
-	while (h->parked && h->parked->deadline <= now) {
-		struct hpark *p = h->parked;
+	for (w = h->broker->waiters; w; w = next) {
+		struct hpark *p = w->owner;
 		char msg[ERR_MSG_MAX];
 
-		err_fmt(msg, 0, "%.400s; still waiting after %" PRIu64 " ms", p->why,
-			h->park_timeout_ms);
+		next = w->next;
+		if (w->deadline > now)
+			continue;
+		if (p->may_wait)
+			err_fmt(msg, 0, "%.400s; waited %" PRIu64 " ms", p->why, now - w->since);
+		else
+			err_fmt(msg, 0, "%.400s; still waiting after %" PRIu64 " ms", p->why,
+				now - w->since);
+		log_info("wait expired " SESS_FMT " req=%" PRIu64 " waited_ms=%" PRIu64,
+			 SESS_ARGS(p->s), p->env->id, now - w->since);
 		handlers__reply_status(p->s, p->env->id, -ENOMEM, msg);
 		handlers_unpark(h, p);
 	}
 	handlers_park_arm(h);
 }
 
-/* In arrival order; a request still short of memory keeps its place. */
+/*
+ * In serving order. A request still short of device d keeps its place and
+ * blocks every request behind it on d (first come, first served within a
+ * priority, and no lower priority first); one short for drops only too.
+ */
 static void handlers_retry_parked(struct handlers *h)
 {
-	struct hpark *p, *next;
+	uint64_t blocked = 0;
+	struct bwaiter *w, *next;
 
-	for (p = h->parked; p; p = next) {
-		struct hreq rq = { .h = h, .s = p->s, .env = p->env };
+	for (w = h->broker->waiters; w; w = next) {
+		struct hpark *p = w->owner;
+		struct hreq rq = { .h = h, .s = p->s, .env = p->env, .retry = true,
+				   .short_dev = -1 };
 		int r;
 
 		/* Only this function, the park timer and handlers__park_cancel()
-		 * unpark, so @next survives the handler. */
-		next = p->next;
+		 * unpark, and a handler never parks anew on a retry: @next
+		 * survives the handler. */
+		next = w->next;
 		if (p->s->state != SESS_OPEN)
+			continue;
+		if (w->dev >= 0 && w->dev < 64 && (blocked & (1ULL << w->dev)))
 			continue;
 		r = p->fn(&rq);
 		if (r == HANDLERS_PARK) {
-			memcpy(p->why, rq.err, sizeof(p->why));
+			handlers_park_note(p, &rq);
+			if (w->dev >= 0 && w->dev < 64)
+				blocked |= 1ULL << w->dev;
+			handlers_park_preempt(h, p);
 			continue;
 		}
 		if (r < 0)
@@ -131,10 +169,24 @@ static void handlers_retry_parked(struct handlers *h)
 	handlers_park_arm(h);
 }
 
+/* Once per request that may wait and is short: pause lower priorities for it. */
+static void handlers_park_preempt(struct handlers *h, struct hpark *p)
+{
+	struct bclient *victims[HPARK_MAX_VICTIMS];
+	size_t n;
+
+	if (!p->may_wait || p->w.preempt_asked || p->w.dev < 0 || p->w.need == 0)
+		return;
+	p->w.preempt_asked = true;
+	n = broker_preempt_pick(h->broker, &p->w, victims, HPARK_MAX_VICTIMS);
+	for (size_t i = 0; i < n; i++)
+		handlers__send_preempt(h, victims[i], p->w.client, p->w.dev, p->w.need);
+}
+
 void handlers__settle(struct handlers *h)
 {
 	broker_flush_drops(h->broker, handlers__send_drops, h);
-	if (h->retrying || !h->parked)
+	if (h->retrying || !h->nparked)
 		return;
 	h->retrying = true;
 	handlers_retry_parked(h);
@@ -145,10 +197,12 @@ void handlers__settle(struct handlers *h)
 
 void handlers__park_cancel(struct handlers *h, struct sess *s)
 {
-	struct hpark *p, *next;
+	struct bwaiter *w, *next;
 
-	for (p = h->parked; p; p = next) {
-		next = p->next;
+	for (w = h->broker->waiters; w; w = next) {
+		struct hpark *p = w->owner;
+
+		next = w->next;
 		if (p->s == s)
 			handlers_unpark(h, p);
 	}

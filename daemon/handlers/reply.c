@@ -103,6 +103,9 @@ void handlers__devices(const struct broker *br, Gmb__DeviceInfo *di, Gmb__Device
 		di[d].pool_bytes = p->held_bytes;
 		di[d].used_bytes = p->lent_bytes;
 		di[d].free_bytes = p->free_bytes;
+		di[d].chunks_created = p->chunks_created;
+		di[d].chunks_released = p->chunks_released;
+		di[d].chunks_handed_over = p->chunks_handed_over;
 		pdi[d] = &di[d];
 	}
 }

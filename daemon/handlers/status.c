@@ -19,6 +19,9 @@
 #include "daemon/transport/sess.h"
 #include "include/gmb.h"
 
+/* Waiting requests listed (the first ones in serving order). */
+#define HSTATUS_MAX_WAITERS 64
+
 /* Everything one StatusReply points to, owned here. */
 struct hstatus {
 	Gmb__DeviceInfo di[BACKEND_MAX_DEVICES];
@@ -27,6 +30,8 @@ struct hstatus {
 	size_t nclients;
 	Gmb__TagInfo *ti, **pti;
 	size_t nrows;
+	Gmb__WaiterInfo *wi, **pwi;
+	size_t nwaiters;
 };
 
 /* One tag's allocations per device. */
@@ -37,7 +42,7 @@ struct hstatus_tag {
 };
 
 static void handlers_status_tag(const struct btag *t, int ndev, struct hstatus_tag *out);
-static int handlers_status_build(const struct broker *br, struct hstatus *st);
+static int handlers_status_build(const struct broker *br, uint64_t now, struct hstatus *st);
 static size_t handlers_status_fill_client(const struct broker *br, const struct bclient *c,
 					  struct hstatus *st, size_t row, Gmb__ClientInfo *ci);
 static int handlers_status_send(struct hreq *rq, struct hstatus *st);
@@ -50,7 +55,7 @@ int handlers__status(struct hreq *rq)
 	struct hstatus st = { 0 };
 	int r;
 
-	r = handlers_status_build(rq->h->broker, &st);
+	r = handlers_status_build(rq->h->broker, uv_now(rq->h->loop), &st);
 	if (r < 0) {
 		r = handlers__fail(rq, r, "out of memory building the status");
 		goto out_free;
@@ -76,7 +81,37 @@ static void handlers_status_tag(const struct btag *t, int ndev, struct hstatus_t
 		out->rows = 1;
 }
 
-static int handlers_status_build(const struct broker *br, struct hstatus *st)
+/* The waiting requests, in serving order. */
+static int handlers_status_waiters(const struct broker *br, uint64_t now, struct hstatus *st)
+{
+	size_t n = 0;
+
+	/* The first part carries them: a bounded number fits it. */
+	for (const struct bwaiter *w = br->waiters; w && n < HSTATUS_MAX_WAITERS; w = w->next)
+		n++;
+	st->wi = calloc(n + 1, sizeof(*st->wi));
+	st->pwi = calloc(n + 1, sizeof(*st->pwi));
+	if (!st->wi || !st->pwi)
+		return -ENOMEM;
+	for (const struct bwaiter *w = br->waiters; w && st->nwaiters < n; w = w->next) {
+		Gmb__WaiterInfo *wi = &st->wi[st->nwaiters];
+
+		gmb__waiter_info__init(wi);
+		wi->client_id = w->client->id;
+		wi->client = (char *)w->client->name;
+		wi->device = w->dev < 0 ? 0 : (uint32_t)w->dev;
+		wi->kind = (char *)(w->kind == BROKER_WAIT_ALLOC ? "alloc" : "resume");
+		wi->tag = (char *)w->tag;
+		wi->bytes = w->need;
+		wi->priority = w->client->priority;
+		wi->waited_ms = now > w->since ? now - w->since : 0;
+		wi->left_ms = w->deadline > now ? w->deadline - now : 0;
+		st->pwi[st->nwaiters++] = wi;
+	}
+	return 0;
+}
+
+static int handlers_status_build(const struct broker *br, uint64_t now, struct hstatus *st)
 {
 	struct hstatus_tag tt;
 	size_t row = 0, i = 0;
@@ -96,6 +131,8 @@ static int handlers_status_build(const struct broker *br, struct hstatus *st)
 	st->ti = calloc(st->nrows + 1, sizeof(*st->ti));
 	st->pti = calloc(st->nrows + 1, sizeof(*st->pti));
 	if (!st->ci || !st->pci || !st->ti || !st->pti)
+		return -ENOMEM;
+	if (handlers_status_waiters(br, now, st) < 0)
 		return -ENOMEM;
 	for (const struct bclient *c = br->clients; c; c = c->next) {
 		if (c->tool)
@@ -120,6 +157,9 @@ static size_t handlers_status_fill_client(const struct broker *br, const struct 
 	ci->uid = (uint32_t)c->uid;
 	ci->gid = (uint32_t)c->gid;
 	ci->control = c->control;
+	ci->group = (char *)c->group;
+	ci->priority = c->priority;
+	ci->preemptible = c->preemptible;
 	ci->tags = &st->pti[row];
 	for (const struct btag *t = c->tags; t; t = t->next) {
 		handlers_status_tag(t, br->ndevices, &tt);
@@ -146,7 +186,8 @@ static size_t handlers_status_fill_client(const struct broker *br, const struct 
 static int handlers_status_send(struct hreq *rq, struct hstatus *st)
 {
 	/* The first part also carries backend, version and the devices. */
-	size_t base = 64 + (size_t)rq->h->broker->ndevices * 96;
+	size_t base = 64 + (size_t)rq->h->broker->ndevices * 128 +
+		      st->nwaiters * (64 + 2 * WIRE_MAX_NAME);
 	size_t first = 0, bytes = base;
 	bool head = true;
 	int r;
@@ -179,6 +220,8 @@ static int handlers_status_part(struct hreq *rq, struct hstatus *st, size_t firs
 		sr.version = (char *)GMB_VERSION;
 		sr.n_devices = (size_t)br->ndevices;
 		sr.devices = st->pdi;
+		sr.n_waiters = st->nwaiters;
+		sr.waiters = st->pwi;
 	}
 	sr.n_clients = n;
 	sr.clients = st->pci + first;
@@ -191,6 +234,8 @@ static int handlers_status_part(struct hreq *rq, struct hstatus *st, size_t firs
 
 static void handlers_status_free(struct hstatus *st)
 {
+	free(st->pwi);
+	free(st->wi);
 	free(st->pti);
 	free(st->ti);
 	free(st->pci);

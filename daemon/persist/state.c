@@ -170,6 +170,8 @@ int state_encode(const struct broker *br, uint8_t **buf, size_t *len)
 {
 	struct state_enc e = { 0 };
 	struct state_count n;
+	uint64_t created[BACKEND_MAX_DEVICES], released[BACKEND_MAX_DEVICES];
+	uint64_t handed[BACKEND_MAX_DEVICES];
 	uint8_t *out;
 	int rc;
 
@@ -183,6 +185,16 @@ int state_encode(const struct broker *br, uint8_t **buf, size_t *len)
 	e.st.next_chunk_id = br->next_chunk_id;
 	e.st.next_client_id = br->next_client_id;
 	e.st.next_alloc_id = br->next_alloc_id;
+	for (int d = 0; d < br->ndevices; d++) {
+		created[d] = br->pools[d].chunks_created;
+		released[d] = br->pools[d].chunks_released;
+		handed[d] = br->pools[d].chunks_handed_over;
+	}
+	e.st.n_chunks_created = e.st.n_chunks_released = e.st.n_chunks_handed_over =
+		(size_t)br->ndevices;
+	e.st.chunks_created = created;
+	e.st.chunks_released = released;
+	e.st.chunks_handed_over = handed;
 	state_enc_chunks(br, &e);
 	state_enc_clients(br, &e);
 	*len = gmb__state__get_packed_size(&e.st);
@@ -372,8 +384,16 @@ int state_restore(struct broker *br, const uint8_t *buf, size_t len, struct stat
 		br->next_alloc_id = st->next_alloc_id;
 	if (br->next_chunk_id < st->next_chunk_id)
 		br->next_chunk_id = st->next_chunk_id;
-	for (int d = 0; d < br->ndevices; d++)
-		pool_shrink(&br->pools[d], br->opts.pool_keep, NULL);
+	/* The counters go on from where the previous gmbd left them. */
+	for (int d = 0; d < br->ndevices; d++) {
+		struct pool *p = &br->pools[d];
+
+		p->chunks_created += (size_t)d < st->n_chunks_created ? st->chunks_created[d] : 0;
+		p->chunks_released += (size_t)d < st->n_chunks_released ? st->chunks_released[d] : 0;
+		p->chunks_handed_over +=
+			(size_t)d < st->n_chunks_handed_over ? st->chunks_handed_over[d] : 0;
+		pool_shrink(p, br->opts.pool_keep, NULL);
+	}
 	rc = 0;
 out:
 	gmb__state__free_unpacked(st, NULL);

@@ -189,6 +189,26 @@ if wanted budget; then
 	fi
 fi
 
+if wanted switch_bench; then
+	# A gmbd whose pauses give memory back to the driver (--pool-keep 0):
+	# the switch hands chunks over, pause + resume release and create.
+	echo "==== gmbctl trim (main gmbd) before the --pool-keep 0 gmbd" >>"$LOG"
+	GMB_SOCKET=$SOCK timeout 60 "$B/gmbctl" trim >>"$LOG" 2>&1
+	SOCK3=$TMPD/gmbd-keep0.sock DLOG3=$TMPD/gmbd-keep0.log
+	if gmbd_start "$SOCK3" "$DLOG3" --pool-keep 0; then
+		KPID=$GMBD_STARTED_PID
+		export GMB_SOCKET=$SOCK3
+		SCN_GMBD_PID=$KPID
+		scenario switch_bench 600 "$B/switch_bench"
+		SCN_GMBD_PID=$GMBD_PID
+		export GMB_SOCKET=$SOCK
+		gmbd_stop "$KPID" || echo "--pool-keep 0 gmbd did not stop cleanly" >>"$LOG"
+		append_daemon_log "gmbd --pool-keep 0 log" "$DLOG3"
+	else
+		record switch_bench FAIL "gmbd --pool-keep 0 did not start"
+	fi
+fi
+
 if [ -n "$GMBD_PID" ]; then
 	echo "==== gmbctl status at the end" >>"$LOG"
 	timeout 10 "$B/gmbctl" status >>"$LOG" 2>&1

@@ -167,6 +167,7 @@ class Driver:
     def __init__(self, args):
         self.gmbctl = args.gmbctl
         self.label = args.label
+        self.use_switch = args.switch
         self.failures = []
         self.times = {"pause_trainer": [], "resume_infer": [], "pause_infer": [],
                       "resume_trainer": []}
@@ -196,6 +197,8 @@ class Driver:
 
     def switch(self, r, off, on, names):
         """gmbctl pause OFF, check its memory is gone, gmbctl resume ON."""
+        if self.use_switch:
+            return self.switch_one(r, off, on, names)
         before = self.status()
         off_bytes = sum(t["bytes"] for t in self.client(before, names[off])["tags"])
         smi0 = smi_used_mib()
@@ -219,6 +222,24 @@ class Driver:
         _, dt_resume = self.ctl("resume", names[on])
         self.times[f"pause_{off}"].append(dt_pause)
         self.times[f"resume_{on}"].append(dt_resume)
+        return st
+
+    def switch_one(self, r, off, on, names):
+        """gmbctl switch OFF ON: one request; OFF paused, ON active after it.
+
+        Its whole time goes to pause_OFF (resume_ON gets 0): the report's
+        pause column is then the switch's.
+        """
+        out, dt = self.ctl("switch", names[off], names[on])
+        st = self.status()
+        off_tags = self.client(st, names[off])["tags"]
+        on_tags = self.client(st, names[on])["tags"]
+        self.expect(all(t["state"] == "paused" for t in off_tags), f"round {r}: {off} not paused")
+        self.expect(all(t["state"] == "active" for t in on_tags), f"round {r}: {on} not active")
+        handed = [ln for ln in out.splitlines() if ln.startswith("total")]
+        self.free_checks.append(f"{off}->{on}: {handed[0] if handed else out.strip()}")
+        self.times[f"pause_{off}"].append(dt)
+        self.times[f"resume_{on}"].append(0.0)
         return st
 
     def run(self, rounds):
@@ -316,6 +337,8 @@ def main():
     ap.add_argument("--label", choices=("warm", "cold"), default="warm")
     ap.add_argument("--baseline")
     ap.add_argument("--json")
+    ap.add_argument("--switch", action="store_true",
+                    help="drive each turn by one `gmbctl switch OFF ON` instead of pause + resume")
     args = ap.parse_args()
     sys.path.insert(0, HERE)
     if args.role == "trainer":
@@ -339,7 +362,8 @@ def main():
             json.dump(summary, f, indent=1)
     t = summary["median_ms"]
     b = summary["baseline_ms"] or {}
-    detail = (f"{args.label}: {args.rounds} rounds, both sides correct each round; median switch "
+    how = "gmbctl switch" if args.switch else "gmbctl pause + resume"
+    detail = (f"{args.label} ({how}): {args.rounds} rounds, both sides correct each round; median switch "
               f"trainer->inference {t['pause_trainer'] + t['resume_infer']:.1f} ms "
               f"(baseline {b.get('pause_A', float('nan')) + b.get('resume_B', float('nan')):.1f}), "
               f"inference->trainer {t['pause_infer'] + t['resume_trainer']:.1f} ms "

@@ -17,6 +17,8 @@
 #   torch_rl_cold        alternate 5 rounds driven by gmbctl; switch times next to the
 #                        create-per-allocation baseline (warm: --pool-keep unlimited; cold: a
 #                        second gmbd with --pool-keep 0, memory back to the driver)
+#   torch_rl_switch      the same loop, each turn one `gmbctl switch` (--switch) on a
+#                        --pool-keep 0 gmbd: the trainer's chunks go straight to the engine
 #
 # Needs, carried from the build machine: .gpu-deps (tests/gpu/pack-deps.sh, then
 # tests/gpu/torch-deps.sh for libprotobuf-c.so.1) and build/proto. Builds
@@ -204,6 +206,21 @@ scenario torch_graph_thread_local 150 env LD_PRELOAD="$SHIM" "$PY" tests/gpu/tor
 	--capture-mode thread_local
 scenario torch_rl_warm 300 env LD_PRELOAD="$SHIM" "$PY" tests/gpu/torch_rl.py --gmbctl "$B/gmbctl" \
 	--rounds 5 --label warm --baseline "$B/torch_baseline" --json "$OUTDIR/torch-rl-warm.json"
+
+if wanted torch_rl_switch; then
+	# Each turn is one `gmbctl switch`, on a gmbd whose pauses give memory
+	# back to the driver: the switch hands the trainer's chunks to the engine.
+	SOCK3=$TMPD/gmbd-switch.sock
+	if gmbd_start "$SOCK3" "$TMPD/gmbd-switch.log" --pool-keep 0; then
+		SW_PID=$GMBD_STARTED_PID
+		GMB_SOCKET=$SOCK3 scenario torch_rl_switch 300 env LD_PRELOAD="$SHIM" \
+			GMB_SOCKET="$SOCK3" "$PY" tests/gpu/torch_rl.py --gmbctl "$B/gmbctl" --rounds 5 \
+			--label cold --switch --json "$OUTDIR/torch-rl-switch.json"
+		gmbd_stop "$SW_PID" || echo "the switch gmbd did not stop cleanly" >>"$LOG"
+	else
+		record torch_rl_switch FAIL "gmbd --pool-keep 0 did not start"
+	fi
+fi
 
 if wanted torch_rl_cold; then
 	SOCK2=$TMPD/gmbd-cold.sock

@@ -186,6 +186,36 @@ class NativeApi(unittest.TestCase):
             op.control("pyworker", "pause")
         w.free(p)
 
+    def test_an_operator_switches_two_clients_and_sets_a_priority(self):
+        a, b = self.client("pyfrom"), self.client("pyto")
+        op = gmb.Client(name="op", tool=True)
+        self.addCleanup(op.close)
+        for w in (a, b):
+            w.on_control(lambda o, tag: True)
+        with a.region("w"):
+            pa = a.malloc(2 * MiB)
+        with b.region("kv"):
+            pb = b.malloc(2 * MiB)
+        b.pause("kv")
+        op.set_wait(1.5)
+        report = op.switch("pyfrom", "pyto", ["w", "kv"])
+        self.assertIn("created 0 B", report)  # its own warm chunks, or the trainer's
+        self.assertEqual(tags_of(op.status(), "pyfrom")["w"]["state"], "paused")
+        self.assertEqual(tags_of(op.status(), "pyto")["kv"]["state"], "active")
+        b.on_control(lambda o, tag: o != "pause")
+        with self.assertRaises(gmb.GmbError) as cm:
+            op.switch("pyto", "pyfrom")
+        self.assertIn("both sides are as before", cm.exception.strerror)
+        self.assertIn("pause", cm.exception.report)
+        op.set_priority("pyto", 7)
+        self.assertEqual([c["priority"] for c in op.status()["clients"] if c["name"] == "pyto"], [7])
+        with self.assertRaises(gmb.GmbError):
+            op.set_priority("nobody-here", 1)
+        b.on_control(None)
+        a.resume()
+        a.free(pa)
+        b.free(pb)
+
     def test_status_is_the_document_gmbctl_prints(self):
         c = self.client("statusy")
         st = c.status()

@@ -16,6 +16,7 @@
  * gmb_last_error(). Memory stays mapped and usable meanwhile.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@
 #include "client/lib/api/status_json.h"
 #include "client/lib/conn/reconnect.h"
 #include "common/deadline.h"
+#include "common/size.h"
 
 /* gmb_connect() fails before there is a client to hold the reason: the
  * calling thread keeps it, for gmb_last_error(NULL). */
@@ -42,6 +44,35 @@ static int api_done(struct gmb_client *c, int rc, const char *err)
 }
 
 static void api_control_run(void *arg, const struct gmb__job *job);
+
+/* $GMB_WAIT_MS: the initial wait of every client (the preload shim's too). */
+static int api_wait_env(struct gmb_client *c, char *err)
+{
+	const char *s = getenv("GMB_WAIT_MS");
+	unsigned long v;
+	char *end;
+
+	if (!s || !*s)
+		return 0;
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (errno || *end || s[0] == '-' || v > UINT32_MAX)
+		return err_fmt(err, -EINVAL, "GMB_WAIT_MS=\"%.32s\" is not a number of"
+			       " milliseconds", s);
+	c->mem.wait_ms = (uint32_t)v;
+	return 0;
+}
+
+/* The wait for requests that take no op_lock (written under both locks). */
+static uint32_t api_wait(struct gmb_client *c)
+{
+	uint32_t ms;
+
+	pthread_mutex_lock(&c->conn.lock);
+	ms = c->mem.wait_ms;
+	pthread_mutex_unlock(&c->conn.lock);
+	return ms;
+}
 
 static void api_client_free(struct gmb_client *c)
 {
@@ -91,6 +122,9 @@ GMB_API int gmb_connect_flags(const char *socket_path, const char *client_name, 
 	if (rc < 0)
 		goto out_client;
 	gmb__reconnect_config(&c->conn);
+	rc = api_wait_env(c, err);
+	if (rc < 0)
+		goto out_sock;
 	/* Workers learn now, not at their first malloc, that they cannot map. */
 	if (!(flags & GMB_CONNECT_TOOL)) {
 		rc = gmb__mem_backend(&c->mem, err);
@@ -186,13 +220,21 @@ GMB_API int gmb_tag_set_mode(gmb_client *c, const char *tag, int mode)
 	return api_done(c, rc, err);
 }
 
-/* Pause or resume under op_lock; @err receives the reason. */
-static int api_pause_resume(struct gmb_client *c, int op, const char *tag, char *err)
+/* Pause or resume under op_lock; @err receives the reason. A resume may
+ * wait @wait_ms for memory if that is longer than the client's own wait. */
+static int api_pause_resume(struct gmb_client *c, int op, const char *tag, uint32_t wait_ms,
+			    char *err)
 {
+	uint32_t own;
 	bool closing;
 	int rc;
 
 	gmb__op_begin(&c->conn);
+	own = c->mem.wait_ms;
+	pthread_mutex_lock(&c->conn.lock);
+	if (wait_ms > own)
+		c->mem.wait_ms = wait_ms;
+	pthread_mutex_unlock(&c->conn.lock);
 	pthread_mutex_lock(&c->conn.lock);
 	closing = c->conn.closing;
 	pthread_mutex_unlock(&c->conn.lock);
@@ -202,6 +244,9 @@ static int api_pause_resume(struct gmb_client *c, int op, const char *tag, char 
 		rc = gmb__cycle_pause(&c->mem, tag, err);
 	else
 		rc = gmb__cycle_resume(&c->mem, tag, err);
+	pthread_mutex_lock(&c->conn.lock);
+	c->mem.wait_ms = own;
+	pthread_mutex_unlock(&c->conn.lock);
 	gmb__op_end(&c->conn);
 	return rc;
 }
@@ -212,7 +257,7 @@ GMB_API int gmb_pause(gmb_client *c, const char *tag)
 
 	if (!c)
 		return -EINVAL;
-	return api_done(c, api_pause_resume(c, GMB_OP_PAUSE, tag, err), err);
+	return api_done(c, api_pause_resume(c, GMB_OP_PAUSE, tag, 0, err), err);
 }
 
 GMB_API int gmb_resume(gmb_client *c, const char *tag)
@@ -221,7 +266,7 @@ GMB_API int gmb_resume(gmb_client *c, const char *tag)
 
 	if (!c)
 		return -EINVAL;
-	return api_done(c, api_pause_resume(c, GMB_OP_RESUME, tag, err), err);
+	return api_done(c, api_pause_resume(c, GMB_OP_RESUME, tag, 0, err), err);
 }
 
 GMB_API int gmb_set_control_handler(gmb_client *c, gmb_control_fn fn, void *arg)
@@ -236,7 +281,8 @@ GMB_API int gmb_set_control_handler(gmb_client *c, gmb_control_fn fn, void *arg)
 }
 
 /* The handler runs without any library lock held, so it may call gmb_* itself. */
-static int api_control_do(struct gmb_client *c, int op, const char *tag, char *err)
+static int api_control_do(struct gmb_client *c, int op, const char *tag, uint32_t wait_ms,
+			  char *err)
 {
 	gmb_control_fn fn;
 	void *arg;
@@ -255,7 +301,7 @@ static int api_control_do(struct gmb_client *c, int op, const char *tag, char *e
 		rc = rc < 0 ? rc : -ECANCELED;
 		return err_fmt(err, rc, "refused by the application (%s)", gmb_strerror(rc));
 	}
-	return api_pause_resume(c, op, tag, err);
+	return api_pause_resume(c, op, tag, wait_ms, err);
 }
 
 /**
@@ -271,7 +317,8 @@ static void api_control_run(void *arg, const struct gmb__job *job)
 	char err[ERR_MSG_MAX] = "";
 	int rc;
 
-	rc = api_control_do(c, (int)cmd->op, cmd->tag && *cmd->tag ? cmd->tag : NULL, err);
+	rc = api_control_do(c, (int)cmd->op, cmd->tag && *cmd->tag ? cmd->tag : NULL,
+			    cmd->wait_ms, err);
 	gmb__send_reply(&c->conn, job->gen, job->env->id, rc, rc < 0 ? err : "");
 }
 
@@ -434,6 +481,7 @@ GMB_API int gmb_control(gmb_client *c, const char *target, int op, const char *t
 	req.target = (char *)target;
 	req.op = (Gmb__Op)op;
 	req.tag = (char *)(tag ? tag : "");
+	req.wait_ms = op == GMB_OP_RESUME ? api_wait(c) : 0;
 	env.body_case = GMB__ENVELOPE__BODY_CONTROL;
 	env.control = &req;
 	rc = gmb__request(&c->conn, &env, &rep, err);
@@ -462,6 +510,107 @@ GMB_API int gmb_trim(gmb_client *c, int device, uint64_t *released, uint64_t *pe
 		*released = last->trim_reply->released_bytes;
 	if (rc == 0 && pending)
 		*pending = last->trim_reply->pending_bytes;
+	gmb__reply_deinit(&rep);
+	return api_done(c, rc, err);
+}
+
+GMB_API int gmb_set_wait(gmb_client *c, uint32_t ms)
+{
+	if (!c)
+		return -EINVAL;
+	gmb__op_begin(&c->conn);
+	pthread_mutex_lock(&c->conn.lock);
+	c->mem.wait_ms = ms;
+	pthread_mutex_unlock(&c->conn.lock);
+	gmb__op_end(&c->conn);
+	return 0;
+}
+
+/* One line per step of @sr, then the total, as a malloc'd string. */
+static char *api_switch_report(const Gmb__SwitchReply *sr)
+{
+	char *text = NULL, b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+
+	if (!f)
+		return NULL;
+	for (size_t i = 0; i < sr->n_steps; i++) {
+		const Gmb__SwitchStep *st = sr->steps[i];
+		char what[WIRE_MAX_NAME + 16];
+
+		if (st->tag && st->tag[0])
+			snprintf(what, sizeof(what), "tag '%s'", st->tag);
+		else
+			snprintf(what, sizeof(what), "every tag");
+		fprintf(f, "%s%-6s %s (#%" PRIu64 ") %s: %.3f ms%s%s\n", st->undo ? "undo " : "",
+			st->op == GMB__OP__OP_PAUSE ? "pause" : "resume", st->client ? st->client : "",
+			st->client_id, what, st->ms, st->status ? ": failed: " : "",
+			st->status ? (st->error && *st->error ? st->error : gmb_strerror(st->status))
+				   : "");
+	}
+	fprintf(f, "total %.3f ms; handed over %s, created %s\n", sr->total_ms,
+		size_str(sr->handed_over_bytes, b1), size_str(sr->created_bytes, b2));
+	if (fclose(f) != 0) {
+		free(text);
+		return NULL;
+	}
+	return text;
+}
+
+GMB_API int gmb_switch(gmb_client *c, const char *from, const char *to,
+		       const char *const *tags, size_t ntags, char **report)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__SwitchRequest req = GMB__SWITCH_REQUEST__INIT;
+	struct gmb__reply rep = GMB__REPLY_INIT;
+	const Gmb__Envelope *last;
+	char err[ERR_MSG_MAX] = "";
+	int rc;
+
+	if (!c)
+		return -EINVAL;
+	if (report)
+		*report = NULL;
+	if (!from || !*from || !to || !*to)
+		return api_done(c, -EINVAL, "a switch needs FROM and TO");
+	if (ntags && !tags)
+		return api_done(c, -EINVAL, "no tags given for ntags > 0");
+	req.from = (char *)from;
+	req.to = (char *)to;
+	req.n_tags = ntags;
+	req.tags = (char **)tags;
+	req.wait_ms = api_wait(c);
+	env.body_case = GMB__ENVELOPE__BODY_SWITCH_REQ;
+	env.switch_req = &req;
+	rc = gmb__request(&c->conn, &env, &rep, err);
+	last = rep.nparts ? rep.parts[rep.nparts - 1] : NULL;
+	if (report && last && last->body_case == GMB__ENVELOPE__BODY_SWITCH_REPLY) {
+		*report = api_switch_report(last->switch_reply);
+		if (!*report && rc == 0)
+			rc = err_fmt(err, -ENOMEM, "out of memory for the switch's report");
+	}
+	gmb__reply_deinit(&rep);
+	return api_done(c, rc, err);
+}
+
+GMB_API int gmb_set_priority(gmb_client *c, const char *target, int priority)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__PriorityRequest req = GMB__PRIORITY_REQUEST__INIT;
+	struct gmb__reply rep = GMB__REPLY_INIT;
+	char err[ERR_MSG_MAX] = "";
+	int rc;
+
+	if (!c)
+		return -EINVAL;
+	if (!target || !*target)
+		return api_done(c, -EINVAL, "no target client");
+	req.target = (char *)target;
+	req.priority = priority;
+	env.body_case = GMB__ENVELOPE__BODY_PRIORITY;
+	env.priority = &req;
+	rc = gmb__request(&c->conn, &env, &rep, err);
 	gmb__reply_deinit(&rep);
 	return api_done(c, rc, err);
 }

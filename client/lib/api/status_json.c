@@ -71,6 +71,12 @@ static const struct table_col status_dev_cols[] = {
 static const struct table_col status_client_cols[] = {
 	{ "CLIENT", false }, { "NAME", false }, { "PID", true },
 	{ "UID", true },     { "GID", true },   { "CONTROL", false },
+	{ "GROUP", false },  { "PRIO", true },
+};
+
+static const struct table_col status_wait_cols[] = {
+	{ "WAITING", false }, { "DEV", true },   { "KIND", false }, { "TAG", false },
+	{ "NEED", true },     { "PRIO", true },  { "WAITED", true }, { "LEFT", true },
 };
 
 static const struct table_col status_tag_cols[] = {
@@ -253,9 +259,12 @@ static void json_put_device(struct sbuf *b, const Gmb__DeviceInfo *d)
 	sbuf_printf(b,
 		    ",\"total_bytes\":%" PRIu64 ",\"budget_bytes\":%" PRIu64
 		    ",\"granularity\":%" PRIu64 ",\"pool_bytes\":%" PRIu64
-		    ",\"used_bytes\":%" PRIu64 ",\"free_bytes\":%" PRIu64 "}",
+		    ",\"used_bytes\":%" PRIu64 ",\"free_bytes\":%" PRIu64
+		    ",\"chunks_created\":%" PRIu64 ",\"chunks_released\":%" PRIu64
+		    ",\"chunks_handed_over\":%" PRIu64 "}",
 		    d->total_bytes, d->budget_bytes, d->granularity, d->pool_bytes,
-		    d->used_bytes, d->free_bytes);
+		    d->used_bytes, d->free_bytes, d->chunks_created, d->chunks_released,
+		    d->chunks_handed_over);
 }
 
 static void json_put_tag(struct sbuf *b, const Gmb__TagInfo *t)
@@ -277,8 +286,11 @@ static void json_put_client(struct sbuf *b, const Gmb__ClientInfo *c)
 	sbuf_printf(b, "{\"id\":%" PRIu64 ",\"name\":", c->id);
 	json_put_str(b, c->name);
 	sbuf_printf(b, ",\"pid\":%" PRId32 ",\"uid\":%" PRIu32 ",\"gid\":%" PRIu32
-		       ",\"control\":%s,\"tags\":[",
+		       ",\"control\":%s,\"group\":",
 		    c->pid, c->uid, c->gid, c->control ? "true" : "false");
+	json_put_str(b, c->group);
+	sbuf_printf(b, ",\"priority\":%" PRId32 ",\"preemptible\":%s,\"tags\":[", c->priority,
+		    c->preemptible ? "true" : "false");
 	for (i = 0; i < c->n_tags; i++) {
 		if (!c->tags[i])
 			continue;
@@ -287,6 +299,19 @@ static void json_put_client(struct sbuf *b, const Gmb__ClientInfo *c)
 		json_put_tag(b, c->tags[i]);
 	}
 	sbuf_puts(b, "]}");
+}
+
+static void json_put_waiter(struct sbuf *b, const Gmb__WaiterInfo *w)
+{
+	sbuf_printf(b, "{\"client_id\":%" PRIu64 ",\"client\":", w->client_id);
+	json_put_str(b, w->client);
+	sbuf_printf(b, ",\"device\":%" PRIu32 ",\"kind\":", w->device);
+	json_put_str(b, w->kind);
+	sbuf_puts(b, ",\"tag\":");
+	json_put_str(b, w->tag);
+	sbuf_printf(b, ",\"bytes\":%" PRIu64 ",\"priority\":%" PRId32 ",\"waited_ms\":%" PRIu64
+		       ",\"left_ms\":%" PRIu64 "}",
+		    w->bytes, w->priority, w->waited_ms, w->left_ms);
 }
 
 /**
@@ -323,6 +348,14 @@ int gmb__status_to_json(const Gmb__StatusReply *st, char **out)
 		if (n++)
 			sbuf_putc(&b, ',');
 		json_put_client(&b, st->clients[i]);
+	}
+	sbuf_puts(&b, "],\"waiters\":[");
+	for (i = 0, n = 0; i < st->n_waiters; i++) {
+		if (!st->waiters[i])
+			continue;
+		if (n++)
+			sbuf_putc(&b, ',');
+		json_put_waiter(&b, st->waiters[i]);
 	}
 	sbuf_puts(&b, "]}");
 	return sbuf_steal(&b, out);
@@ -487,6 +520,48 @@ static void status_add_client(struct table *t, const Gmb__ClientInfo *c)
 	table_add_u64(t, c->uid);
 	table_add_u64(t, c->gid);
 	table_add(t, c->control ? "yes" : "no");
+	table_add(t, c->group && c->group[0] ? c->group : "-");
+	snprintf(num, sizeof(num), "%" PRId32 "%s", c->priority, c->preemptible ? "p" : "");
+	table_add(t, num);
+}
+
+/* Requests waiting for memory, in serving order; nothing when none. */
+static int status_put_waiters(const Gmb__StatusReply *st, struct sbuf *out)
+{
+	struct table t;
+	size_t n = 0;
+	char num[48];
+	int r;
+
+	table_init(&t, status_wait_cols, ARRAY_SIZE(status_wait_cols));
+	for (size_t i = 0; i < st->n_waiters; i++) {
+		const Gmb__WaiterInfo *w = st->waiters[i];
+
+		if (!w)
+			continue;
+		snprintf(num, sizeof(num), "#%" PRIu64, w->client_id);
+		table_add(&t, num);
+		table_add_u64(&t, w->device);
+		table_add(&t, w->kind);
+		table_add(&t, w->tag && w->tag[0] ? w->tag : "*");
+		table_add_size(&t, w->bytes);
+		snprintf(num, sizeof(num), "%" PRId32, w->priority);
+		table_add(&t, num);
+		snprintf(num, sizeof(num), "%.1f s", (double)w->waited_ms / 1000);
+		table_add(&t, num);
+		snprintf(num, sizeof(num), "%.1f s", (double)w->left_ms / 1000);
+		table_add(&t, num);
+		n++;
+	}
+	if (n) {
+		sbuf_putc(out, '\n');
+		table_put_header(&t, out, "");
+	}
+	while (n--)
+		table_put_row(&t, out, "");
+	r = t.text.err;
+	table_deinit(&t);
+	return r;
 }
 
 static void status_add_tag(struct table *t, const Gmb__TagInfo *g)
@@ -607,6 +682,8 @@ int gmb__status_to_table(const Gmb__StatusReply *st, char **out)
 	sbuf_putc(&b, '\n');
 	if (!r)
 		r = status_put_clients(st, &b);
+	if (!r)
+		r = status_put_waiters(st, &b);
 	if (r && !b.err)
 		b.err = r;
 	return sbuf_steal(&b, out);

@@ -105,6 +105,9 @@ static int conn_hello(struct gmb__conn *c, const char *name, unsigned flags, cha
 	/* Control is always offered: without a handler, commands are refused with a reason. */
 	hello.tool = (flags & GMB_CONNECT_TOOL) != 0;
 	hello.control = !hello.tool;
+	hello.group = c->group;
+	hello.priority = c->priority;
+	hello.preemptible = c->preemptible;
 	env.id = ++c->next_id;
 	env.body_case = GMB__ENVELOPE__BODY_HELLO;
 	env.hello = &hello;
@@ -163,6 +166,32 @@ void gmb__conn_deinit(struct gmb__conn *c)
 	c->path = NULL;
 }
 
+/* What the hello says for arbitration, from the environment (not tools). */
+static int conn_arb_env(struct gmb__conn *c, unsigned flags, char *err)
+{
+	const char *g = getenv("GMB_GROUP"), *p = getenv("GMB_PRIORITY");
+	const char *pre = getenv("GMB_PREEMPTIBLE");
+	char *end;
+	long v;
+
+	if (flags & GMB_CONNECT_TOOL)
+		return 0;
+	if (g && strlen(g) > WIRE_MAX_NAME)
+		return err_fmt(err, -EINVAL, "GMB_GROUP is longer than %d bytes", WIRE_MAX_NAME);
+	snprintf(c->group, sizeof(c->group), "%s", g ? g : "");
+	if (p && *p) {
+		errno = 0;
+		v = strtol(p, &end, 10);
+		if (errno || *end || v < INT32_MIN || v > INT32_MAX)
+			return err_fmt(err, -EINVAL, "GMB_PRIORITY=\"%.32s\" is not an integer", p);
+		c->priority = (int)v;
+	}
+	if (pre && *pre && strcmp(pre, "0") != 0 && strcmp(pre, "1") != 0)
+		return err_fmt(err, -EINVAL, "GMB_PREEMPTIBLE=\"%.32s\": use 0 or 1", pre);
+	c->preemptible = pre && strcmp(pre, "1") == 0;
+	return 0;
+}
+
 /**
  * gmb__conn_open() - connect to @path (NULL: the default) and say hello.
  * The socket is c->sock on success (owned by @c), closed on failure.
@@ -180,6 +209,9 @@ int gmb__conn_open(struct gmb__conn *c, const char *path, const char *name, unsi
 	if (!c->path)
 		return err_fmt(err, -ENOMEM, "out of memory for the socket path");
 	snprintf(c->name, sizeof(c->name), "%s", name);
+	rc = conn_arb_env(c, flags, err);
+	if (rc < 0)
+		return rc;
 	rc = wire_connect(path, &c->sock);
 	if (rc == -ENOENT || rc == -ECONNREFUSED)
 		return err_fmt(err, rc, "no gmbd listens on %s (%s)", path, strerror(-rc));

@@ -116,6 +116,9 @@ struct gmb__conn {
 	uint64_t id;                 /* from HelloReply; kept across reconnects */
 	char *path;                  /* gmbd's socket, for reconnecting (owned) */
 	char name[WIRE_MAX_NAME + 1];
+	char group[WIRE_MAX_NAME + 1]; /* $GMB_GROUP; "" none */
+	int priority;                /* $GMB_PRIORITY */
+	bool preemptible;            /* $GMB_PREEMPTIBLE=1 */
 	struct gmb__devices devs;
 	bool reconnect;              /* reconnect after a loss (not tools, not GMB_RECONNECT=0) */
 	unsigned reconnect_wait_ms;  /* how long a call waits for the connection */

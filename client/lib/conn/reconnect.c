@@ -163,6 +163,9 @@ static int reconnect_hello(struct gmb__conn *c, int fd, uint64_t *next_id)
 	hello.name = c->name;
 	hello.control = !(c->flags & GMB_CONNECT_TOOL);
 	hello.rejoin_id = c->id;
+	hello.group = c->group;
+	hello.priority = c->priority;
+	hello.preemptible = c->preemptible;
 	env.body_case = GMB__ENVELOPE__BODY_HELLO;
 	env.hello = &hello;
 	rc = reconnect_ask(fd, &env, ++*next_id, &rep);

@@ -415,6 +415,7 @@ int gmb__cycle_resume(struct gmb__mem *m, const char *name, char *err)
 		return 0;
 	}
 	req.tag = only ? only->name : "";
+	req.wait_ms = m->wait_ms;
 	env.body_case = GMB__ENVELOPE__BODY_RESUME;
 	env.resume = &req;
 	rc = gmb__request(m->conn, &env, &rep, err);

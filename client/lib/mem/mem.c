@@ -356,6 +356,7 @@ static int mem_alloc_lend_map(struct gmb__mem *m, struct gmb__alloc *a, char *er
 	req.device = (uint32_t)a->dev;
 	req.size = a->size;
 	req.tag = a->tag->name;
+	req.wait_ms = m->wait_ms;
 	env.body_case = GMB__ENVELOPE__BODY_ALLOC;
 	env.alloc = &req;
 	rc = gmb__request(m->conn, &env, &rep, err);

@@ -36,6 +36,8 @@ struct gmb__mem {
 	void *ring[2];               /* backup.c's pinned pieces; NULL until first used */
 	void *disk_stage;            /* backup.c's pinned disk buffer, disk_stage_size bytes */
 	uint64_t disk_stage_size;
+	uint32_t wait_ms;            /* how long malloc and resume may wait for memory;
+					written under the state lock too */
 };
 
 void gmb__mem_init(struct gmb__mem *m, struct gmb__conn *conn);

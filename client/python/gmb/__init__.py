@@ -26,7 +26,7 @@ import json
 import logging
 import os
 from contextlib import contextmanager
-from ctypes import byref, c_int, c_uint64, c_void_p
+from ctypes import byref, c_char_p, c_int, c_uint64, c_void_p
 
 from . import _lib
 
@@ -270,6 +270,48 @@ class Client:
         rel, pend = c_uint64(), c_uint64()
         self._check(self._lib().gmb_trim(self._handle(), int(device), byref(rel), byref(pend)))
         return rel.value, pend.value
+
+    # Arbitration.
+
+    def set_wait(self, seconds):
+        """Let malloc and resume wait up to ``seconds`` for memory instead of failing.
+
+        For a tool client it is how long the resumes of ``control`` and
+        ``switch`` may wait. 0 (the default, or $GMB_WAIT_MS) turns it off.
+        """
+        ms = int(round(float(seconds) * 1000))
+        if ms < 0 or ms > 0xFFFFFFFF:
+            raise ValueError(f"gmb: wait of {seconds!r} s is out of range")
+        self._check(self._lib().gmb_set_wait(self._handle(), ms))
+
+    def switch(self, frm, to, tags=None):
+        """What ``gmbctl switch FROM TO [--tags ...]`` does: the report, one line per step.
+
+        ``frm``/``to`` name a client or a group; ``tags`` (in order) are
+        paused on FROM and resumed on TO where each client has them. On
+        failure both sides are put back; the GmbError says so and carries
+        the report as ``.report``.
+        """
+        tags = list(tags or [])
+        arr = (c_char_p * max(len(tags), 1))(*[_b(t) for t in tags])
+        out = c_void_p()
+        rc = self._lib().gmb_switch(self._handle(), _b(str(frm)), _b(str(to)),
+                                    arr if tags else None, len(tags), byref(out))
+        report = ""
+        if out.value:
+            try:
+                report = ctypes.string_at(out.value).decode(errors="replace")
+            finally:
+                _lib.libc().free(out)
+        if rc < 0:
+            err = GmbError(-rc, self.last_error or os.strerror(-rc))
+            err.report = report
+            raise err
+        return report
+
+    def set_priority(self, target, priority):
+        """What ``gmbctl priority TARGET N`` does (a client or a group)."""
+        self._check(self._lib().gmb_set_priority(self._handle(), _b(str(target)), int(priority)))
 
     # Remote control.
 

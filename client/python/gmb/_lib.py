@@ -53,6 +53,10 @@ _PROTOTYPES = {
     "gmb_library_path": (c_char_p, []),
     "gmb_torch_malloc": (c_void_p, [c_ssize_t, c_int, c_void_p]),
     "gmb_torch_free": (None, [c_void_p, c_ssize_t, c_int, c_void_p]),
+    "gmb_set_wait": (c_int, [_H, ctypes.c_uint32]),
+    "gmb_switch": (c_int, [_H, c_char_p, c_char_p, POINTER(c_char_p), c_size_t,
+                           POINTER(c_void_p)]),
+    "gmb_set_priority": (c_int, [_H, c_char_p, c_int]),
 }
 
 _lock = threading.Lock()

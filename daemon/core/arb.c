@@ -1,0 +1,323 @@
+/*
+ * arb.c - gmbd's core, part four: arbitration between clients. Groups (a
+ * switch may name every client of one), priorities, switches that hand
+ * FROM's chunks straight to TO, the queue of requests waiting for memory,
+ * and the choice of whom to preempt for one of them.
+ *
+ * A switch (struct bhandover) only marks: while it lasts, FROM's pauses
+ * leave their chunks free in the pool with chunk->handover set to the
+ * switch's id (lend.c), which pool.c never releases nor lends to anyone
+ * else, and TO's takes carry that id, so TO's resume picks those chunks up
+ * (sending fds, never creating or zeroing) in the same step that lends them.
+ * Between users nothing is reserved: another uid's chunks go through the
+ * backend as for any request.
+ *
+ * The waiting queue is one list in serving order (priority, then arrival);
+ * the queue of a device is its entries of that device. The handlers own
+ * the entries (struct bwaiter in their parked request) and retry them.
+ */
+#include "common/list.h"
+#include "daemon/core/broker_internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/log.h"
+
+struct bhandover {
+	uint64_t id;
+	uid_t *to_uids; /* TO's users: FROM of those hands over */
+	size_t nto_uids;
+	struct broker_handover_stats st;
+};
+
+/* ---- groups and priorities ---- */
+
+void broker_client_set_arb(struct bclient *c, const char *group, int priority, bool preemptible)
+{
+	size_t len = group ? strnlen(group, WIRE_MAX_NAME) : 0;
+
+	memcpy(c->group, group ? group : "", len);
+	c->group[len] = '\0';
+	c->priority = priority;
+	c->preemptible = preemptible;
+}
+
+int broker_select(struct broker *br, const char *sel, struct bclient **out, size_t max, char *err)
+{
+	bool group_only = sel[0] == '@';
+	const char *g = group_only ? sel + 1 : sel;
+	struct bclient *c = group_only ? NULL : broker_client_find(br, sel);
+	size_t n = 0, same = 0;
+
+	if (c && max >= 1) {
+		out[0] = c;
+		return 1;
+	}
+	for (c = br->clients; c; c = c->next) {
+		if (c->tool || c->orphan)
+			continue;
+		same += strcmp(c->name, sel) == 0;
+		if (!g[0] || strcmp(c->group, g) != 0)
+			continue;
+		if (n == max)
+			return err_fmt(err, -E2BIG, "group '%s' has more than %zu clients", g, max);
+		out[n++] = c;
+	}
+	if (n > 0)
+		return (int)n;
+	if (same > 1)
+		return err_fmt(err, -ENOTUNIQ,
+			       "%zu clients are named '%s': name one by id (#N) or"
+			       " pid, or give them a group",
+			       same, sel);
+	return err_fmt(err, -ENOENT, "no client or group matches '%s'", sel);
+}
+
+/* ---- switches ---- */
+
+int broker_handover_begin(struct broker *br, struct bclient *const *from, size_t nfrom,
+			  struct bclient *const *to, size_t nto, struct bhandover **out, char *err)
+{
+	struct bhandover *h;
+
+	for (size_t i = 0; i < nfrom + nto; i++) {
+		const struct bclient *c = i < nfrom ? from[i] : to[i - nfrom];
+
+		if (c->handover)
+			return err_fmt(err, -EBUSY, "client '%s' is part of another switch",
+				       c->name);
+	}
+	h = calloc(1, sizeof(*h));
+	if (!h || !(h->to_uids = calloc(nto ? nto : 1, sizeof(*h->to_uids)))) {
+		free(h);
+		return err_fmt(err, -ENOMEM, "out of memory starting a switch");
+	}
+	h->id = ++br->next_handover_id;
+	for (size_t i = 0; i < nto; i++) {
+		to[i]->handover = h;
+		to[i]->handover_from = false;
+		h->to_uids[h->nto_uids++] = to[i]->uid;
+	}
+	/* A client named on both sides is a FROM: its pause comes first. */
+	for (size_t i = 0; i < nfrom; i++) {
+		from[i]->handover = h;
+		from[i]->handover_from = true;
+	}
+	*out = h;
+	return 0;
+}
+
+void broker_handover_end(struct broker *br, struct bhandover *h, struct broker_handover_stats *st)
+{
+	if (!h)
+		return;
+	for (struct bclient *c = br->clients; c; c = c->next)
+		if (c->handover == h)
+			c->handover = NULL;
+	/* What TO did not take is an ordinary free chunk again. */
+	for (int d = 0; d < br->ndevices; d++) {
+		struct pool *p = &br->pools[d];
+
+		for (struct chunk *ch = p->free_head; ch; ch = ch->next)
+			if (ch->handover == h->id)
+				ch->handover = 0;
+		pool_shrink(p, br->opts.pool_keep, NULL);
+	}
+	if (st)
+		*st = h->st;
+	free(h->to_uids);
+	free(h);
+}
+
+uint64_t broker__handover_id(const struct bclient *c)
+{
+	return c->handover ? c->handover->id : 0;
+}
+
+bool broker__handover_keeps(const struct bclient *c)
+{
+	const struct bhandover *h = c->handover;
+
+	if (!h || !c->handover_from)
+		return false;
+	for (size_t i = 0; i < h->nto_uids; i++)
+		if (h->to_uids[i] == c->uid)
+			return true;
+	return false;
+}
+
+void broker__handover_took(struct pool *pool, struct bclient *c, const struct pool_take *t,
+			   uint64_t handed_bytes, uint32_t handed_chunks)
+{
+	struct bhandover *h = c->handover;
+	uint32_t reused = t->nchunks - t->ncreated;
+
+	if (!h)
+		return;
+	/* FROM taking its own chunks back (a rollback) hands nothing over. */
+	if (!c->handover_from && handed_chunks) {
+		h->st.handed_bytes += handed_bytes;
+		h->st.handed_chunks += handed_chunks;
+		pool->chunks_handed_over += handed_chunks;
+	}
+	for (uint32_t i = reused; i < t->nchunks; i++) {
+		h->st.created_bytes += t->chunks[i]->size;
+		h->st.created_chunks++;
+	}
+}
+
+/* ---- the waiting queue ---- */
+
+/* Does @a come before @b in serving order? */
+static bool broker_wait_before(const struct bwaiter *a, const struct bwaiter *b)
+{
+	if (a->client->priority != b->client->priority)
+		return a->client->priority > b->client->priority;
+	return a->seq < b->seq;
+}
+
+static void broker_wait_insert(struct broker *br, struct bwaiter *w)
+{
+	struct bwaiter *pos = br->waiters, *prev = NULL;
+
+	while (pos && broker_wait_before(pos, w)) {
+		prev = pos;
+		pos = pos->next;
+	}
+	w->prev = prev;
+	w->next = pos;
+	if (pos)
+		pos->prev = w;
+	if (prev)
+		prev->next = w;
+	else
+		br->waiters = w;
+	w->linked = true;
+}
+
+void broker_wait_add(struct broker *br, struct bwaiter *w)
+{
+	w->seq = ++br->next_wait_seq;
+	broker_wait_insert(br, w);
+	log_debug("request waits client=%s kind=%s dev=%d need=%llu priority=%d", w->client->name,
+		  w->kind == BROKER_WAIT_ALLOC ? "alloc" : "resume", w->dev,
+		  (unsigned long long)w->need, w->client->priority);
+}
+
+void broker_wait_remove(struct broker *br, struct bwaiter *w)
+{
+	if (!w->linked)
+		return;
+	DLIST_UNLINK(br->waiters, w);
+	w->linked = false;
+}
+
+bool broker_wait_ahead(const struct broker *br, const struct bclient *c, int dev)
+{
+	for (const struct bwaiter *w = br->waiters; w; w = w->next)
+		if (w->dev == dev && w->client != c && w->client->priority >= c->priority)
+			return true;
+	return false;
+}
+
+void broker_set_priority(struct broker *br, struct bclient *c, int priority)
+{
+	struct bwaiter *mine = NULL, *w, *next;
+
+	c->priority = priority;
+	/* Out in order, back in order: seq keeps arrival among equals. */
+	for (w = br->waiters; w; w = next) {
+		next = w->next;
+		if (w->client != c)
+			continue;
+		DLIST_UNLINK(br->waiters, w);
+		w->next = mine;
+		mine = w;
+	}
+	for (w = mine; w; w = next) {
+		next = w->next;
+		broker_wait_insert(br, w);
+	}
+}
+
+void broker__wait_forget(struct broker *br, struct bclient *c)
+{
+	struct bwaiter *w, *next;
+
+	for (w = br->waiters; w; w = next) {
+		next = w->next;
+		if (w->client == c)
+			broker_wait_remove(br, w);
+	}
+}
+
+/* ---- preemption ---- */
+
+static uint64_t broker_active_bytes(const struct bclient *c, int dev)
+{
+	uint64_t n = 0;
+
+	for (const struct btag *t = c->tags; t; t = t->next)
+		for (const struct balloc *a = t->allocs; a; a = a->next)
+			if (a->active && a->dev == dev)
+				n += a->size;
+	return n;
+}
+
+static bool broker_preemptible(const struct bclient *c, const struct bwaiter *w)
+{
+	return c != w->client && !c->tool && !c->orphan && c->control && c->preemptible &&
+	       !c->preempt_for && !c->handover && c->priority < w->client->priority &&
+	       broker_active_bytes(c, w->dev) > 0;
+}
+
+/* The next victim: lowest priority, then most memory on the device. */
+static struct bclient *broker_preempt_next(struct broker *br, const struct bwaiter *w,
+					   struct bclient *const *taken, size_t ntaken)
+{
+	struct bclient *best = NULL;
+	uint64_t best_bytes = 0;
+
+	for (struct bclient *c = br->clients; c; c = c->next) {
+		uint64_t bytes;
+		bool seen = false;
+
+		for (size_t i = 0; i < ntaken; i++)
+			seen |= taken[i] == c;
+		if (seen || !broker_preemptible(c, w))
+			continue;
+		bytes = broker_active_bytes(c, w->dev);
+		if (!best || c->priority < best->priority ||
+		    (c->priority == best->priority && bytes > best_bytes)) {
+			best = c;
+			best_bytes = bytes;
+		}
+	}
+	return best;
+}
+
+size_t broker_preempt_pick(struct broker *br, const struct bwaiter *w, struct bclient **out,
+			   size_t max)
+{
+	uint64_t covered = 0;
+	size_t n = 0;
+	struct bclient *c;
+
+	while (covered < w->need && n < max && (c = broker_preempt_next(br, w, out, n))) {
+		out[n++] = c;
+		covered += broker_active_bytes(c, w->dev);
+	}
+	if (covered < w->need)
+		return 0; /* pausing them all would not serve it: pause nobody */
+	for (size_t i = 0; i < n; i++)
+		out[i]->preempt_for = w->client->id;
+	return n;
+}
+
+void broker_preempt_done(struct bclient *c)
+{
+	c->preempt_for = 0;
+}
