@@ -403,6 +403,7 @@ static void cuda_close(struct backend *b)
 	/* Chunks and reservations stay the caller's to release: none are tracked. */
 	for (int i = 0; i < b->ndevices; i++)
 		cuda__close_dev(c, i);
+	cuda__nvml_close(c);
 	dlclose(c->lib);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
@@ -473,5 +474,7 @@ static const struct backend_ops cuda_ops = {
 	.wait = cuda__wait,
 	.host_alloc = cuda__host_alloc,
 	.host_free = cuda__host_free,
+	.driver_mem = cuda__driver_mem,
+	.driver_source = "nvml",
 };
 

@@ -111,6 +111,7 @@ struct cuda_priv {
 	uint64_t gran; /* largest device granularity: VA ranges must suit every device */
 	pthread_mutex_t lock; /* guards devs[].ctx and devs[].stream */
 	struct cuda_dev devs[BACKEND_MAX_DEVICES];
+	struct cuda_nvml *nvml; /* nvml.c's, made on first use; guarded by lock */
 };
 
 /*
@@ -147,6 +148,13 @@ int cuda__contents_queue(struct backend *b, int dev, enum backend_contents op, v
 int cuda__wait(struct backend *b, int dev);
 int cuda__host_alloc(struct backend *b, uint64_t size, void **p);
 void cuda__host_free(struct backend *b, void *p, uint64_t size);
+
+/* nvml.c. The driver's view of device @dev's memory (struct backend_ops
+ * driver_mem); NVML is loaded on the first call. */
+struct cuda_nvml;
+int cuda__driver_mem(struct backend *b, int dev, uint64_t *total, uint64_t *used);
+/* Unloads NVML (backend close). */
+void cuda__nvml_close(struct cuda_priv *c);
 /* Destroys @dev's stream and releases its primary context, if made. */
 void cuda__close_dev(struct cuda_priv *c, int dev);
 

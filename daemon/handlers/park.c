@@ -22,6 +22,7 @@ struct hpark {
 	Gmb__Envelope *env;          /* owned */
 	handlers_fn fn;              /* the handler that parked it, to retry it */
 	uint64_t deadline;           /* uv_now() milliseconds */
+	uint64_t start_ns;     /* uv_hrtime() when the request arrived */
 	char why[ERR_MSG_MAX];       /* the core's latest -EAGAIN sentence */
 	struct hpark *prev, *next;
 };
@@ -30,6 +31,12 @@ static void handlers_unpark(struct handlers *h, struct hpark *p);
 static void handlers_park_arm(struct handlers *h);
 static void handlers_on_park_timer(uv_timer_t *timer);
 static void handlers_retry_parked(struct handlers *h);
+
+/* Only alloc and resume park. */
+static const char *handlers_park_name(const struct hpark *p)
+{
+	return p->env->body_case == GMB__ENVELOPE__BODY_RESUME ? "resume" : "alloc";
+}
 
 int handlers__park(struct hreq *rq, handlers_fn fn)
 {
@@ -43,6 +50,7 @@ int handlers__park(struct hreq *rq, handlers_fn fn)
 	p->env = rq->env;
 	p->fn = fn;
 	p->deadline = uv_now(h->loop) + h->park_timeout_ms;
+	p->start_ns = rq->start_ns;
 	memcpy(p->why, rq->err, sizeof(p->why));
 	p->prev = h->parked_tail;
 	if (h->parked_tail)
@@ -99,6 +107,7 @@ static void handlers_on_park_timer(uv_timer_t *timer)
 
 		err_fmt(msg, 0, "%.400s; still waiting after %" PRIu64 " ms", p->why,
 			h->park_timeout_ms);
+		handlers__refused(h, p->s, handlers_park_name(p), -ENOMEM, msg);
 		handlers__reply_status(p->s, p->env->id, -ENOMEM, msg);
 		handlers_unpark(h, p);
 	}
@@ -111,7 +120,7 @@ static void handlers_retry_parked(struct handlers *h)
 	struct hpark *p, *next;
 
 	for (p = h->parked; p; p = next) {
-		struct hreq rq = { .h = h, .s = p->s, .env = p->env };
+		struct hreq rq = { .h = h, .s = p->s, .env = p->env, .start_ns = p->start_ns };
 		int r;
 
 		/* Only this function, the park timer and handlers__park_cancel()
@@ -124,8 +133,10 @@ static void handlers_retry_parked(struct handlers *h)
 			memcpy(p->why, rq.err, sizeof(p->why));
 			continue;
 		}
-		if (r < 0)
+		if (r < 0) {
+			handlers__refused(h, p->s, handlers_park_name(p), r, rq.err);
 			handlers__reply_status(p->s, p->env->id, r, rq.err);
+		}
 		handlers_unpark(h, p);
 	}
 	handlers_park_arm(h);

@@ -87,6 +87,22 @@ static bool handlers_utf8_ok(const char *str)
 	return true;
 }
 
+/* The driver's view of device @d, when the backend can tell it. */
+static void handlers_driver_view(const struct broker *br, int d, Gmb__DeviceInfo *di)
+{
+	struct backend *b = br->backend;
+	uint64_t total = 0, used = 0;
+
+	if (!b->ops->driver_mem || b->ops->driver_mem(b, d, &total, &used) < 0)
+		return;
+	di->driver_known = true;
+	di->driver_source = (char *)b->ops->driver_source;
+	di->driver_total_bytes = total;
+	di->driver_used_bytes = used;
+	/* gmbd's chunks are part of what the driver counts as used. */
+	di->outside_bytes = used > di->pool_bytes ? used - di->pool_bytes : 0;
+}
+
 void handlers__devices(const struct broker *br, Gmb__DeviceInfo *di, Gmb__DeviceInfo **pdi)
 {
 	for (int d = 0; d < br->ndevices; d++) {
@@ -103,6 +119,7 @@ void handlers__devices(const struct broker *br, Gmb__DeviceInfo *di, Gmb__Device
 		di[d].pool_bytes = p->held_bytes;
 		di[d].used_bytes = p->lent_bytes;
 		di[d].free_bytes = p->free_bytes;
+		handlers_driver_view(br, d, &di[d]);
 		pdi[d] = &di[d];
 	}
 }
@@ -145,4 +162,9 @@ struct sess *handlers__conn_client(const struct handlers *h, const struct bclien
 struct sess *handlers_sess_of(const struct handlers *h, const struct bclient *c)
 {
 	return idmap_get(&h->conns, c->id);
+}
+
+const char *handlers__tag_log(const char *tag, char *buf)
+{
+	return tag[0] ? log_quote(tag, buf, LOG_QUOTE_MAX) : "*";
 }

@@ -71,7 +71,7 @@ static int cycle_wait(struct gmb__mem *m, uint64_t mask, char *err)
  * queued first and waited for once, so many small allocations copy back to
  * back at the link's bandwidth.
  */
-static int cycle_save(struct gmb__mem *m, const struct gmb__tag *only, char *err)
+static int cycle_save(struct gmb__mem *m, const struct gmb__tag *only, uint64_t *copied, char *err)
 {
 	struct backend *be = m->be;
 	uint64_t queued = 0;
@@ -91,6 +91,7 @@ static int cycle_save(struct gmb__mem *m, const struct gmb__tag *only, char *err
 			}
 			queued |= GMB__DEV_BIT(a->dev);
 			a->saved = true;
+			*copied += a->size;
 		}
 	}
 	/* Even after a failure: queued copies still write the staging buffers. */
@@ -146,7 +147,7 @@ static void cycle_mark(struct gmb__mem *m, const struct gmb__tag *only, bool fro
 int gmb__cycle_pause(struct gmb__mem *m, const char *name, char *err)
 {
 	struct gmb__tag *only = NULL;
-	uint64_t mask;
+	uint64_t mask, copied = 0;
 	int rc;
 
 	if (name && *name) {
@@ -161,14 +162,14 @@ int gmb__cycle_pause(struct gmb__mem *m, const char *name, char *err)
 	mask = cycle_devices(m, only, false);
 	rc = gmb__mem_sync(m, mask, err);
 	if (rc == 0)
-		rc = cycle_save(m, only, err);
+		rc = cycle_save(m, only, &copied, err);
 	/* Copies may be asynchronous: they must land before the memory goes. */
 	if (rc == 0)
 		rc = gmb__mem_sync(m, mask, err);
 	if (rc == 0)
 		rc = cycle_unmap_tags(m, only, false, err);
 	if (rc == 0)
-		rc = gmb__mem_send_pause(m, only ? only->name : "", err);
+		rc = gmb__mem_send_pause(m, only ? only->name : "", copied, err);
 	if (rc < 0) {
 		cycle_remap(m, only);
 		return rc;
@@ -289,7 +290,7 @@ static void cycle_repause(struct gmb__mem *m, const struct gmb__tag *only)
 	cycle_unmap_tags(m, only, true, NULL);
 	for (struct gmb__tag *t = m->tags; t; t = t->next)
 		if (cycle_tag_in(t, only, true))
-			gmb__mem_send_pause(m, t->name, NULL);
+			gmb__mem_send_pause(m, t->name, 0, NULL);
 }
 
 static int cycle_resume_reply(struct gmb__mem *m, const struct gmb__tag *only,
