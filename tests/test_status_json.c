@@ -51,14 +51,17 @@ static void fault_free(void *p)
 /* status_json.h is already in, so its guard keeps these names out of it. */
 int faulty_status_to_json(const Gmb__StatusReply *st, char **out);
 int faulty_status_to_table(const Gmb__StatusReply *st, char **out);
+int faulty_watch_format(const Gmb__WatchEvent *ev, bool json, char **out);
 
 #define realloc fault_realloc
 #define free fault_free
 #define gmb__status_to_json faulty_status_to_json
 #define gmb__status_to_table faulty_status_to_table
+#define gmb__watch_format faulty_watch_format
 #include "client/lib/api/status_json.c"
 #undef realloc
 #undef free
+#undef gmb__watch_format
 #undef gmb__status_to_json
 #undef gmb__status_to_table
 

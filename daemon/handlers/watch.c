@@ -26,6 +26,19 @@
 #include "include/gmb.h"
 
 static void handlers_watch_send(struct handlers *h, struct sess *s, const struct event *ev);
+static void handlers_watch_drain(struct handlers *h, struct sess *s);
+
+/* A watcher dropped for falling behind: its queue (the last event at its
+ * end) may still drain; it is disconnected once it has, or after
+ * HANDLERS_WATCH_DRAIN_MS. */
+struct hdrain {
+	uv_timer_t timer;         /* frees the struct on close */
+	struct sess *s;           /* reference held */
+	uint64_t deadline;        /* uv_now() ms */
+};
+
+#define HANDLERS_WATCH_DRAIN_MS 10000
+#define HANDLERS_WATCH_DRAIN_TICK_MS 50
 static void handlers_watch_remove(struct handlers *h, size_t i);
 
 int handlers__watch(struct hreq *rq)
@@ -152,9 +165,48 @@ static void handlers_watch_send(struct handlers *h, struct sess *s, const struct
 	env.watch_event = &we;
 	sess_send(s, &env);
 	if (behind) {
+		log_notice("watcher fell behind, dropped " SESS_FMT " queued=%zu", SESS_ARGS(s),
+			   queued);
 		handlers__watch_gone(h, s);
-		sess_doom(s, LOG_LVL_NOTICE, "watcher fell behind, disconnected queued=%zu", queued);
+		handlers_watch_drain(h, s);
 	}
+}
+
+static void handlers_on_drain_closed(uv_handle_t *handle)
+{
+	struct hdrain *d = handle->data;
+
+	sess_unref(d->s);
+	free(d);
+}
+
+static void handlers_on_drain_tick(uv_timer_t *t)
+{
+	struct hdrain *d = t->data;
+
+	if (d->s->state == SESS_OPEN && d->s->out_count && uv_now(t->loop) < d->deadline)
+		return;
+	sess_doom(d->s, LOG_LVL_INFO, "dropped watcher disconnected queued=%u", d->s->out_count);
+	uv_timer_stop(t);
+	uv_close((uv_handle_t *)t, handlers_on_drain_closed);
+}
+
+/* Nothing more is sent to @s; it goes once its queue is out. */
+static void handlers_watch_drain(struct handlers *h, struct sess *s)
+{
+	struct hdrain *d = calloc(1, sizeof(*d));
+
+	if (!d || h->closed) {
+		free(d);
+		sess_doom(s, LOG_LVL_INFO, "dropped watcher disconnected");
+		return;
+	}
+	d->s = sess_ref(s);
+	d->deadline = uv_now(h->loop) + HANDLERS_WATCH_DRAIN_MS;
+	uv_timer_init(h->loop, &d->timer);
+	d->timer.data = d;
+	uv_timer_start(&d->timer, handlers_on_drain_tick, HANDLERS_WATCH_DRAIN_TICK_MS,
+		       HANDLERS_WATCH_DRAIN_TICK_MS);
 }
 
 void handlers__event_client(struct event *ev, const struct sess *s, const struct bclient *c)
