@@ -181,7 +181,7 @@ $(DEPS_STAMP):
 
 # systemd: systemd-socket-activate for tests/test_sd.c (no need for it as PID 1).
 DEPS_DEB := libuv1-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libcriterion-dev pkg-config util-linux clang \
-	systemd
+	systemd prometheus tmux curl
 deps: ## install build/test dependencies with apt-get (needs root)
 	@missing=$$(for p in $(DEPS_DEB); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -z "$$missing" ]; then echo "deps: all installed"; else \
