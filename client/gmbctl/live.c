@@ -118,7 +118,8 @@ int ctl_watch(gmb_client *unused, const struct ctl_args *a)
 	char *line;
 	int r;
 
-	ctl_catch_signals();
+	/* No signal handler: SIGINT and SIGTERM end watch at once (a wait
+	 * for the next event is not interrupted by a handler). */
 	r = ctl_watch_open(a, false, &c);
 	while (r >= 0 && !ctl_stop) {
 		r = gmb_watch_next(c, -1, flags, &line);
@@ -146,7 +147,7 @@ int ctl_watch(gmb_client *unused, const struct ctl_args *a)
 		fputc('\n', stderr);
 	}
 	gmb_close(c);
-	return ctl_stop ? 0 : r;
+	return r;
 }
 
 /* ---- top ---- */

@@ -95,6 +95,10 @@ static void handlers_driver_view(const struct broker *br, int d, Gmb__DeviceInfo
 
 	if (!b->ops->driver_mem || b->ops->driver_mem(b, d, &total, &used) < 0)
 		return;
+	/* The driver sees at least gmbd's own chunks (the host twin cannot
+	 * tell the device of the chunks a restart handed back). */
+	if (used < di->pool_bytes)
+		used = di->pool_bytes;
 	di->driver_known = true;
 	di->driver_source = (char *)b->ops->driver_source;
 	di->driver_total_bytes = total;

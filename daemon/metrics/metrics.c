@@ -171,8 +171,12 @@ static void metrics_devices(struct mbuf *b, const struct broker *br)
 			mbuf_printf(b, " %" PRIu64 "\n", metrics_pool_value(&br->pools[d], (int)k));
 		}
 	}
-	for (int d = 0; d < br->ndevices; d++)
+	for (int d = 0; d < br->ndevices; d++) {
 		known[d] = be->ops->driver_mem && be->ops->driver_mem(be, d, &total[d], &used[d]) == 0;
+		/* As in status: the driver sees at least gmbd's own chunks. */
+		if (known[d] && used[d] < br->pools[d].held_bytes)
+			used[d] = br->pools[d].held_bytes;
+	}
 	metrics_family(b, "gmbd_device_driver_total_bytes", "gauge",
 		       "The device's memory as its driver reports it.");
 	for (int d = 0; d < br->ndevices; d++)
