@@ -42,29 +42,30 @@ TEST_LIBS := -lcriterion
 
 COMMON_SRC := common/err.c common/deadline.c common/log.c common/wire.c common/idmap.c common/size.c \
 	common/backend/error.c common/backend/open.c common/backend/host.c common/backend/cuda.c \
-	common/backend/cuda_error.c common/backend/cuda_contents.c
+	common/backend/cuda_error.c common/backend/cuda_contents.c common/backend/nvml.c
 PROTO_SRC := proto/gmb.pb-c.c
 # The daemon's layers, bottom up: core, persist, handlers, transport; the
 # service (main) wires them; system is the service manager's glue.
 DAEMON_SRC := daemon/core/pool.c daemon/core/broker.c daemon/core/lend.c daemon/core/rejoin.c \
-	daemon/core/proc.c daemon/core/arb.c \
+	daemon/core/proc.c daemon/core/arb.c daemon/core/event.c daemon/handlers/watch.c \
 	daemon/persist/state.c daemon/persist/persist.c \
 	daemon/handlers/reply.c daemon/handlers/drops.c daemon/handlers/park.c \
 	daemon/handlers/status.c daemon/handlers/switch.c daemon/handlers/control.c daemon/handlers/memory.c \
 	daemon/handlers/hello.c daemon/handlers/orphans.c daemon/handlers/handlers.c \
 	daemon/transport/sess.c daemon/transport/server.c \
-	daemon/system/sd.c daemon/service/opts.c daemon/service/conf.c
+	daemon/system/sd.c daemon/service/opts.c daemon/service/conf.c \
+	daemon/metrics/metrics.c daemon/metrics/http.c
 DAEMON_MAIN := daemon/service/main.c
 # libgmb, top down: the API, the hooks above it (regions, the default client,
 # the PyTorch entry points), memory, the tables, the connection. The LD_PRELOAD
 # shim is a library of its own that loads libgmb at run time (no NEEDED on it).
-LIB_SRC := client/lib/api/api.c client/lib/api/status_json.c \
+LIB_SRC := client/lib/api/api.c client/lib/api/status_json.c client/lib/api/status_top.c \
 	client/lib/hook/region.c client/lib/hook/default.c client/lib/hook/alloc.c \
 	client/lib/hook/torch.c client/lib/hook/libpath.c client/lib/hook/tms.c \
 	client/lib/mem/mem.c client/lib/mem/cycle.c client/lib/mem/rejoin.c client/lib/mem/backup.c \
 	client/lib/cache/cache.c client/lib/conn/conn.c client/lib/conn/reconnect.c
 PRELOAD_SRC := client/preload/preload.c common/err.c
-CTL_SRC := client/gmbctl/gmbctl.c
+CTL_SRC := client/gmbctl/gmbctl.c client/gmbctl/live.c
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_HELPER_SRC := tests/util.c
 TEST_PROG_SRC := $(wildcard tests/prog_*.c)
@@ -212,7 +213,7 @@ $(DEPS_STAMP):
 # scdoc: the man pages; python3-venv and python3-wheel-whl: pip installs the
 # Python module into a fresh venv offline; man-db: man -l in the checks.
 DEPS_DEB := libuv1-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libcriterion-dev pkg-config util-linux clang \
-	systemd clang-format scdoc python3-venv python3-wheel-whl man-db
+	systemd clang-format scdoc python3-venv python3-wheel-whl man-db prometheus tmux curl
 deps: ## install build/test dependencies with apt-get (needs root)
 	@missing=$$(for p in $(DEPS_DEB); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -z "$$missing" ]; then echo "deps: all installed"; else \

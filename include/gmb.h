@@ -102,7 +102,12 @@ GMB_API int gmb_resume(gmb_client *c, const char *tag);
  */
 typedef int (*gmb_control_fn)(void *arg, int op, const char *tag);
 
-/** gmb_set_control_handler() - install (or, with NULL, remove) the handler. */
+/**
+ * gmb_set_control_handler() - install (or, with NULL, remove) the handler.
+ * gmbd learns of it at once (status shows CONTROL yes/no, and a remote
+ * pause of a client without one is refused up front). Return: 0, or the
+ * error of telling gmbd (the handler is installed all the same).
+ */
 GMB_API int gmb_set_control_handler(gmb_client *c, gmb_control_fn fn, void *arg);
 
 /**
@@ -155,8 +160,37 @@ GMB_API int gmb_control(gmb_client *c, const char *target, int op, const char *t
  */
 GMB_API int gmb_status_text(gmb_client *c, char **text);
 
+/**
+ * gmb_status_top() - the screen `gmbctl top` shows, as text of lines at most
+ * @width columns (60-240): per device a bar of lent, idle, paused and
+ * outside memory, then every client's tags. *@text is malloc'd.
+ */
+GMB_API int gmb_status_top(gmb_client *c, int width, char **text);
+
 /** gmb_trim() - release free pool chunks of @device (-1: all) to the backend. */
 GMB_API int gmb_trim(gmb_client *c, int device, uint64_t *released, uint64_t *pending);
+
+/**
+ * gmb_watch() - subscribe @c to gmbd's events (what `gmbctl watch` shows):
+ * clients connecting and going, allocations, frees, pauses, resumes,
+ * refusals, drops, trims. Any client may watch. Read them with
+ * gmb_watch_next(). A watcher that falls far behind is disconnected by gmbd
+ * after one last event of kind "dropped".
+ */
+GMB_API int gmb_watch(gmb_client *c);
+
+enum {
+	GMB_WATCH_JSON = 1 /* gmb_watch_next(): a JSON object, not text */
+};
+
+/**
+ * gmb_watch_next() - wait up to @timeout_ms (-1: forever) for the next event
+ * and put it in *@line as one line without a newline: text, or with
+ * GMB_WATCH_JSON one JSON object (malloc'd, the caller frees it).
+ * Return: 1 with *@line, 0 on timeout, -ENOTCONN once the connection is
+ * gone (gmb_last_error() says why), or another negative errno.
+ */
+GMB_API int gmb_watch_next(gmb_client *c, int timeout_ms, unsigned flags, char **line);
 
 /*
  * Regions and the process's default client: what the LD_PRELOAD shim

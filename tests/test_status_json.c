@@ -51,14 +51,17 @@ static void fault_free(void *p)
 /* status_json.h is already in, so its guard keeps these names out of it. */
 int faulty_status_to_json(const Gmb__StatusReply *st, char **out);
 int faulty_status_to_table(const Gmb__StatusReply *st, char **out);
+int faulty_watch_format(const Gmb__WatchEvent *ev, bool json, char **out);
 
 #define realloc fault_realloc
 #define free fault_free
 #define gmb__status_to_json faulty_status_to_json
 #define gmb__status_to_table faulty_status_to_table
+#define gmb__watch_format faulty_watch_format
 #include "client/lib/api/status_json.c"
 #undef realloc
 #undef free
+#undef gmb__watch_format
 #undef gmb__status_to_json
 #undef gmb__status_to_table
 
@@ -265,8 +268,7 @@ static bool json_valid(const char *s)
 static const char small_json[] =
 	"{\"backend\":\"host\",\"version\":\"0.1.0\",\"devices\":[{\"index\":0,\"name\":\"host0\","
 	"\"total_bytes\":8589934592,\"budget_bytes\":8589934592,\"granularity\":2097152,"
-	"\"pool_bytes\":2147483648,\"used_bytes\":1610612736,\"free_bytes\":536870912,"
-	"\"chunks_created\":0,\"chunks_released\":0,\"chunks_handed_over\":0}],"
+	"\"pool_bytes\":2147483648,\"used_bytes\":1610612736,\"free_bytes\":536870912,\"chunks_created\":0,\"chunks_released\":0,\"chunks_handed_over\":0,\"held_bytes\":2147483648,\"lent_bytes\":1610612736,\"idle_bytes\":536870912,\"available_bytes\":6979321856,\"driver\":null,\"outside_bytes\":null}],"
 	"\"clients\":[{\"id\":1,\"name\":\"w\",\"pid\":123,\"uid\":0,\"gid\":0,\"control\":true,"
 	"\"group\":\"\",\"priority\":0,\"preemptible\":false,"
 	"\"tags\":[{\"name\":\"kv\",\"device\":0,\"state\":\"active\",\"mode\":\"discard\","
@@ -275,8 +277,8 @@ static const char small_json[] =
 static const char small_table[] =
 	"gmbd 0.1.0, backend host\n"
 	"\n"
-	"DEV  NAME     TOTAL   BUDGET     POOL     USED       FREE\n"
-	"  0  host0  8.0 GiB  8.0 GiB  2.0 GiB  1.5 GiB  512.0 MiB\n"
+	"DEV  NAME     TOTAL  USED  OUTSIDE   BUDGET     HELD     LENT       IDLE    AVAIL\n"
+	"  0  host0  8.0 GiB     ?        ?  8.0 GiB  2.0 GiB  1.5 GiB  512.0 MiB  6.5 GiB\n"
 	"\n"
 	"CLIENT  NAME  PID  UID  GID  CONTROL  GROUP  PRIO\n"
 	"    TAG  DEVICE  STATE   MODE     ALLOCS    BYTES\n"

@@ -1,6 +1,7 @@
 /*
- * gmbctl.c - the operator's CLI of gmbd: status, pause/resume, trim, and
- * arbitration (switch, priority).
+ * gmbctl.c - the operator's CLI of gmbd: status, pause/resume, trim,
+ * arbitration (switch, priority), the live views watch and top
+ * (client/gmbctl/live.c), and help.
  *
  * Three tables drive everything: ctl_opts[] (global options), ctl_kinds[]
  * (what each kind of argument is and how it is checked) and ctl_cmds[]
@@ -25,44 +26,32 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <grp.h>
 
+#include "client/gmbctl/ctl.h"
 #include "common/size.h"
 #include "common/wire.h"
 #include "gmb.h"
 
-#define CTL_NAME "gmbctl"
 #define CTL_MAX_ARGS 2
 
 enum { CTL_EXIT_OK = 0, CTL_EXIT_FAIL = 1, CTL_EXIT_USAGE = 2 };
 
 /* ctl_cmd.flags */
 enum {
-	CTL_F_JSON = 1u << 0, /* takes --json */
-	CTL_F_WAIT = 1u << 1, /* takes --wait SECONDS */
-	CTL_F_TAGS = 1u << 2, /* takes --tags T1,T2,... */
+	CTL_F_JSON = 1u << 0,  /* takes --json */
+	CTL_F_LOCAL = 1u << 1, /* needs no connection (help) */
+	CTL_F_LIVE = 1u << 2,  /* makes its own connections (watch, top) */
+	CTL_F_WAIT = 1u << 3,  /* takes --wait SECONDS */
+	CTL_F_TAGS = 1u << 4,  /* takes --tags T1,T2,... */
 };
-
-#define CTL_MAX_TAGS 64
 
 /* getopt keys of long-only options: past every char. */
 enum { CTL_OPT_JSON = 256 };
 
-enum ctl_kind { CTL_ARG_NONE, CTL_ARG_CLIENT, CTL_ARG_TAG, CTL_ARG_DEVICE, CTL_ARG_FROM,
-		CTL_ARG_TO, CTL_ARG_PRIORITY };
-
-/* A command's arguments, checked: what a handler gets. */
-struct ctl_args {
-	const char *client;
-	const char *tag; /* NULL: every tag */
-	int device;	 /* -1: every device */
-	bool json;
-	const char *to;	 /* switch: TO */
-	int priority;
-	uint32_t wait_ms; /* --wait */
-	const char *tags[CTL_MAX_TAGS]; /* --tags, in order (pointing into tags_buf) */
-	size_t ntags;
-	char tags_buf[4096];
-};
+enum ctl_kind { CTL_ARG_NONE, CTL_ARG_CLIENT, CTL_ARG_TAG, CTL_ARG_DEVICE, CTL_ARG_COMMAND,
+		CTL_ARG_FROM, CTL_ARG_TO, CTL_ARG_PRIORITY };
 
 struct ctl_kind_info {
 	const char *metavar;
@@ -105,6 +94,8 @@ static int ctl_check_to(const char *s, struct ctl_args *a, const char **why);
 static int ctl_check_priority(const char *s, struct ctl_args *a, const char **why);
 static int ctl_switch(gmb_client *c, const struct ctl_args *a);
 static int ctl_priority(gmb_client *c, const struct ctl_args *a);
+static int ctl_check_command(const char *s, struct ctl_args *a, const char **why);
+static int ctl_help(gmb_client *c, const struct ctl_args *a);
 static int ctl_status(gmb_client *c, const struct ctl_args *a);
 static int ctl_pause(gmb_client *c, const struct ctl_args *a);
 static int ctl_resume(gmb_client *c, const struct ctl_args *a);
@@ -121,6 +112,7 @@ static const struct ctl_kind_info ctl_kinds[] = {
 	[CTL_ARG_TO] = { "TO", "a client or a group, as FROM", ctl_check_to },
 	[CTL_ARG_PRIORITY] = { "N", "a priority, an integer (higher is served first)",
 			       ctl_check_priority },
+	[CTL_ARG_COMMAND] = { "COMMAND", "one of the commands above", ctl_check_command },
 };
 
 static const struct ctl_cmd ctl_cmds[] = {
@@ -136,6 +128,27 @@ static const struct ctl_cmd ctl_cmds[] = {
 	  "pause FROM's tags, then resume TO's in the order of --tags" },
 	{ "priority", { CTL_ARG_CLIENT, CTL_ARG_PRIORITY }, 2, 2, 0, ctl_priority,
 	  "set the priority of a client or group" },
+	{ "watch",
+	  { CTL_ARG_NONE },
+	  0,
+	  0,
+	  CTL_F_JSON | CTL_F_LIVE,
+	  ctl_watch,
+	  "print gmbd's events as they happen, one line each (Ctrl-C ends)" },
+	{ "top",
+	  { CTL_ARG_NONE },
+	  0,
+	  0,
+	  CTL_F_LIVE,
+	  ctl_top,
+	  "a live view of devices, clients and tags, every second (q quits)" },
+	{ "help",
+	  { CTL_ARG_COMMAND },
+	  0,
+	  1,
+	  CTL_F_LOCAL,
+	  ctl_help,
+	  "show this help, or a command's" },
 };
 
 static const struct ctl_opt ctl_opts[] = {
@@ -186,6 +199,18 @@ static int ctl_check_tag(const char *s, struct ctl_args *a, const char **why)
 		return -EINVAL;
 	}
 	a->tag = s;
+	return 0;
+}
+
+static const struct ctl_cmd *ctl_find_cmd(const char *name);
+
+static int ctl_check_command(const char *s, struct ctl_args *a, const char **why)
+{
+	if (!ctl_find_cmd(s)) {
+		*why = "unknown command";
+		return -EINVAL;
+	}
+	a->command = s;
 	return 0;
 }
 
@@ -275,15 +300,58 @@ static int ctl_check_tags(const char *s, struct ctl_args *a, const char **why)
  * Writes a broker message to stderr. It may quote a client's name, and a
  * client can name itself anything, so no control byte reaches the terminal.
  */
-static void ctl_put_safe(const char *s)
+void ctl_put_safe_to(FILE *f, const char *s)
 {
 	for (; *s; s++)
-		fputc((unsigned char)*s < 0x20 || *s == 0x7f ? '?' : *s, stderr);
+		fputc((unsigned char)*s < 0x20 || *s == 0x7f ? '?' : *s, f);
 }
 
-static const char *ctl_socket_path(const struct ctl_cli *cli)
+static void ctl_put_safe(const char *s)
 {
-	return cli->socket ? cli->socket : wire_default_socket();
+	ctl_put_safe_to(stderr, s);
+}
+
+static const char *ctl_socket_path(const char *socket)
+{
+	return socket ? socket : wire_default_socket();
+}
+
+/* What a person can do about a failed connect: is gmbd there, may I in. */
+static void ctl_connect_hint(const char *path, int err)
+{
+	struct stat st;
+	struct group *gr;
+
+	if (err == -ENOENT || err == -ECONNREFUSED) {
+		fprintf(stderr,
+			"hint: is gmbd running? (systemctl status gmbd.socket gmbd)"
+			" Name its socket with -s PATH or $GMB_SOCKET; the default is " WIRE_DEFAULT_SOCKET
+			".\n");
+	} else if (err == -EACCES || err == -EPERM) {
+		gr = stat(path, &st) == 0 ? getgrgid(st.st_gid) : NULL;
+		fprintf(stderr, "hint: the socket admits its group only (ls -l ");
+		ctl_put_safe(path);
+		if (gr) {
+			fprintf(stderr, "): join it with 'sudo usermod -aG ");
+			ctl_put_safe(gr->gr_name);
+			fprintf(stderr, " $USER', then log in again.\n");
+		} else {
+			fprintf(stderr, "): ask to be added to that group (usermod -aG).\n");
+		}
+	}
+}
+
+int ctl_connect(const char *cmd, const char *socket, bool quiet, gmb_client **c)
+{
+	int r = gmb_connect_flags(socket, CTL_NAME, GMB_CONNECT_TOOL, c);
+
+	if (r < 0 && !quiet) {
+		fprintf(stderr, CTL_NAME ": %s: cannot connect to gmbd at ", cmd);
+		ctl_put_safe(ctl_socket_path(socket));
+		fprintf(stderr, ": %s\n", gmb_strerror(r));
+		ctl_connect_hint(ctl_socket_path(socket), r);
+	}
+	return r;
 }
 
 /* --- usage and help, from the tables ------------------------------------ */
@@ -477,6 +545,15 @@ static int ctl_parse_cmd_args(struct ctl_cli *cli, int argc, char **argv)
 				return ctl_usage_error(cmd, "%s: %s: '%s'", cmd->name, why,
 						       argv[i + 1]);
 			i++;
+		} else if (opts && (!strcmp(argv[i], "-s") || !strcmp(argv[i], "--socket"))) {
+			if (i + 1 >= argc || !argv[i + 1][0])
+				return ctl_usage_error(cmd, "%s: option '%s' needs a value",
+						       cmd->name, argv[i]);
+			cli->socket = argv[++i];
+		} else if (opts && !strncmp(argv[i], "--socket=", 9)) {
+			if (!argv[i][9])
+				return ctl_usage_error(cmd, "%s: empty socket path", cmd->name);
+			cli->socket = argv[i] + 9;
 		} else if (opts && argv[i][0] == '-' && argv[i][1] && !ctl_is_number(argv[i] + 1)) {
 			return ctl_usage_error(cmd, "%s: unknown option '%s'", cmd->name, argv[i]);
 		} else if (n >= cmd->max_args) {
@@ -495,6 +572,7 @@ static int ctl_parse_cmd_args(struct ctl_cli *cli, int argc, char **argv)
 	if (cli->json && !(cmd->flags & CTL_F_JSON))
 		return ctl_usage_error(cmd, "%s: does not take --json", cmd->name);
 	cli->args.json = cli->json;
+	cli->args.socket = cli->socket;
 	return 0;
 }
 
@@ -538,15 +616,49 @@ static int ctl_status(gmb_client *c, const struct ctl_args *a)
 	return 0;
 }
 
+/* "paused tag 'kv' of client 'w1'": a success says what it did. */
+static int ctl_control(gmb_client *c, const struct ctl_args *a, int op)
+{
+	int r = gmb_control(c, a->client, op, a->tag);
+
+	if (r < 0)
+		return r;
+	fputs(op == GMB_OP_PAUSE ? "paused " : "resumed ", stdout);
+	if (a->tag) {
+		fputs("tag '", stdout);
+		ctl_put_safe_to(stdout, a->tag);
+		fputs("' of", stdout);
+	} else {
+		fputs("every tag of", stdout);
+	}
+	fputs(" client '", stdout);
+	ctl_put_safe_to(stdout, a->client);
+	fputs("'\n", stdout);
+	return 0;
+}
+
 static int ctl_pause(gmb_client *c, const struct ctl_args *a)
 {
-	return gmb_control(c, a->client, GMB_OP_PAUSE, a->tag);
+	return ctl_control(c, a, GMB_OP_PAUSE);
 }
 
 static int ctl_resume(gmb_client *c, const struct ctl_args *a)
 {
 	gmb_set_wait(c, a->wait_ms);
-	return gmb_control(c, a->client, GMB_OP_RESUME, a->tag);
+	return ctl_control(c, a, GMB_OP_RESUME);
+}
+
+static int ctl_help(gmb_client *c, const struct ctl_args *a)
+{
+	const struct ctl_cmd *cmd = a->command ? ctl_find_cmd(a->command) : NULL;
+
+	if (!cmd) {
+		ctl_print_help();
+		return 0;
+	}
+	ctl_print_cmd_usage(stdout, cmd);
+	printf("%s\n", cmd->help);
+	return 0;
 }
 
 /* The steps and their times go to stdout, success or not. */
@@ -603,13 +715,15 @@ static int ctl_run(const struct ctl_cli *cli)
 	gmb_client *c = NULL;
 	int r;
 
-	r = gmb_connect_flags(cli->socket, CTL_NAME, GMB_CONNECT_TOOL, &c);
-	if (r < 0) {
-		fprintf(stderr, CTL_NAME ": %s: cannot connect to gmbd at ", cli->cmd->name);
-		ctl_put_safe(ctl_socket_path(cli));
-		fprintf(stderr, ": %s\n", gmb_strerror(r));
-		return CTL_EXIT_FAIL;
+	if (cli->cmd->flags & CTL_F_LOCAL)
+		return cli->cmd->run(NULL, &cli->args) < 0 ? CTL_EXIT_FAIL : CTL_EXIT_OK;
+	if (cli->cmd->flags & CTL_F_LIVE) {
+		r = cli->cmd->run(NULL, &cli->args);
+		return r < 0 ? CTL_EXIT_FAIL : CTL_EXIT_OK;
 	}
+	r = ctl_connect(cli->cmd->name, cli->socket, false, &c);
+	if (r < 0)
+		return CTL_EXIT_FAIL;
 	r = cli->cmd->run(c, &cli->args);
 	if (r < 0)
 		ctl_report(cli->cmd, c, r);

@@ -104,6 +104,14 @@ struct backend_ops {
 	 */
 	int (*host_register)(struct backend *b, void *p, uint64_t size);
 	void (*host_unregister)(struct backend *b, void *p, uint64_t size);
+	/*
+	 * The device's memory as its driver sees it, every process's use
+	 * included, without a context (cuda: NVML, loaded on first use; host:
+	 * the simulated device, with --host-used-outside). -ENOTSUP when the
+	 * driver cannot say (no NVML). @source: "nvml" or "host".
+	 */
+	int (*driver_mem)(struct backend *b, int dev, uint64_t *total, uint64_t *used);
+	const char *driver_source;
 };
 
 struct backend {
@@ -117,6 +125,8 @@ struct backend_host_opts {
 	int ndevices;          /* default 1 */
 	uint64_t memory;       /* bytes per device, default 8 GiB */
 	uint64_t granularity;  /* default 2 MiB */
+	uint64_t outside;     /* bytes per device the driver view counts as used by
+				  other processes (default 0) */
 };
 
 #define BACKEND_HOST_OPTS_INIT { .ndevices = 1, .memory = 8ULL << 30, .granularity = 2ULL << 20 }

@@ -458,6 +458,7 @@ static void cuda_close(struct backend *b)
 	/* Chunks and reservations stay the caller's to release: none are tracked. */
 	for (int i = 0; i < b->ndevices; i++)
 		cuda__close_dev(c, i);
+	cuda__nvml_close(c);
 	dlclose(c->lib);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
@@ -532,5 +533,7 @@ static const struct backend_ops cuda_ops = {
 	.host_free = cuda__host_free,
 	.host_register = cuda__host_register,
 	.host_unregister = cuda__host_unregister,
+	.driver_mem = cuda__driver_mem,
+	.driver_source = "nvml",
 };
 

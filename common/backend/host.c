@@ -63,6 +63,7 @@ struct host_priv {
 	pthread_mutex_t lock;
 	uint64_t gran;
 	uint64_t used[BACKEND_MAX_DEVICES];
+	uint64_t outside;    /* the simulated use of other processes, per device */
 	struct idmap chunks; /* handle + 1 -> struct host_chunk */
 	struct host_table resv;
 	struct host_table maps;
@@ -768,6 +769,7 @@ int backend_host_open(const struct backend_host_opts *opts, struct backend **out
 		goto out_alloc;
 	}
 	p->gran = opts->granularity;
+	p->outside = opts->outside;
 	b->ops = &host_ops;
 	b->priv = p;
 	b->ndevices = opts->ndevices;
@@ -809,6 +811,23 @@ static int host_wait(struct backend *b, int dev)
 	return host_check_dev(b, "wait", dev);
 }
 
+/* The simulated driver: this process's chunks plus the others' use. */
+static int host_driver_mem(struct backend *b, int dev, uint64_t *total, uint64_t *used)
+{
+	struct host_priv *p = b->priv;
+	int rc = host_check_dev(b, "driver_mem", dev);
+
+	if (rc < 0)
+		return rc;
+	pthread_mutex_lock(&p->lock);
+	*total = b->devices[dev].total_bytes;
+	*used = p->used[dev] + p->outside;
+	if (*used > *total)
+		*used = *total;
+	pthread_mutex_unlock(&p->lock);
+	return 0;
+}
+
 static const struct backend_ops host_ops = {
 	.name = "host",
 	.close = host_close,
@@ -832,4 +851,6 @@ static const struct backend_ops host_ops = {
 	.host_free = host_host_free,
 	.host_register = host_host_register,
 	.host_unregister = host_host_unregister,
+	.driver_mem = host_driver_mem,
+	.driver_source = "host",
 };

@@ -124,6 +124,7 @@ struct cuda_priv {
 	uint64_t gran_min;
 	pthread_mutex_t lock; /* guards devs[].ctx and devs[].stream */
 	struct cuda_dev devs[BACKEND_MAX_DEVICES];
+	struct cuda_nvml *nvml; /* nvml.c's, made on first use; guarded by lock */
 };
 
 /*
@@ -162,6 +163,13 @@ int cuda__host_alloc(struct backend *b, uint64_t size, void **p);
 void cuda__host_free(struct backend *b, void *p, uint64_t size);
 int cuda__host_register(struct backend *b, void *p, uint64_t size);
 void cuda__host_unregister(struct backend *b, void *p, uint64_t size);
+
+/* nvml.c. The driver's view of device @dev's memory (struct backend_ops
+ * driver_mem); NVML is loaded on the first call. */
+struct cuda_nvml;
+int cuda__driver_mem(struct backend *b, int dev, uint64_t *total, uint64_t *used);
+/* Unloads NVML (backend close). */
+void cuda__nvml_close(struct cuda_priv *c);
 /* Destroys @dev's stream and releases its primary context, if made. */
 void cuda__close_dev(struct cuda_priv *c, int dev);
 

@@ -22,6 +22,7 @@
 #include "common/log.h"
 #include "common/wire.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/event.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
 
@@ -80,8 +81,12 @@ int handlers__control(struct hreq *rq)
 	if (r < 0)
 		return r;
 	if (!target->control)
-		return handlers__fail(rq, -EOPNOTSUPP, "client '%s' registered no control handler",
-				      sel);
+		return handlers__fail(rq, -EOPNOTSUPP,
+				      "client '%s' has no control handler, so it"
+				      " cannot be paused or resumed from outside: the program must"
+				      " install one (gmb_set_control_handler) or run with"
+				      " GMB_CONTROL=accept",
+				      target->name);
 	ts = handlers__conn_client(rq->h, target);
 	if (hconn_of(ts)->ctl_in)
 		return handlers__fail(rq, -EBUSY, "client '%s' is still carrying out another"
@@ -119,7 +124,7 @@ static int handlers_ctl_forward(struct hreq *rq, struct bclient *target)
 	struct hfwd *f;
 	struct hdreq *d;
 	uint64_t id;
-	char t[WIRE_MAX_NAME + 8];
+	char q[LOG_QUOTE_MAX], qt[LOG_QUOTE_MAX];
 	int r = -ENOMEM;
 
 	f = calloc(1, sizeof(*f));
@@ -131,7 +136,7 @@ static int handlers_ctl_forward(struct hreq *rq, struct bclient *target)
 		goto err_free;
 	*d = (struct hdreq){ .kind = HDREQ_CONTROL, .fwd = f };
 	*f = (struct hfwd){ .h = rq->h, .actor = sess_ref(rq->s), .actor_req = rq->env->id,
-			    .target = ts, .dreq = d, .op = m->op };
+			    .target = ts, .dreq = d, .op = m->op, .start_ns = rq->start_ns };
 	snprintf(f->tag, sizeof(f->tag), "%s", m->tag ? m->tag : "");
 	snprintf(f->target_name, sizeof(f->target_name), "%s", target->name);
 	/* Timer init cannot fail; from here the forward is freed on close. */
@@ -143,8 +148,8 @@ static int handlers_ctl_forward(struct hreq *rq, struct bclient *target)
 	hconn_of(ts)->ctl_in = f;
 	hconn_of(rq->s)->inflight++;
 	log_info("control forwarded " SESS_FMT " target=%s target_id=%" PRIu64 " op=%s tag=%s",
-		 SESS_ARGS(rq->s), target->name, target->id, handlers_op_verb(f->op),
-		 handlers_tag_text(f->tag, t, sizeof(t)));
+		 SESS_ARGS(rq->s), log_quote(target->name, qt, sizeof(qt)), target->id,
+		 handlers_op_verb(f->op), handlers__tag_log(f->tag, q));
 	env.id = id;
 	env.body_case = GMB__ENVELOPE__BODY_CONTROL_CMD;
 	env.control_cmd = &cc;
@@ -200,7 +205,8 @@ static void handlers_on_fwd_timer(uv_timer_t *timer)
  * the target's entry stays until it replies or goes. */
 static void handlers_fwd_done(struct hfwd *f, int status, const char *fmt, ...)
 {
-	char msg[ERR_MSG_MAX];
+	char msg[ERR_MSG_MAX], qm[ERR_MSG_MAX + 16], qt[LOG_QUOTE_MAX];
+	struct event ev = EVENT_INIT(EVENT_CONTROL);
 	va_list ap;
 
 	if (f->done)
@@ -217,9 +223,22 @@ static void handlers_fwd_done(struct hfwd *f, int status, const char *fmt, ...)
 	hconn_of(f->actor)->inflight--;
 	if (f->actor->state == SESS_OPEN)
 		handlers__reply_status(f->actor, f->actor_req, status, msg);
-	log_info("control done " SESS_FMT " target=%s op=%s status=%d%s%s%s",
-		 SESS_ARGS(f->actor), f->target_name, handlers_op_verb(f->op), status,
-		 status ? " error=\"" : "", status ? msg : "", status ? "\"" : "");
+	log_info("control done " SESS_FMT " target=%s op=%s status=%d%s%s",
+		 SESS_ARGS(f->actor), log_quote(f->target_name, qt, sizeof(qt)),
+		 handlers_op_verb(f->op), status, status ? " error=" : "",
+		 status ? log_quote(msg, qm, sizeof(qm)) : "");
+	ev.client = f->target_name;
+	ev.client_id = f->target->client_id;
+	ev.pid = f->target->pid;
+	ev.tag = f->tag;
+	ev.request = handlers_op_verb(f->op);
+	ev.status = status;
+	ev.detail = status ? msg : NULL;
+	ev.actor = sess_name(f->actor);
+	ev.duration_ns = uv_hrtime() - f->start_ns;
+	handlers__emit(f->h, &ev);
+	if (status < 0)
+		handlers__refused(f->h, f->actor, "control", status, msg);
 	uv_timer_stop(&f->timer);
 	uv_close((uv_handle_t *)&f->timer, handlers_on_fwd_closed);
 }

@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "common/wire.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/event.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
 
@@ -40,12 +41,21 @@ void handlers__dreq_free(struct hdreq *d)
 
 void handlers__send_drops(void *arg, struct bclient *c, const uint64_t *ids, size_t n)
 {
+	struct handlers *h = arg;
 	struct sess *s = handlers__conn_client(arg, c);
+	struct event ev = EVENT_INIT(EVENT_DROP);
 
 	/* A doomed client is removed on the next loop turn, which forgets
 	 * its holds: nothing is owed to it. */
 	if (!s || s->state != SESS_OPEN)
 		return;
+	handlers__event_client(&ev, s, c);
+	for (size_t i = 0; i < n; i++) {
+		const struct chunk *ch = idmap_get(&h->broker->chunks, ids[i]);
+
+		ev.bytes += ch ? ch->size : 0;
+	}
+	handlers__emit(h, &ev);
 	for (size_t off = 0; off < n; off += HANDLERS_DROP_BATCH) {
 		size_t k = n - off < HANDLERS_DROP_BATCH ? n - off : HANDLERS_DROP_BATCH;
 

@@ -18,6 +18,7 @@
 #include "common/size.h"
 #include "common/wire.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/event.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
 #include "include/gmb.h"
@@ -79,6 +80,9 @@ static const struct handler handlers_table[] = {
 					     H_SETTLE | H_INFLIGHT | H_STATE },
 	[GMB__ENVELOPE__BODY_SWITCH_REPLY] = { "switch_reply", NULL, 0 },
 	[GMB__ENVELOPE__BODY_PRIORITY] = { "priority", handlers__priority, H_SETTLE },
+	[GMB__ENVELOPE__BODY_CONTROL_STATE] = { "control_state", handlers__control_state, H_STATE },
+	[GMB__ENVELOPE__BODY_WATCH] = { "watch", handlers__watch, 0 },
+	[GMB__ENVELOPE__BODY_WATCH_EVENT] = { "watch_event", NULL, 0 },
 };
 
 #define HANDLERS_N (sizeof(handlers_table) / sizeof(handlers_table[0]))
@@ -108,6 +112,8 @@ void handlers_close(struct handlers *h)
 	h->closed = true;
 	handlers__switch_close_all(h);
 	idmap_deinit(&h->conns);
+	while (h->nwatchers)
+		handlers__watch_gone(h, h->watchers[h->nwatchers - 1]);
 	uv_close((uv_handle_t *)&h->park_timer, NULL);
 	uv_close((uv_handle_t *)&h->orphan_timer, NULL);
 }
@@ -130,7 +136,7 @@ static void handlers_recv(void *arg, struct sess *s, Gmb__Envelope *env)
 {
 	struct handlers *h = arg;
 	struct hconn *hc = hconn_of(s);
-	struct hreq rq = { .h = h, .s = s, .env = env, .short_dev = -1 };
+	struct hreq rq = { .h = h, .s = s, .env = env, .short_dev = -1, .start_ns = uv_hrtime() };
 	const struct handler *hd = handlers_lookup(env->body_case);
 	int r;
 
@@ -143,6 +149,7 @@ static void handlers_recv(void *arg, struct sess *s, Gmb__Envelope *env)
 	if ((hd->flags & H_INFLIGHT) && hc->inflight >= WIRE_MAX_INFLIGHT) {
 		handlers__fail(&rq, -EAGAIN, "client '%s' has %u requests in flight, the limit",
 			       sess_name(s), hc->inflight);
+		handlers__refused(h, s, hd->name, -EAGAIN, rq.err);
 		handlers__reply_status(s, env->id, -EAGAIN, rq.err);
 		goto out_free;
 	}
@@ -154,8 +161,10 @@ static void handlers_recv(void *arg, struct sess *s, Gmb__Envelope *env)
 		if (r == 0)
 			env = NULL; /* the parked request owns it now */
 	}
-	if (r < 0)
+	if (r < 0) {
+		handlers__refused(h, s, hd->name, r, rq.err);
 		handlers__reply_status(s, rq.env->id, r, rq.err);
+	}
 	if (hd->flags & H_SETTLE)
 		handlers__settle(h);
 	if (hd->flags & H_STATE)
@@ -260,9 +269,11 @@ static void handlers_gone(void *arg, struct sess *s)
 {
 	struct handlers *h = arg;
 	struct hconn *hc = hconn_of(s);
+	struct event ev = EVENT_INIT(EVENT_GONE);
 	uint64_t bytes = 0, chunks = 0;
 	char b[SIZE_STR_MAX];
 
+	handlers__watch_gone(h, s);
 	handlers__park_cancel(h, s);
 	handlers__dreqs_fail(h, s);
 	handlers__rejoin_gone(h, s);
@@ -277,6 +288,11 @@ static void handlers_gone(void *arg, struct sess *s)
 		log_at(hc->client->tool ? LOG_LVL_DEBUG : LOG_LVL_INFO, "client disconnected "
 		       SESS_FMT " returned=%s chunks=%" PRIu64, SESS_ARGS(s),
 		       size_str(bytes, b), chunks);
+	if (!hc->client->tool && !h->handover) {
+		handlers__event_client(&ev, s, hc->client);
+		ev.bytes = bytes;
+		handlers__emit(h, &ev);
+	}
 	handlers__conn_unbind(h, hc->client);
 	broker_client_remove(h->broker, hc->client);
 	hc->client = NULL;

@@ -34,11 +34,17 @@
 #define HANDLERS_PARK_TIMEOUT_MS 5000
 /* A client that leaves this many daemon requests unanswered is dropped. */
 #define HANDLERS_MAX_DREQS 4096
+/* Watch subscribers at once, and what one may have queued before it is
+ * dropped (well under the session's own SESS_OUT_MAX_*). */
+#define HANDLERS_MAX_WATCHERS 64
+#define HANDLERS_WATCH_MAX_PACKETS 1024
+#define HANDLERS_WATCH_MAX_BYTES (256u << 10)
 /* Chunk ids per DropRequest; keeps the packet well under WIRE_MAX_MSG. */
 #define HANDLERS_DROP_BATCH 2048
 
 struct bclient;
 struct broker;
+struct event;
 struct server;
 struct hpark;
 struct hswitch;
@@ -56,6 +62,12 @@ struct handlers {
 	void (*changed)(void *arg);
 	void *changed_arg;
 	struct idmap conns;             /* client id -> struct sess: connected or rejoining */
+	/* Who hears of every event besides the watchers (gmbd: the metrics);
+	 * NULL: nobody. Called on the loop, @ev valid during the call. */
+	void (*on_event)(void *arg, const struct event *ev);
+	void *event_arg;
+	struct sess **watchers; /* subscribed sessions, a reference each */
+	size_t nwatchers, cap_watchers;
 	uv_timer_t orphan_timer;
 	uint64_t orphan_deadline;       /* uv_now() ms: orphans left are reclaimed */
 	uint64_t orphan_grace_ms;

@@ -23,6 +23,7 @@
 #include "common/size.h"
 #include "common/wire.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/event.h"
 #include "daemon/core/proc.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/server.h"
@@ -118,7 +119,29 @@ int handlers__hello(struct hreq *rq)
 	       " control=%d tool=%d group=%s priority=%d preemptible=%d", SESS_ARGS(s),
 	       m->control ? 1 : 0, m->tool ? 1 : 0, c->group, c->priority,
 	       c->preemptible ? 1 : 0);
-	return handlers_send_hello_reply(rq, c, false);
+	r = handlers_send_hello_reply(rq, c, false);
+	if (!m->tool) {
+		struct event ev = EVENT_INIT(EVENT_CONNECTED);
+
+		handlers__event_client(&ev, s, c);
+		ev.detail = m->control ? "control handler" : "no control handler";
+		handlers__emit(rq->h, &ev);
+	}
+	return r;
+}
+
+/* The client's control handler came or went: status and control follow it. */
+int handlers__control_state(struct hreq *rq)
+{
+	struct bclient *c = hconn_of(rq->s)->client;
+	bool on = rq->env->control_state->control;
+
+	if (c->control != on)
+		log_info("control handler %s " SESS_FMT, on ? "installed" : "removed",
+			 SESS_ARGS(rq->s));
+	c->control = on;
+	handlers__reply_status(rq->s, rq->env->id, 0, NULL);
+	return 0;
 }
 
 /* ---- the rejoin hello ---- */

@@ -14,6 +14,7 @@
  *   status.c     the status reply
  *   park.c       requests waiting for memory; settling after a change
  *   drops.c      daemon -> client requests (their table) and DropRequests
+ *   watch.c      events: to the watchers (WatchRequest) and on_event; refusals
  *   reply.c      sentences, status replies, names, devices, client -> session
  * A file calls only files below it; the one way up is the handler function
  * a parked request keeps (park.c calls it back).
@@ -45,6 +46,7 @@ struct hconn {
 	uint32_t inflight;        /* parked + forwarded requests of this client */
 	struct hfwd *ctl_in;      /* the control request this client carries out */
 	struct hrejoin *rejoin;   /* between a rejoin hello and the end of its claim */
+	bool watching;		/* in handlers->watchers */
 };
 
 static inline struct hconn *hconn_of(const struct sess *s)
@@ -57,6 +59,7 @@ struct hreq {
 	struct handlers *h;
 	struct sess *s;
 	Gmb__Envelope *env;       /* the caller's (dispatch or a parked request) */
+	uint64_t start_ns;     /* uv_hrtime() when the request arrived */
 	char err[ERR_MSG_MAX];    /* the sentence of a negative return */
 	/* Set by a handler that returns HANDLERS_PARK (park.c reads them). */
 	bool retry;               /* set by park.c: a parked request tried again */
@@ -100,6 +103,7 @@ struct hfwd {
 	struct hdreq *dreq;       /* the target's ControlCommand entry */
 	int op;                   /* GMB__OP__PAUSE or GMB__OP__RESUME */
 	bool done;
+	uint64_t start_ns; /* uv_hrtime() when the operator asked */
 	char tag[WIRE_MAX_NAME + 1];
 	char target_name[WIRE_MAX_NAME + 1];
 };
@@ -125,6 +129,27 @@ int handlers__conn_bind(struct handlers *h, struct sess *s, struct bclient *c);
 void handlers__conn_unbind(struct handlers *h, const struct bclient *c);
 /* The session that is @c's client (not one still rejoining as it). */
 struct sess *handlers__conn_client(const struct handlers *h, const struct bclient *c);
+
+/* The tag for a log line: "*" for every tag, else log_quote()d into @buf
+ * (LOG_QUOTE_MAX bytes). */
+const char *handlers__tag_log(const char *tag, char *buf);
+
+/* watch.c */
+struct event;
+/* The WatchRequest: subscribe @rq->s. */
+int handlers__watch(struct hreq *rq);
+/* @s goes: no more events to it. */
+void handlers__watch_gone(struct handlers *h, struct sess *s);
+/* Tells the watchers and on_event (time_ns filled in when 0). */
+void handlers__emit(struct handlers *h, struct event *ev);
+/* Tells watcher @s only. */
+void handlers__emit_to(struct handlers *h, struct sess *s, struct event *ev);
+/* Client facts of @ev from @s (its session) and @c (NULL: from @s only). */
+void handlers__event_client(struct event *ev, const struct sess *s, const struct bclient *c);
+/* Request @request of @s failed with @status (@err: why): one log line at
+ * info, naming the client and the reason, and an EVENT_REFUSED. */
+void handlers__refused(struct handlers *h, struct sess *s, const char *request, int status,
+		       const char *err);
 
 /* drops.c */
 /* Enters @d in @s's daemon requests under a new id (*@id). -ENOMEM. */
@@ -185,6 +210,8 @@ int handlers__trim(struct hreq *rq);
 
 /* hello.c */
 int handlers__hello(struct hreq *rq);
+/* ControlState: the client installed or removed its control handler. */
+int handlers__control_state(struct hreq *rq);
 int handlers__rejoin(struct hreq *rq);
 /* @s goes (or finished its claim): forget the claim, free the orphan. */
 void handlers__rejoin_gone(struct handlers *h, struct sess *s);

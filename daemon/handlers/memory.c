@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,8 +18,10 @@
 #include "common/size.h"
 #include "common/wire.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/event.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
+#include "include/gmb.h"
 
 static int handlers_send_result(struct hreq *rq, const struct broker_result *res, bool resume);
 static int handlers_send_fds(struct sess *s, uint64_t reply_to, const struct broker_result *res);
@@ -40,12 +43,25 @@ static int handlers_wait(struct hreq *rq, uint32_t wait_ms, bool drops, int dev,
 	return HANDLERS_PARK;
 }
 
+/* An event of @rq's client about @tag. */
+static void handlers_mem_event(struct hreq *rq, enum event_kind kind, const char *tag, int dev,
+			       uint64_t bytes, struct event *ev)
+{
+	*ev = (struct event)EVENT_INIT(kind);
+	handlers__event_client(ev, rq->s, hconn_of(rq->s)->client);
+	ev->tag = tag;
+	ev->device = dev;
+	ev->bytes = bytes;
+	ev->duration_ns = uv_hrtime() - rq->start_ns;
+}
+
 int handlers__alloc(struct hreq *rq)
 {
 	const Gmb__AllocRequest *m = rq->env->alloc;
 	struct broker *br = rq->h->broker;
 	const char *tag = m->tag ? m->tag : "";
 	struct broker_result res = BROKER_RESULT_INIT;
+	struct event ev;
 	int r;
 
 	r = handlers__check_name(rq, "the tag", tag);
@@ -69,19 +85,30 @@ int handlers__alloc(struct hreq *rq)
 				     BROKER_WAIT_ALLOC, tag);
 	if (r < 0)
 		return r;
+	handlers_mem_event(rq, EVENT_ALLOC, tag, (int)m->device,
+			   res.nallocs ? res.allocs[0]->size : 0, &ev);
 	handlers_send_result(rq, &res, false);
 	broker_result_deinit(&res);
+	handlers__emit(rq->h, &ev);
 	return 0;
 }
 
 int handlers__free(struct hreq *rq)
 {
 	struct bclient *c = hconn_of(rq->s)->client;
-	int r = broker_free_alloc(rq->h->broker, c, rq->env->free->alloc_id, rq->err);
+	const struct balloc *a = idmap_get(&c->allocs, rq->env->free->alloc_id);
+	char tag[WIRE_MAX_NAME + 1];
+	struct event ev;
+	int r;
 
+	/* The allocation is gone after the call: what the event says first. */
+	snprintf(tag, sizeof(tag), "%s", a ? a->tag->name : "");
+	handlers_mem_event(rq, EVENT_FREE, tag, a ? a->dev : -1, a ? a->size : 0, &ev);
+	r = broker_free_alloc(rq->h->broker, c, rq->env->free->alloc_id, rq->err);
 	if (r < 0)
 		return r;
 	handlers__reply_status(rq->s, rq->env->id, 0, NULL);
+	handlers__emit(rq->h, &ev);
 	return 0;
 }
 
@@ -107,7 +134,8 @@ int handlers__pause(struct hreq *rq)
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__PauseReply pr = GMB__PAUSE_REPLY__INIT;
 	uint64_t bytes, chunks;
-	char b[SIZE_STR_MAX];
+	char b[SIZE_STR_MAX], q[LOG_QUOTE_MAX];
+	struct event ev;
 	int r;
 
 	r = handlers__check_name(rq, "the tag", tag);
@@ -121,12 +149,17 @@ int handlers__pause(struct hreq *rq)
 		return r;
 	if (chunks)
 		log_info("tag paused " SESS_FMT " tag=%s bytes=%s chunks=%" PRIu64,
-			 SESS_ARGS(rq->s), tag[0] ? tag : "*", size_str(bytes, b),
+			 SESS_ARGS(rq->s), handlers__tag_log(tag, q), size_str(bytes, b),
 			 chunks);
 	env.reply_to = rq->env->id;
 	env.body_case = GMB__ENVELOPE__BODY_PAUSE_REPLY;
 	env.pause_reply = &pr;
 	sess_send(rq->s, &env);
+	if (chunks) {
+		handlers_mem_event(rq, EVENT_PAUSE, tag, -1, bytes, &ev);
+		ev.to_host_bytes = rq->env->pause->host_copied_bytes;
+		handlers__emit(rq->h, &ev);
+	}
 	return 0;
 }
 
@@ -134,8 +167,9 @@ int handlers__resume(struct hreq *rq)
 {
 	const char *tag = rq->env->resume->tag ? rq->env->resume->tag : "";
 	struct broker_result res = BROKER_RESULT_INIT;
-	uint64_t bytes = 0, chunks = 0;
-	char b[SIZE_STR_MAX];
+	uint64_t bytes = 0, chunks = 0, restored = 0;
+	char b[SIZE_STR_MAX], q[LOG_QUOTE_MAX];
+	struct event ev;
 	int r;
 
 	r = handlers__check_name(rq, "the tag", tag);
@@ -150,13 +184,21 @@ int handlers__resume(struct hreq *rq)
 	for (size_t i = 0; i < res.nallocs; i++) {
 		bytes += res.allocs[i]->size;
 		chunks += res.allocs[i]->nchunks;
+		/* The client copies a PRESERVE tag's saved bytes back in full. */
+		if (res.allocs[i]->tag->mode == GMB_MODE_PRESERVE)
+			restored += res.allocs[i]->size;
 	}
 	if (res.nallocs)
 		log_info("tag resumed " SESS_FMT " tag=%s bytes=%s chunks=%" PRIu64 " fds=%zu",
-			 SESS_ARGS(rq->s), tag[0] ? tag : "*", size_str(bytes, b),
+			 SESS_ARGS(rq->s), handlers__tag_log(tag, q), size_str(bytes, b),
 			 chunks, res.nsend);
 	handlers_send_result(rq, &res, true);
 	broker_result_deinit(&res);
+	if (chunks) {
+		handlers_mem_event(rq, EVENT_RESUME, tag, -1, bytes, &ev);
+		ev.from_host_bytes = restored;
+		handlers__emit(rq->h, &ev);
+	}
 	return 0;
 }
 
@@ -167,6 +209,7 @@ int handlers__trim(struct hreq *rq)
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__TrimReply tr = GMB__TRIM_REPLY__INIT;
 	char b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
+	struct event ev;
 	int r;
 
 	r = broker_may_control(br, hconn_of(rq->s)->client, NULL, rq->err);
@@ -182,6 +225,9 @@ int handlers__trim(struct hreq *rq)
 	env.body_case = GMB__ENVELOPE__BODY_TRIM_REPLY;
 	env.trim_reply = &tr;
 	sess_send(rq->s, &env);
+	handlers_mem_event(rq, EVENT_TRIM, NULL, m->device, tr.released_bytes, &ev);
+	ev.actor = sess_name(rq->s);
+	handlers__emit(rq->h, &ev);
 	return 0;
 }
 

@@ -32,6 +32,7 @@ struct hpark {
 	handlers_fn fn;              /* the handler that parked it, to retry it */
 	bool may_wait;               /* the caller gave a wait: -ENOMEM keeps it */
 	char why[ERR_MSG_MAX];       /* the core's latest sentence */
+	uint64_t start_ns;           /* uv_hrtime() when the request arrived */
 };
 
 static void handlers_unpark(struct handlers *h, struct hpark *p);
@@ -46,6 +47,12 @@ static void handlers_park_note(struct hpark *p, const struct hreq *rq)
 	p->w.dev = rq->short_dev;
 	p->w.need = rq->short_bytes;
 	memcpy(p->why, rq->err, sizeof(p->why));
+}
+
+/* Only alloc and resume park. */
+static const char *handlers_park_name(const struct hpark *p)
+{
+	return p->env->body_case == GMB__ENVELOPE__BODY_RESUME ? "resume" : "alloc";
 }
 
 int handlers__park(struct hreq *rq, handlers_fn fn)
@@ -69,6 +76,7 @@ int handlers__park(struct hreq *rq, handlers_fn fn)
 	handlers_park_note(p, rq);
 	broker_wait_add(h->broker, &p->w);
 	h->nparked++;
+	p->start_ns = rq->start_ns;
 	hconn_of(rq->s)->inflight++;
 	log_debug("request parked " SESS_FMT " req=%" PRIu64 " wait_ms=%" PRIu64 " why=\"%s\"",
 		  SESS_ARGS(rq->s), rq->env->id, wait, rq->err);
@@ -124,6 +132,7 @@ static void handlers_on_park_timer(uv_timer_t *timer)
 				now - w->since);
 		log_info("wait expired " SESS_FMT " req=%" PRIu64 " waited_ms=%" PRIu64,
 			 SESS_ARGS(p->s), p->env->id, now - w->since);
+		handlers__refused(h, p->s, handlers_park_name(p), -ENOMEM, msg);
 		handlers__reply_status(p->s, p->env->id, -ENOMEM, msg);
 		handlers_unpark(h, p);
 	}
@@ -143,7 +152,7 @@ static void handlers_retry_parked(struct handlers *h)
 	for (w = h->broker->waiters; w; w = next) {
 		struct hpark *p = w->owner;
 		struct hreq rq = { .h = h, .s = p->s, .env = p->env, .retry = true,
-				   .short_dev = -1 };
+				   .short_dev = -1, .start_ns = p->start_ns };
 		int r;
 
 		/* Only this function, the park timer and handlers__park_cancel()
@@ -162,8 +171,10 @@ static void handlers_retry_parked(struct handlers *h)
 			handlers_park_preempt(h, p);
 			continue;
 		}
-		if (r < 0)
+		if (r < 0) {
+			handlers__refused(h, p->s, handlers_park_name(p), r, rq.err);
 			handlers__reply_status(p->s, p->env->id, r, rq.err);
+		}
 		handlers_unpark(h, p);
 	}
 	handlers_park_arm(h);

@@ -87,6 +87,26 @@ static bool handlers_utf8_ok(const char *str)
 	return true;
 }
 
+/* The driver's view of device @d, when the backend can tell it. */
+static void handlers_driver_view(const struct broker *br, int d, Gmb__DeviceInfo *di)
+{
+	struct backend *b = br->backend;
+	uint64_t total = 0, used = 0;
+
+	if (!b->ops->driver_mem || b->ops->driver_mem(b, d, &total, &used) < 0)
+		return;
+	/* The driver sees at least gmbd's own chunks (the host twin cannot
+	 * tell the device of the chunks a restart handed back). */
+	if (used < di->pool_bytes)
+		used = di->pool_bytes;
+	di->driver_known = true;
+	di->driver_source = (char *)b->ops->driver_source;
+	di->driver_total_bytes = total;
+	di->driver_used_bytes = used;
+	/* gmbd's chunks are part of what the driver counts as used. */
+	di->outside_bytes = used > di->pool_bytes ? used - di->pool_bytes : 0;
+}
+
 void handlers__devices(const struct broker *br, Gmb__DeviceInfo *di, Gmb__DeviceInfo **pdi)
 {
 	for (int d = 0; d < br->ndevices; d++) {
@@ -106,6 +126,7 @@ void handlers__devices(const struct broker *br, Gmb__DeviceInfo *di, Gmb__Device
 		di[d].chunks_created = p->chunks_created;
 		di[d].chunks_released = p->chunks_released;
 		di[d].chunks_handed_over = p->chunks_handed_over;
+		handlers_driver_view(br, d, &di[d]);
 		pdi[d] = &di[d];
 	}
 }
@@ -148,4 +169,9 @@ struct sess *handlers__conn_client(const struct handlers *h, const struct bclien
 struct sess *handlers_sess_of(const struct handlers *h, const struct bclient *c)
 {
 	return idmap_get(&h->conns, c->id);
+}
+
+const char *handlers__tag_log(const char *tag, char *buf)
+{
+	return tag[0] ? log_quote(tag, buf, LOG_QUOTE_MAX) : "*";
 }

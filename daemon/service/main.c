@@ -31,6 +31,8 @@
 #include "common/wire.h"
 #include "daemon/core/broker.h"
 #include "daemon/handlers/handlers.h"
+#include "daemon/metrics/http.h"
+#include "daemon/metrics/metrics.h"
 #include "daemon/service/opts.h"
 #include "daemon/persist/persist.h"
 #include "daemon/system/sd.h"
@@ -47,6 +49,8 @@ struct gmbd {
 	struct broker *broker;
 	struct handlers handlers;
 	struct server *server;
+	struct metrics metrics;
+	struct mhttp *mhttp; /* --metrics-listen; NULL: off */
 	struct sd_glue sd;
 	uv_signal_t sigint, sigterm;
 	bool stopping;
@@ -65,6 +69,7 @@ static void gmbd_on_changed(void *arg);
 static void gmbd_status(void *arg, char *buf, size_t len);
 static int gmbd_make_dir(const char *path);
 static int gmbd_signals(struct gmbd *g);
+static int gmbd_metrics_start(struct gmbd *g);
 static void gmbd_on_signal(uv_signal_t *sig, int signum);
 
 int main(int argc, char **argv)
@@ -88,6 +93,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	log_max_level = o.log_level;
+	log_init();
 	/* A client that vanishes mid-send is an error return, not a death. */
 	signal(SIGPIPE, SIG_IGN);
 	r = gmbd_run(&o);
@@ -157,7 +163,8 @@ static int gmbd_open_backend(struct gmbd *g)
 {
 	const struct gmbd_opts *o = g->opts;
 	struct backend_host_opts host = { .ndevices = o->host_devices, .memory = o->host_memory,
-					  .granularity = o->host_granularity };
+					  .granularity = o->host_granularity,
+					  .outside = o->host_outside };
 	int r;
 
 	r = backend_open(o->backend, &host, &g->backend);
@@ -166,11 +173,12 @@ static int gmbd_open_backend(struct gmbd *g)
 			strerror(-r), backend_last_error());
 		return r;
 	}
-	gmbd_log_backend(g);
-	/* After a fallback, backend_open() keeps cuda's reason for us. */
+	/* After a fallback, backend_open() keeps cuda's reason for us; said
+	 * before the line that shows its outcome. */
 	if (strcmp(o->backend, "auto") == 0 && strcmp(g->backend->ops->name, "host") == 0)
 		log_notice("no usable CUDA driver or GPU, using host memory reason=\"%s\"",
 			   backend_last_error());
+	gmbd_log_backend(g);
 	return 0;
 }
 
@@ -263,7 +271,8 @@ static int gmbd_restore(struct gmbd *g)
 	return 0;
 }
 
-/* 0 with *@gid, or -ENOENT (said once: the rule is simply off). */
+/* 0 with *@gid, or -ENOENT (said once: only root, gmbd's user and each
+ * client's own user may then control it). */
 static int gmbd_admin_group(const char *name, gid_t *gid)
 {
 	struct group grp, *res = NULL;
@@ -277,10 +286,15 @@ static int gmbd_admin_group(const char *name, gid_t *gid)
 		return 0;
 	}
 	if (r != 0)
-		log_errno(LOG_LVL_WARNING, -r, "cannot look up the admin group, rule off group=%s",
+		log_errno(LOG_LVL_WARNING, -r,
+			  "cannot look up the admin group, so no group may"
+			  " control other users' clients group=%s",
 			  name);
 	else
-		log_notice("admin group does not exist, rule off group=%s", name);
+		log_notice("admin group does not exist, so no group may control other users'"
+			   " clients (root, gmbd's user and each client's own user still may)"
+			   " group=%s",
+			   name);
 	return -ENOENT;
 }
 
@@ -298,6 +312,9 @@ static int gmbd_serve(struct gmbd *g)
 		goto err_close_fd;
 	g->handlers.changed = gmbd_on_changed;
 	g->handlers.changed_arg = g;
+	metrics_init(&g->metrics, g->broker);
+	g->handlers.on_event = metrics_on_event;
+	g->handlers.event_arg = &g->metrics;
 	r = server_start(&g->loop, fd, &handlers_sess_ops, &g->handlers, &g->server);
 	fd = -1; /* the server's, even on failure */
 	if (r < 0)
@@ -308,6 +325,8 @@ static int gmbd_serve(struct gmbd *g)
 	if (r == 0)
 		r = sd_glue_start(&g->sd, &g->loop, gmbd_status, g);
 	if (r == 0)
+		r = gmbd_metrics_start(g);
+	if (r == 0)
 		r = gmbd_signals(g);
 	if (r < 0)
 		goto err_server;
@@ -315,6 +334,8 @@ static int gmbd_serve(struct gmbd *g)
 	return 0;
 
 err_server:
+	mhttp_stop(g->mhttp);
+	g->mhttp = NULL;
 	sd_glue_stop(&g->sd);
 	server_stop(g->server);
 err_handlers:
@@ -453,6 +474,8 @@ static void gmbd_on_signal(uv_signal_t *sig, int signum)
 			 g->broker->nclients);
 		handlers_goodbye(&g->handlers, g->server, "gmbd stopped and kept no state");
 	}
+	mhttp_stop(g->mhttp);
+	g->mhttp = NULL;
 	sd_glue_stop(&g->sd);
 	server_stop(g->server);
 	g->server = NULL;
@@ -460,4 +483,30 @@ static void gmbd_on_signal(uv_signal_t *sig, int signum)
 	/* With the signal handles closed, a second signal kills at once. */
 	uv_close((uv_handle_t *)&g->sigint, NULL);
 	uv_close((uv_handle_t *)&g->sigterm, NULL);
+}
+
+static int gmbd_metrics_render(void *arg, char **out, size_t *len)
+{
+	const struct gmbd *g = arg;
+
+	return metrics_render(&g->metrics, out, len);
+}
+
+/* --metrics-listen: HTTP on that address; a bad one stops gmbd at start. */
+static int gmbd_metrics_start(struct gmbd *g)
+{
+	const char *addr = g->opts->metrics_listen;
+	int port = 0;
+	int r;
+
+	if (!addr)
+		return 0;
+	r = mhttp_start(&g->loop, addr, gmbd_metrics_render, g, &g->mhttp, &port);
+	if (r < 0) {
+		log_err("cannot serve metrics listen=%s err=\"%s\"", addr,
+			r == -EINVAL ? "not an IP address and port" : uv_strerror(r));
+		return r;
+	}
+	log_info("metrics served listen=%s port=%d path=/metrics", addr, port);
+	return 0;
 }

@@ -60,6 +60,9 @@ static int opts_set_rejoin_grace(struct gmbd_opts *o, const char *name, const ch
 				 char *err);
 static int opts_set_config(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 static int opts_set_help(struct gmbd_opts *o, const char *name, const char *arg, char *err);
+static int opts_set_host_outside(struct gmbd_opts *o, const char *name, const char *arg, char *err);
+static int opts_set_metrics_listen(struct gmbd_opts *o, const char *name, const char *arg,
+				   char *err);
 static int opts_set_version(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 
 static const struct opts_entry opts_table[] = {
@@ -135,6 +138,18 @@ static const struct opts_entry opts_table[] = {
 	  "command line wins; a PATH that cannot be read\n"
 	  "is an error",
 	  opts_set_config },
+	{ "host-used-outside", 0, "BYTES", "0",
+	  "host backend: memory of each simulated device\n"
+	  "that its driver counts as used by other\n"
+	  "processes (what status shows as outside gmbd)",
+	  opts_set_host_outside },
+	{ "metrics-listen", 0, "ADDR:PORT", "off",
+	  "serve Prometheus metrics over HTTP at\n"
+	  "http://ADDR:PORT/metrics, e.g. 127.0.0.1:9464\n"
+	  "or [::1]:9464 (the unit must then allow\n"
+	  "AF_INET/AF_INET6); port 0 picks a free one,\n"
+	  "logged at start",
+	  opts_set_metrics_listen },
 	{ "help", 'h', NULL, NULL, "print this help and exit", opts_set_help },
 	{ "version", 'V', NULL, NULL, "print the version and exit", opts_set_version },
 };
@@ -285,6 +300,30 @@ static int opts_set_reserve(struct gmbd_opts *o, const char *name, const char *a
 	if (r == 0)
 		o->reserve_set = true;
 	return r;
+}
+
+static int opts_set_host_outside(struct gmbd_opts *o, const char *name, const char *arg, char *err)
+{
+	return opts_size_arg(name, arg, true, &o->host_outside, err);
+}
+
+/* Checked for its shape here; the address itself when gmbd binds it. */
+static int opts_set_metrics_listen(struct gmbd_opts *o, const char *name, const char *arg,
+				   char *err)
+{
+	const char *colon = strrchr(arg, ':');
+	unsigned long v;
+
+	if (strcmp(arg, "off") == 0) {
+		o->metrics_listen = NULL;
+		return 0;
+	}
+	if (!colon || colon == arg)
+		return opts_fail(err, "--%s: '%s' is not ADDR:PORT", name, arg);
+	if (opts_uint_arg(name, colon + 1, 0, 65535, &v, err) < 0)
+		return -EINVAL;
+	o->metrics_listen = arg;
+	return 0;
 }
 
 static int opts_set_admin_group(struct gmbd_opts *o, const char *name, const char *arg, char *err)

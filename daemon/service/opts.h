@@ -32,6 +32,8 @@ struct gmbd_opts {
 	int host_devices;
 	uint64_t host_memory;       /* bytes per simulated device */
 	uint64_t host_granularity;
+	uint64_t host_outside;	    /* simulated use by other processes, per device */
+	const char *metrics_listen; /* "ADDR:PORT" or NULL: no metrics server */
 	uint64_t max_chunk;
 	uint64_t pool_keep;         /* UINT64_MAX: keep every free chunk */
 	uint64_t budget;            /* 0: device total minus reserve */

@@ -65,7 +65,7 @@ int sess_new(struct sess_host *host, int fd, struct sess **out)
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
-	*s = (struct sess){ .host = host, .free_data = host->ops->free_data, .fd = fd, .refs = 1, .state = SESS_OPEN, .name = "-" };
+	*s = (struct sess){ .host = host, .free_data = host->ops->free_data, .fd = fd, .refs = 1, .state = SESS_OPEN, .name = "-", .log_name = "-" };
 	r = sess_read_creds(s);
 	if (r < 0)
 		goto err_free;
@@ -152,7 +152,12 @@ struct sess *sess_unref(struct sess *s)
 
 void sess_set_name(struct sess *s, const char *name, uint64_t client_id)
 {
+	const char *q;
+
 	snprintf(s->name, sizeof(s->name), "%s", name ? name : "-");
+	q = log_quote(s->name, s->log_name, sizeof(s->log_name));
+	if (q != s->log_name)
+		snprintf(s->log_name, sizeof(s->log_name), "%s", q);
 	s->client_id = name ? client_id : 0;
 }
 

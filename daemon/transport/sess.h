@@ -100,8 +100,10 @@ struct sess {
 	gid_t *groups;            /* SO_PEERGROUPS; NULL when the kernel said no */
 	int ngroups;
 
-	/* For logs: the client's name and id, set by the layer above. */
+	/* For logs: the client's name and id, set by the layer above; log_name
+	 * is the name as a key=value value (quoted when it has spaces). */
 	char name[WIRE_MAX_NAME + 1];
+	char log_name[LOG_QUOTE_MAX];
 	uint64_t client_id;
 	void *data;               /* the layer above's (sess_ops.open) */
 
@@ -114,7 +116,7 @@ struct sess {
 
 /* Names the session in a log line: SESS_FMT's four facts. */
 #define SESS_FMT "client=%s id=%" PRIu64 " pid=%d uid=%u"
-#define SESS_ARGS(s) (s)->name, (s)->client_id, (int)(s)->pid, (unsigned)(s)->uid
+#define SESS_ARGS(s) (s)->log_name, (s)->client_id, (int)(s)->pid, (unsigned)(s)->uid
 
 /**
  * sess_new() - a session for the connected socket @fd, linked into @host.

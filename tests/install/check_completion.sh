@@ -44,7 +44,7 @@ expect() {
 	[ "$got" = "$want" ] || fail "'$1': got '$got', want '$want'"
 }
 
-expect "gmbctl " "pause resume status trim"
+expect "gmbctl " "help pause priority resume status switch top trim watch"
 expect "gmbctl -s $sock re" "resume"
 expect "gmbctl -s $sock pause " "x"
 expect "gmbctl -s $sock pause x " "t u"

@@ -269,15 +269,39 @@ GMB_API int gmb_resume(gmb_client *c, const char *tag)
 	return api_done(c, api_pause_resume(c, GMB_OP_RESUME, tag, 0, err), err);
 }
 
+/* Tells gmbd whether a handler is installed; a reconnect's hello says it
+ * again, so a lost connection is no failure here. */
+static int api_send_control_state(struct gmb_client *c, bool on, char *err)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__ControlState req = GMB__CONTROL_STATE__INIT;
+	struct gmb__reply rep = GMB__REPLY_INIT;
+	int rc;
+
+	req.control = on;
+	env.body_case = GMB__ENVELOPE__BODY_CONTROL_STATE;
+	env.control_state = &req;
+	rc = gmb__request(&c->conn, &env, &rep, err);
+	gmb__reply_deinit(&rep);
+	return rc == -ENOTCONN ? 0 : rc;
+}
+
 GMB_API int gmb_set_control_handler(gmb_client *c, gmb_control_fn fn, void *arg)
 {
+	char err[ERR_MSG_MAX] = "";
+	bool changed;
+
 	if (!c)
 		return -EINVAL;
 	pthread_mutex_lock(&c->conn.lock);
 	c->control_fn = fn;
 	c->control_arg = fn ? arg : NULL;
+	changed = c->conn.control != (fn != NULL);
+	c->conn.control = fn != NULL;
 	pthread_mutex_unlock(&c->conn.lock);
-	return 0;
+	if (!changed || (c->conn.flags & GMB_CONNECT_TOOL))
+		return 0;
+	return api_done(c, api_send_control_state(c, fn != NULL, err), err);
 }
 
 /* The handler runs without any library lock held, so it may call gmb_* itself. */
@@ -394,8 +418,19 @@ static int api_query(struct gmb_client *c, Gmb__Envelope *env, int want, struct 
 }
 
 /* StatusRequest, then @fmt turns the reply into a malloc'd string in *@out. */
+static int api_fmt_json(const Gmb__StatusReply *st, int width, char **out)
+{
+	return gmb__status_to_json(st, out);
+}
+
+static int api_fmt_table(const Gmb__StatusReply *st, int width, char **out)
+{
+	return gmb__status_to_table(st, out);
+}
+
 static int api_status(struct gmb_client *c, char **out,
-		      int (*fmt)(const Gmb__StatusReply *, char **), const char *what)
+		      int (*fmt)(const Gmb__StatusReply *, int, char **), int width,
+		      const char *what)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__StatusRequest req = GMB__STATUS_REQUEST__INIT;
@@ -413,7 +448,7 @@ static int api_status(struct gmb_client *c, char **out,
 	env.status_req = &req;
 	rc = api_query(c, &env, GMB__ENVELOPE__BODY_STATUS_REPLY, &rep, &last, err);
 	if (rc == 0) {
-		rc = fmt(last->status_reply, out);
+		rc = fmt(last->status_reply, width, out);
 		if (rc < 0)
 			err_fmt(err, rc, "formatting gmbd's status as %s: %s", what,
 				gmb_strerror(rc));
@@ -456,12 +491,17 @@ int gmb__status_device(struct gmb_client *c, uint32_t index, uint64_t *budget, u
 
 GMB_API int gmb_status_json(gmb_client *c, char **json)
 {
-	return api_status(c, json, gmb__status_to_json, "JSON");
+	return api_status(c, json, api_fmt_json, 0, "JSON");
 }
 
 GMB_API int gmb_status_text(gmb_client *c, char **text)
 {
-	return api_status(c, text, gmb__status_to_table, "a table");
+	return api_status(c, text, api_fmt_table, 0, "a table");
+}
+
+GMB_API int gmb_status_top(gmb_client *c, int width, char **text)
+{
+	return api_status(c, text, gmb__status_to_top, width, "a screen");
 }
 
 GMB_API int gmb_control(gmb_client *c, const char *target, int op, const char *tag)
@@ -613,4 +653,95 @@ GMB_API int gmb_set_priority(gmb_client *c, const char *target, int priority)
 	rc = gmb__request(&c->conn, &env, &rep, err);
 	gmb__reply_deinit(&rep);
 	return api_done(c, rc, err);
+}
+
+GMB_API int gmb_watch(gmb_client *c)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__WatchRequest req = GMB__WATCH_REQUEST__INIT;
+	struct gmb__reply rep = GMB__REPLY_INIT;
+	char err[ERR_MSG_MAX] = "";
+	int rc;
+
+	if (!c)
+		return -EINVAL;
+	env.body_case = GMB__ENVELOPE__BODY_WATCH;
+	env.watch = &req;
+	rc = gmb__request(&c->conn, &env, &rep, err);
+	gmb__reply_deinit(&rep);
+	return api_done(c, rc, err);
+}
+
+/* The oldest event, waited for under the lock; NULL on timeout or loss. */
+static struct gmb__job *api_watch_take(struct gmb_client *c, int timeout_ms, uint64_t *lost)
+{
+	struct timespec until = deadline_in_ms(timeout_ms > 0 ? (uint64_t)timeout_ms : 0);
+	struct gmb__job *ev;
+
+	while (!c->conn.events && !c->conn.gone && timeout_ms != 0) {
+		if (timeout_ms < 0)
+			pthread_cond_wait(&c->conn.event_cond, &c->conn.lock);
+		else if (pthread_cond_timedwait(&c->conn.event_cond, &c->conn.lock, &until) ==
+			 ETIMEDOUT)
+			break;
+	}
+	*lost = c->conn.events_lost;
+	c->conn.events_lost = 0;
+	ev = c->conn.events;
+	if (ev) {
+		c->conn.events = ev->next;
+		if (!c->conn.events)
+			c->conn.events_tail = &c->conn.events;
+		c->conn.nevents--;
+	}
+	return ev;
+}
+
+GMB_API int gmb_watch_next(gmb_client *c, int timeout_ms, unsigned flags, char **line)
+{
+	Gmb__WatchEvent lost_ev = GMB__WATCH_EVENT__INIT;
+	const Gmb__WatchEvent *we;
+	struct gmb__job *ev;
+	char msg[ERR_MSG_MAX];
+	uint64_t lost;
+	bool gone;
+	int rc;
+
+	if (!c || !line || (flags & ~(unsigned)GMB_WATCH_JSON))
+		return -EINVAL;
+	*line = NULL;
+	pthread_mutex_lock(&c->conn.lock);
+	ev = api_watch_take(c, timeout_ms, &lost);
+	gone = c->conn.gone;
+	snprintf(msg, sizeof(msg), "%s",
+		 c->conn.lost_msg[0] ? c->conn.lost_msg : "the connection to gmbd is lost");
+	pthread_mutex_unlock(&c->conn.lock);
+	if (lost) {
+		/* Said before the next event: the gap is where it happened. */
+		char detail[96];
+
+		snprintf(detail, sizeof(detail), "%" PRIu64 " events lost: read too slowly", lost);
+		lost_ev.kind = "lost";
+		lost_ev.detail = detail;
+		lost_ev.device = -1;
+		rc = gmb__watch_format(&lost_ev, flags & GMB_WATCH_JSON, line);
+		if (ev) {
+			/* Back to the head of the queue, for the next call. */
+			pthread_mutex_lock(&c->conn.lock);
+			ev->next = c->conn.events;
+			if (!c->conn.events)
+				c->conn.events_tail = &ev->next;
+			c->conn.events = ev;
+			c->conn.nevents++;
+			pthread_mutex_unlock(&c->conn.lock);
+		}
+		return rc < 0 ? rc : 1;
+	}
+	if (!ev)
+		return gone ? api_done(c, -ENOTCONN, msg) : 0;
+	we = ev->env->watch_event;
+	rc = gmb__watch_format(we, flags & GMB_WATCH_JSON, line);
+	gmb__envelope__free_unpacked(ev->env, NULL);
+	free(ev);
+	return rc < 0 ? rc : 1;
 }

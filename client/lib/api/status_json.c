@@ -20,13 +20,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "client/lib/api/status_json.h"
 #include "common/size.h"
 #include "proto/gmb.pb-c.h"
 
 #define SBUF_MIN_CAP 256
-#define TABLE_MAX_COLS 8
+#define TABLE_MAX_COLS 10
 
 /* A growable NUL-terminated string; err is sticky (0 or -ENOMEM). */
 struct sbuf {
@@ -63,9 +64,17 @@ static const char *const status_mode_names[] = {
 	[GMB__MODE__MODE_PRESERVE] = "preserve",
 };
 
+/*
+ * The device as the driver sees it (TOTAL, USED by every process, OUTSIDE
+ * gmbd), then gmbd's share: BUDGET, HELD from the driver, LENT to clients,
+ * IDLE (held, not lent: ready for the next request), and AVAIL, what a
+ * client can still get (budget minus lent). An idle device reads as idle,
+ * not as full.
+ */
 static const struct table_col status_dev_cols[] = {
-	{ "DEV", true },     { "NAME", false }, { "TOTAL", true }, { "BUDGET", true },
-	{ "POOL", true },    { "USED", true },  { "FREE", true },
+	{ "DEV", true },     { "NAME", false },  { "TOTAL", true }, { "USED", true },
+	{ "OUTSIDE", true }, { "BUDGET", true }, { "HELD", true },  { "LENT", true },
+	{ "IDLE", true },    { "AVAIL", true },
 };
 
 static const struct table_col status_client_cols[] = {
@@ -261,10 +270,27 @@ static void json_put_device(struct sbuf *b, const Gmb__DeviceInfo *d)
 		    ",\"granularity\":%" PRIu64 ",\"pool_bytes\":%" PRIu64
 		    ",\"used_bytes\":%" PRIu64 ",\"free_bytes\":%" PRIu64
 		    ",\"chunks_created\":%" PRIu64 ",\"chunks_released\":%" PRIu64
-		    ",\"chunks_handed_over\":%" PRIu64 "}",
+		    ",\"chunks_handed_over\":%" PRIu64,
 		    d->total_bytes, d->budget_bytes, d->granularity, d->pool_bytes,
 		    d->used_bytes, d->free_bytes, d->chunks_created, d->chunks_released,
 		    d->chunks_handed_over);
+	/* The same facts under plain names, and the driver's view (null: unknown). */
+	sbuf_printf(b, ",\"held_bytes\":%" PRIu64 ",\"lent_bytes\":%" PRIu64
+		       ",\"idle_bytes\":%" PRIu64 ",\"available_bytes\":%" PRIu64,
+		    d->pool_bytes, d->used_bytes, d->free_bytes,
+		    d->budget_bytes > d->used_bytes ? d->budget_bytes - d->used_bytes : 0);
+	if (d->driver_known) {
+		sbuf_printf(b, ",\"driver\":{\"source\":");
+		json_put_str(b, d->driver_source);
+		sbuf_printf(b, ",\"total_bytes\":%" PRIu64 ",\"used_bytes\":%" PRIu64
+			       ",\"free_bytes\":%" PRIu64 "},\"outside_bytes\":%" PRIu64 "}",
+			    d->driver_total_bytes, d->driver_used_bytes,
+			    d->driver_total_bytes > d->driver_used_bytes
+				    ? d->driver_total_bytes - d->driver_used_bytes : 0,
+			    d->outside_bytes);
+	} else {
+		sbuf_puts(b, ",\"driver\":null,\"outside_bytes\":null}");
+	}
 }
 
 static void json_put_tag(struct sbuf *b, const Gmb__TagInfo *t)
@@ -500,11 +526,19 @@ static void status_add_device(struct table *t, const Gmb__DeviceInfo *d)
 {
 	table_add_u64(t, d->index);
 	table_add(t, d->name);
-	table_add_size(t, d->total_bytes);
+	table_add_size(t, d->driver_known ? d->driver_total_bytes : d->total_bytes);
+	if (d->driver_known) {
+		table_add_size(t, d->driver_used_bytes);
+		table_add_size(t, d->outside_bytes);
+	} else {
+		table_add(t, "?"); /* no driver view (no NVML) */
+		table_add(t, "?");
+	}
 	table_add_size(t, d->budget_bytes);
 	table_add_size(t, d->pool_bytes);
 	table_add_size(t, d->used_bytes);
 	table_add_size(t, d->free_bytes);
+	table_add_size(t, d->budget_bytes > d->used_bytes ? d->budget_bytes - d->used_bytes : 0);
 }
 
 /* The id as "#N", the spelling gmbctl accepts for a client id. */
@@ -686,5 +720,92 @@ int gmb__status_to_table(const Gmb__StatusReply *st, char **out)
 		r = status_put_waiters(st, &b);
 	if (r && !b.err)
 		b.err = r;
+	return sbuf_steal(&b, out);
+}
+
+/* ---- watch events ---- */
+
+static void watch_json(struct sbuf *b, const Gmb__WatchEvent *e)
+{
+	sbuf_puts(b, "{\"kind\":");
+	json_put_str(b, e->kind);
+	sbuf_printf(b, ",\"time_ns\":%" PRIu64 ",\"client_id\":%" PRIu64 ",\"client\":", e->time_ns,
+		    e->client_id);
+	json_put_str(b, e->client);
+	sbuf_printf(b, ",\"pid\":%" PRId32 ",\"tag\":", e->pid);
+	json_put_str(b, e->tag);
+	sbuf_printf(b,
+		    ",\"device\":%" PRId32 ",\"bytes\":%" PRIu64 ",\"duration_ns\":%" PRIu64
+		    ",\"reason\":",
+		    e->device, e->bytes, e->duration_ns);
+	json_put_str(b, e->reason);
+	sbuf_puts(b, ",\"request\":");
+	json_put_str(b, e->request);
+	sbuf_printf(b, ",\"status\":%" PRId32 ",\"actor\":", e->status);
+	json_put_str(b, e->actor);
+	sbuf_puts(b, ",\"detail\":");
+	json_put_str(b, e->detail);
+	sbuf_putc(b, '}');
+}
+
+/* " key=value", the value terminal-safe and quoted when it has a space. */
+static void watch_kv(struct sbuf *b, const char *key, const char *v)
+{
+	bool q = !*v || strchr(v, ' ') || strchr(v, '"');
+
+	sbuf_printf(b, " %s=%s", key, q ? "\"" : "");
+	term_put_str(b, v);
+	if (q)
+		sbuf_putc(b, '"');
+}
+
+static void watch_text(struct sbuf *b, const Gmb__WatchEvent *e)
+{
+	time_t sec = (time_t)(e->time_ns / 1000000000u);
+	char tbuf[32], sz[SIZE_STR_MAX];
+	struct tm tm;
+
+	localtime_r(&sec, &tm);
+	strftime(tbuf, sizeof(tbuf), "%H:%M:%S", &tm);
+	sbuf_printf(b, "%s.%03u ", tbuf, (unsigned)(e->time_ns / 1000000u % 1000u));
+	term_put_str(b, e->kind);
+	if (e->client && *e->client) {
+		watch_kv(b, "client", e->client);
+		sbuf_printf(b, " id=%" PRIu64 " pid=%" PRId32, e->client_id, e->pid);
+	}
+	if (e->request && *e->request)
+		watch_kv(b, "request", e->request);
+	if (e->tag && *e->tag)
+		watch_kv(b, "tag", e->tag);
+	else if (!strcmp(e->kind, "pause") || !strcmp(e->kind, "resume"))
+		sbuf_puts(b, " tag=*");
+	if (e->device >= 0)
+		sbuf_printf(b, " device=%" PRId32, e->device);
+	if (e->bytes)
+		sbuf_printf(b, " bytes=%s", size_str(e->bytes, sz));
+	if (e->duration_ns)
+		sbuf_printf(b, " took=%.3fms", (double)e->duration_ns / 1e6);
+	if (e->reason && *e->reason)
+		watch_kv(b, "reason", e->reason);
+	if (e->status)
+		sbuf_printf(b, " status=%" PRId32, e->status);
+	if (e->actor && *e->actor)
+		watch_kv(b, "by", e->actor);
+	if (e->detail && *e->detail) {
+		sbuf_puts(b, ": ");
+		term_put_str(b, e->detail);
+	}
+}
+
+int gmb__watch_format(const Gmb__WatchEvent *ev, bool json, char **out)
+{
+	struct sbuf b = SBUF_INIT;
+
+	if (!ev || !out)
+		return -EINVAL;
+	if (json)
+		watch_json(&b, ev);
+	else
+		watch_text(&b, ev);
 	return sbuf_steal(&b, out);
 }

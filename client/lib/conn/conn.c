@@ -102,9 +102,9 @@ static int conn_hello(struct gmb__conn *c, const char *name, unsigned flags, cha
 
 	hello.version = GMB_PROTOCOL_VERSION;
 	hello.name = (char *)name;
-	/* Control is always offered: without a handler, commands are refused with a reason. */
+	/* No handler yet: gmb_set_control_handler() tells gmbd when one comes. */
 	hello.tool = (flags & GMB_CONNECT_TOOL) != 0;
-	hello.control = !hello.tool;
+	hello.control = false;
 	hello.group = c->group;
 	hello.priority = c->priority;
 	hello.preemptible = c->preemptible;
@@ -135,6 +135,7 @@ void gmb__conn_init(struct gmb__conn *c)
 	c->sock = -1;
 	c->sock_next = -1;
 	c->jobs_tail = &c->jobs;
+	c->events_tail = &c->events;
 	pthread_mutex_init(&c->op_lock, NULL);
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_mutex_init(&c->send_lock, NULL);
@@ -145,6 +146,7 @@ void gmb__conn_init(struct gmb__conn *c)
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&c->poll_cond, &ca);
 	pthread_cond_init(&c->conn_cond, &ca);
+	pthread_cond_init(&c->event_cond, &ca);
 	pthread_condattr_destroy(&ca);
 }
 
@@ -155,6 +157,10 @@ void gmb__conn_deinit(struct gmb__conn *c)
 	conn_free_jobs(c->jobs);
 	c->jobs = NULL;
 	c->jobs_tail = &c->jobs;
+	conn_free_jobs(c->events);
+	c->events = NULL;
+	c->events_tail = &c->events;
+	pthread_cond_destroy(&c->event_cond);
 	pthread_cond_destroy(&c->conn_cond);
 	pthread_cond_destroy(&c->poll_cond);
 	pthread_cond_destroy(&c->work_cond);
@@ -619,6 +625,28 @@ static void conn_on_bye(struct gmb__conn *c, Gmb__Envelope *env)
 	gmb__envelope__free_unpacked(env, NULL);
 }
 
+/* A WatchEvent notice: queued for gmb_watch_next(); consumes @env. */
+static void conn_on_event(struct gmb__conn *c, Gmb__Envelope *env)
+{
+	struct gmb__job *ev = NULL;
+
+	pthread_mutex_lock(&c->lock);
+	if (c->nevents < GMB__MAX_EVENTS)
+		ev = malloc(sizeof(*ev));
+	if (ev) {
+		*ev = (struct gmb__job){ .env = env, .gen = c->gen };
+		*c->events_tail = ev;
+		c->events_tail = &ev->next;
+		c->nevents++;
+		pthread_cond_broadcast(&c->event_cond);
+	} else {
+		c->events_lost++;
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (!ev)
+		gmb__envelope__free_unpacked(env, NULL);
+}
+
 /* One packet. Return: 0, or why reading must stop. */
 static int conn_read_one(struct gmb__conn *c)
 {
@@ -640,6 +668,8 @@ static int conn_read_one(struct gmb__conn *c)
 		conn_on_request(c, env);
 	else if (env->body_case == GMB__ENVELOPE__BODY_BYE)
 		conn_on_bye(c, env);
+	else if (env->body_case == GMB__ENVELOPE__BODY_WATCH_EVENT)
+		conn_on_event(c, env);
 	else
 		gmb__envelope__free_unpacked(env, NULL);
 	return 0;
@@ -690,6 +720,7 @@ static bool conn_lost(struct gmb__conn *c, int why)
 	pthread_cond_broadcast(&c->work_cond);
 	pthread_cond_broadcast(&c->poll_cond);
 	pthread_cond_broadcast(&c->conn_cond);
+	pthread_cond_broadcast(&c->event_cond);
 	pthread_mutex_unlock(&c->lock);
 	conn_free_jobs(jobs);
 	return again;
@@ -704,6 +735,7 @@ static void conn_gone(struct gmb__conn *c)
 	pthread_cond_broadcast(&c->work_cond);
 	pthread_cond_broadcast(&c->poll_cond);
 	pthread_cond_broadcast(&c->conn_cond);
+	pthread_cond_broadcast(&c->event_cond);
 	pthread_mutex_unlock(&c->lock);
 }
 

@@ -154,7 +154,16 @@ struct gmb__conn {
 	struct gmb__pending *pending;
 	struct gmb__job *jobs, **jobs_tail;
 	unsigned handled;            /* daemon requests handled since the last poll */
+	bool control;	  /* a control handler is installed (hello says so) */
+	/* WatchEvents gmbd pushed, oldest first, read by gmb_watch_next(). */
+	struct gmb__job *events, **events_tail;
+	size_t nevents;
+	uint64_t events_lost;	   /* dropped here: the application read too slowly */
+	pthread_cond_t event_cond; /* an event arrived, or the connection ended (MONOTONIC) */
 };
+
+/* Events kept for an application that reads them late; more are counted lost. */
+#define GMB__MAX_EVENTS 4096
 
 /* gmb__conn_init() - locks, conditions and queues of a connection not yet open. */
 void gmb__conn_init(struct gmb__conn *c);

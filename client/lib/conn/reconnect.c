@@ -161,7 +161,9 @@ static int reconnect_hello(struct gmb__conn *c, int fd, uint64_t *next_id)
 
 	hello.version = GMB_PROTOCOL_VERSION;
 	hello.name = c->name;
-	hello.control = !(c->flags & GMB_CONNECT_TOOL);
+	pthread_mutex_lock(&c->lock);
+	hello.control = c->control;
+	pthread_mutex_unlock(&c->lock);
 	hello.rejoin_id = c->id;
 	hello.group = c->group;
 	hello.priority = c->priority;

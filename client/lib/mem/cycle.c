@@ -94,7 +94,7 @@ static int cycle_save_queue(struct gmb__mem *m, struct gmb__alloc *a, uint64_t *
  * allocations copy back to back at the link's bandwidth; pageable and file
  * copies then go through their pinned pieces one allocation at a time.
  */
-static int cycle_save(struct gmb__mem *m, const struct gmb__tag *only, char *err)
+static int cycle_save(struct gmb__mem *m, const struct gmb__tag *only, uint64_t *copied, char *err)
 {
 	uint64_t queued = 0;
 	bool any_slow = false, slow;
@@ -111,6 +111,8 @@ static int cycle_save(struct gmb__mem *m, const struct gmb__tag *only, char *err
 			a->marked = slow;
 			a->saved = rc == 0 && !slow;
 			any_slow |= slow;
+			if (rc == 0)
+				*copied += a->size;
 		}
 	}
 	/* Even after a failure: queued copies still write the host copies. */
@@ -201,7 +203,7 @@ static void cycle_release(struct gmb__mem *m, const struct gmb__tag *only)
 int gmb__cycle_pause(struct gmb__mem *m, const char *name, char *err)
 {
 	struct gmb__tag *only = NULL;
-	uint64_t mask;
+	uint64_t mask, copied = 0;
 	int rc;
 
 	if (name && *name) {
@@ -220,11 +222,11 @@ int gmb__cycle_pause(struct gmb__mem *m, const char *name, char *err)
 	 */
 	rc = gmb__mem_sync(m, mask, err);
 	if (rc == 0)
-		rc = cycle_save(m, only, err);
+		rc = cycle_save(m, only, &copied, err);
 	if (rc == 0)
 		rc = cycle_unmap_tags(m, only, false, err);
 	if (rc == 0)
-		rc = gmb__mem_send_pause(m, only ? only->name : "", err);
+		rc = gmb__mem_send_pause(m, only ? only->name : "", copied, err);
 	if (rc < 0) {
 		cycle_remap(m, only);
 		return rc;
@@ -349,7 +351,7 @@ static void cycle_repause(struct gmb__mem *m, const struct gmb__tag *only)
 	cycle_unmap_tags(m, only, true, NULL);
 	for (struct gmb__tag *t = m->tags; t; t = t->next)
 		if (cycle_tag_in(t, only, true))
-			gmb__mem_send_pause(m, t->name, NULL);
+			gmb__mem_send_pause(m, t->name, 0, NULL);
 	cycle_release(m, only);
 }
 

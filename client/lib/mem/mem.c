@@ -133,7 +133,7 @@ static void mem_tag_drop(struct gmb__mem *m, struct gmb__tag *t)
 }
 
 /* Sends Pause{@name} ("" = every tag) and waits for the answer. */
-int gmb__mem_send_pause(struct gmb__mem *m, const char *name, char *err)
+int gmb__mem_send_pause(struct gmb__mem *m, const char *name, uint64_t copied, char *err)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__PauseRequest req = GMB__PAUSE_REQUEST__INIT;
@@ -143,6 +143,7 @@ int gmb__mem_send_pause(struct gmb__mem *m, const char *name, char *err)
 	req.tag = (char *)name;
 	/* cycle.c lets go of the paused allocations' chunks once gmbd answers. */
 	req.handles_released = m->devs->release_on_pause;
+	req.host_copied_bytes = copied;
 	env.body_case = GMB__ENVELOPE__BODY_PAUSE;
 	env.pause = &req;
 	rc = gmb__request(m->conn, &env, &rep, err);

@@ -69,7 +69,8 @@ int gmb__mem_be_fail(char *err, int rc, const char *what);
 int gmb__mem_map(struct gmb__mem *m, struct gmb__alloc *a, char *err);
 int gmb__mem_unmap(struct gmb__mem *m, struct gmb__alloc *a, char *err);
 int gmb__mem_sync(struct gmb__mem *m, uint64_t dev_mask, char *err);
-int gmb__mem_send_pause(struct gmb__mem *m, const char *name, char *err);
+/* @copied: PRESERVE bytes saved to host before it (gmbd counts them). */
+int gmb__mem_send_pause(struct gmb__mem *m, const char *name, uint64_t copied, char *err);
 void gmb__mem_sweep(struct gmb__mem *m);
 
 /*
