@@ -52,7 +52,6 @@ struct handlers {
 	void *changed_arg;
 	struct idmap conns;             /* client id -> struct sess: connected or rejoining */
 	uv_timer_t orphan_timer;
-	uint64_t orphan_deadline;       /* uv_now() ms: orphans left are reclaimed */
 	uint64_t orphan_grace_ms;
 	bool retrying;                  /* guards against nested retries */
 	bool closed;
