@@ -1,8 +1,10 @@
 /*
  * orphans.c - clients restored from the previous gmbd, or whose connection
- * gmbd ended while their process lived, that have not come back: reclaimed (their memory back to the pool, one log line each) as
- * soon as their process is gone, and otherwise when the grace period after
- * the restart ends; a timer looks every second while any are left. One in
+ * gmbd ended while their process lived, that have not come back: reclaimed
+ * (their memory back to the pool, one log line each) as soon as their
+ * process is gone, and otherwise when their grace period ends (from the
+ * restart, or from the hang-up); a timer looks every second while any are
+ * left. One in
  * the middle of its claim past the grace period is hung up on.
  */
 #include <inttypes.h>
