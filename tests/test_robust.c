@@ -202,7 +202,8 @@ static void child_main(struct child *ch, bool rejoin)
 	size_t nchunks;
 
 	raw_connect(&r);
-	if (raw_hello(&r, "holder", 0, false) != 0 || raw_alloc(&r, 4 * MiB, "t", &rep) != 0)
+	if (raw_hello(&r, "holder", 0, false) != 0 || raw_alloc(&r, 4 * MiB, "t", &rep) != 0 ||
+	    rep.nchunks != 2)
 		_exit(91);
 	alloc_id = rep.alloc_id;
 	nchunks = rep.nchunks;
@@ -219,7 +220,7 @@ static void child_main(struct child *ch, bool rejoin)
 		Gmb__Envelope env = GMB__ENVELOPE__INIT;
 		Gmb__RejoinRequest req = GMB__REJOIN_REQUEST__INIT;
 		Gmb__RejoinTag tag = GMB__REJOIN_TAG__INIT, *ptag = &tag;
-		Gmb__RejoinAlloc ra = GMB__REJOIN_ALLOC__INIT, *pra = &ra;
+		Gmb__RejoinAlloc ra = GMB__REJOIN_ALLOC__INIT, rb, *pra[2] = { &ra, &rb };
 
 		raw_connect(&r);
 		r.next_id = 100;
@@ -230,12 +231,17 @@ static void child_main(struct child *ch, bool rejoin)
 		ra.tag = "t";
 		ra.size = 4 * MiB;
 		ra.mapped = true;
-		ra.n_chunk_ids = nchunks;
+		/* In two pieces, as a lend too long for one part is claimed. */
+		ra.n_chunk_ids = 1;
 		ra.chunk_ids = chunks;
+		rb = ra;
+		rb.first_chunk = 1;
+		rb.n_chunk_ids = nchunks - 1;
+		rb.chunk_ids = chunks + 1;
 		req.n_tags = 1;
 		req.tags = &ptag;
-		req.n_allocs = 1;
-		req.allocs = &pra;
+		req.n_allocs = 2;
+		req.allocs = pra;
 		req.n_held_chunk_ids = nchunks;
 		req.held_chunk_ids = chunks;
 		req.last = true;
@@ -289,10 +295,9 @@ static int other_alloc_ok(void *arg)
 /* A client gmbd hung up on keeps its memory while its process lives. */
 static void doomed_client_keeps_memory(bool rejoin)
 {
-	static const char *const args[] = {
-		"--host-memory", "64MiB", "--budget", "4MiB", "--rejoin-grace", "60",
-		"--log-level",	 "err",	  NULL
-	};
+	static const char *const args[] = { "--host-memory", "64MiB", "--budget", "4MiB",
+					    "--max-chunk", "2MiB", "--rejoin-grace", "60",
+					    "--log-level", "err", NULL };
 	struct child ch;
 	gmb_client *other;
 	void *p = NULL;
@@ -323,4 +328,56 @@ Test(robust, client_gmbd_hung_up_on_keeps_its_memory_until_gone)
 Test(robust, client_gmbd_hung_up_on_rejoins)
 {
 	doomed_client_keeps_memory(true);
+}
+
+/* ---- lends too long for one packet ---- */
+
+/* Raises this process's fd limit to @want (gmbd inherits it); false if it cannot. */
+static bool fd_limit_at_least(rlim_t want)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return false;
+	if (rl.rlim_cur >= want)
+		return true;
+	/* Root may raise the hard limit too. */
+	if (rl.rlim_max < want)
+		rl.rlim_max = want;
+	rl.rlim_cur = want;
+	return setrlimit(RLIMIT_NOFILE, &rl) == 0;
+}
+
+/* 15,000 chunks of 16 KiB: ids and sizes over 64 KiB packed (5 bytes a
+ * chunk), within a 20,000-fd limit on each side. */
+Test(robust, lend_of_15000_chunks_travels_in_pieces)
+{
+	static const char *const args[] = { "--host-memory", "256MiB", "--host-granularity",
+					    "16KiB", "--max-chunk", "16KiB", "--fdstore-max", "0",
+					    "--log-level", "err", NULL };
+	const size_t n = 15000, g = 16 * KiB, size = n * g;
+	gmb_client *c;
+	unsigned char *p = NULL;
+	char *json = NULL;
+
+	/* Each side keeps one fd a chunk (host backend handles are memfds). */
+	if (!fd_limit_at_least(n + 4096))
+		cr_skip_test("needs RLIMIT_NOFILE of %zu", n + 4096);
+	start(args);
+	cr_assert(eq(i32, gmb_connect(gmbd.sock, "long", &c), 0));
+	cr_assert(eq(i32, gmb_tag_set_mode(c, "big", GMB_MODE_PRESERVE), 0));
+	cr_assert(eq(i32, gmb_malloc(c, (void **)&p, size, 0, "big"), 0),
+		  "an allocation of %zu chunks: %s", n, gmb_last_error(c));
+	for (size_t i = 0; i < size; i += g)
+		p[i] = (unsigned char)(i / g);
+	cr_assert(eq(i32, gmb_pause(c, "big"), 0), "%s", gmb_last_error(c));
+	cr_assert(eq(i32, gmb_resume(c, "big"), 0), "resume of %zu chunks: %s", n,
+		  gmb_last_error(c));
+	for (size_t i = 0; i < size; i += g)
+		cr_assert(eq(u8, p[i], (unsigned char)(i / g)), "byte %zu", i);
+	cr_assert(eq(i32, gmb_status_json(c, &json), 0), "%s", gmb_last_error(c));
+	cr_expect(eq(i64, json_i64(json, "used_bytes"), (int64_t)size));
+	free(json);
+	cr_expect(eq(i32, gmb_free(c, p), 0));
+	gmb_close(c);
 }
