@@ -381,3 +381,61 @@ Test(robust, lend_of_15000_chunks_travels_in_pieces)
 	cr_expect(eq(i32, gmb_free(c, p), 0));
 	gmb_close(c);
 }
+
+/* ---- a status entry larger than a packet ---- */
+
+static size_t count_of(const char *hay, const char *needle)
+{
+	size_t n = 0;
+
+	for (const char *p = hay; (p = strstr(p, needle)); p++)
+		n++;
+	return n;
+}
+
+static int gmbctl_status(bool json, char *out, char *err, size_t cap)
+{
+	char bin[256];
+	char *argv[] = { bin, "-s", gmbd.sock, "status", json ? "--json" : NULL, NULL };
+
+	snprintf(bin, sizeof(bin), "%s/gmbctl", test_build_dir());
+	return run_capture(argv, NULL, out, err, cap);
+}
+
+/* 256 tags of 128-byte names, an allocation in each on each of 2 devices. */
+Test(robust, status_lists_a_client_larger_than_a_packet)
+{
+	static const char *const args[] = { "--host-devices", "2", "--host-memory", "2GiB",
+					    "--log-level", "err", NULL };
+	const size_t cap = 4 << 20;
+	char *out = malloc(cap), *err = malloc(cap);
+	char tag[129], *json = NULL;
+	gmb_client *c;
+
+	cr_assert(out && err);
+	start(args);
+	cr_assert(eq(i32, gmb_connect(gmbd.sock, "many-tags", &c), 0));
+	for (int t = 0; t < 256; t++) {
+		snprintf(tag, sizeof(tag), "tag-%03d-%0120d", t, 0);
+		for (int d = 0; d < 2; d++) {
+			void *p;
+
+			cr_assert(eq(i32, gmb_malloc(c, &p, 2 * MiB, d, tag), 0), "%s",
+				  gmb_last_error(c));
+		}
+	}
+	cr_assert(eq(i32, gmb_status_json(c, &json), 0), "%s", gmb_last_error(c));
+	cr_expect(eq(sz, count_of(json, "\"tag-"), 512), "rows of the client's own status");
+	cr_expect(eq(sz, count_of(json, "many-tags"), 1), "one client, not one per entry");
+	free(json);
+	cr_assert(eq(i32, gmbctl_status(true, out, err, cap), 0), "%s", err);
+	cr_expect(eq(sz, count_of(out, "\"tag-"), 512), "gmbctl status --json lists every row");
+	cr_assert(eq(i32, gmbctl_status(false, out, err, cap), 0), "%s", err);
+	for (int t = 0; t < 256; t++) {
+		snprintf(tag, sizeof(tag), "tag-%03d-", t);
+		cr_expect(ge(sz, count_of(out, tag), 1), "gmbctl status lists %s", tag);
+	}
+	gmb_close(c);
+	free(out);
+	free(err);
+}
