@@ -386,6 +386,7 @@ static int api_status_continue(struct api_status_joined *j, Gmb__ClientInfo **pr
 static int api_status_join(const struct gmb__reply *rep, struct api_status_joined *j, char *err)
 {
 	size_t n = 0, k = 0;
+	bool head = false;
 
 	*j = (struct api_status_joined){ .sr = GMB__STATUS_REPLY__INIT };
 	for (size_t p = 0; p < rep->nparts; p++)
@@ -400,7 +401,9 @@ static int api_status_join(const struct gmb__reply *rep, struct api_status_joine
 
 		if (rep->parts[p]->body_case != GMB__ENVELOPE__BODY_STATUS_REPLY)
 			continue;
-		if (sr->backend && *sr->backend && !j->sr.backend) {
+		/* The first part carries backend, version and the devices. */
+		if (!head) {
+			head = true;
 			j->sr.backend = sr->backend;
 			j->sr.version = sr->version;
 			j->sr.n_devices = sr->n_devices;
