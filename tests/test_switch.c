@@ -309,7 +309,7 @@ Test(switch, bad_requests_change_nothing)
 	cr_assert(eq(i32, ctl("switch", "from", "from"), 1), "one client on both sides");
 	cr_assert(eq(i32, ctl("switch", "from", "to", "--tags", "a,,b"), 2), "usage");
 	cr_assert(eq(i32, ctl("switch", "from", "nohandler"), 1), "%s", out);
-	cr_assert(not(eq(ptr, strstr(err, "no control handler"), NULL)), "%s", err);
+	cr_assert(not(eq(ptr, strstr(err, "does not accept remote control"), NULL)), "%s", err);
 	as_before();
 	cr_assert(eq(i32, worker_quit(&a), 0));
 	cr_assert(eq(i32, worker_quit(&b), 0));

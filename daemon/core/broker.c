@@ -395,7 +395,8 @@ static void broker_queue_drops(struct pool *p)
 		for (uint32_t i = 0; i < ch->nholders; i++) {
 			struct chunk_holder *h = &ch->holders[i];
 
-			if (h->drop_sent)
+			/* An orphan has nobody to ask: asked once it is back. */
+			if (h->drop_sent || h->client->orphan)
 				continue;
 			/* Left unsent, it is queued again by the next flush. */
 			if (broker_drops_push(h->client, ch->id) < 0) {

@@ -77,9 +77,11 @@ struct bclient {
 	int ngroups;
 	bool control, tool;
 	uint64_t start_time;       /* tells a reused pid from the client's own */
-	/* Restored from a previous gmbd and not back yet (daemon/core/rejoin.c):
-	 * its memory stays counted and lent until it rejoins or is reclaimed. */
+	/* Restored from a previous gmbd and not back yet (daemon/core/rejoin.c),
+	 * or a live client whose connection gmbd ended (broker_orphan()): its
+	 * memory stays counted and lent until it rejoins or is reclaimed. */
 	bool orphan;
+	uint64_t orphan_deadline;  /* the handlers' clock (ms): reclaimed past it */
 	struct btag *tags;
 	uint32_t ntags;
 	struct idmap allocs;       /* id -> balloc */
@@ -260,6 +262,12 @@ int broker_restore_alloc(struct broker *br, struct bclient *c, struct btag *t, u
 int broker_rejoin(struct broker *br, struct bclient *c, const struct broker_claim *claim,
 		  struct broker_rejoin_result *res, char *err);
 void broker_rejoin_result_deinit(struct broker_rejoin_result *res);
+/*
+ * broker_orphan() - gmbd ended live @c's connection while its process may
+ * still map what it was lent: @c becomes an orphan, as after a restart, so
+ * that nothing it holds is lent again until it rejoins or is reclaimed.
+ */
+void broker_orphan(struct broker *br, struct bclient *c);
 /* Clients restored and not back yet. */
 uint32_t broker_orphans(const struct broker *br);
 /* Orphan @c will not be back (@why, logged): its memory returns; @c is freed. */

@@ -413,6 +413,14 @@ void broker_rejoin_result_deinit(struct broker_rejoin_result *res)
 	*res = (struct broker_rejoin_result){ 0 };
 }
 
+void broker_orphan(struct broker *br, struct bclient *c)
+{
+	(void)br;
+	/* Drops asked of it are lost with the connection: asked again once
+	 * it is back (rejoin_reset_drops()); none is queued meanwhile. */
+	c->orphan = true;
+}
+
 void broker_reclaim(struct broker *br, struct bclient *c, const char *why)
 {
 	uint64_t bytes = 0;
@@ -423,7 +431,7 @@ void broker_reclaim(struct broker *br, struct bclient *c, const char *why)
 		bytes += t->bytes;
 		allocs += t->nallocs;
 	}
-	log_notice("client reclaimed after gmbd's restart client=%s id=%" PRIu64 " pid=%d uid=%u"
+	log_notice("client reclaimed client=%s id=%" PRIu64 " pid=%d uid=%u"
 		   " allocations=%u returned=%s reason=\"%s\"", c->name, c->id, (int)c->pid,
 		   (unsigned)c->uid, allocs, size_str(bytes, b), why);
 	broker_client_remove(br, c);

@@ -19,6 +19,7 @@
 #include "common/wire.h"
 #include "daemon/core/broker.h"
 #include "daemon/core/event.h"
+#include "daemon/core/proc.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
 #include "include/gmb.h"
@@ -265,6 +266,30 @@ static int handlers_export_fds(void *arg, const uint64_t *ids, size_t n, int *fd
 	return broker_export_fds(h->broker, ids, n, fds);
 }
 
+/*
+ * gmbd ended @s (a limit, bad input, a reply it could not build) while its
+ * process lives and may map what it was lent: that memory must not go to
+ * anyone else. The client becomes an orphan, as after a restart, reclaimed
+ * once its process is gone or after the grace period; libgmb reconnects
+ * and rejoins. Return: whether @c was kept.
+ */
+static bool handlers_keep_orphan(struct handlers *h, struct sess *s, struct bclient *c)
+{
+	if (h->handover || h->closed || !s->doomed || s->peer_closed || c->tool ||
+	    c->allocs.count == 0 || !proc_alive(c->pid, c->start_time))
+		return false;
+	log_notice("client kept as an orphan " SESS_FMT " allocations=%zu grace_s=%" PRIu64,
+		   SESS_ARGS(s), (size_t)c->allocs.count, h->orphan_grace_ms / 1000);
+	handlers__conn_unbind(h, c);
+	hconn_of(s)->client = NULL;
+	sess_set_name(s, NULL, 0);
+	broker_orphan(h->broker, c);
+	handlers__orphan_watch(h, c);
+	handlers__settle(h);
+	handlers__changed(h);
+	return true;
+}
+
 static void handlers_gone(void *arg, struct sess *s)
 {
 	struct handlers *h = arg;
@@ -281,6 +306,8 @@ static void handlers_gone(void *arg, struct sess *s)
 		log_debug("connection closed pid=%d uid=%u", (int)s->pid, (unsigned)s->uid);
 		return;
 	}
+	if (handlers_keep_orphan(h, s, hc->client))
+		return;
 	broker_client_usage(hc->client, "", &bytes, &chunks);
 	if (h->handover)
 		log_debug("client left for the next gmbd " SESS_FMT, SESS_ARGS(s));

@@ -69,7 +69,6 @@ struct handlers {
 	struct sess **watchers; /* subscribed sessions, a reference each */
 	size_t nwatchers, cap_watchers;
 	uv_timer_t orphan_timer;
-	uint64_t orphan_deadline;       /* uv_now() ms: orphans left are reclaimed */
 	uint64_t orphan_grace_ms;
 	bool retrying;                  /* guards against nested retries */
 	bool closed;

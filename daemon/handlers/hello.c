@@ -46,6 +46,7 @@ struct hrejoin {
 	bool preemptible;
 	Gmb__Envelope **parts;      /* owned */
 	size_t nparts;
+	uint64_t *ids;              /* the claim's chunk ids, pieces joined; owned */
 	size_t ntags, nallocs, nheld;
 };
 
@@ -201,6 +202,7 @@ void handlers__rejoin_gone(struct handlers *h, struct sess *s)
 	for (size_t i = 0; i < r->nparts; i++)
 		gmb__envelope__free_unpacked(r->parts[i], NULL);
 	free(r->parts);
+	free(r->ids);
 	if (r->c)
 		handlers__conn_unbind(h, r->c);
 	free(r);
@@ -244,6 +246,45 @@ static int handlers_rejoin_names(struct hreq *rq, struct broker_claim *cl)
 	return rc;
 }
 
+/* Chunk ids in every claimed allocation piece. */
+static size_t handlers_rejoin_nids(const struct hrejoin *r)
+{
+	size_t n = 0;
+
+	for (size_t p = 0; p < r->nparts; p++)
+		for (size_t i = 0; i < r->parts[p]->rejoin->n_allocs; i++)
+			n += r->parts[p]->rejoin->allocs[i]->n_chunk_ids;
+	return n;
+}
+
+/*
+ * One claimed allocation, or a piece continuing the one before (a lend too
+ * long for one part): its ids go to r->ids, right after the previous
+ * piece's, so that each allocation's list stays in one run.
+ */
+static int handlers_rejoin_alloc(struct hreq *rq, struct hrejoin *r, struct broker_claim *cl,
+				 struct broker_claim_alloc *allocs, const Gmb__RejoinAlloc *a)
+{
+	struct broker_claim_alloc *prev = cl->nallocs ? &allocs[cl->nallocs - 1] : NULL;
+	uint64_t *at = prev ? (uint64_t *)prev->chunk_ids + prev->nchunks : r->ids;
+
+	if (a->n_chunk_ids)
+		memcpy(at, a->chunk_ids, a->n_chunk_ids * sizeof(*at));
+	if (a->first_chunk == 0) {
+		allocs[cl->nallocs++] = (struct broker_claim_alloc){
+			.id = a->alloc_id, .tag = a->tag ? a->tag : "",
+			.dev = a->device > INT32_MAX ? -1 : (int)a->device, .size = a->size,
+			.mapped = a->mapped, .chunk_ids = at, .nchunks = a->n_chunk_ids };
+		return 0;
+	}
+	if (!prev || prev->id != a->alloc_id || prev->nchunks != a->first_chunk) {
+		return handlers__fail(rq, -EPROTO, "claims a piece of allocation %" PRIu64
+				      " from chunk %u out of order", a->alloc_id, a->first_chunk);
+	}
+	prev->nchunks += a->n_chunk_ids;
+	return 0;
+}
+
 /* The parts as one broker_claim; its arrays (not the strings) are malloc'd. */
 static int handlers_rejoin_claim(struct hreq *rq, struct hrejoin *r, struct broker_claim *cl)
 {
@@ -252,7 +293,8 @@ static int handlers_rejoin_claim(struct hreq *rq, struct hrejoin *r, struct brok
 	uint64_t *held = calloc(r->nheld + 1, sizeof(*held));
 
 	*cl = (struct broker_claim){ .tags = tags, .allocs = allocs, .held = held };
-	if (!tags || !allocs || !held)
+	r->ids = calloc(handlers_rejoin_nids(r) + 1, sizeof(*r->ids));
+	if (!tags || !allocs || !held || !r->ids)
 		return handlers__fail(rq, -ENOMEM, "out of memory reading the claim");
 	for (size_t p = 0; p < r->nparts; p++) {
 		const Gmb__RejoinRequest *m = r->parts[p]->rejoin;
@@ -261,15 +303,9 @@ static int handlers_rejoin_claim(struct hreq *rq, struct hrejoin *r, struct brok
 			tags[cl->ntags++] = (struct broker_claim_tag){
 				.name = m->tags[i]->name ? m->tags[i]->name : "",
 				.mode = (int)m->tags[i]->mode, .paused = m->tags[i]->paused };
-		for (size_t i = 0; i < m->n_allocs; i++) {
-			const Gmb__RejoinAlloc *a = m->allocs[i];
-
-			allocs[cl->nallocs++] = (struct broker_claim_alloc){
-				.id = a->alloc_id, .tag = a->tag ? a->tag : "",
-				.dev = a->device > INT32_MAX ? -1 : (int)a->device, .size = a->size,
-				.mapped = a->mapped, .chunk_ids = a->chunk_ids,
-				.nchunks = a->n_chunk_ids };
-		}
+		for (size_t i = 0; i < m->n_allocs; i++)
+			if (handlers_rejoin_alloc(rq, r, cl, allocs, m->allocs[i]) < 0)
+				return -EPROTO; /* rq->err says why */
 		if (m->n_held_chunk_ids)
 			memcpy(held + cl->nheld, m->held_chunk_ids,
 			       m->n_held_chunk_ids * sizeof(*held));

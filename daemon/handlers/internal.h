@@ -208,6 +208,10 @@ int handlers__pause(struct hreq *rq);
 int handlers__resume(struct hreq *rq);
 int handlers__trim(struct hreq *rq);
 
+/* orphans.c */
+/* Orphan @c is reclaimed when its process goes or at now + the grace period. */
+void handlers__orphan_watch(struct handlers *h, struct bclient *c);
+
 /* hello.c */
 int handlers__hello(struct hreq *rq);
 /* ControlState: the client installed or removed its control handler. */

@@ -4,7 +4,8 @@
  *
  * Replies that lend memory (AllocReply, ResumeReply) go out in parts: first
  * the chunk fds, at most WIRE_MAX_FDS per part (more = true, no body), then
- * the lends in parts of at most WIRE_MAX_MSG / 2 bytes; the last part has
+ * the lends in parts of at most WIRE_MAX_MSG / 2 bytes, a lend of more than
+ * HANDLERS_LEND_PIECE chunks in pieces (Lend.first_chunk); the last part has
  * more = false and status 0. alloc and resume return HANDLERS_PARK when the
  * core must wait for drops (park.c keeps and retries them).
  */
@@ -22,6 +23,9 @@
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
 #include "include/gmb.h"
+
+/* Chunks per piece of a lend: 1024 ids and sizes are under 21 KiB packed. */
+#define HANDLERS_LEND_PIECE 1024u
 
 static int handlers_send_result(struct hreq *rq, const struct broker_result *res, bool resume);
 static int handlers_send_fds(struct sess *s, uint64_t reply_to, const struct broker_result *res);
@@ -53,6 +57,12 @@ static void handlers_mem_event(struct hreq *rq, enum event_kind kind, const char
 	ev->device = dev;
 	ev->bytes = bytes;
 	ev->duration_ns = uv_hrtime() - rq->start_ns;
+}
+
+/* Pieces a lend of @n chunks travels in (at least one). */
+static size_t handlers_lend_pieces(uint32_t n)
+{
+	return n ? (n + HANDLERS_LEND_PIECE - 1) / HANDLERS_LEND_PIECE : 1;
 }
 
 int handlers__alloc(struct hreq *rq)
@@ -240,15 +250,17 @@ static int handlers_send_result(struct hreq *rq, const struct broker_result *res
 {
 	Gmb__Lend *lends = NULL;
 	uint64_t *vals = NULL;
-	size_t total = 0, off = 0;
+	size_t total = 0, off = 0, npieces = 0, k = 0;
 	int r;
 
 	r = handlers_send_fds(rq->s, rq->env->id, res);
 	if (r < 0)
 		return r;
-	for (size_t i = 0; i < res->nallocs; i++)
+	for (size_t i = 0; i < res->nallocs; i++) {
 		total += res->allocs[i]->nchunks;
-	lends = calloc(res->nallocs ? res->nallocs : 1, sizeof(*lends));
+		npieces += handlers_lend_pieces(res->allocs[i]->nchunks);
+	}
+	lends = calloc(npieces ? npieces : 1, sizeof(*lends));
 	vals = malloc(2 * (total ? total : 1) * sizeof(*vals));
 	if (!lends || !vals) {
 		r = -ENOMEM;
@@ -258,22 +270,29 @@ static int handlers_send_result(struct hreq *rq, const struct broker_result *res
 	}
 	for (size_t i = 0; i < res->nallocs; i++) {
 		const struct balloc *a = res->allocs[i];
-		Gmb__Lend *l = &lends[i];
 
-		gmb__lend__init(l);
-		l->alloc_id = a->id;
-		l->device = (uint32_t)a->dev;
-		l->size = a->size;
-		l->n_chunk_ids = l->n_chunk_sizes = a->nchunks;
-		l->chunk_ids = vals + off;
-		l->chunk_sizes = vals + total + off;
 		for (uint32_t j = 0; j < a->nchunks; j++) {
-			l->chunk_ids[j] = a->chunks[j] ? a->chunks[j]->id : 0;
-			l->chunk_sizes[j] = a->chunks[j] ? a->chunks[j]->size : 0;
+			vals[off + j] = a->chunks[j] ? a->chunks[j]->id : 0;
+			vals[total + off + j] = a->chunks[j] ? a->chunks[j]->size : 0;
+		}
+		for (uint32_t first = 0; first == 0 || first < a->nchunks;
+		     first += HANDLERS_LEND_PIECE) {
+			Gmb__Lend *l = &lends[k++];
+			uint32_t n = a->nchunks - first;
+
+			gmb__lend__init(l);
+			l->alloc_id = a->id;
+			l->device = (uint32_t)a->dev;
+			l->size = a->size;
+			l->first_chunk = first;
+			l->n_chunk_ids = l->n_chunk_sizes = n < HANDLERS_LEND_PIECE ? n
+						: HANDLERS_LEND_PIECE;
+			l->chunk_ids = vals + off + first;
+			l->chunk_sizes = vals + total + off + first;
 		}
 		off += a->nchunks;
 	}
-	r = handlers_send_lends(rq->s, rq->env->id, lends, res->nallocs, resume);
+	r = handlers_send_lends(rq->s, rq->env->id, lends, k, resume);
 out_free:
 	free(vals);
 	free(lends);
@@ -307,8 +326,8 @@ static int handlers_send_fds(struct sess *s, uint64_t reply_to, const struct bro
 	return 0;
 }
 
-/* Lends in parts of at most WIRE_MAX_MSG / 2 bytes; a lend bigger than
- * that goes alone (sess_send() refuses one over WIRE_MAX_MSG). */
+/* Pieces of lends in parts of at most WIRE_MAX_MSG / 2 bytes (a piece of
+ * HANDLERS_LEND_PIECE chunks is well under); an AllocReply holds one. */
 static int handlers_send_lends(struct sess *s, uint64_t reply_to, Gmb__Lend *lends, size_t n,
 			       bool resume)
 {
@@ -327,7 +346,7 @@ static int handlers_send_lends(struct sess *s, uint64_t reply_to, Gmb__Lend *len
 		size_t sz = gmb__lend__get_packed_size(&lends[i]) + 16;
 
 		ptrs[i] = &lends[i];
-		if (i > first && bytes + sz > WIRE_MAX_MSG / 2) {
+		if (i > first && (!resume || bytes + sz > WIRE_MAX_MSG / 2)) {
 			r = handlers_send_lend_part(s, reply_to, ptrs + first, i - first, resume,
 						    false);
 			if (r < 0)

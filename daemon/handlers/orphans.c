@@ -1,8 +1,10 @@
 /*
- * orphans.c - clients restored from the previous gmbd that have not come
- * back: reclaimed (their memory back to the pool, one log line each) as
- * soon as their process is gone, and otherwise when the grace period after
- * the restart ends; a timer looks every second while any are left. One in
+ * orphans.c - clients restored from the previous gmbd, or whose connection
+ * gmbd ended while their process lived, that have not come back: reclaimed
+ * (their memory back to the pool, one log line each) as soon as their
+ * process is gone, and otherwise when their grace period ends (from the
+ * restart, or from the hang-up); a timer looks every second while any are
+ * left. One in
  * the middle of its claim past the grace period is hung up on.
  */
 #include <inttypes.h>
@@ -19,12 +21,13 @@
 static void handlers_on_orphan_timer(uv_timer_t *t);
 
 /*
- * Reclaims orphans whose process is gone, and all of them past @expired,
- * those in the middle of a claim too: a client that connected and then
- * hangs must not keep its memory lent for ever.
+ * Reclaims orphans whose process is gone, and those past their deadline,
+ * in the middle of a claim too: a client that connected and then hangs
+ * must not keep its memory lent for ever.
  */
-static void handlers_orphans_check(struct handlers *h, bool expired)
+static void handlers_orphans_check(struct handlers *h)
 {
+	uint64_t now = uv_now(h->loop);
 	struct bclient *c, *next;
 	char why[96];
 	bool any = false;
@@ -33,6 +36,7 @@ static void handlers_orphans_check(struct handlers *h, bool expired)
 		 h->orphan_grace_ms / 1000);
 	for (c = h->broker->clients; c; c = next) {
 		struct sess *s = c->orphan ? handlers_sess_of(h, c) : NULL;
+		bool expired = now >= c->orphan_deadline;
 
 		next = c->next;
 		if (!c->orphan || (s && !expired))
@@ -56,23 +60,40 @@ static void handlers_orphans_check(struct handlers *h, bool expired)
 	}
 }
 
-void handlers_orphans_start(struct handlers *h, uint64_t grace_ms)
+/* The timer runs while any orphan is left. */
+static void handlers_orphans_tick(struct handlers *h)
 {
-	if (broker_orphans(h->broker) == 0)
-		return;
-	h->orphan_grace_ms = grace_ms;
-	h->orphan_deadline = uv_now(h->loop) + grace_ms;
-	handlers_orphans_check(h, false);
-	if (broker_orphans(h->broker) > 0 && !h->closed)
+	if (broker_orphans(h->broker) > 0 && !h->closed &&
+	    !uv_is_active((uv_handle_t *)&h->orphan_timer))
 		uv_timer_start(&h->orphan_timer, handlers_on_orphan_timer, HORPHANS_TICK_MS,
 			       HORPHANS_TICK_MS);
+}
+
+void handlers_orphans_start(struct handlers *h, uint64_t grace_ms)
+{
+	uint64_t until = uv_now(h->loop) + grace_ms;
+
+	h->orphan_grace_ms = grace_ms;
+	for (struct bclient *c = h->broker->clients; c; c = c->next)
+		if (c->orphan)
+			c->orphan_deadline = until;
+	if (broker_orphans(h->broker) == 0)
+		return;
+	handlers_orphans_check(h);
+	handlers_orphans_tick(h);
+}
+
+void handlers__orphan_watch(struct handlers *h, struct bclient *c)
+{
+	c->orphan_deadline = uv_now(h->loop) + h->orphan_grace_ms;
+	handlers_orphans_tick(h);
 }
 
 static void handlers_on_orphan_timer(uv_timer_t *t)
 {
 	struct handlers *h = t->data;
 
-	handlers_orphans_check(h, uv_now(h->loop) >= h->orphan_deadline);
+	handlers_orphans_check(h);
 	if (broker_orphans(h->broker) == 0)
 		uv_timer_stop(t);
 }

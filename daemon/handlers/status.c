@@ -6,7 +6,8 @@
  * A node with many clients can outgrow one packet, so the reply may come in
  * parts of at most WIRE_MAX_MSG / 2 bytes: the first carries backend,
  * version and devices, every part carries some clients (the client library
- * concatenates them), and the last has more = false.
+ * concatenates them), and the last has more = false. One client with more
+ * tags than a part holds takes several entries (ClientInfo.continued).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -21,6 +22,8 @@
 
 /* Waiting requests listed (the first ones in serving order). */
 #define HSTATUS_MAX_WAITERS 64
+/* Bytes of one client entry before its tags go on in another (continued). */
+#define HSTATUS_ENTRY_MAX (WIRE_MAX_MSG / 4)
 
 /* Everything one StatusReply points to, owned here. */
 struct hstatus {
@@ -45,6 +48,7 @@ static void handlers_status_tag(const struct btag *t, int ndev, struct hstatus_t
 static int handlers_status_build(const struct broker *br, uint64_t now, struct hstatus *st);
 static size_t handlers_status_fill_client(const struct broker *br, const struct bclient *c,
 					  struct hstatus *st, size_t row, Gmb__ClientInfo *ci);
+static size_t handlers_status_split(struct hstatus *st, size_t i, size_t first);
 static int handlers_status_send(struct hreq *rq, struct hstatus *st);
 static int handlers_status_part(struct hreq *rq, struct hstatus *st, size_t first, size_t n,
 				bool head, bool last);
@@ -126,8 +130,9 @@ static int handlers_status_build(const struct broker *br, uint64_t now, struct h
 			st->nrows += tt.rows;
 		}
 	}
-	st->ci = calloc(st->nclients + 1, sizeof(*st->ci));
-	st->pci = calloc(st->nclients + 1, sizeof(*st->pci));
+	/* A client may take several entries: at most one a row more. */
+	st->ci = calloc(st->nclients + st->nrows + 1, sizeof(*st->ci));
+	st->pci = calloc(st->nclients + st->nrows + 1, sizeof(*st->pci));
 	st->ti = calloc(st->nrows + 1, sizeof(*st->ti));
 	st->pti = calloc(st->nrows + 1, sizeof(*st->pti));
 	if (!st->ci || !st->pci || !st->ti || !st->pti)
@@ -135,13 +140,50 @@ static int handlers_status_build(const struct broker *br, uint64_t now, struct h
 	if (handlers_status_waiters(br, now, st) < 0)
 		return -ENOMEM;
 	for (const struct bclient *c = br->clients; c; c = c->next) {
+		size_t first = row;
+
 		if (c->tool)
 			continue;
 		st->pci[i] = &st->ci[i];
 		row = handlers_status_fill_client(br, c, st, row, &st->ci[i]);
-		i++;
+		i = handlers_status_split(st, i, first);
 	}
+	st->nclients = i;
 	return 0;
+}
+
+/*
+ * Entry @i (a client, its rows from @first) split where its tags would
+ * outgrow HSTATUS_ENTRY_MAX: each entry after the first has continued =
+ * true, the client's id and the next tags. Returns the next free entry.
+ */
+static size_t handlers_status_split(struct hstatus *st, size_t i, size_t first)
+{
+	Gmb__ClientInfo *ci = &st->ci[i];
+	size_t n = ci->n_tags, bytes, start = 0, next = i + 1;
+
+	ci->n_tags = 0;
+	bytes = gmb__client_info__get_packed_size(ci);
+	for (size_t k = 0; k < n; k++) {
+		size_t sz = gmb__tag_info__get_packed_size(st->pti[first + k]) + 4;
+
+		if (k > start && bytes + sz > HSTATUS_ENTRY_MAX) {
+			Gmb__ClientInfo *more = &st->ci[next];
+
+			gmb__client_info__init(more);
+			more->id = ci->id;
+			more->continued = true;
+			more->tags = &st->pti[first + k];
+			st->pci[next] = more;
+			ci = more;
+			next++;
+			start = k;
+			bytes = 32;
+		}
+		ci->n_tags++;
+		bytes += sz;
+	}
+	return next;
 }
 
 /* Fills @ci and its rows from st->ti[@row]; returns the next free row. */

@@ -173,9 +173,17 @@ void sess_doom(struct sess *s, int level, const char *fmt, ...)
 	va_end(ap);
 	log_at(level, "disconnecting " SESS_FMT " reason=\"%s\"", SESS_ARGS(s), reason);
 	s->state = SESS_DOOMED;
+	s->doomed = true;
 	uv_poll_stop(&s->poll);
 	s->poll_events = 0;
 	s->host->reap_later(s->host);
+}
+
+void sess_peer_closed(struct sess *s)
+{
+	if (s->state == SESS_OPEN)
+		s->peer_closed = true;
+	sess_doom(s, LOG_LVL_DEBUG, "connection closed by the client");
 }
 
 void sess_disconnect(struct sess *s)
@@ -236,7 +244,7 @@ static void sess_poll_failed(struct sess *s, int status)
 
 	if (status == UV_EBADF && getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 &&
 	    (err == 0 || err == ECONNRESET || err == EPIPE)) {
-		sess_doom(s, LOG_LVL_DEBUG, "connection closed by the client");
+		sess_peer_closed(s);
 		return;
 	}
 	sess_doom(s, LOG_LVL_WARNING, "poll failed: %s", err ? strerror(err) : uv_strerror(status));
@@ -275,7 +283,7 @@ static void sess_read_failed(struct sess *s, int err)
 	switch (err) {
 	case -ECONNRESET:
 		/* The client closed its end: the usual goodbye. */
-		sess_doom(s, LOG_LVL_DEBUG, "connection closed by the client");
+		sess_peer_closed(s);
 		break;
 	case -EMSGSIZE:
 		sess_protocol_error(s, "packet over %d bytes", WIRE_MAX_MSG);
@@ -423,7 +431,7 @@ static void sess_flushed(struct sess *s, int r)
 		return;
 	}
 	if (r == -EPIPE || r == -ECONNRESET)
-		sess_doom(s, LOG_LVL_DEBUG, "connection closed by the client");
+		sess_peer_closed(s);
 	else
 		sess_doom(s, LOG_LVL_WARNING, "send failed: %s", strerror(-r));
 }

@@ -92,6 +92,10 @@ struct sess {
 	int poll_events;          /* events the poll is started with now */
 	unsigned refs;
 	enum sess_state state;
+	/* Why it ended: gmbd doomed it (a limit, bad input) while the peer may
+	 * still be there, unless the peer closed its end first. Neither: gmbd
+	 * stops. The layer above keeps a live peer's memory in the first case. */
+	bool doomed, peer_closed;
 
 	/* Peer credentials, read once at accept. */
 	pid_t pid;
@@ -138,6 +142,9 @@ struct sess *sess_unref(struct sess *s);
  */
 void sess_doom(struct sess *s, int level, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+
+/* The peer closed its end: sess_doom() at debug level, marked peer_closed. */
+void sess_peer_closed(struct sess *s);
 
 /* A protocol error: sess_doom() at warning level with the reason. */
 #define sess_protocol_error(s, ...) sess_doom((s), LOG_LVL_WARNING, "protocol error: " __VA_ARGS__)

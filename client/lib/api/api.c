@@ -417,6 +417,101 @@ static int api_query(struct gmb_client *c, Gmb__Envelope *env, int want, struct 
 	return 0;
 }
 
+/* A status reply's parts as one: pointers into the parts, but for the
+ * clients whose tags came in several entries (malloc'd copies). */
+struct api_status_joined {
+	Gmb__StatusReply sr;
+	Gmb__ClientInfo **clients;
+	Gmb__ClientInfo *copies;
+	size_t ncopies;
+};
+
+static void api_status_unjoin(struct api_status_joined *j)
+{
+	for (size_t i = 0; i < j->ncopies; i++)
+		free(j->copies[i].tags);
+	free(j->copies);
+	free(j->clients);
+}
+
+/* Entry @ci continues @prev (its last client): its tags are added to a copy. */
+static int api_status_continue(struct api_status_joined *j, Gmb__ClientInfo **prev,
+			       const Gmb__ClientInfo *ci)
+{
+	Gmb__ClientInfo *c = *prev;
+	Gmb__TagInfo **tags;
+
+	if (c < j->copies || c >= j->copies + j->ncopies) {
+		c = &j->copies[j->ncopies++];
+		*c = **prev;
+		c->tags = NULL;
+		c->n_tags = 0;
+		tags = malloc(((*prev)->n_tags + ci->n_tags + 1) * sizeof(*tags));
+		if (!tags)
+			return -ENOMEM;
+		memcpy(tags, (*prev)->tags, (*prev)->n_tags * sizeof(*tags));
+		c->tags = tags;
+		c->n_tags = (*prev)->n_tags;
+		*prev = c;
+	} else {
+		tags = realloc(c->tags, (c->n_tags + ci->n_tags + 1) * sizeof(*tags));
+		if (!tags)
+			return -ENOMEM;
+		c->tags = tags;
+	}
+	memcpy(c->tags + c->n_tags, ci->tags, ci->n_tags * sizeof(*tags));
+	c->n_tags += ci->n_tags;
+	return 0;
+}
+
+/* Joins @rep's StatusReply parts into @j (api_status_unjoin() it, even on failure). */
+static int api_status_join(const struct gmb__reply *rep, struct api_status_joined *j, char *err)
+{
+	size_t n = 0, k = 0;
+	bool head = false;
+
+	*j = (struct api_status_joined){ .sr = GMB__STATUS_REPLY__INIT };
+	for (size_t p = 0; p < rep->nparts; p++)
+		if (rep->parts[p]->body_case == GMB__ENVELOPE__BODY_STATUS_REPLY)
+			n += rep->parts[p]->status_reply->n_clients;
+	j->clients = calloc(n + 1, sizeof(*j->clients));
+	j->copies = calloc(n + 1, sizeof(*j->copies));
+	if (!j->clients || !j->copies)
+		return err_fmt(err, -ENOMEM, "out of memory reading gmbd's status");
+	for (size_t p = 0; p < rep->nparts; p++) {
+		const Gmb__StatusReply *sr = rep->parts[p]->status_reply;
+
+		if (rep->parts[p]->body_case != GMB__ENVELOPE__BODY_STATUS_REPLY)
+			continue;
+		/* The first part carries backend, version and the devices. */
+		if (!head) {
+			head = true;
+			j->sr.backend = sr->backend;
+			j->sr.version = sr->version;
+			j->sr.n_devices = sr->n_devices;
+			j->sr.devices = sr->devices;
+			j->sr.n_waiters = sr->n_waiters;
+			j->sr.waiters = sr->waiters;
+		}
+		for (size_t i = 0; i < sr->n_clients; i++) {
+			const Gmb__ClientInfo *ci = sr->clients[i];
+
+			if (!ci || !ci->continued) {
+				j->clients[k++] = sr->clients[i];
+				continue;
+			}
+			if (k == 0 || !j->clients[k - 1] || j->clients[k - 1]->id != ci->id)
+				return err_fmt(err, -EPROTO, "gmbd's status continues client %" PRIu64
+					       " out of order", ci->id);
+			if (api_status_continue(j, &j->clients[k - 1], ci) < 0)
+				return err_fmt(err, -ENOMEM, "out of memory reading gmbd's status");
+		}
+	}
+	j->sr.n_clients = k;
+	j->sr.clients = j->clients;
+	return 0;
+}
+
 /* StatusRequest, then @fmt turns the reply into a malloc'd string in *@out. */
 static int api_fmt_json(const Gmb__StatusReply *st, int width, char **out)
 {
@@ -435,6 +530,7 @@ static int api_status(struct gmb_client *c, char **out,
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__StatusRequest req = GMB__STATUS_REQUEST__INIT;
 	struct gmb__reply rep = GMB__REPLY_INIT;
+	struct api_status_joined j = { 0 };
 	const Gmb__Envelope *last;
 	char err[ERR_MSG_MAX] = "";
 	int rc;
@@ -447,12 +543,15 @@ static int api_status(struct gmb_client *c, char **out,
 	env.body_case = GMB__ENVELOPE__BODY_STATUS_REQ;
 	env.status_req = &req;
 	rc = api_query(c, &env, GMB__ENVELOPE__BODY_STATUS_REPLY, &rep, &last, err);
+	if (rc == 0)
+		rc = api_status_join(&rep, &j, err);
 	if (rc == 0) {
-		rc = fmt(last->status_reply, width, out);
+		rc = fmt(&j.sr, width, out);
 		if (rc < 0)
 			err_fmt(err, rc, "formatting gmbd's status as %s: %s", what,
 				gmb_strerror(rc));
 	}
+	api_status_unjoin(&j);
 	gmb__reply_deinit(&rep);
 	return api_done(c, rc, err);
 }
@@ -480,7 +579,9 @@ int gmb__status_device(struct gmb_client *c, uint32_t index, uint64_t *budget, u
 	env.status_req = &req;
 	rc = api_query(c, &env, GMB__ENVELOPE__BODY_STATUS_REPLY, &rep, &last, err);
 	if (rc == 0) {
-		d = api_status_find(last->status_reply, index);
+		/* The devices come in the first part. */
+		d = api_status_find(rep.parts[0]->body_case == GMB__ENVELOPE__BODY_STATUS_REPLY
+				    ? rep.parts[0]->status_reply : NULL, index);
 		rc = d ? 0 : -ENODEV;
 		*budget = d ? d->budget_bytes : 0;
 		*used = d ? d->used_bytes : 0;

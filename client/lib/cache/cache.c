@@ -96,6 +96,87 @@ static int lend_check_chunks(const struct gmb__cache *m, const uint64_t *ids, co
 	return 0;
 }
 
+/* Appends piece @l to @j (a copy of the lend's first piece, arrays owned). */
+static int lends_append(Gmb__Lend *j, const Gmb__Lend *l, char *err)
+{
+	size_t n = j->n_chunk_ids + l->n_chunk_ids;
+	uint64_t *ids, *sizes;
+
+	if (l->alloc_id != j->alloc_id || l->first_chunk != j->n_chunk_ids ||
+	    l->n_chunk_ids != l->n_chunk_sizes || n > UINT32_MAX)
+		return err_fmt(err, -EPROTO, "gmbd sent a piece of the lend of allocation %"
+			       PRIu64 " from chunk %u out of order", l->alloc_id, l->first_chunk);
+	ids = realloc(j->chunk_ids, n * sizeof(*ids));
+	if (ids)
+		j->chunk_ids = ids;
+	sizes = ids ? realloc(j->chunk_sizes, n * sizeof(*sizes)) : NULL;
+	if (sizes)
+		j->chunk_sizes = sizes;
+	if (!ids || !sizes)
+		return err_fmt(err, -ENOMEM, "out of memory joining gmbd's lends");
+	memcpy(ids + j->n_chunk_ids, l->chunk_ids, l->n_chunk_ids * sizeof(*ids));
+	memcpy(sizes + j->n_chunk_ids, l->chunk_sizes, l->n_chunk_ids * sizeof(*sizes));
+	j->n_chunk_ids = j->n_chunk_sizes = n;
+	return 0;
+}
+
+/* The lend that starts at @in[@i] and the pieces after it; *@next past them. */
+static int lends_join_one(const Gmb__Lend *const *in, size_t n, size_t i, struct gmb__lends *out,
+			  size_t *next, char *err)
+{
+	Gmb__Lend *j;
+	size_t k = i + 1;
+	int rc = 0;
+
+	if (in[i]->first_chunk != 0)
+		return err_fmt(err, -EPROTO, "gmbd sent a piece of the lend of allocation %"
+			       PRIu64 " without its start", in[i]->alloc_id);
+	while (k < n && in[k]->first_chunk != 0)
+		k++;
+	*next = k;
+	if (k == i + 1) {
+		out->v[out->n++] = in[i];
+		return 0;
+	}
+	j = &out->joined[out->njoined++];
+	*j = *in[i];
+	j->chunk_ids = j->chunk_sizes = NULL;
+	j->n_chunk_ids = j->n_chunk_sizes = 0;
+	for (size_t p = i; p < k && rc == 0; p++)
+		rc = lends_append(j, in[p], err);
+	out->v[out->n++] = j;
+	return rc;
+}
+
+int gmb__lends_join(const Gmb__Lend *const *in, size_t n, struct gmb__lends *out, char *err)
+{
+	size_t i = 0;
+	int rc = 0;
+
+	*out = (struct gmb__lends){ 0 };
+	out->v = calloc(n + 1, sizeof(*out->v));
+	out->joined = calloc(n + 1, sizeof(*out->joined));
+	if (!out->v || !out->joined)
+		return err_fmt(err, -ENOMEM, "out of memory reading gmbd's lends");
+	while (i < n && rc == 0) {
+		if (!in[i])
+			return err_fmt(err, -EPROTO, "gmbd's reply lacks the lend");
+		rc = lends_join_one(in, n, i, out, &i, err);
+	}
+	return rc;
+}
+
+void gmb__lends_free(struct gmb__lends *ls)
+{
+	for (size_t i = 0; i < ls->njoined; i++) {
+		free(ls->joined[i].chunk_ids);
+		free(ls->joined[i].chunk_sizes);
+	}
+	free(ls->joined);
+	free(ls->v);
+	*ls = (struct gmb__lends){ 0 };
+}
+
 /*
  * gmb__lend_check() - is @l a lend this client can map for @a?
  * Return: 0, or -EPROTO with a sentence in @err.

@@ -87,6 +87,23 @@ struct gmb__cache {
 /* The caller holds the state lock (or owns @m alone). */
 int gmb__cache_put(struct gmb__cache *m, uint64_t id, uint64_t handle, uint64_t size,
 		   struct gmb__handle **rel);
+/*
+ * A reply's lends with their pieces joined (a lend of many chunks comes in
+ * pieces, Lend.first_chunk): v[] points to gmbd's lends where one piece is
+ * the whole, else into joined[] (malloc'd, ids and sizes too).
+ */
+struct gmb__lends {
+	const Gmb__Lend **v;
+	size_t n;
+	Gmb__Lend *joined;
+	size_t njoined;
+};
+
+/* Joins @in[0..@n) (pieces in order) into @out; gmb__lends_free() it, even
+ * on failure. Return: 0, -EPROTO (a piece out of order), -ENOMEM. */
+int gmb__lends_join(const Gmb__Lend *const *in, size_t n, struct gmb__lends *out, char *err);
+void gmb__lends_free(struct gmb__lends *ls);
+
 int gmb__lend_check(const struct gmb__cache *m, const struct gmb__alloc *a, const Gmb__Lend *l,
 		    char *err);
 int gmb__lend_set(struct gmb__cache *m, struct gmb__alloc *a, const uint64_t *ids,

@@ -175,7 +175,7 @@ static int reconnect_hello(struct gmb__conn *c, int fd, uint64_t *next_id)
 		return RECONNECT_RETRY;
 	hr = rep->body_case == GMB__ENVELOPE__BODY_HELLO_REPLY ? rep->hello_reply : NULL;
 	if (rep->status < 0)
-		rc = reconnect_refused(c, rep->status, "gmbd restarted and refused this client: %s",
+		rc = reconnect_refused(c, rep->status, "gmbd refused this client back after the connection was lost: %s",
 				       rep->error ? rep->error : "");
 	else if (!hr || !hr->rejoined || hr->client_id != c->id)
 		rc = reconnect_refused(c, -EPROTO, "%s", "gmbd answered the rejoin out of turn");

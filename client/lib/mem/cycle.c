@@ -238,13 +238,14 @@ int gmb__cycle_pause(struct gmb__mem *m, const char *name, char *err)
 
 /* Resume. */
 
-/* Every lend of every part of a ResumeReply, in order, into a malloc'd array. */
-static int cycle_collect_lends(const struct gmb__reply *rep, const Gmb__Lend ***out, size_t *n,
-			       char *err)
+/* Every lend of every part of a ResumeReply, in order, pieces joined in @ls. */
+static int cycle_collect_lends(const struct gmb__reply *rep, struct gmb__lends *ls, char *err)
 {
 	const Gmb__Lend **v;
 	size_t total = 0, k = 0;
+	int rc;
 
+	*ls = (struct gmb__lends){ 0 };
 	for (size_t i = 0; i < rep->nparts; i++)
 		if (rep->parts[i]->body_case == GMB__ENVELOPE__BODY_RESUME_REPLY)
 			total += rep->parts[i]->resume_reply->n_lends;
@@ -259,9 +260,9 @@ static int cycle_collect_lends(const struct gmb__reply *rep, const Gmb__Lend ***
 		for (size_t j = 0; j < e->resume_reply->n_lends; j++)
 			v[k++] = e->resume_reply->lends[j];
 	}
-	*out = v;
-	*n = total;
-	return 0;
+	rc = gmb__lends_join(v, total, ls, err);
+	free(v);
+	return rc;
 }
 
 /* Each lend is for a distinct allocation of the resumed tags, and mappable. */
@@ -358,15 +359,14 @@ static void cycle_repause(struct gmb__mem *m, const struct gmb__tag *only)
 static int cycle_resume_reply(struct gmb__mem *m, const struct gmb__tag *only,
 			      const struct gmb__reply *rep, char *err)
 {
-	const Gmb__Lend **lends = NULL;
-	size_t n = 0;
+	struct gmb__lends ls;
 	int rc;
 
-	rc = cycle_collect_lends(rep, &lends, &n, err);
+	rc = cycle_collect_lends(rep, &ls, err);
 	if (rc == 0)
-		rc = cycle_check_lends(m, only, lends, n, err);
+		rc = cycle_check_lends(m, only, ls.v, ls.n, err);
 	if (rc == 0) {
-		rc = cycle_apply_lends(m, lends, n, err);
+		rc = cycle_apply_lends(m, ls.v, ls.n, err);
 		/*
 		 * Wait for the queued restores even after a failure (a repause would
 		 * unmap under them); the application's next kernel must see the
@@ -377,7 +377,7 @@ static int cycle_resume_reply(struct gmb__mem *m, const struct gmb__tag *only,
 
 		rc = rc ? rc : src;
 	}
-	free(lends);
+	gmb__lends_free(&ls);
 	return rc;
 }
 

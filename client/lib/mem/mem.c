@@ -336,13 +336,44 @@ void gmb__mem_sweep(struct gmb__mem *m)
 	gmb__release_run(m->be, rel);
 }
 
-static const Gmb__Lend *mem_alloc_lend(const struct gmb__reply *rep)
+/* The lend of an AllocReply, its pieces (one a part) joined in @ls. */
+static const Gmb__Lend *mem_alloc_lend(const struct gmb__reply *rep, struct gmb__lends *ls,
+				       char *err)
 {
-	const Gmb__Envelope *last = rep->nparts ? rep->parts[rep->nparts - 1] : NULL;
+	const Gmb__Lend **in = calloc(rep->nparts + 1, sizeof(*in));
+	size_t n = 0;
+	int rc;
 
-	if (!last || last->body_case != GMB__ENVELOPE__BODY_ALLOC_REPLY || !last->alloc_reply)
+	*ls = (struct gmb__lends){ 0 };
+	if (!in) {
+		err_fmt(err, -ENOMEM, "out of memory reading gmbd's allocation reply");
 		return NULL;
-	return last->alloc_reply->lend;
+	}
+	for (size_t i = 0; i < rep->nparts; i++) {
+		const Gmb__Envelope *e = rep->parts[i];
+
+		if (e->body_case == GMB__ENVELOPE__BODY_ALLOC_REPLY && e->alloc_reply &&
+		    e->alloc_reply->lend)
+			in[n++] = e->alloc_reply->lend;
+	}
+	rc = gmb__lends_join(in, n, ls, err);
+	free(in);
+	if (rc == 0 && ls->n != 1)
+		err_fmt(err, -EPROTO, "gmbd's allocation reply has %zu lends, not one", ls->n);
+	return rc == 0 && ls->n == 1 ? ls->v[0] : NULL;
+}
+
+/* The allocation id of an AllocReply whose lend cannot be read (to free it). */
+static uint64_t mem_alloc_lend_id(const struct gmb__reply *rep)
+{
+	for (size_t i = 0; i < rep->nparts; i++) {
+		const Gmb__Envelope *e = rep->parts[i];
+
+		if (e->body_case == GMB__ENVELOPE__BODY_ALLOC_REPLY && e->alloc_reply &&
+		    e->alloc_reply->lend && e->alloc_reply->lend->alloc_id)
+			return e->alloc_reply->lend->alloc_id;
+	}
+	return 0;
 }
 
 /* AllocRequest for @a, then adopt and map the lend; on failure gmbd gets it back. */
@@ -351,7 +382,9 @@ static int mem_alloc_lend_map(struct gmb__mem *m, struct gmb__alloc *a, char *er
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__AllocRequest req = GMB__ALLOC_REQUEST__INIT;
 	struct gmb__reply rep;
+	struct gmb__lends ls;
 	const Gmb__Lend *l;
+	char why[ERR_MSG_MAX] = "";
 	int rc;
 
 	req.device = (uint32_t)a->dev;
@@ -363,8 +396,10 @@ static int mem_alloc_lend_map(struct gmb__mem *m, struct gmb__alloc *a, char *er
 	rc = gmb__request(m->conn, &env, &rep, err);
 	if (rep.status < 0)
 		goto out_rep; /* nothing was lent */
-	l = mem_alloc_lend(&rep);
-	a->id = l ? l->alloc_id : 0;
+	l = mem_alloc_lend(&rep, &ls, why);
+	a->id = l ? l->alloc_id : mem_alloc_lend_id(&rep);
+	if (rc == 0 && !l)
+		rc = err_fmt(err, -EPROTO, "%s", why[0] ? why : "gmbd's allocation reply lacks a lend");
 	if (rc == 0 && !a->id)
 		rc = err_fmt(err, -EPROTO, "gmbd's allocation reply lacks an allocation id");
 	if (rc == 0)
@@ -377,6 +412,7 @@ static int mem_alloc_lend_map(struct gmb__mem *m, struct gmb__alloc *a, char *er
 	/* gmbd lent (status 0) but this side failed: give it back, keep our reason. */
 	if (rc < 0 && a->id)
 		mem_send_free(m, a->id, NULL);
+	gmb__lends_free(&ls);
 out_rep:
 	gmb__mem_sweep(m);
 	gmb__reply_deinit(&rep);

@@ -15,12 +15,21 @@
 #include "client/lib/conn/reconnect.h"
 #include "client/lib/mem/mem.h"
 
+/* Chunk ids per claimed piece of an allocation: a part holds a piece. */
+#define REJOIN_PIECE 1024u
+
+static size_t rejoin_pieces(const struct gmb__alloc *a)
+{
+	return a->nchunks ? (a->nchunks + REJOIN_PIECE - 1) / REJOIN_PIECE : 1;
+}
+
 static void rejoin_counts(struct gmb__mem *m, size_t *ntags, size_t *nallocs)
 {
 	*ntags = *nallocs = 0;
 	for (struct gmb__tag *t = m->tags; t; t = t->next) {
 		(*ntags)++;
-		*nallocs += t->nallocs;
+		for (struct gmb__alloc *a = t->allocs; a; a = a->next)
+			*nallocs += rejoin_pieces(a);
 	}
 }
 
@@ -34,20 +43,24 @@ static void rejoin_claim_tag(struct gmb__claim *cl, struct gmb__tag *t)
 	rt->paused = t->paused;
 	cl->ptags[cl->ntags++] = rt;
 	for (struct gmb__alloc *a = t->allocs; a; a = a->next) {
-		Gmb__RejoinAlloc *ra = &cl->allocs[cl->nallocs];
-
 		/* A free on its way is not claimed: gmbd lets the allocation go. */
 		if (!a->id || a->freeing)
 			continue;
-		gmb__rejoin_alloc__init(ra);
-		ra->alloc_id = a->id;
-		ra->tag = t->name;
-		ra->device = (uint32_t)a->dev;
-		ra->size = a->size;
-		ra->mapped = a->mapped;
-		ra->n_chunk_ids = a->nchunks;
-		ra->chunk_ids = a->chunk_ids;
-		cl->pallocs[cl->nallocs++] = ra;
+		for (uint32_t first = 0; first == 0 || first < a->nchunks; first += REJOIN_PIECE) {
+			Gmb__RejoinAlloc *ra = &cl->allocs[cl->nallocs];
+			uint32_t n = a->nchunks - first;
+
+			gmb__rejoin_alloc__init(ra);
+			ra->alloc_id = a->id;
+			ra->tag = t->name;
+			ra->device = (uint32_t)a->dev;
+			ra->size = a->size;
+			ra->mapped = a->mapped;
+			ra->first_chunk = first;
+			ra->n_chunk_ids = n < REJOIN_PIECE ? n : REJOIN_PIECE;
+			ra->chunk_ids = a->chunk_ids + first;
+			cl->pallocs[cl->nallocs++] = ra;
+		}
 	}
 }
 
