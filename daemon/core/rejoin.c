@@ -52,16 +52,32 @@ static int rejoin_restore_hold(struct broker *br, struct bclient *c, struct ball
 	return rc;
 }
 
-/* An active allocation needs every chunk, each free and on its device. */
+/*
+ * An active allocation needs every chunk, each free, on its device and named
+ * once, and together exactly its size: a record that says otherwise (a
+ * damaged or hostile one) would have the pool count bytes twice or lend
+ * fewer than the client maps. Each chunk's free flag marks it seen during
+ * the walk and is set back before returning.
+ */
 static bool rejoin_restore_can_lend(const struct balloc *a)
 {
-	for (uint32_t i = 0; i < a->nchunks; i++) {
-		const struct chunk *ch = a->chunks[i];
+	uint64_t sum = 0;
+	uint32_t i;
+	bool ok = true;
 
-		if (!ch || !ch->free || ch->dev != a->dev)
-			return false;
+	for (i = 0; i < a->nchunks; i++) {
+		struct chunk *ch = a->chunks[i];
+
+		if (!ch || !ch->free || ch->dev != a->dev) {
+			ok = false;
+			break;
+		}
+		ch->free = false;
+		sum += ch->size;
 	}
-	return true;
+	while (i-- > 0)
+		a->chunks[i]->free = true;
+	return ok && sum == a->size;
 }
 
 int broker_restore_tag(struct bclient *c, const char *name, int mode, bool paused,

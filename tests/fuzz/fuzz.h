@@ -35,7 +35,8 @@ int fuzz_count_fds(void);
  */
 void fuzz_check_broker(const struct broker *br, int over_budget);
 
-/* Reads a little-endian field of @n bytes from *@p (zeros past @end). */
+/* Reads a little-endian field of @n bytes from *@p (zeros past @end, where
+ * *@p stops). */
 uint64_t fuzz_take(const uint8_t **p, const uint8_t *end, size_t n);
 
 #endif

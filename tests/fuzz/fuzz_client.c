@@ -4,7 +4,8 @@
  * answers the library's requests with the input's envelopes, while the
  * harness's main thread makes real gmb_* calls: connect, a preserve tag,
  * malloc (the memory is then written), pause, resume, status, poll, free,
- * close. The library's reconnect and re-announcement run when the fake gmbd
+ * close; the control handler agrees to an operator's pause or resume only
+ * after resume (the application is idle then). The library's reconnect and re-announcement run when the fake gmbd
  * hangs up in the middle.
  *
  * Input: items, each one flag byte, 2 bytes length, the envelope's bytes:
@@ -59,7 +60,7 @@ struct fc_item {
 static struct {
 	char dir[64], sock[96];
 	int listen_fd;
-	int devnull;
+	int probe;                 /* a memfd that write(2) copies into */
 	unsigned unmapped_resumes;
 } fc;
 
@@ -81,7 +82,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	snprintf(fc.sock, sizeof(fc.sock), "%s/gmbd.sock", fc.dir);
 	if (wire_listen(fc.sock, &fc.listen_fd) < 0)
 		fuzz_fail("cannot listen on %s", fc.sock);
-	fc.devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
+	fc.probe = memfd_create("fuzz-probe", MFD_CLOEXEC);
 	/* Calls fail at once while the library reconnects: no input waits. */
 	setenv("GMB_RECONNECT_TIMEOUT", "0", 1);
 	return 0;
@@ -212,15 +213,20 @@ static void *fc_daemon_main(void *arg)
 	return NULL;
 }
 
+/*
+ * An operator's pause unmaps the memory under the application's feet, which
+ * agreed to it: so the handler agrees only once the calls that touch the
+ * memory are done (before, it refuses, which the library must carry too).
+ */
 static int fc_agree(void *arg, int op, const char *tag)
 {
-	return 0;
+	return __atomic_load_n((int *)arg, __ATOMIC_ACQUIRE) ? 0 : -EBUSY;
 }
 
-/* Readable without a fault: write(2) says EFAULT for unmapped memory. */
+/* Readable without a fault: write(2) copies it, or says EFAULT. */
 static bool fc_readable(const void *p, uint64_t size)
 {
-	return write(fc.devnull, p, size) == (ssize_t)size;
+	return pwrite(fc.probe, p, size, 0) == (ssize_t)size;
 }
 
 static void fc_calls(void)
@@ -228,10 +234,11 @@ static void fc_calls(void)
 	gmb_client *c;
 	void *p = NULL;
 	char *json = NULL;
+	int agree = 0;
 
 	if (gmb_connect(fc.sock, "fuzz", &c) < 0)
 		return;
-	gmb_set_control_handler(c, fc_agree, NULL);
+	gmb_set_control_handler(c, fc_agree, &agree);
 	gmb_tag_set_mode(c, "w", GMB_MODE_PRESERVE);
 	if (gmb_malloc(c, &p, 4 * MiB, 0, "w") == 0) {
 		if (!fc_readable(p, 4 * MiB))
@@ -246,6 +253,7 @@ static void fc_calls(void)
 			fprintf(stderr, "fuzz_client: known defect seen: a resume reported"
 				" success over unmapped memory\n");
 	}
+	__atomic_store_n(&agree, 1, __ATOMIC_RELEASE);
 	if (gmb_status_json(c, &json) == 0)
 		free(json);
 	gmb_poll(c, 0);

@@ -41,9 +41,8 @@ uint64_t fuzz_take(const uint8_t **p, const uint8_t *end, size_t n)
 {
 	uint64_t v = 0;
 
-	for (size_t i = 0; i < n; i++, (*p)++)
-		if (*p < end)
-			v |= (uint64_t)**p << (8 * i);
+	for (size_t i = 0; i < n && *p < end; i++, (*p)++)
+		v |= (uint64_t)**p << (8 * i);
 	return v;
 }
 
