@@ -88,6 +88,10 @@ int broker_restore_tag(struct bclient *c, const char *name, int mode, bool pause
 
 	if (rc < 0)
 		return rc;
+	/* A record naming a tag twice would change the state of a tag whose
+	 * allocations are restored already. */
+	if (!created)
+		return -EEXIST;
 	(*out)->mode = mode;
 	(*out)->paused = paused;
 	return 0;
@@ -111,7 +115,8 @@ int broker_restore_alloc(struct broker *br, struct bclient *c, struct btag *t, u
 	if (!a->chunks)
 		goto err_free;
 	memcpy(a->chunks, chunks, n * sizeof(*a->chunks));
-	a->active = active && rejoin_restore_can_lend(a);
+	/* Nothing of a paused tag is lent, whatever a record says. */
+	a->active = active && !t->paused && rejoin_restore_can_lend(a);
 	if (active && !a->active)
 		log_warn("restored allocation cannot be lent again, restored paused client=%s"
 			 " alloc=%llu", c->name, (unsigned long long)id);
