@@ -44,7 +44,7 @@
 #define MiB (1ULL << 20)
 #define FC_MAX_FDS 8
 #define FC_MAX_FD_SIZE (16 * MiB)
-#define FC_WAIT_MS 50
+#define FC_WAIT_MS 5
 
 #define FC_REPLY 1
 #define FC_FDS 2
@@ -112,7 +112,7 @@ static bool fc_accept(struct fc_daemon *d)
 	struct pollfd p = { .fd = fc.listen_fd, .events = POLLIN };
 
 	while (!fc_stopping(d)) {
-		if (poll(&p, 1, 10) <= 0)
+		if (poll(&p, 1, 1) <= 0)
 			continue;
 		d->conn = accept4(fc.listen_fd, NULL, NULL, SOCK_CLOEXEC);
 		if (d->conn >= 0)
@@ -128,8 +128,8 @@ static bool fc_read_request(struct fc_daemon *d)
 	Gmb__Envelope *env;
 	int fds[WIRE_MAX_FDS], nfds;
 
-	for (int waited = 0; waited < FC_WAIT_MS && !fc_stopping(d); waited += 10) {
-		if (poll(&p, 1, 10) <= 0)
+	for (int waited = 0; waited < FC_WAIT_MS && !fc_stopping(d); waited++) {
+		if (poll(&p, 1, 1) <= 0)
 			continue;
 		env = NULL;
 		nfds = 0;
