@@ -19,7 +19,7 @@
 #include "tests/util.h"
 
 #define LOAD_MAX_SAMPLES 100000
-#define LOAD_PERIOD_MS 20
+#define LOAD_PERIOD_MS	 20
 
 struct load_samples {
 	double ms[LOAD_MAX_SAMPLES];
@@ -121,12 +121,12 @@ int main(int argc, char **argv)
 	ld.stop = 1;
 	pthread_join(sampler, NULL);
 	gmbd_stop(&gmbd);
-	printf("load: %u clients x %u operations (seed %u), host backend, %s build\n\n",
-	       g.clients, g.ops, g.seed, test_build_dir());
+	printf("load: %u clients x %u operations (seed %u), host backend, %s build\n\n", g.clients,
+	       g.ops, g.seed, test_build_dir());
 	printf("| %-22s | %7s | %6s | %8s |\n", "load", "ops", "failed", "ops/s");
 	printf("|------------------------|---------|--------|----------|\n");
-	printf("| %-22s | %7llu | %6llu | %8.0f |\n\n", "mixed operations", (unsigned long long)g.done,
-	       (unsigned long long)g.failed, (double)g.done / secs);
+	printf("| %-22s | %7llu | %6llu | %8.0f |\n\n", "mixed operations",
+	       (unsigned long long)g.done, (unsigned long long)g.failed, (double)g.done / secs);
 	printf("| %-22s | %7s | %6s | %8s | %8s | %8s |\n", "status during the load", "samples",
 	       "failed", "p50 ms", "p99 ms", "max ms");
 	printf("|------------------------|---------|--------|----------|----------|----------|\n");

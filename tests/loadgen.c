@@ -10,12 +10,12 @@
 #include "gmb.h"
 #include "tests/loadgen.h"
 
-#define LOADGEN_ALLOC (2u << 20)
+#define LOADGEN_ALLOC	   (2u << 20)
 #define LOADGEN_MAX_ALLOCS 4
 
 struct loadgen_alloc {
 	uint64_t *p;
-	int tag;                   /* 0: kv (discard), 1: w (preserve) */
+	int tag; /* 0: kv (discard), 1: w (preserve) */
 	uint64_t mark;
 };
 
@@ -194,7 +194,8 @@ int loadgen_run(struct loadgen *g)
 		return -ENOMEM;
 	}
 	for (; started < g->clients; started++) {
-		lcs[started] = (struct loadgen_client){ .g = g, .index = started,
+		lcs[started] = (struct loadgen_client){ .g = g,
+							.index = started,
 							.rnd = g->seed + started };
 		if (pthread_create(&threads[started], NULL, loadgen_main, &lcs[started]) != 0)
 			break;

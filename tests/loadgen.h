@@ -17,13 +17,13 @@
 struct loadgen {
 	const char *sock;
 	unsigned clients;
-	unsigned ops;              /* per client */
+	unsigned ops; /* per client */
 	unsigned seed;
 	/* Out, once loadgen_run() returned: */
-	uint64_t done;             /* operations that succeeded */
-	uint64_t failed;           /* calls that returned an error */
-	uint64_t bad_bytes;        /* preserved words that came back wrong */
-	char first_error[256];     /* what the first failure said */
+	uint64_t done;	       /* operations that succeeded */
+	uint64_t failed;       /* calls that returned an error */
+	uint64_t bad_bytes;    /* preserved words that came back wrong */
+	char first_error[256]; /* what the first failure said */
 	pthread_mutex_t lock;
 };
 

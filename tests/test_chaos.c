@@ -32,11 +32,11 @@
 #include "gmb.h"
 #include "tests/util.h"
 
-#define MiB (1024ULL * 1024)
-#define WAIT_MS 10000
-#define NWORKERS 4
-#define ROUNDS 24
-#define MAX_BATCH 8
+#define MiB	    (1024ULL * 1024)
+#define WAIT_MS	    10000
+#define NWORKERS    4
+#define ROUNDS	    24
+#define MAX_BATCH   8
 #define KILL_GROUPS 25
 
 static unsigned chaos_seed(void)
@@ -98,8 +98,10 @@ static struct {
 	unsigned starts;
 } fx;
 
-static const char *const restart_args[] = { "--host-memory", "256MiB", "--max-chunk", "4MiB",
-					    "--rejoin-grace", "30", "--log-level", "err", NULL };
+static const char *const restart_args[] = {
+	"--host-memory", "256MiB", "--max-chunk", "4MiB", "--rejoin-grace", "30",
+	"--log-level",	 "err",	   NULL
+};
 
 static void gmbd_up(void)
 {
@@ -154,8 +156,8 @@ struct model {
 	bool paused;
 	int nallocs;
 	uint64_t bytes;
-	char addr[64];             /* the first allocation's, "" when none */
-	int byte;                  /* what every allocation of the tag holds */
+	char addr[64]; /* the first allocation's, "" when none */
+	int byte;      /* what every allocation of the tag holds */
 	char batch[MAX_BATCH][64];
 	int nbatch;
 };
@@ -245,7 +247,8 @@ static void wcmd_ok(struct model *m, char *out, size_t cap, const char *fmt, ...
 	vsnprintf(cmd, sizeof(cmd), fmt, ap);
 	va_end(ap);
 	cr_assert(eq(i32, worker_cmd(&m->w, out ? out : text, out ? cap : sizeof(text), "%s", cmd),
-		     0), "'%s' failed: %s", cmd, out ? out : text);
+		     0),
+		  "'%s' failed: %s", cmd, out ? out : text);
 }
 
 /* Bytes and first address of every active worker; each tag's line in status. */
@@ -279,8 +282,10 @@ static void round_check(struct model *ms, unsigned seed, int round)
 			  round, m->tag, json);
 		cr_assert(eq(i64, json_i64(at, "bytes"), (int64_t)m->bytes),
 			  "seed %u round %d: tag %s: %s", seed, round, m->tag, json);
-		cr_assert(eq(i32, strncmp(strstr(at, "\"state\":\"") + 9,
-					  m->paused ? "paused" : "active", 6), 0),
+		cr_assert(eq(i32,
+			     strncmp(strstr(at, "\"state\":\"") + 9,
+				     m->paused ? "paused" : "active", 6),
+			     0),
 			  "seed %u round %d: tag %s: %s", seed, round, m->tag, json);
 	}
 	cr_assert(eq(i64, json_i64(json, "used_bytes"), (int64_t)used), "seed %u round %d: %s",
@@ -353,13 +358,15 @@ static int all_back(void *arg)
 Test(chaos, workers_killed_at_random_points_give_every_byte_back, .timeout = 120)
 {
 	/* No warm pool: every byte a dead worker held goes back to the backend. */
-	static const char *const args[] = { "--host-memory", "512MiB", "--max-chunk", "4MiB",
-					    "--pool-keep", "0", "--log-level", "err", NULL };
-	static const char *const script[] = { "mode w preserve", "malloc w 6291456", "fill w 7",
-					       "malloc kv 4194304", "pause w", "resume w",
-					       "check w 7", "pause *", "resume kv",
-					       "malloc kv 8388608", "free kv", "resume w",
-					       "free w", "malloc w 2097152" };
+	static const char *const args[] = { "--host-memory", "512MiB",	    "--max-chunk",
+					    "4MiB",	     "--pool-keep", "0",
+					    "--log-level",   "err",	    NULL };
+	static const char *const script[] = {
+		"mode w preserve", "malloc w 6291456",	"fill w 7",  "malloc kv 4194304",
+		"pause w",	   "resume w",		"check w 7", "pause *",
+		"resume kv",	   "malloc kv 8388608", "free kv",   "resume w",
+		"free w",	   "malloc w 2097152"
+	};
 	unsigned seed = chaos_seed(), rnd = seed;
 	struct model by = { .tag = "keep" };
 	int kills = 0;

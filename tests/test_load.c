@@ -69,7 +69,8 @@ Test(load, sixty_four_clients_of_mixed_operations, .timeout = 300)
 	/* Each operation is one call; the clean-up at the end makes more. */
 	cr_expect(ge(u64, g.done, (uint64_t)g.clients * g.ops));
 	cr_assert(eq(i32, gmb_connect_flags(gmbd.sock, "probe", GMB_CONNECT_TOOL, &probe), 0));
-	cr_expect(eq(i32, gmb_trim(probe, -1, &released, &pending), 0), "%s", gmb_last_error(probe));
+	cr_expect(eq(i32, gmb_trim(probe, -1, &released, &pending), 0), "%s",
+		  gmb_last_error(probe));
 	cr_expect(eq(u64, pending, 0), "chunks still held by clients that left");
 	cr_assert(eq(i32, gmb_status_json(probe, &json), 0));
 	cr_expect(eq(i64, json_i64(json, "used_bytes"), 0), "%s", json);

@@ -41,13 +41,13 @@
 #include "gmb.h"
 #include "tests/fuzz/fuzz.h"
 
-#define MiB (1ULL << 20)
-#define FC_MAX_FDS 8
+#define MiB	       (1ULL << 20)
+#define FC_MAX_FDS     8
 #define FC_MAX_FD_SIZE (16 * MiB)
-#define FC_WAIT_MS 5
+#define FC_WAIT_MS     5
 
-#define FC_REPLY 1
-#define FC_FDS 2
+#define FC_REPLY   1
+#define FC_FDS	   2
 #define FC_AT_ONCE 4
 #define FC_HANG_UP 8
 
@@ -60,7 +60,7 @@ struct fc_item {
 static struct {
 	char dir[64], sock[96];
 	int listen_fd;
-	int probe;                 /* a memfd that write(2) copies into */
+	int probe; /* a memfd that write(2) copies into */
 	unsigned unmapped_resumes;
 } fc;
 
@@ -68,10 +68,10 @@ static struct {
 struct fc_daemon {
 	const struct fc_item *items;
 	size_t nitems, next;
-	int conn;                  /* the accepted connection; -1: none */
-	uint64_t waiting;          /* id of the library's last request not answered */
+	int conn;	  /* the accepted connection; -1: none */
+	uint64_t waiting; /* id of the library's last request not answered */
 	pthread_mutex_t lock;
-	bool stop;                 /* the main thread is done */
+	bool stop; /* the main thread is done */
 };
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -251,7 +251,7 @@ static void fc_calls(void)
 			fuzz_fail("gmb_resume succeeded with the memory unmapped");
 		if (fc.unmapped_resumes++ == 0)
 			fprintf(stderr, "fuzz_client: known defect seen: a resume reported"
-				" success over unmapped memory\n");
+					" success over unmapped memory\n");
 	}
 	__atomic_store_n(&agree, 1, __ATOMIC_RELEASE);
 	if (gmb_status_json(c, &json) == 0)

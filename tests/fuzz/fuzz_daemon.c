@@ -39,15 +39,15 @@
 #include "daemon/transport/server.h"
 #include "tests/fuzz/fuzz.h"
 
-#define MiB (1ULL << 20)
-#define FD_NSOCK 3
+#define MiB	     (1ULL << 20)
+#define FD_NSOCK     3
 #define FD_MAX_DREQS 32
 #define FD_ORPHAN_ID 7
-#define FD_NCHUNKS 4
+#define FD_NCHUNKS   4
 
 struct fd_sock {
-	int fd;                           /* the client's end; -1: none */
-	uint64_t dreqs[FD_MAX_DREQS];     /* gmbd's requests not answered yet */
+	int fd;			      /* the client's end; -1: none */
+	uint64_t dreqs[FD_MAX_DREQS]; /* gmbd's requests not answered yet */
 	int ndreqs;
 };
 
@@ -180,7 +180,8 @@ static void fd_restore_orphan(void)
 	Gmb__StateChunk ch[FD_NCHUNKS], *pch[FD_NCHUNKS];
 	Gmb__StateAlloc a5 = GMB__STATE_ALLOC__INIT, a6 = GMB__STATE_ALLOC__INIT;
 	Gmb__StateAlloc *pa5 = &a5, *pa6 = &a6;
-	Gmb__StateTag tw = GMB__STATE_TAG__INIT, tkv = GMB__STATE_TAG__INIT, *ptags[2] = { &tw, &tkv };
+	Gmb__StateTag tw = GMB__STATE_TAG__INIT, tkv = GMB__STATE_TAG__INIT,
+		      *ptags[2] = { &tw, &tkv };
 	Gmb__StateClient cl = GMB__STATE_CLIENT__INIT, *pcl = &cl;
 	Gmb__State st = GMB__STATE__INIT;
 	uint64_t ids5[] = { 1, 2 }, ids6[] = { 3 };
@@ -196,8 +197,9 @@ static void fd_restore_orphan(void)
 		ch[i].uid = geteuid();
 		ch[i].uid_set = i < 3;
 		pch[i] = &ch[i];
-		fds[i] = (struct state_fd){ .id = ch[i].id, .dev = 0, .size = 2 * MiB,
-					    .fd = fd_memfd(2 * MiB) };
+		fds[i] = (struct state_fd){
+			.id = ch[i].id, .dev = 0, .size = 2 * MiB, .fd = fd_memfd(2 * MiB)
+		};
 	}
 	a5.id = 5, a5.size = 4 * MiB, a5.active = true, a5.n_chunk_ids = 2, a5.chunk_ids = ids5;
 	a6.id = 6, a6.size = 2 * MiB, a6.n_chunk_ids = 1, a6.chunk_ids = ids6;
@@ -218,7 +220,8 @@ static void fd_restore_orphan(void)
 static void fd_setup(void)
 {
 	struct backend_host_opts ho = { .ndevices = 2, .memory = 32 * MiB, .granularity = 2 * MiB };
-	struct broker_opts bo = { .max_chunk = 4 * MiB, .pool_keep = 8 * MiB,
+	struct broker_opts bo = { .max_chunk = 4 * MiB,
+				  .pool_keep = 8 * MiB,
 				  .daemon_uid = geteuid() };
 
 	memset(&fx, 0, sizeof(fx));
@@ -248,8 +251,8 @@ static void fd_teardown(void)
 	fuzz_check_broker(fx.br, 0);
 	for (const struct bclient *c = fx.br->clients; c; c = c->next)
 		if (!c->orphan)
-			fuzz_fail("client %llu (%s) outlived its session", (unsigned long long)c->id,
-				  c->name);
+			fuzz_fail("client %llu (%s) outlived its session",
+				  (unsigned long long)c->id, c->name);
 	broker_free(fx.br);
 	backend_close(fx.be);
 	if (uv_loop_close(&fx.loop) != 0)

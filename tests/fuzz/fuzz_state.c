@@ -22,7 +22,7 @@
 #include "daemon/persist/state.h"
 #include "tests/fuzz/fuzz.h"
 
-#define MiB (1ULL << 20)
+#define MiB	(1ULL << 20)
 #define FS_NFDS 8
 
 static struct state_fd fs_fds[FS_NFDS];
@@ -37,15 +37,18 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
 		if (fd < 0 || ftruncate(fd, (off_t)size) < 0)
 			fuzz_fail("memfd: %s", strerror(errno));
-		fs_fds[i] = (struct state_fd){ .id = (uint64_t)i + 1, .dev = i < FS_NFDS / 2 ? 0 : 1,
-					       .size = size, .fd = fd };
+		fs_fds[i] = (struct state_fd){ .id = (uint64_t)i + 1,
+					       .dev = i < FS_NFDS / 2 ? 0 : 1,
+					       .size = size,
+					       .fd = fd };
 	}
 	return 0;
 }
 
 static struct broker *fs_broker(struct backend *be)
 {
-	struct broker_opts bo = { .max_chunk = 4 * MiB, .pool_keep = UINT64_MAX,
+	struct broker_opts bo = { .max_chunk = 4 * MiB,
+				  .pool_keep = UINT64_MAX,
 				  .daemon_uid = geteuid() };
 	struct broker *br;
 

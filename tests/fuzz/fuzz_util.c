@@ -42,7 +42,7 @@ uint64_t fuzz_take(const uint8_t **p, const uint8_t *end, size_t n)
 	uint64_t v = 0;
 
 	for (size_t i = 0; i < n && *p < end; i++, (*p)++)
-		v |= (uint64_t)**p << (8 * i);
+		v |= (uint64_t) * *p << (8 * i);
 	return v;
 }
 
@@ -61,8 +61,8 @@ static void fuzz_check_pool(const struct pool *p, int over_budget)
 	}
 	for (const struct chunk *c = p->pending_head; c; c = c->next) {
 		if (!c->releasing || c->free || c->lent_to || c->nholders == 0)
-			fuzz_fail("dev %d: chunk %llu pending but not releasing or unheld",
-				  p->dev, (unsigned long long)c->id);
+			fuzz_fail("dev %d: chunk %llu pending but not releasing or unheld", p->dev,
+				  (unsigned long long)c->id);
 		pend_sum += c->size;
 	}
 	if (p->free_bytes != free_sum || p->pending_bytes != pend_sum)
@@ -93,8 +93,8 @@ static void fuzz_check_alloc(const struct bclient *c, const struct balloc *a, ui
 	uint64_t sum = 0;
 
 	if (idmap_get(&c->allocs, a->id) != a)
-		fuzz_fail("client %llu: allocation %llu not in its map",
-			  (unsigned long long)c->id, (unsigned long long)a->id);
+		fuzz_fail("client %llu: allocation %llu not in its map", (unsigned long long)c->id,
+			  (unsigned long long)a->id);
 	for (uint32_t i = 0; i < a->nchunks; i++) {
 		const struct chunk *ch = a->chunks[i];
 
@@ -144,9 +144,10 @@ static void fuzz_check_clients(const struct broker *br, uint64_t *lent)
 				bytes += a->size;
 			}
 			if (t->bytes != bytes || t->nallocs != n)
-				fuzz_fail("tag %s: %llu bytes in %u allocations, counted %llu in %u",
-					  t->name, (unsigned long long)t->bytes, t->nallocs,
-					  (unsigned long long)bytes, n);
+				fuzz_fail(
+					"tag %s: %llu bytes in %u allocations, counted %llu in %u",
+					t->name, (unsigned long long)t->bytes, t->nallocs,
+					(unsigned long long)bytes, n);
 			nallocs += n;
 		}
 		if (c->allocs.count != nallocs)

@@ -278,15 +278,18 @@ static void seeds_state_crafted(void)
 	for (int i = 0; i < 8; i++) {
 		gmb__state_chunk__init(&ch[i]);
 		ch[i].id = (uint64_t)i + 1, ch[i].device = i < 4 ? 0 : 1;
-		ch[i].size = (i < 4 ? 2 : 4) * MiB, ch[i].uid = 1000 + (i & 1), ch[i].uid_set = i < 6;
+		ch[i].size = (i < 4 ? 2 : 4) * MiB, ch[i].uid = 1000 + (i & 1),
+		ch[i].uid_set = i < 6;
 		pch[i] = &ch[i];
 	}
 	for (int i = 0; i < 3; i++) {
 		gmb__state_alloc__init(&a[i]);
 		pa[i] = &a[i];
 	}
-	a[0].id = 11, a[0].size = 4 * MiB, a[0].active = true, a[0].n_chunk_ids = 2, a[0].chunk_ids = ids0;
-	a[1].id = 12, a[1].device = 1, a[1].size = 8 * MiB, a[1].n_chunk_ids = 2, a[1].chunk_ids = ids1;
+	a[0].id = 11, a[0].size = 4 * MiB, a[0].active = true, a[0].n_chunk_ids = 2,
+	a[0].chunk_ids = ids0;
+	a[1].id = 12, a[1].device = 1, a[1].size = 8 * MiB, a[1].n_chunk_ids = 2,
+	a[1].chunk_ids = ids1;
 	a[2].id = 13, a[2].size = 2 * MiB, a[2].n_chunk_ids = 1, a[2].chunk_ids = ids2;
 	gmb__state_tag__init(&t[0]);
 	gmb__state_tag__init(&t[1]);
@@ -316,7 +319,8 @@ static void seeds_state_crafted(void)
 static void seeds_state_real(void)
 {
 	struct backend_host_opts ho = { .ndevices = 2, .memory = 32 * MiB, .granularity = 2 * MiB };
-	struct broker_opts bo = { .max_chunk = 4 * MiB, .pool_keep = UINT64_MAX,
+	struct broker_opts bo = { .max_chunk = 4 * MiB,
+				  .pool_keep = UINT64_MAX,
 				  .daemon_uid = geteuid() };
 	struct broker_peer peer = { .pid = getpid(), .uid = geteuid(), .gid = getegid() };
 	struct broker_result res = BROKER_RESULT_INIT;
@@ -352,8 +356,8 @@ static void seeds_state_real(void)
 
 /* ---- client: what gmbd answers, in fuzz_client.c's items ---- */
 
-#define C_REPLY 1
-#define C_FDS 2
+#define C_REPLY	  1
+#define C_FDS	  2
 #define C_AT_ONCE 4
 #define C_HANG_UP 8
 
