@@ -152,7 +152,7 @@ static void restart_teardown(void)
 /* What one worker holds, as the test knows it. */
 struct model {
 	struct worker w;
-	char tag[8];
+	char tag[16];
 	bool paused;
 	int nallocs;
 	uint64_t bytes;
