@@ -9,6 +9,8 @@
 #                           completion, units, config (PREFIX, DESTDIR, PYTHON)
 #   make uninstall          what install wrote, but the config (PURGE=1: that too)
 #   make check-systemd      restart without loss under a real systemd (nspawn, root)
+#   make fuzz               each libFuzzer harness for FUZZ_SECONDS (clang, build-fuzz/)
+#   make bench-load         64 clients of mixed operations: ops/s, status latency
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 .DEFAULT_GOAL := all
@@ -67,8 +69,12 @@ LIB_SRC := client/lib/api/api.c client/lib/api/status_json.c client/lib/api/stat
 PRELOAD_SRC := client/preload/preload.c common/err.c
 CTL_SRC := client/gmbctl/gmbctl.c client/gmbctl/live.c
 TEST_SRC := $(wildcard tests/test_*.c)
-TEST_HELPER_SRC := tests/util.c
+TEST_HELPER_SRC := tests/util.c tests/loadgen.c
 TEST_PROG_SRC := $(wildcard tests/prog_*.c)
+# Fuzz harnesses (tests/fuzz/fuzz_<name>.c), each with a corpus in
+# tests/fuzz/corpus/<name>/; fuzz_util.c holds their invariant checks.
+FUZZ_HARNESSES := daemon state client
+FUZZ_OBJS = $(call objs,$(1),tests/fuzz/fuzz_util.c) $(1)/libgmbd.a $(call objs,$(1),$(LIB_SRC)) $(1)/libcommon.a
 
 CUDA_H := $(CUDA_HOME)/include/cuda.h
 # A fresh clone installs what it lacks once, before the first compile.
@@ -137,8 +143,21 @@ $(1)/tests/prog_%: $(1)/tests/prog_%.o $(1)/libgmb.a
 $(1)/tests/test_%: $(1)/tests/test_%.o $(call objs,$(1),$(TEST_HELPER_SRC)) $(1)/libgmbd.a $(call objs,$(1),$(LIB_SRC)) $(1)/libcommon.a
 	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$^ $$(TEST_LIBS) $$(LIBS)
 
+# A harness with a plain main that replays its corpus (make check).
+$(1)/fuzz/replay_%: $(1)/tests/fuzz/fuzz_%.o $(1)/tests/fuzz/replay.o $$(call FUZZ_OBJS,$(1))
+	@mkdir -p $$(@D)
+	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$^ $$(LIBS)
+
+$(1)/fuzz/seeds: $(1)/tests/fuzz/seeds.o $$(call FUZZ_OBJS,$(1))
+	@mkdir -p $$(@D)
+	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$^ $$(LIBS)
+
+$(1)/bench/load: $(1)/bench/load.o $(call objs,$(1),$(TEST_HELPER_SRC)) $(1)/libgmb.a
+	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$^ $$(LIB_LIBS)
+
 $(1)/bin: $(1)/gmbd $(1)/gmbctl $(1)/libgmb.so.0 $(1)/libgmb.so $(1)/libgmb.a $(1)/gmb-uninstalled.pc
 $(1)/tests: $(patsubst tests/%.c,$(1)/tests/%,$(TEST_SRC) $(TEST_PROG_SRC))
+$(1)/tests: $(patsubst %,$(1)/fuzz/replay_%,$(FUZZ_HARNESSES))
 $(1)/bin: $(1)/libgmb_preload.so
 $(1)/tests: $(1)/tests/libfake_cuda.so
 
@@ -156,6 +175,16 @@ $(eval $(call build_tree,build-asan))
 build-clang/%: B := build-clang
 build-clang/%: CC := clang
 $(eval $(call build_tree,build-clang))
+# libFuzzer harnesses: clang, every object instrumented for coverage.
+FUZZ_FLAGS := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined \
+	-fno-omit-frame-pointer
+build-fuzz/%: B := build-fuzz
+build-fuzz/%: CC := clang
+build-fuzz/%: EXTRA_CFLAGS += $(FUZZ_FLAGS) -O1
+$(eval $(call build_tree,build-fuzz))
+build-fuzz/fuzz/fuzz_%: build-fuzz/tests/fuzz/fuzz_%.o $(call FUZZ_OBJS,build-fuzz)
+	@mkdir -p $(@D)
+	$(call say,LD,$@)$(CC) $(CFLAGS_ALL) -fsanitize=fuzzer -o $@ $^ $(LIBS)
 
 MAN_PAGES := build/man/gmbd.8 build/man/gmbctl.1 build/man/libgmb.3
 all: build/bin $(MAN_PAGES) ## build gmbd, gmbctl, libgmb.so, libgmb.a, the man pages
@@ -192,9 +221,43 @@ endef
 check: build/bin build/tests build-asan/bin build-asan/tests build-clang/bin build-clang/tests $(MAN_PAGES) build/examples/pause_resume ## run every test, then under ASan+UBSan
 	$(call run_tests,build,)
 	$(call run_python_tests,build)
+	$(call run_fuzz_replay,build,)
 	$(call run_tests,build-asan,ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
+	$(call run_fuzz_replay,build-asan,ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
 	$(Q)for t in $(PACKAGING_CHECKS) check-rebuild; do $(MAKE) --no-print-directory $$t; done
 	@echo "check: all tests passed (build and build-asan; clang build clean)"
+
+# Every fuzz corpus once through its harness (a plain main, no fuzzer).
+define run_fuzz_replay
+	@set -e; for h in $(FUZZ_HARNESSES); do echo "== $(1)/fuzz/replay_$$h tests/fuzz/corpus/$$h"; \
+		$(2) $(1)/fuzz/replay_$$h tests/fuzz/corpus/$$h 2>&1 | tee $(1)/fuzz/replay_$$h.log; \
+		if grep -q 'ERROR: .*Sanitizer\|SUMMARY: .*Sanitizer\|runtime error:' $(1)/fuzz/replay_$$h.log; then \
+			echo "replay_$$h: sanitizer report above" >&2; exit 1; fi; done
+endef
+
+# ---- fuzzing (clang 14's libFuzzer) ----
+# Each harness for FUZZ_SECONDS, one job, niced; new inputs go to
+# build-fuzz/corpus/<name> (the committed corpus is read, not written),
+# crashes to build-fuzz/artifacts/. FUZZ_ARGS adds libFuzzer options.
+FUZZ_SECONDS ?= 60
+FUZZ_ARGS ?=
+fuzz: $(patsubst %,build-fuzz/fuzz/fuzz_%,$(FUZZ_HARNESSES)) ## each fuzz harness for FUZZ_SECONDS (default 60)
+	@set -e; for h in $(FUZZ_HARNESSES); do mkdir -p build-fuzz/corpus/$$h build-fuzz/artifacts; \
+		echo "== fuzz_$$h for $(FUZZ_SECONDS) s"; \
+		nice build-fuzz/fuzz/fuzz_$$h -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+			-timeout=10 -rss_limit_mb=4096 -artifact_prefix=build-fuzz/artifacts/$$h- $(FUZZ_ARGS) \
+			build-fuzz/corpus/$$h tests/fuzz/corpus/$$h 2>&1 | tee build-fuzz/fuzz_$$h.log | \
+			grep -E '^#[0-9]+ +(INITED|DONE|pulse)|stat::|ERROR|invariant|known defect' || true; \
+		if grep -q 'ERROR: \|invariant broken\|==ERROR\|deadly signal' build-fuzz/fuzz_$$h.log; then \
+			echo "fuzz_$$h: failure above; the input is in build-fuzz/artifacts/" >&2; exit 1; fi; done
+
+# The seed corpora from packets and records made with protobuf-c.
+fuzz-seeds: build/fuzz/seeds ## write tests/fuzz/corpus/* again from tests/fuzz/seeds.c
+	build/fuzz/seeds tests/fuzz/corpus
+
+# ---- load benchmark ----
+bench-load: build/bin build/bench/load build/tests/prog_worker ## 64 clients of mixed operations: ops/s, status p50/p99
+	GMB_BUILD_DIR=build build/bench/load $(BENCH_ARGS)
 
 RUN_DIR := $(CURDIR)/run
 run: build/bin ## gmbd in the foreground on ./run/gmbd.sock
@@ -213,7 +276,7 @@ $(DEPS_STAMP):
 # scdoc: the man pages; python3-venv and python3-wheel-whl: pip installs the
 # Python module into a fresh venv offline; man-db: man -l in the checks.
 DEPS_DEB := libuv1-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libcriterion-dev pkg-config util-linux clang \
-	systemd clang-format scdoc python3-venv python3-wheel-whl man-db prometheus tmux curl
+	systemd clang-format scdoc python3-venv python3-wheel-whl man-db prometheus tmux curl libclang-rt-14-dev
 deps: ## install build/test dependencies with apt-get (needs root)
 	@missing=$$(for p in $(DEPS_DEB); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -z "$$missing" ]; then echo "deps: all installed"; else \
@@ -408,13 +471,13 @@ check-format: ## fail if a C source differs from what .clang-format makes of it
 	@echo "check-format: clean"
 
 clean: ## remove build folders
-	rm -rf build build-asan build-clang run
+	rm -rf build build-asan build-clang build-fuzz run
 
 # (MAKEFILE_LIST also holds every included .d file.)
 help: ## this list
 	@grep -hE '^[a-z-]+:.*## ' $(firstword $(MAKEFILE_LIST)) | sed 's/:.*## /\t/'
 
-.PHONY: format check-format all check run demo deps clean help install uninstall check-install check-pip check-completion \
+.PHONY: fuzz fuzz-seeds bench-load format check-format all check run demo deps clean help install uninstall check-install check-pip check-completion \
 	check-examples check-rebuild check-packaging nspawn-deps check-systemd build/bin build/tests build-asan/bin build-asan/tests \
 	build-clang/bin build-clang/tests
 .SECONDARY:

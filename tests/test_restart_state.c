@@ -429,3 +429,105 @@ Test(state, a_torn_write_falls_back_to_the_previous_record)
 	fake_sd_close(&sd);
 	rmdir(dir);
 }
+
+/* The restored allocation @id of client @cid. */
+static struct balloc *restored_alloc(struct broker *br, uint64_t cid, uint64_t id)
+{
+	struct bclient *c = client_by_id(br, cid);
+
+	cr_assert(not(eq(ptr, c, NULL)));
+	return idmap_get(&c->allocs, id);
+}
+
+/*
+ * A record whose active lend does not cover its allocation exactly (sizes
+ * that do not add up, a chunk named twice) is not lent again: the pool
+ * would count bytes twice or lend fewer than the client maps. Found by
+ * tests/fuzz/fuzz_state.c.
+ */
+Test(state, an_active_lend_that_does_not_add_up_is_restored_paused)
+{
+	struct state_stats st;
+	Gmb__State *rec;
+	Gmb__StateAlloc *w = NULL, *act = NULL;
+	uint8_t *buf;
+	size_t len;
+
+	cr_assert(eq(i32, state_encode(fx.br, &buf, &len), 0));
+	rec = gmb__state__unpack(NULL, len, buf);
+	cr_assert(not(eq(ptr, rec, NULL)));
+	free(buf);
+	for (size_t i = 0; i < rec->n_clients; i++)
+		for (size_t j = 0; j < rec->clients[i]->n_tags; j++) {
+			Gmb__StateTag *t = rec->clients[i]->tags[j];
+
+			if (!strcmp(t->name, "weights"))
+				w = t->allocs[0];
+			if (!strcmp(t->name, "act"))
+				act = t->allocs[0];
+		}
+	cr_assert(w && act && w->active && act->active && w->n_chunk_ids == 2);
+	act->size = 4 * MiB;                  /* its chunk holds 2 MiB */
+	w->chunk_ids[0] = w->chunk_ids[1];    /* 2 + 2 MiB: named twice, and short */
+	len = gmb__state__get_packed_size(rec);
+	buf = malloc(len);
+	gmb__state__pack(rec, buf);
+	export_all(fx.br);
+	fx.br2 = new_broker(NULL);
+	cr_assert(eq(i32, state_restore(fx.br2, buf, len, fx.fds, fx.nfds, &st), 0));
+	cr_assert(not(restored_alloc(fx.br2, fx.a->id, w->id)->active));
+	cr_assert(not(restored_alloc(fx.br2, fx.b->id, act->id)->active));
+	cr_assert(eq(u64, fx.br2->pools[0].lent_bytes, 0), "bytes lent over a wrong lend");
+	cr_assert(eq(u64, fx.br2->pools[0].held_bytes,
+		     fx.br2->pools[0].free_bytes + fx.br2->pools[0].pending_bytes));
+	gmb__state__free_unpacked(rec, NULL);
+	free(buf);
+}
+
+/* Nothing of a paused tag is lent, and a tag named twice is not restored
+ * twice (the second would change a tag whose allocations are back already).
+ * Found by tests/fuzz/fuzz_state.c. */
+Test(state, a_paused_tag_lends_nothing_and_a_tag_comes_back_once)
+{
+	struct state_stats st;
+	Gmb__State *rec;
+	Gmb__StateClient *cl = NULL;
+	Gmb__StateTag *w = NULL, *twice[3], **tags;
+	uint8_t *buf;
+	size_t len;
+
+	cr_assert(eq(i32, state_encode(fx.br, &buf, &len), 0));
+	rec = gmb__state__unpack(NULL, len, buf);
+	cr_assert(not(eq(ptr, rec, NULL)));
+	free(buf);
+	for (size_t i = 0; i < rec->n_clients; i++)
+		if (rec->clients[i]->id == fx.a->id)
+			cl = rec->clients[i];
+	cr_assert(not(eq(ptr, cl, NULL)));
+	for (size_t j = 0; j < cl->n_tags; j++)
+		if (!strcmp(cl->tags[j]->name, "weights"))
+			w = cl->tags[j];
+	cr_assert(w && w->allocs[0]->active && cl->n_tags == 2);
+	w->paused = true;                     /* its allocation still says active */
+	twice[0] = cl->tags[0], twice[1] = cl->tags[1], twice[2] = w;
+	tags = cl->tags;
+	cl->tags = twice, cl->n_tags = 3;     /* and weights once more */
+	len = gmb__state__get_packed_size(rec);
+	buf = malloc(len);
+	gmb__state__pack(rec, buf);
+	cl->tags = tags, cl->n_tags = 2;      /* rec's own, freed with it */
+	export_all(fx.br);
+	fx.br2 = new_broker(NULL);
+	cr_assert(eq(i32, state_restore(fx.br2, buf, len, fx.fds, fx.nfds, &st), 0));
+	{
+		struct bclient *c = client_by_id(fx.br2, fx.a->id);
+		struct balloc *a = idmap_get(&c->allocs, w->allocs[0]->id);
+
+		cr_assert(eq(u32, c->ntags, 2));
+		cr_assert(not(a->active), "an allocation of a paused tag was lent");
+		cr_assert(a->tag->paused);
+		cr_assert(eq(u32, a->tag->nallocs, 1));
+	}
+	free(buf);
+	gmb__state__free_unpacked(rec, NULL);
+}

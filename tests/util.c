@@ -672,11 +672,16 @@ static void gmbd_spawn_child(struct gmbd_proc *d, const char *notify, const stru
 {
 	static char names[FAKE_SD_MAX_FDS * 64 + 1024];
 	char num[32];
-	int hi = 3 + nfds + 16;
+	int hi = 3 + nfds;
 	size_t off = 0;
 
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
-	/* Out of the way first, so that dup2() to 3.. clobbers nothing needed. */
+	/* Out of the way first, above every fd passed (a test with many fds
+	 * open has store fds above 3 + nfds), so that no dup2() clobbers one
+	 * not yet copied; then to 3.. . */
+	for (int i = 0; i < nfds; i++)
+		if (fds[i].fd >= hi)
+			hi = fds[i].fd + 1;
 	for (int i = 0; i < nfds; i++)
 		if (dup2(fds[i].fd, hi + i) < 0)
 			_exit(126);

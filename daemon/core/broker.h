@@ -238,13 +238,15 @@ struct broker_rejoin_result {
 /* A client with its old @id, as an orphan; @name copied. */
 int broker_restore_client(struct broker *br, const struct broker_peer *peer, uint64_t id,
 			  const char *name, bool control, struct bclient **out);
-/* Tag @name of restored @c, as it was; *@out stays @c's. -EINVAL, -ENOSPC. */
+/* Tag @name of restored @c, as it was; *@out stays @c's. -EINVAL, -ENOSPC,
+ * -EEXIST (the record named it before). */
 int broker_restore_tag(struct bclient *c, const char *name, int mode, bool paused,
 		       struct btag **out);
 /**
  * broker_restore_alloc() - an allocation of @t as it was: @chunks (NULL
  * entries: dropped) become its last lend, held by the client, and lent to
- * it when @active (each must then be free; else it is restored paused).
+ * it when @active (each must then be free, named once, adding up to @size,
+ * and @t not paused; else it is restored paused).
  * Return: 0, -EINVAL (id 0 or taken, bad device or size), -ENOMEM.
  */
 int broker_restore_alloc(struct broker *br, struct bclient *c, struct btag *t, uint64_t id,

@@ -52,16 +52,32 @@ static int rejoin_restore_hold(struct broker *br, struct bclient *c, struct ball
 	return rc;
 }
 
-/* An active allocation needs every chunk, each free and on its device. */
+/*
+ * An active allocation needs every chunk, each free, on its device and named
+ * once, and together exactly its size: a record that says otherwise (a
+ * damaged or hostile one) would have the pool count bytes twice or lend
+ * fewer than the client maps. Each chunk's free flag marks it seen during
+ * the walk and is set back before returning.
+ */
 static bool rejoin_restore_can_lend(const struct balloc *a)
 {
-	for (uint32_t i = 0; i < a->nchunks; i++) {
-		const struct chunk *ch = a->chunks[i];
+	uint64_t sum = 0;
+	uint32_t i;
+	bool ok = true;
 
-		if (!ch || !ch->free || ch->dev != a->dev)
-			return false;
+	for (i = 0; i < a->nchunks; i++) {
+		struct chunk *ch = a->chunks[i];
+
+		if (!ch || !ch->free || ch->dev != a->dev) {
+			ok = false;
+			break;
+		}
+		ch->free = false;
+		sum += ch->size;
 	}
-	return true;
+	while (i-- > 0)
+		a->chunks[i]->free = true;
+	return ok && sum == a->size;
 }
 
 int broker_restore_tag(struct bclient *c, const char *name, int mode, bool paused,
@@ -72,6 +88,10 @@ int broker_restore_tag(struct bclient *c, const char *name, int mode, bool pause
 
 	if (rc < 0)
 		return rc;
+	/* A record naming a tag twice would change the state of a tag whose
+	 * allocations are restored already. */
+	if (!created)
+		return -EEXIST;
 	(*out)->mode = mode;
 	(*out)->paused = paused;
 	return 0;
@@ -95,7 +115,8 @@ int broker_restore_alloc(struct broker *br, struct bclient *c, struct btag *t, u
 	if (!a->chunks)
 		goto err_free;
 	memcpy(a->chunks, chunks, n * sizeof(*a->chunks));
-	a->active = active && rejoin_restore_can_lend(a);
+	/* Nothing of a paused tag is lent, whatever a record says. */
+	a->active = active && !t->paused && rejoin_restore_can_lend(a);
 	if (active && !a->active)
 		log_warn("restored allocation cannot be lent again, restored paused client=%s"
 			 " alloc=%llu", c->name, (unsigned long long)id);

@@ -371,13 +371,15 @@ static int conn_send(struct gmb__conn *c, uint64_t gen, const Gmb__Envelope *env
  * it waits, so that the reader may re-announce; once a re-announcement has
  * begun, it is waited for even past the deadline (it has its own timeouts).
  */
-static int conn_wait_ready(struct gmb__conn *c, uint64_t dead, char *err)
+/* *@crossed: the call waited for a connection (a re-announcement came first). */
+static int conn_wait_ready(struct gmb__conn *c, uint64_t dead, bool *crossed, char *err)
 {
 	bool mine = c->op_running && pthread_equal(c->op_owner, pthread_self());
 	bool expired = false;
 	struct timespec until = deadline_in_ms(c->reconnect_wait_ms);
 
 	while (!c->gone && (!c->connected || c->gen == dead) && (!expired || c->rejoining)) {
+		*crossed = true;
 		if (mine && !c->op_parked) {
 			c->op_parked = true;
 			pthread_cond_broadcast(&c->conn_cond);
@@ -403,12 +405,12 @@ static int conn_wait_ready(struct gmb__conn *c, uint64_t dead, char *err)
  * with *@waited set.
  */
 static int conn_request_once(struct gmb__conn *c, Gmb__Envelope *env, struct gmb__pending *p,
-			     uint64_t dead, uint64_t *gen, bool *waited, char *err)
+			     uint64_t dead, uint64_t *gen, bool *waited, bool *crossed, char *err)
 {
 	int rc;
 
 	pthread_mutex_lock(&c->lock);
-	rc = conn_wait_ready(c, dead, err);
+	rc = conn_wait_ready(c, dead, crossed, err);
 	if (rc < 0) {
 		pthread_mutex_unlock(&c->lock);
 		*waited = true;
@@ -448,7 +450,9 @@ int gmb__request(struct gmb__conn *c, Gmb__Envelope *env, struct gmb__reply *rep
 	int rc;
 
 	for (;;) {
-		rc = conn_request_once(c, env, &p, dead, &gen, &waited, err);
+		/* A request that waited out a reconnection goes after the
+		 * re-announcement too: resent, as one lost on the way. */
+		rc = conn_request_once(c, env, &p, dead, &gen, &waited, &resent, err);
 		if (waited || (rc == 0 && !p.lost))
 			break;
 		gmb__reply_deinit(&p.reply);
@@ -457,8 +461,10 @@ int gmb__request(struct gmb__conn *c, Gmb__Envelope *env, struct gmb__reply *rep
 			break;
 		}
 		/* Lost on the way, or the send met the dead socket: the next
-		 * connection (conn_wait_ready() fails once there is none). */
-		resent |= rc == 0;
+		 * connection (conn_wait_ready() fails once there is none). Either
+		 * way the request now goes after a re-announcement, which may
+		 * have done it already (a free is left out of the claim). */
+		resent = true;
 		dead = gen;
 	}
 	*rep = p.reply;

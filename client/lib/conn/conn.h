@@ -52,8 +52,9 @@ struct gmb__reply {
 	char error[ERR_MSG_MAX];     /* the daemon's message or the transport's */
 	int import_err;              /* first failure importing this reply's fds */
 	char import_msg[ERR_MSG_MAX];
-	bool resent;                 /* sent again after a lost connection: the first
-					copy may have been carried out (or undone) */
+	bool resent;                 /* sent on a later connection than the first
+					try, after a re-announcement: it may have been
+					carried out (or undone) already */
 };
 
 #define GMB__REPLY_INIT { 0 }

@@ -1,0 +1,204 @@
+/*
+ * fuzz_util.c - the invariant checks of the fuzz harnesses (fuzz.h). The
+ * core's state is redundant on purpose (tests/test_broker.c proves it step
+ * by step); here the same recomputation runs after every fuzzed input.
+ */
+#include <dirent.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "daemon/core/broker.h"
+#include "tests/fuzz/fuzz.h"
+
+void fuzz_fail(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	fprintf(stderr, "fuzz invariant broken: ");
+	vfprintf(stderr, fmt, ap);
+	fprintf(stderr, "\n");
+	va_end(ap);
+	abort();
+}
+
+int fuzz_count_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	int n = 0;
+
+	if (!d)
+		fuzz_fail("cannot open /proc/self/fd");
+	while ((e = readdir(d)))
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n - 1; /* the directory's own fd */
+}
+
+uint64_t fuzz_take(const uint8_t **p, const uint8_t *end, size_t n)
+{
+	uint64_t v = 0;
+
+	for (size_t i = 0; i < n && *p < end; i++, (*p)++)
+		v |= (uint64_t) * *p << (8 * i);
+	return v;
+}
+
+static void fuzz_check_pool(const struct pool *p, int over_budget)
+{
+	uint64_t free_sum = 0, pend_sum = 0, prev = UINT64_MAX;
+
+	for (const struct chunk *c = p->free_head; c; c = c->next) {
+		if (!c->free || c->releasing || c->lent_to)
+			fuzz_fail("dev %d: chunk %llu on the free list is not free", p->dev,
+				  (unsigned long long)c->id);
+		if (c->size > prev)
+			fuzz_fail("dev %d: free list not sorted largest first", p->dev);
+		prev = c->size;
+		free_sum += c->size;
+	}
+	for (const struct chunk *c = p->pending_head; c; c = c->next) {
+		if (!c->releasing || c->free || c->lent_to || c->nholders == 0)
+			fuzz_fail("dev %d: chunk %llu pending but not releasing or unheld", p->dev,
+				  (unsigned long long)c->id);
+		pend_sum += c->size;
+	}
+	if (p->free_bytes != free_sum || p->pending_bytes != pend_sum)
+		fuzz_fail("dev %d: free %llu (list %llu), pending %llu (list %llu)", p->dev,
+			  (unsigned long long)p->free_bytes, (unsigned long long)free_sum,
+			  (unsigned long long)p->pending_bytes, (unsigned long long)pend_sum);
+	if (p->held_bytes != p->lent_bytes + p->free_bytes + p->pending_bytes)
+		fuzz_fail("dev %d: held %llu != lent %llu + free + pending", p->dev,
+			  (unsigned long long)p->held_bytes, (unsigned long long)p->lent_bytes);
+	if (!over_budget && p->held_bytes > p->budget)
+		fuzz_fail("dev %d: held %llu over the budget %llu", p->dev,
+			  (unsigned long long)p->held_bytes, (unsigned long long)p->budget);
+}
+
+static uint32_t fuzz_count_refs(const struct bclient *c, const struct chunk *ch)
+{
+	uint32_t n = 0;
+
+	for (const struct btag *t = c->tags; t; t = t->next)
+		for (const struct balloc *a = t->allocs; a; a = a->next)
+			for (uint32_t i = 0; i < a->nchunks; i++)
+				n += a->chunks[i] == ch;
+	return n;
+}
+
+static void fuzz_check_alloc(const struct bclient *c, const struct balloc *a, uint64_t *lent)
+{
+	uint64_t sum = 0;
+
+	if (idmap_get(&c->allocs, a->id) != a)
+		fuzz_fail("client %llu: allocation %llu not in its map", (unsigned long long)c->id,
+			  (unsigned long long)a->id);
+	for (uint32_t i = 0; i < a->nchunks; i++) {
+		const struct chunk *ch = a->chunks[i];
+
+		if (a->active && (!ch || ch->lent_to != a))
+			fuzz_fail("active allocation %llu: chunk %u not lent to it",
+				  (unsigned long long)a->id, i);
+		if (!ch)
+			continue;
+		if (ch->lent_to == a && !a->active)
+			fuzz_fail("paused allocation %llu still lent chunk %llu",
+				  (unsigned long long)a->id, (unsigned long long)ch->id);
+		if (ch->dev != a->dev)
+			fuzz_fail("allocation %llu on dev %d has a chunk of dev %d",
+				  (unsigned long long)a->id, a->dev, ch->dev);
+		sum += ch->size;
+	}
+	if (a->active) {
+		if (sum != a->size)
+			fuzz_fail("active allocation %llu: lend %llu bytes of %llu",
+				  (unsigned long long)a->id, (unsigned long long)sum,
+				  (unsigned long long)a->size);
+		lent[a->dev] += a->size;
+	}
+}
+
+static void fuzz_check_clients(const struct broker *br, uint64_t *lent)
+{
+	uint32_t nclients = 0;
+
+	for (const struct bclient *c = br->clients; c; c = c->next, nclients++) {
+		size_t nallocs = 0;
+
+		for (const struct btag *t = c->tags; t; t = t->next) {
+			uint64_t bytes = 0;
+			uint32_t n = 0;
+
+			for (const struct balloc *a = t->allocs; a; a = a->next, n++) {
+				/* Not lent in an active tag is allowed: an orphan's
+				 * allocation whose chunks did not come back, or a
+				 * rejoin claim made while a pause waited for gmbd
+				 * (unmapped, the tag not yet marked paused). Lent in
+				 * a paused tag never is. */
+				if (a->tag != t || (a->active && t->paused))
+					fuzz_fail("allocation %llu: tag or state wrong",
+						  (unsigned long long)a->id);
+				fuzz_check_alloc(c, a, lent);
+				bytes += a->size;
+			}
+			if (t->bytes != bytes || t->nallocs != n)
+				fuzz_fail(
+					"tag %s: %llu bytes in %u allocations, counted %llu in %u",
+					t->name, (unsigned long long)t->bytes, t->nallocs,
+					(unsigned long long)bytes, n);
+			nallocs += n;
+		}
+		if (c->allocs.count != nallocs)
+			fuzz_fail("client %llu: map %zu, tags %zu allocations",
+				  (unsigned long long)c->id, c->allocs.count, nallocs);
+	}
+	if (br->nclients != nclients)
+		fuzz_fail("broker counts %u clients, list %u", br->nclients, nclients);
+}
+
+static void fuzz_check_holders(const struct broker *br)
+{
+	uint64_t key;
+	void *val;
+
+	for (size_t it = 0; idmap_next(&br->chunks, &it, &key, &val);) {
+		const struct chunk *ch = val;
+
+		if (ch->id != key || ch->acked)
+			fuzz_fail("chunk %llu: registry key %llu or scratch flag",
+				  (unsigned long long)ch->id, (unsigned long long)key);
+		for (uint32_t i = 0; i < ch->nholders; i++) {
+			const struct chunk_holder *h = &ch->holders[i];
+
+			if (h->refs != fuzz_count_refs(h->client, ch))
+				fuzz_fail("chunk %llu: holder %llu has %u refs, lends say %u",
+					  (unsigned long long)ch->id,
+					  (unsigned long long)h->client->id, h->refs,
+					  fuzz_count_refs(h->client, ch));
+			if ((h->refs == 0 && !h->drop_sent) || (h->drop_sent && !ch->releasing))
+				fuzz_fail("chunk %llu: holder entry without reason",
+					  (unsigned long long)ch->id);
+		}
+	}
+}
+
+void fuzz_check_broker(const struct broker *br, int over_budget)
+{
+	uint64_t lent[BACKEND_MAX_DEVICES] = { 0 };
+	uint32_t nchunks = 0;
+
+	fuzz_check_clients(br, lent);
+	for (int d = 0; d < br->ndevices; d++) {
+		fuzz_check_pool(&br->pools[d], over_budget);
+		if (br->pools[d].lent_bytes != lent[d])
+			fuzz_fail("dev %d: %llu bytes lent, clients' active allocations %llu", d,
+				  (unsigned long long)br->pools[d].lent_bytes,
+				  (unsigned long long)lent[d]);
+		nchunks += br->pools[d].nchunks;
+	}
+	if (br->chunks.count != nchunks)
+		fuzz_fail("registry %zu chunks, pools %u", br->chunks.count, nchunks);
+	fuzz_check_holders(br);
+}
