@@ -41,8 +41,9 @@ enum { GMB_OP_PAUSE = 1, GMB_OP_RESUME = 2 };
  * @client_name: shown in status and logs; NULL for the program name.
  * @out:         receives the client, owned by the caller (gmb_close()).
  *
- * Starts one library thread that answers the broker's requests (remote
- * pause/resume, handle drops) while the application runs.
+ * Starts the library's two threads: a reader (every socket read; it
+ * imports fds, answers handle drops and reconnects) and a worker (remote
+ * pause/resume through the control handler) while the application runs.
  *
  * Return: 0, -ENOENT/-ECONNREFUSED when no broker listens, -EPROTO on a
  * protocol version mismatch, or another negative errno.
