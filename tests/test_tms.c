@@ -200,7 +200,9 @@ Test(tms, without_retain_a_copy_is_freed_after_resume)
 	off_t fsize = 0;
 	void *h = NULL;
 
-	cr_assert(eq(i32, gmb_get_retain_host_copy(), 0), "retain is off by default");
+	cr_assert(eq(i32, gmb_get_retain_host_copy(), 1), "libgmb's default keeps copies");
+	cr_assert(not(tms_get_retain_cpu_backup()), "the peer's entry points: off by default");
+	cr_assert(eq(i32, gmb_get_retain_host_copy(), 0), "and so for the process");
 	fill(pin, n, 4);
 	cr_assert(eq(i32, gmb_pause(client(), "a"), 0));
 	cr_assert(eq(i32, gmb_host_copy(NULL, pin, n, &h), 0));

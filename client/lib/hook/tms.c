@@ -65,25 +65,33 @@ GMB_API int gmb_get_disk_dir(char *buf, size_t cap)
 	return 0;
 }
 
-/* torch_memory_saver's configuration: the thread's base region. */
+/*
+ * torch_memory_saver's configuration: the thread's base region. Every entry
+ * point first applies the peer's defaults (retain off) unless the process
+ * chose otherwise: a caller of these is a caller of the peer.
+ */
 
 GMB_API void tms_set_interesting_region(bool on)
 {
+	gmb__backup_peer_defaults();
 	gmb__region_base_on(on);
 }
 
 GMB_API bool tms_get_interesting_region(void)
 {
+	gmb__backup_peer_defaults();
 	return gmb_region_current(NULL, 0, NULL) > 0;
 }
 
 GMB_API void tms_set_current_tag(const char *tag)
 {
+	gmb__backup_peer_defaults();
 	gmb__region_base_tag(tag);
 }
 
 GMB_API const char *tms_get_current_tag(void)
 {
+	gmb__backup_peer_defaults();
 	const char *tag;
 	int mode, backup;
 
@@ -93,11 +101,13 @@ GMB_API const char *tms_get_current_tag(void)
 
 GMB_API void tms_set_enable_cpu_backup(bool on)
 {
+	gmb__backup_peer_defaults();
 	gmb__region_base_cpu(on);
 }
 
 GMB_API bool tms_get_enable_cpu_backup(void)
 {
+	gmb__backup_peer_defaults();
 	const char *tag;
 	int mode, backup;
 
@@ -107,6 +117,7 @@ GMB_API bool tms_get_enable_cpu_backup(void)
 
 GMB_API void tms_set_cpu_backup_backend(const char *name)
 {
+	gmb__backup_peer_defaults();
 	int kind = gmb__backup_parse(name);
 
 	if (kind < 0)
@@ -118,6 +129,7 @@ GMB_API void tms_set_cpu_backup_backend(const char *name)
 
 GMB_API const char *tms_get_cpu_backup_backend(void)
 {
+	gmb__backup_peer_defaults();
 	const char *tag;
 	int mode, backup;
 
@@ -131,11 +143,13 @@ GMB_API const char *tms_get_cpu_backup_backend(void)
 
 GMB_API void tms_set_enable_disk_backup(bool on)
 {
+	gmb__backup_peer_defaults();
 	gmb__region_base_disk(on);
 }
 
 GMB_API bool tms_get_enable_disk_backup(void)
 {
+	gmb__backup_peer_defaults();
 	const char *tag;
 	int mode, backup;
 
@@ -145,21 +159,25 @@ GMB_API bool tms_get_enable_disk_backup(void)
 
 GMB_API void tms_set_disk_backup_dir(const char *dir)
 {
+	gmb__backup_peer_defaults();
 	gmb_set_disk_dir(dir);
 }
 
 GMB_API void set_memory_margin_bytes(uint64_t bytes)
 {
+	gmb__backup_peer_defaults();
 	gmb_set_memory_margin(bytes);
 }
 
 GMB_API void tms_set_retain_cpu_backup(bool on)
 {
+	gmb__backup_peer_defaults();
 	gmb__backup_set_retain(on);
 }
 
 GMB_API bool tms_get_retain_cpu_backup(void)
 {
+	gmb__backup_peer_defaults();
 	return gmb__backup_retain();
 }
 
@@ -184,16 +202,19 @@ static int tms_cycle(int op, const char *tag)
 
 GMB_API int tms_pause(const char *tag)
 {
+	gmb__backup_peer_defaults();
 	return tms_cycle(GMB_OP_PAUSE, tag);
 }
 
 GMB_API int tms_resume(const char *tag)
 {
+	gmb__backup_peer_defaults();
 	return tms_cycle(GMB_OP_RESUME, tag);
 }
 
 GMB_API uint8_t *tms_get_cpu_backup_pointer(const uint8_t *gpu_ptr, uint64_t size)
 {
+	gmb__backup_peer_defaults();
 	void *host = NULL;
 
 	if (gmb_host_copy(NULL, gpu_ptr, (size_t)size, &host) < 0)
@@ -203,10 +224,12 @@ GMB_API uint8_t *tms_get_cpu_backup_pointer(const uint8_t *gpu_ptr, uint64_t siz
 
 GMB_API void *tms_torch_malloc(ssize_t size, int device, void *stream)
 {
+	gmb__backup_peer_defaults();
 	return gmb_torch_malloc(size, device, stream);
 }
 
 GMB_API void tms_torch_free(void *ptr, ssize_t size, int device, void *stream)
 {
+	gmb__backup_peer_defaults();
 	gmb_torch_free(ptr, size, device, stream);
 }

@@ -44,6 +44,7 @@
 
 struct backup_cfg {
 	atomic_int retain;  /* 0 or 1 */
+	atomic_bool retain_chosen; /* by $TMS_RETAIN_CPU_BACKUP or a setter */
 	atomic_int dflt;    /* GMB_BACKUP_PINNED, _MMAP, or -EINVAL (bad environment) */
 	char bad_kind[64];  /* the malformed $TMS_INIT_CPU_BACKUP_BACKEND */
 	char dir[PATH_MAX]; /* under backup_lock */
@@ -82,7 +83,21 @@ static void backup_env_load(void)
 	const char *dir = getenv("TMS_DISK_BACKUP_DIR");
 	int k = gmb__backup_parse(kind);
 
-	atomic_store(&backup_cfg.retain, gmb__env_true("TMS_RETAIN_CPU_BACKUP"));
+	const char *retain = getenv("TMS_RETAIN_CPU_BACKUP");
+
+	/*
+	 * gmbd's own default keeps a PRESERVE allocation's pinned copy for the
+	 * next pause: copies then run at the pinned limit every cycle. A process
+	 * configured as torch_memory_saver's (TMS_INIT_ENABLE, or its entry
+	 * points and Python module: gmb__backup_peer_defaults()) gets the
+	 * peer's default instead, retain off.
+	 */
+	if (retain) {
+		atomic_store(&backup_cfg.retain, gmb__env_true("TMS_RETAIN_CPU_BACKUP"));
+		atomic_store(&backup_cfg.retain_chosen, true);
+	} else {
+		atomic_store(&backup_cfg.retain, gmb__env_true("TMS_INIT_ENABLE") ? 0 : 1);
+	}
 	atomic_store(&backup_cfg.dflt, k);
 	if (k < 0)
 		snprintf(backup_cfg.bad_kind, sizeof(backup_cfg.bad_kind), "%.60s", kind);
@@ -104,6 +119,14 @@ void gmb__backup_set_retain(int on)
 {
 	backup_env();
 	atomic_store(&backup_cfg.retain, on ? 1 : 0);
+	atomic_store(&backup_cfg.retain_chosen, true);
+}
+
+void gmb__backup_peer_defaults(void)
+{
+	backup_env();
+	if (!atomic_load(&backup_cfg.retain_chosen))
+		atomic_store(&backup_cfg.retain, 0);
 }
 
 /* The kind GMB_BACKUP_DEFAULT means, or -EINVAL with the reason in @err. */

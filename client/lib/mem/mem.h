@@ -81,6 +81,9 @@ bool gmb__env_true(const char *name);
 int gmb__backup_parse(const char *name);
 int gmb__backup_retain(void);
 void gmb__backup_set_retain(int on);
+/* torch_memory_saver's defaults (retain off) unless the process chose: its
+ * entry points call this on first use. */
+void gmb__backup_peer_defaults(void);
 int gmb__backup_default(char *err);
 int gmb__backup_set_default(int kind);
 int gmb__backup_set_dir(const char *dir, char *err);

@@ -81,6 +81,8 @@ _OPTIONAL = {
     "gmb_get_default_backup": (c_int, []),
     "gmb_set_disk_dir": (c_int, [c_char_p]),
     "gmb_get_disk_dir": (c_int, [c_char_p, c_size_t]),
+    # The peer's getter, which also applies the peer's defaults (retain off).
+    "tms_get_retain_cpu_backup": (c_bool, []),
 }
 _optional = {}
 
@@ -325,8 +327,12 @@ class TorchMemorySaver:
 
     @property
     def retain_cpu_backup(self):
-        """Whether host copies outlive resume (reused by the next pause); False by default."""
-        fn = _opt("gmb_get_retain_host_copy")
+        """Whether host copies outlive resume (reused by the next pause); False by default.
+
+        libgmb's own default keeps them; the entry points of torch_memory_saver
+        (tms_*) apply the peer's default, retain off, unless the process chose.
+        """
+        fn = _opt("tms_get_retain_cpu_backup")
         if fn is None:
             return True  # an older libgmb keeps every host copy
         return bool(fn())
@@ -405,6 +411,10 @@ class _Impl:
                 f"LD_PRELOAD (LD_PRELOAD={os.environ.get('LD_PRELOAD', '')!r}, pid {os.getpid()}): "
                 "start the process under configure_subprocess(), or set hook_mode='torch'")
         _check_env_supported(tms_config_from_env(), hook_mode)
+        # The peer's defaults (retain off) for this process, unless it chose.
+        peer = _opt("tms_get_retain_cpu_backup")
+        if peer is not None:
+            peer()
         self._torch = torch
         self._hook_mode = hook_mode
         self._client = gmb.default_client()
