@@ -76,7 +76,8 @@ static void w_send(struct worker *w, const char *line)
 
 static int w_answer(struct worker *w, char *text, size_t cap)
 {
-	char line[1024];
+	/* A status answer is one line of the whole JSON document: room for it. */
+	static char line[1 << 16];
 	int rc;
 
 	if (!fgets(line, sizeof(line), w->out))
