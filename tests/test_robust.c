@@ -446,3 +446,45 @@ Test(robust, status_lists_a_client_larger_than_a_packet)
 	free(out);
 	free(err);
 }
+
+/* ---- a client that says it is a tool ---- */
+
+static int raw_resume(struct raw *r, const char *tag, struct raw_reply *rep)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__ResumeRequest q = GMB__RESUME_REQUEST__INIT;
+
+	q.tag = (char *)tag;
+	env.body_case = GMB__ENVELOPE__BODY_RESUME;
+	env.resume = &q;
+	return raw_request(r, &env, rep);
+}
+
+static bool reply_says(const struct raw_reply *rep, const char *needle)
+{
+	return rep->last && rep->last->error && strstr(rep->last->error, needle);
+}
+
+Test(robust, a_tool_holds_no_memory)
+{
+	struct raw t, j;
+	struct raw_reply rep;
+
+	start(NULL);
+	raw_connect(&t);
+	cr_assert(eq(i32, raw_hello(&t, "sly", 0, true), 0));
+	cr_assert(eq(i32, raw_alloc(&t, 2 * MiB, "hidden", &rep), -EPERM),
+		  "a tool (invisible in status, never paused, not recorded) got memory");
+	cr_assert(eq(sz, rep.fds, 0));
+	cr_assert(reply_says(&rep, "a tool may not allocate"), "%s",
+		  rep.last && rep.last->error ? rep.last->error : "(no error)");
+	raw_reply_free(&rep);
+	cr_assert(eq(i32, raw_resume(&t, "", &rep), -EPERM));
+	cr_assert(reply_says(&rep, "a tool may not resume"));
+	raw_reply_free(&rep);
+	close(t.fd);
+	/* Nor can it claim memory back after a restart as a tool. */
+	raw_connect(&j);
+	cr_assert(eq(i32, raw_hello(&j, "sly", 12345, true), -EPERM));
+	close(j.fd);
+}

@@ -100,6 +100,10 @@ int handlers__hello(struct hreq *rq)
 		r = handlers__check_name(rq, "the group", m->group ? m->group : "");
 	if (r < 0)
 		return r;
+	/* A tool holds no memory (memory.c), so it has none to claim back. */
+	if (m->rejoin_id && m->tool)
+		return handlers__fail(rq, -EPERM, "a tool may not rejoin: it holds no memory to"
+				      " claim back");
 	if (m->rejoin_id)
 		return handlers_rejoin_hello(rq, m->control);
 	if (given[0])
