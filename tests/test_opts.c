@@ -53,7 +53,8 @@ Test(opts, defaults)
 	cr_assert(eq(u64, o.pool_keep, 0), "a pause gives memory to the driver by default");
 	cr_assert(eq(u64, o.budget, 0));
 	cr_assert(not(o.reserve_set));
-	cr_assert(eq(str, (char *)o.admin_group, "gmb"));
+	/* Not "gmb", the socket's group: using the broker is not controlling others. */
+	cr_assert(eq(str, (char *)o.admin_group, "gmb-admin"));
 	cr_assert(eq(u32, o.control_timeout, 30));
 	cr_assert(eq(i32, o.log_level, LOG_LVL_INFO));
 }
@@ -193,7 +194,7 @@ Test(opts, help_lists_every_option_and_its_default)
 		"--host-memory=BYTES", "(default: 8GiB)", "--host-granularity=BYTES", "(default: 2MiB)",
 		"--max-chunk=BYTES", "(default: 1GiB)", "--pool-keep=BYTES|unlimited", "0: a pause gives memory to the driver",
 		"--budget=BYTES", "minus --reserve", "--reserve=BYTES", "2GiB on cuda, 0 on host",
-		"--admin-group=NAME", "(default: gmb)", "--control-timeout=SECONDS", "(default: 30)",
+		"--admin-group=NAME", "(default: gmb-admin)", "--control-timeout=SECONDS", "(default: 30)",
 		"--log-level=LEVEL", "(default: info)", "-h, --help", "-V, --version",
 	};
 	char *text = NULL;

@@ -105,10 +105,11 @@ static const struct opts_entry opts_table[] = {
 	  "memory of each device left out of the default\n"
 	  "budget (CUDA contexts, NCCL, other processes)",
 	  opts_set_reserve },
-	{ "admin-group", 0, "NAME", "gmb",
+	{ "admin-group", 0, "NAME", "gmb-admin",
 	  "members may pause/resume any client and trim\n"
 	  "the pools (root, gmbd's user and a client's\n"
-	  "own user always may); a group that does not\n"
+	  "own user always may); operators, not every\n"
+	  "user of the socket; a group that does not\n"
 	  "exist turns this off",
 	  opts_set_admin_group },
 	{ "control-timeout", 0, "SECONDS", "30",
@@ -407,7 +408,7 @@ static void opts_defaults(struct gmbd_opts *o)
 		.budget = 0,
 		.reserve = 0,
 		.reserve_set = false,
-		.admin_group = "gmb",
+		.admin_group = "gmb-admin",
 		.control_timeout = 30,
 		.log_level = LOG_LVL_INFO,
 		.fdstore_max = OPTS_FDSTORE_MAX,
