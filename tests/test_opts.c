@@ -57,6 +57,19 @@ Test(opts, defaults)
 	cr_assert(eq(str, (char *)o.admin_group, "gmb-admin"));
 	cr_assert(eq(u32, o.control_timeout, 30));
 	cr_assert(eq(i32, o.log_level, LOG_LVL_INFO));
+	/* Outside systemd: gmbd's user and group only, not every local user. */
+	cr_assert(eq(u32, o.socket_mode, 0660));
+	cr_assert(eq(ptr, (void *)o.socket_group, NULL));
+}
+
+Test(opts, socket_mode_and_group)
+{
+	cr_assert(eq(i32, parse("--socket-mode", "0600", "--socket-group", "users", NULL),
+		     OPTS_RUN), "%s", err);
+	cr_assert(eq(u32, o.socket_mode, 0600));
+	cr_assert(eq(str, (char *)o.socket_group, "users"));
+	cr_assert(eq(i32, parse("--socket-mode=666", NULL), OPTS_RUN), "%s", err);
+	cr_assert(eq(u32, o.socket_mode, 0666));
 }
 
 Test(opts, socket_default_follows_the_environment)
@@ -139,6 +152,9 @@ Test(opts, bad_values_name_the_option)
 		{ "--reserve", "-2G" },		 { "--control-timeout", "0" },
 		{ "--control-timeout", "86401" }, { "--log-level", "chatty" },
 		{ "--socket", "" },		 { "--admin-group", "" },
+		{ "--socket-mode", "0888" },	 { "--socket-mode", "01777" },
+		{ "--socket-mode", "0066" },	 { "--socket-mode", "" },
+		{ "--socket-mode", "-1" },	 { "--socket-group", "" },
 	};
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {

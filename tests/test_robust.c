@@ -8,12 +8,14 @@
 #include <criterion/new/assert.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -487,4 +489,49 @@ Test(robust, a_tool_holds_no_memory)
 	raw_connect(&j);
 	cr_assert(eq(i32, raw_hello(&j, "sly", 12345, true), -EPERM));
 	close(j.fd);
+}
+
+/* ---- who may connect at all ---- */
+
+static unsigned socket_mode_of(const char *path)
+{
+	struct stat st;
+	bool sock;
+
+	cr_assert(eq(i32, stat(path, &st), 0), "%s: %s", path, strerror(errno));
+	sock = S_ISSOCK(st.st_mode);
+	cr_assert(sock, "%s is not a socket", path);
+	return (unsigned)(st.st_mode & 07777);
+}
+
+Test(robust_socket, gmbd_s_own_socket_admits_its_user_and_group_only)
+{
+	static const char *const narrow[] = { "--socket-mode", "0600", NULL };
+	struct gmbd_proc d;
+	struct group *gr = getgrgid(getgid());
+	const char *group[] = { "--socket-group", gr ? gr->gr_name : "root", NULL };
+	struct stat st;
+
+	cr_assert(eq(i32, gmbd_start(&d, NULL), 0));
+	cr_assert(eq(u32, socket_mode_of(d.sock), 0660), "any local user could connect");
+	cr_assert(eq(i32, gmbd_stop(&d), 0));
+	cr_assert(eq(i32, gmbd_start(&d, narrow), 0));
+	cr_assert(eq(u32, socket_mode_of(d.sock), 0600));
+	cr_assert(eq(i32, gmbd_stop(&d), 0));
+	cr_assert(not(eq(ptr, gr, NULL)));
+	cr_assert(eq(i32, gmbd_start(&d, group), 0));
+	cr_assert(eq(i32, stat(d.sock, &st), 0));
+	cr_assert(eq(u32, (unsigned)st.st_gid, (unsigned)getgid()));
+	cr_assert(eq(i32, gmbd_stop(&d), 0));
+}
+
+Test(robust_socket, a_socket_group_that_cannot_be_set_stops_gmbd)
+{
+	static const char *const bad[] = { "--socket-group", "no-such-group-gmb", NULL };
+	struct gmbd_proc d;
+	struct stat st;
+
+	cr_assert(lt(i32, gmbd_start(&d, bad), 0), "gmbd served a socket of the wrong group");
+	cr_assert(not(eq(i32, gmbd_stop(&d), 0)));
+	cr_assert(lt(i32, stat(d.sock, &st), 0), "the socket was left behind");
 }

@@ -39,6 +39,10 @@ struct opts_entry {
 
 static int opts_set_socket(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 static int opts_set_backend(struct gmbd_opts *o, const char *name, const char *arg, char *err);
+static int opts_set_socket_mode(struct gmbd_opts *o, const char *name, const char *arg,
+				char *err);
+static int opts_set_socket_group(struct gmbd_opts *o, const char *name, const char *arg,
+				 char *err);
 static int opts_set_host_devices(struct gmbd_opts *o, const char *name, const char *arg,
 				 char *err);
 static int opts_set_host_memory(struct gmbd_opts *o, const char *name, const char *arg,
@@ -68,9 +72,20 @@ static int opts_set_version(struct gmbd_opts *o, const char *name, const char *a
 static const struct opts_entry opts_table[] = {
 	{ "socket", 0, "PATH", "$GMB_SOCKET or /run/gmbd/gmbd.sock",
 	  "listen on PATH, a Unix SOCK_SEQPACKET socket\n"
-	  "(mode 0666); missing directories are created\n"
-	  "(0755)",
+	  "(see socket-mode); missing directories are\n"
+	  "created (0755)",
 	  opts_set_socket },
+	{ "socket-mode", 0, "OCTAL", "0660",
+	  "permissions of the socket gmbd creates (not\n"
+	  "under socket activation): who may connect at\n"
+	  "all; 0666 lets any local user in",
+	  opts_set_socket_mode },
+	{ "socket-group", 0, "NAME", "gmbd's group",
+	  "group of the socket gmbd creates (not under\n"
+	  "socket activation): with socket-mode 0660, the\n"
+	  "users who may use the broker; gmbd does not\n"
+	  "start if it cannot set it",
+	  opts_set_socket_group },
 	{ "backend", 0, "auto|cuda|host", "auto",
 	  "where memory comes from: cuda (the CUDA\n"
 	  "driver), host (memfd host memory, for machines\n"
@@ -246,6 +261,32 @@ static int opts_set_socket(struct gmbd_opts *o, const char *name, const char *ar
 	return 0;
 }
 
+/* Octal permission bits only: no file type, no set-id or sticky bits. */
+static int opts_set_socket_mode(struct gmbd_opts *o, const char *name, const char *arg, char *err)
+{
+	char *end = NULL;
+	unsigned long v;
+
+	errno = 0;
+	v = strtoul(arg, &end, 8);
+	if (!arg[0] || *end || errno || v > 0777 || arg[0] == '-' || arg[0] == '+')
+		return opts_fail(err, "--%s: '%s' is not an octal mode from 0 to 0777", name, arg);
+	if (!(v & 0600))
+		return opts_fail(err, "--%s: %04lo lets not even gmbd's own user connect", name,
+				 v);
+	o->socket_mode = (unsigned)v;
+	return 0;
+}
+
+static int opts_set_socket_group(struct gmbd_opts *o, const char *name, const char *arg,
+				 char *err)
+{
+	if (!arg[0])
+		return opts_fail(err, "--%s: the group name is empty", name);
+	o->socket_group = arg;
+	return 0;
+}
+
 static int opts_set_backend(struct gmbd_opts *o, const char *name, const char *arg, char *err)
 {
 	if (strcmp(arg, "auto") != 0 && strcmp(arg, "cuda") != 0 && strcmp(arg, "host") != 0)
@@ -400,6 +441,7 @@ static void opts_defaults(struct gmbd_opts *o)
 	*o = (struct gmbd_opts){
 		.socket = wire_default_socket(),
 		.backend = "auto",
+		.socket_mode = 0660,
 		.host_devices = 1,
 		.host_memory = 8ULL << 30,
 		.host_granularity = 2ULL << 20,

@@ -28,6 +28,8 @@ enum opts_action {
 
 struct gmbd_opts {
 	const char *socket;         /* argv or wire_default_socket(); not owned */
+	unsigned socket_mode;       /* of the socket gmbd creates (not an activated one) */
+	const char *socket_group;   /* its group by name; NULL: gmbd's own */
 	const char *backend;        /* "auto", "cuda" or "host" */
 	int host_devices;
 	uint64_t host_memory;       /* bytes per simulated device */
