@@ -10,6 +10,7 @@
 #include <criterion/new/assert.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,7 @@
 #include "common/log.h"
 #include "common/wire.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/proc.h"
 #include "daemon/handlers/handlers.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/server.h"
@@ -998,4 +1000,44 @@ Test(handlers, inflight_limit_answers_eagain)
 		msg_free(&m);
 	}
 	close(t);
+}
+
+/* ---- a rejoin's credentials ---- */
+
+/* The record's gid and groups are the old process's: the new session's win. */
+Test(handlers, a_rejoin_takes_the_new_session_s_groups)
+{
+	static gid_t stale[] = { 4242, 4243 };
+	struct broker_peer peer = { .pid = getpid(), .uid = getuid(), .gid = 4242,
+				    .groups = stale, .ngroups = 2,
+				    .start_time = proc_start_time(getpid(), NULL) };
+	Gmb__Hello h = GMB__HELLO__INIT;
+	Gmb__RejoinRequest rj = GMB__REJOIN_REQUEST__INIT;
+	static gid_t now[NGROUPS_MAX];
+	int n = getgroups(NGROUPS_MAX, now), fd;
+	struct bclient *c;
+	struct msg m;
+	uint64_t id;
+
+	cr_assert(ge(i32, n, 0));
+	cr_assert(eq(i32, broker_restore_client(fx.br, &peer, 77, "back", true, &c), 0));
+	fd = fx_client();
+	h.version = GMB_PROTOCOL_VERSION;
+	h.name = "back";
+	h.control = true;
+	h.rejoin_id = 77;
+	id = send_req(fd, GMB__ENVELOPE__BODY_HELLO, &h);
+	recv_reply(fd, id, &m, NULL, NULL);
+	cr_assert(eq(i32, m.env->status, 0), "rejoin hello: %s", m.env->error);
+	msg_free(&m);
+	cr_assert(eq(u32, (unsigned)c->gid, (unsigned)getgid()), "the record's gid stayed");
+	cr_assert(eq(i32, c->ngroups, n), "the record's groups stayed");
+	for (int i = 0; i < c->ngroups; i++)
+		cr_assert(not(eq(u32, (unsigned)c->groups[i], 4243)));
+	rj.last = true;
+	id = send_req(fd, GMB__ENVELOPE__BODY_REJOIN, &rj);
+	recv_reply(fd, id, &m, NULL, NULL);
+	cr_assert(eq(i32, m.env->status, 0), "rejoin: %s", m.env->error);
+	msg_free(&m);
+	close(fd);
 }

@@ -197,6 +197,30 @@ void broker_client_remove(struct broker *br, struct bclient *c)
 	free(c);
 }
 
+/*
+ * The kernel's word on the process now: a rejoining client may have changed
+ * groups since the record was written, and the admin-group rule reads them.
+ * On -ENOMEM the old ones stay.
+ */
+int broker_client_set_creds(struct bclient *c, const struct broker_peer *peer)
+{
+	gid_t *groups = NULL;
+
+	if (peer->ngroups < 0 || (peer->ngroups && !peer->groups))
+		return -EINVAL;
+	if (peer->ngroups) {
+		groups = malloc((size_t)peer->ngroups * sizeof(*groups));
+		if (!groups)
+			return -ENOMEM;
+		memcpy(groups, peer->groups, (size_t)peer->ngroups * sizeof(*groups));
+	}
+	free(c->groups);
+	c->groups = groups;
+	c->ngroups = peer->ngroups;
+	c->gid = peer->gid;
+	return 0;
+}
+
 /* Decimal digits only, no sign, no overflow. */
 static bool broker_parse_u64(const char *s, uint64_t *v)
 {

@@ -171,6 +171,9 @@ static int handlers_rejoin_check_peer(struct hreq *rq, const struct bclient *c)
 
 static int handlers_rejoin_hello(struct hreq *rq, bool control)
 {
+	struct sess *s = rq->s;
+	struct broker_peer peer = { .pid = s->pid, .uid = s->uid, .gid = s->gid,
+				    .groups = s->groups, .ngroups = s->ngroups };
 	uint64_t id = rq->env->hello->rejoin_id;
 	struct bclient *c = broker_client_get(rq->h->broker, id);
 	struct hrejoin *r;
@@ -183,6 +186,8 @@ static int handlers_rejoin_hello(struct hreq *rq, bool control)
 	rc = handlers_rejoin_check_peer(rq, c);
 	if (rc < 0)
 		return rc;
+	if (broker_client_set_creds(c, &peer) < 0)
+		return handlers__fail(rq, -ENOMEM, "out of memory for a rejoin");
 	r = calloc(1, sizeof(*r));
 	if (!r || handlers__conn_bind(rq->h, rq->s, c) < 0) {
 		free(r);
