@@ -39,6 +39,12 @@ static uint64_t broker_budget(const struct backend *b, const struct broker_opts 
 	return total > o->reserve ? total - o->reserve : 1;
 }
 
+/* An orphan (restored, or its session ended while its process lives) has nobody to ask. */
+static bool broker_holder_away(const struct bclient *c)
+{
+	return c->orphan;
+}
+
 int broker_new(struct backend *b, const struct broker_opts *o, struct broker **out)
 {
 	struct broker *br;
@@ -66,6 +72,7 @@ int broker_new(struct backend *b, const struct broker_opts *o, struct broker **o
 		rc = pool_init(&br->pools[d], b, d, &cfg, &br->next_chunk_id);
 		if (rc < 0)
 			goto err_pools;
+		br->pools[d].holder_away = broker_holder_away;
 		br->ndevices++;
 	}
 	*out = br;
