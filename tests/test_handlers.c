@@ -1041,3 +1041,45 @@ Test(handlers, a_rejoin_takes_the_new_session_s_groups)
 	msg_free(&m);
 	close(fd);
 }
+
+/* ---- a remote pause that timed out ---- */
+
+/* The state status gives @fd's first client's first tag. */
+static void expect_first_tag_state(int fd, const char *want)
+{
+	const Gmb__StatusReply *sr;
+	struct msg m;
+
+	recv_reply(fd, send_req(fd, GMB__ENVELOPE__BODY_STATUS_REQ,
+				&(Gmb__StatusRequest)GMB__STATUS_REQUEST__INIT),
+		   &m, NULL, NULL);
+	sr = m.env->status_reply;
+	cr_assert(eq(sz, sr->n_clients, 1));
+	cr_assert(ge(sz, sr->clients[0]->n_tags, 1));
+	cr_assert(eq(str, sr->clients[0]->tags[0]->state, (char *)want));
+	msg_free(&m);
+}
+
+/* The command is with the client: the operator and status say it may still happen. */
+Test(handlers, a_timed_out_pause_is_shown_pausing_until_answered)
+{
+	int w = hello_client("worker", true, false), t = hello_client("ctl", false, true);
+	char err[ERR_MSG_MAX];
+	struct msg cmd;
+	uint64_t id;
+
+	alloc_ok(w, 2 * MiB, "kv");
+	fx.h.control_timeout_ms = 50;
+	id = send_control(t, "worker", GMB__OP__OP_PAUSE, "kv");
+	cr_assert(eq(i32, fx_recv(w, &cmd), 0));
+	cr_assert(eq(i32, status_only(t, id, err, sizeof(err)), -ETIMEDOUT));
+	cr_assert(not(eq(ptr, strstr(err, "may still carry it out"), NULL)), "%s", err);
+	cr_assert(not(eq(ptr, strstr(err, "\"pausing\""), NULL)), "%s", err);
+	expect_first_tag_state(t, "pausing");
+	send_reply(w, cmd.env->id, 0);
+	msg_free(&cmd);
+	fx_spin(); /* the late reply first: it is on another socket */
+	expect_first_tag_state(t, "active");
+	close(w);
+	close(t);
+}

@@ -91,6 +91,8 @@ struct hdreq {
 	struct hfwd *fwd;         /* CONTROL: NULL once the operator was answered */
 	struct hswitch_lane *lane; /* SWITCH: NULL once the switch gave up on it */
 	uint64_t for_client;      /* PREEMPT: the client it pauses for */
+	int op;                   /* CONTROL: what the client was told to do */
+	char *tag;                /* CONTROL: of which tag ("": every), owned */
 };
 
 /* A control request forwarded from an operator (actor) to a target. */
