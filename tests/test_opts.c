@@ -59,6 +59,9 @@ Test(opts, defaults)
 	cr_assert(eq(i32, o.log_level, LOG_LVL_INFO));
 	/* Outside systemd: gmbd's user and group only, not every local user. */
 	cr_assert(eq(u32, o.socket_mode, 0660));
+	/* A connection that never says hello, or a flood of them, is bounded. */
+	cr_assert(eq(u32, o.hello_timeout, 10));
+	cr_assert(eq(u32, o.max_conns_per_uid, 256));
 	cr_assert(eq(ptr, (void *)o.socket_group, NULL));
 }
 
@@ -155,6 +158,7 @@ Test(opts, bad_values_name_the_option)
 		{ "--socket-mode", "0888" },	 { "--socket-mode", "01777" },
 		{ "--socket-mode", "0066" },	 { "--socket-mode", "" },
 		{ "--socket-mode", "-1" },	 { "--socket-group", "" },
+		{ "--hello-timeout", "3601" },	 { "--max-connections-per-uid", "x" },
 	};
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {

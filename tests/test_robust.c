@@ -535,3 +535,56 @@ Test(robust_socket, a_socket_group_that_cannot_be_set_stops_gmbd)
 	cr_assert(not(eq(i32, gmbd_stop(&d), 0)));
 	cr_assert(lt(i32, stat(d.sock, &st), 0), "the socket was left behind");
 }
+
+/* ---- connections that say nothing, and floods of them ---- */
+
+static bool log_count_is(const char *needle, size_t want)
+{
+	char buf[65536];
+	FILE *f = fopen(gmbd.log, "r");
+	size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+
+	if (f)
+		fclose(f);
+	buf[n] = 0;
+	return count_of(buf, needle) == want;
+}
+
+Test(robust, a_connection_without_hello_is_closed_and_logged_once)
+{
+	static const char *const args[] = { "--hello-timeout", "1", NULL };
+	struct raw a, b, c;
+
+	start(args);
+	raw_connect(&a);
+	raw_connect(&b);
+	raw_connect(&c);
+	cr_assert(eq(i32, raw_hello(&c, "talks", 0, false), 0));
+	cr_assert(raw_closed(a.fd), "a silent connection was kept");
+	cr_assert(raw_closed(b.fd));
+	cr_assert(not(raw_closed(c.fd)), "a client that said hello was closed");
+	/* Two closed, one line (the second at debug, below the default level). */
+	cr_assert(log_count_is("no hello within 1 s", 1), "not logged exactly once");
+	close(a.fd);
+	close(b.fd);
+	close(c.fd);
+}
+
+Test(robust, one_uid_holds_at_most_its_connections)
+{
+	static const char *const args[] = { "--max-connections-per-uid", "3", NULL };
+	struct raw r[5];
+
+	start(args);
+	for (int i = 0; i < 3; i++) {
+		raw_connect(&r[i]);
+		cr_assert(eq(i32, raw_hello(&r[i], "many", 0, i == 2), 0));
+	}
+	raw_connect(&r[3]);
+	raw_connect(&r[4]);
+	cr_assert(raw_closed(r[3].fd), "a connection past the uid's limit was kept");
+	cr_assert(raw_closed(r[4].fd));
+	cr_assert(log_count_is("--max-connections-per-uid", 1), "not logged exactly once");
+	for (int i = 0; i < 5; i++)
+		close(r[i].fd);
+}

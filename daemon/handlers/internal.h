@@ -47,6 +47,12 @@ struct hconn {
 	struct hfwd *ctl_in;      /* the control request this client carries out */
 	struct hrejoin *rejoin;   /* between a rejoin hello and the end of its claim */
 	bool watching;		/* in handlers->watchers */
+	/* limits.c: on handlers->hconns from open to free. */
+	struct handlers *h;
+	struct sess *sess;        /* not a reference: the session owns this */
+	uid_t uid;
+	uint64_t opened_ms;       /* uv_now() at accept */
+	struct hconn *prev, *next;
 };
 
 static inline struct hconn *hconn_of(const struct sess *s)
@@ -221,5 +227,9 @@ int handlers__control_state(struct hreq *rq);
 int handlers__rejoin(struct hreq *rq);
 /* @s goes (or finished its claim): forget the claim, free the orphan. */
 void handlers__rejoin_gone(struct handlers *h, struct sess *s);
+
+/* limits.c */
+int handlers__limits_open(struct handlers *h, struct sess *s, struct hconn *hc);
+void handlers__limits_free(struct hconn *hc);
 
 #endif

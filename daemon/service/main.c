@@ -311,6 +311,8 @@ static int gmbd_serve(struct gmbd *g)
 			  (uint64_t)g->opts->control_timeout * 1000);
 	if (r < 0)
 		goto err_close_fd;
+	g->handlers.hello_timeout_ms = (uint64_t)g->opts->hello_timeout * 1000;
+	g->handlers.max_conns_per_uid = g->opts->max_conns_per_uid;
 	g->handlers.changed = gmbd_on_changed;
 	g->handlers.changed_arg = g;
 	metrics_init(&g->metrics, g->broker);

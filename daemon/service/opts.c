@@ -63,6 +63,9 @@ static int opts_set_fdstore_max(struct gmbd_opts *o, const char *name, const cha
 static int opts_set_rejoin_grace(struct gmbd_opts *o, const char *name, const char *arg,
 				 char *err);
 static int opts_set_config(struct gmbd_opts *o, const char *name, const char *arg, char *err);
+static int opts_set_hello_timeout(struct gmbd_opts *o, const char *name, const char *arg,
+				  char *err);
+static int opts_set_max_conns(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 static int opts_set_help(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 static int opts_set_host_outside(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 static int opts_set_metrics_listen(struct gmbd_opts *o, const char *name, const char *arg,
@@ -148,6 +151,14 @@ static const struct opts_entry opts_table[] = {
 	  "process is still alive has to reconnect\n"
 	  "before gmbd takes its memory back (0-86400)",
 	  opts_set_rejoin_grace },
+	{ "hello-timeout", 0, "SECONDS", "10",
+	  "close a connection that has not said hello\n"
+	  "after this long (0-3600; 0: never)",
+	  opts_set_hello_timeout },
+	{ "max-connections-per-uid", 0, "N", "256",
+	  "connections one uid may hold open at once;\n"
+	  "the next is closed at once (0: no limit)",
+	  opts_set_max_conns },
 	{ "config", 0, "PATH", OPTS_DEFAULT_CONFIG " if it exists",
 	  "read 'name = value' settings from PATH first,\n"
 	  "one per line, for any option above; the\n"
@@ -258,6 +269,27 @@ static int opts_set_socket(struct gmbd_opts *o, const char *name, const char *ar
 		return opts_fail(err, "--%s: the path is longer than %zu bytes", name,
 				 sizeof(sun.sun_path) - 1);
 	o->socket = arg;
+	return 0;
+}
+
+static int opts_set_hello_timeout(struct gmbd_opts *o, const char *name, const char *arg,
+				  char *err)
+{
+	unsigned long v;
+
+	if (opts_uint_arg(name, arg, 0, 3600, &v, err) < 0)
+		return -EINVAL;
+	o->hello_timeout = (unsigned)v;
+	return 0;
+}
+
+static int opts_set_max_conns(struct gmbd_opts *o, const char *name, const char *arg, char *err)
+{
+	unsigned long v;
+
+	if (opts_uint_arg(name, arg, 0, 1000000, &v, err) < 0)
+		return -EINVAL;
+	o->max_conns_per_uid = (unsigned)v;
 	return 0;
 }
 
@@ -455,6 +487,8 @@ static void opts_defaults(struct gmbd_opts *o)
 		.log_level = LOG_LVL_INFO,
 		.fdstore_max = OPTS_FDSTORE_MAX,
 		.rejoin_grace = 30,
+		.hello_timeout = 10,
+		.max_conns_per_uid = 256,
 	};
 }
 
