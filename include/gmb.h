@@ -141,7 +141,7 @@ GMB_API uint64_t gmb_client_id(const gmb_client *c);
  */
 GMB_API int gmb_status_json(gmb_client *c, char **json);
 
-enum { GMB_CONNECT_TOOL = 1 /* an operator tool: not listed in status */ };
+enum { GMB_CONNECT_TOOL = 1 /* an operator tool: not listed in status, holds no memory */ };
 
 /** gmb_connect_flags() - gmb_connect() with GMB_CONNECT_* @flags. */
 GMB_API int gmb_connect_flags(const char *socket_path, const char *client_name, unsigned flags,

@@ -886,3 +886,45 @@ Test(broker, preemption_picks_low_priority_opted_in_clients_that_cover_the_need)
 	cr_assert(eq(sz, broker_preempt_pick(br, &w, out, 8), 1));
 	cr_assert(eq(ptr, (void *)out[0], b));
 }
+
+/* Handles of a client without a session are not asked for: no wait for them. */
+Test(broker, memory_an_orphan_holds_is_refused_at_once_with_its_name)
+{
+	struct bclient *a, *c;
+	char err[ERR_MSG_MAX] = "";
+
+	open_broker(2 * GiB, UINT64_MAX);
+	a = client("trainer", 41, 1000);
+	c = client("other", 50, 2000);
+	alloc_ok(a, 0, 1 * GiB, "w", 1, 1);
+	pause_ok(a, "w");
+	broker_orphan(br, a);
+	cr_assert(eq(i32, alloc_rc(c, 0, 2 * GiB, "kv", err), -ENOMEM),
+		  "a request waited for a drop nobody can send: %s", err);
+	cr_assert(not(eq(ptr, strstr(err, "not connected"), NULL)), "%s", err);
+	cr_assert(not(eq(ptr, strstr(err, "trainer (pid 41, uid 1000) 1.0 GiB"), NULL)), "%s",
+		  err);
+	cr_assert(eq(u64, br->pools[0].pending_bytes, 0), "the orphan's chunk was marked");
+	check_broker();
+}
+
+/* The same when the holder went after its chunk was marked releasing. */
+Test(broker, a_wait_for_a_holder_that_went_ends_at_once)
+{
+	struct bclient *a, *c;
+	char err[ERR_MSG_MAX] = "";
+
+	open_broker(2 * GiB, UINT64_MAX);
+	a = client("trainer", 41, 1000);
+	c = client("other", 50, 2000);
+	alloc_ok(a, 0, 1 * GiB, "w", 1, 1);
+	pause_ok(a, "w");
+	cr_assert(eq(i32, alloc_rc(c, 0, 2 * GiB, "kv", err), -EAGAIN));
+	broker_orphan(br, a);
+	err[0] = 0;
+	cr_assert(eq(i32, alloc_rc(c, 0, 2 * GiB, "kv", err), -ENOMEM),
+		  "still waiting for an orphan's drop: %s", err);
+	cr_assert(not(eq(ptr, strstr(err, "trainer (pid 41, uid 1000) 1.0 GiB"), NULL)), "%s",
+		  err);
+	check_broker();
+}

@@ -171,7 +171,7 @@ Test(client_mem, a_drop_releases_regardless_of_refs_and_clears_last_lends)
 	import(2, 2 * MiB);
 	lend(a, ids, sizes, 2);
 	lend(b, ids, sizes, 2);
-	gmb__cache_drop(&mem, drop, 2, &rel);
+	cr_assert(eq(i32, gmb__cache_drop(&mem, drop, 2, &rel, err), 0));
 	cr_assert(not(cached(2)), "dropped although two allocations named it");
 	cr_assert(eq(sz, released(), 1), "the unknown id 99 is ignored");
 	cr_assert(eq(u64, a->chunk_ids[1], 0), "a's last lend no longer names chunk 2");
@@ -197,7 +197,7 @@ Test(client_mem, mapping_a_lend_with_a_dropped_chunk_fails)
 	lend(a, ids, sizes, 1);
 	cr_assert(eq(i32, gmb__lend_handles(&mem, a, h, err), 0));
 	cr_assert(eq(u64, h[0], 1001));
-	gmb__cache_drop(&mem, ids, 1, &rel);
+	cr_assert(eq(i32, gmb__cache_drop(&mem, ids, 1, &rel, err), 0));
 	cr_assert(eq(i32, gmb__lend_handles(&mem, a, h, err), -EPROTO));
 	cr_assert(ne(sz, strlen(err), 0));
 	alloc_free(a);

@@ -10,6 +10,7 @@
 #include <criterion/new/assert.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,7 @@
 #include "common/log.h"
 #include "common/wire.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/proc.h"
 #include "daemon/handlers/handlers.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/server.h"
@@ -997,5 +999,87 @@ Test(handlers, inflight_limit_answers_eagain)
 		cr_assert(eq(i32, m.env->status, -ECONNRESET));
 		msg_free(&m);
 	}
+	close(t);
+}
+
+/* ---- a rejoin's credentials ---- */
+
+/* The record's gid and groups are the old process's: the new session's win. */
+Test(handlers, a_rejoin_takes_the_new_session_s_groups)
+{
+	static gid_t stale[] = { 4242, 4243 };
+	struct broker_peer peer = { .pid = getpid(), .uid = getuid(), .gid = 4242,
+				    .groups = stale, .ngroups = 2,
+				    .start_time = proc_start_time(getpid(), NULL) };
+	Gmb__Hello h = GMB__HELLO__INIT;
+	Gmb__RejoinRequest rj = GMB__REJOIN_REQUEST__INIT;
+	static gid_t now[NGROUPS_MAX];
+	int n = getgroups(NGROUPS_MAX, now), fd;
+	struct bclient *c;
+	struct msg m;
+	uint64_t id;
+
+	cr_assert(ge(i32, n, 0));
+	cr_assert(eq(i32, broker_restore_client(fx.br, &peer, 77, "back", true, &c), 0));
+	fd = fx_client();
+	h.version = GMB_PROTOCOL_VERSION;
+	h.name = "back";
+	h.control = true;
+	h.rejoin_id = 77;
+	id = send_req(fd, GMB__ENVELOPE__BODY_HELLO, &h);
+	recv_reply(fd, id, &m, NULL, NULL);
+	cr_assert(eq(i32, m.env->status, 0), "rejoin hello: %s", m.env->error);
+	msg_free(&m);
+	cr_assert(eq(u32, (unsigned)c->gid, (unsigned)getgid()), "the record's gid stayed");
+	cr_assert(eq(i32, c->ngroups, n), "the record's groups stayed");
+	for (int i = 0; i < c->ngroups; i++)
+		cr_assert(not(eq(u32, (unsigned)c->groups[i], 4243)));
+	rj.last = true;
+	id = send_req(fd, GMB__ENVELOPE__BODY_REJOIN, &rj);
+	recv_reply(fd, id, &m, NULL, NULL);
+	cr_assert(eq(i32, m.env->status, 0), "rejoin: %s", m.env->error);
+	msg_free(&m);
+	close(fd);
+}
+
+/* ---- a remote pause that timed out ---- */
+
+/* The state status gives @fd's first client's first tag. */
+static void expect_first_tag_state(int fd, const char *want)
+{
+	const Gmb__StatusReply *sr;
+	struct msg m;
+
+	recv_reply(fd, send_req(fd, GMB__ENVELOPE__BODY_STATUS_REQ,
+				&(Gmb__StatusRequest)GMB__STATUS_REQUEST__INIT),
+		   &m, NULL, NULL);
+	sr = m.env->status_reply;
+	cr_assert(eq(sz, sr->n_clients, 1));
+	cr_assert(ge(sz, sr->clients[0]->n_tags, 1));
+	cr_assert(eq(str, sr->clients[0]->tags[0]->state, (char *)want));
+	msg_free(&m);
+}
+
+/* The command is with the client: the operator and status say it may still happen. */
+Test(handlers, a_timed_out_pause_is_shown_pausing_until_answered)
+{
+	int w = hello_client("worker", true, false), t = hello_client("ctl", false, true);
+	char err[ERR_MSG_MAX];
+	struct msg cmd;
+	uint64_t id;
+
+	alloc_ok(w, 2 * MiB, "kv");
+	fx.h.control_timeout_ms = 50;
+	id = send_control(t, "worker", GMB__OP__OP_PAUSE, "kv");
+	cr_assert(eq(i32, fx_recv(w, &cmd), 0));
+	cr_assert(eq(i32, status_only(t, id, err, sizeof(err)), -ETIMEDOUT));
+	cr_assert(not(eq(ptr, strstr(err, "may still carry it out"), NULL)), "%s", err);
+	cr_assert(not(eq(ptr, strstr(err, "\"pausing\""), NULL)), "%s", err);
+	expect_first_tag_state(t, "pausing");
+	send_reply(w, cmd.env->id, 0);
+	msg_free(&cmd);
+	fx_spin(); /* the late reply first: it is on another socket */
+	expect_first_tag_state(t, "active");
+	close(w);
 	close(t);
 }

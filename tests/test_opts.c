@@ -53,9 +53,26 @@ Test(opts, defaults)
 	cr_assert(eq(u64, o.pool_keep, 0), "a pause gives memory to the driver by default");
 	cr_assert(eq(u64, o.budget, 0));
 	cr_assert(not(o.reserve_set));
-	cr_assert(eq(str, (char *)o.admin_group, "gmb"));
+	/* Not "gmb", the socket's group: using the broker is not controlling others. */
+	cr_assert(eq(str, (char *)o.admin_group, "gmb-admin"));
 	cr_assert(eq(u32, o.control_timeout, 30));
 	cr_assert(eq(i32, o.log_level, LOG_LVL_INFO));
+	/* Outside systemd: gmbd's user and group only, not every local user. */
+	cr_assert(eq(u32, o.socket_mode, 0660));
+	/* A connection that never says hello, or a flood of them, is bounded. */
+	cr_assert(eq(u32, o.hello_timeout, 10));
+	cr_assert(eq(u32, o.max_conns_per_uid, 256));
+	cr_assert(eq(ptr, (void *)o.socket_group, NULL));
+}
+
+Test(opts, socket_mode_and_group)
+{
+	cr_assert(eq(i32, parse("--socket-mode", "0600", "--socket-group", "users", NULL),
+		     OPTS_RUN), "%s", err);
+	cr_assert(eq(u32, o.socket_mode, 0600));
+	cr_assert(eq(str, (char *)o.socket_group, "users"));
+	cr_assert(eq(i32, parse("--socket-mode=666", NULL), OPTS_RUN), "%s", err);
+	cr_assert(eq(u32, o.socket_mode, 0666));
 }
 
 Test(opts, socket_default_follows_the_environment)
@@ -138,6 +155,10 @@ Test(opts, bad_values_name_the_option)
 		{ "--reserve", "-2G" },		 { "--control-timeout", "0" },
 		{ "--control-timeout", "86401" }, { "--log-level", "chatty" },
 		{ "--socket", "" },		 { "--admin-group", "" },
+		{ "--socket-mode", "0888" },	 { "--socket-mode", "01777" },
+		{ "--socket-mode", "0066" },	 { "--socket-mode", "" },
+		{ "--socket-mode", "-1" },	 { "--socket-group", "" },
+		{ "--hello-timeout", "3601" },	 { "--max-connections-per-uid", "x" },
 	};
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -193,7 +214,7 @@ Test(opts, help_lists_every_option_and_its_default)
 		"--host-memory=BYTES", "(default: 8GiB)", "--host-granularity=BYTES", "(default: 2MiB)",
 		"--max-chunk=BYTES", "(default: 1GiB)", "--pool-keep=BYTES|unlimited", "0: a pause gives memory to the driver",
 		"--budget=BYTES", "minus --reserve", "--reserve=BYTES", "2GiB on cuda, 0 on host",
-		"--admin-group=NAME", "(default: gmb)", "--control-timeout=SECONDS", "(default: 30)",
+		"--admin-group=NAME", "(default: gmb-admin)", "--control-timeout=SECONDS", "(default: 30)",
 		"--log-level=LEVEL", "(default: info)", "-h, --help", "-V, --version",
 	};
 	char *text = NULL;

@@ -530,4 +530,22 @@ Test(state, a_paused_tag_lends_nothing_and_a_tag_comes_back_once)
 	}
 	free(buf);
 	gmb__state__free_unpacked(rec, NULL);
+
+/* A record keeps every supplementary group (the admin-group rule reads them). */
+Test(state, a_client_s_groups_come_back_all)
+{
+	static gid_t groups[100];
+	struct broker_peer peer = { .pid = 4321, .uid = getuid(), .gid = getgid(),
+				    .groups = groups, .ngroups = 100, .start_time = 42 };
+	struct state_stats st;
+	struct bclient *c, *back;
+
+	for (int i = 0; i < 100; i++)
+		groups[i] = (gid_t)(5000 + i);
+	cr_assert(eq(i32, broker_client_add(fx.br, &peer, "many-groups", true, false, &c), 0));
+	fx.br2 = restore(fx.br, &st);
+	back = client_by_id(fx.br2, c->id);
+	cr_assert(not(eq(ptr, back, NULL)));
+	cr_assert(eq(i32, back->ngroups, 100), "groups were cut on restore");
+	cr_assert(eq(u32, (unsigned)back->groups[99], 5099));
 }

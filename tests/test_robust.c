@@ -8,12 +8,14 @@
 #include <criterion/new/assert.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -445,4 +447,144 @@ Test(robust, status_lists_a_client_larger_than_a_packet)
 	gmb_close(c);
 	free(out);
 	free(err);
+}
+
+/* ---- a client that says it is a tool ---- */
+
+static int raw_resume(struct raw *r, const char *tag, struct raw_reply *rep)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__ResumeRequest q = GMB__RESUME_REQUEST__INIT;
+
+	q.tag = (char *)tag;
+	env.body_case = GMB__ENVELOPE__BODY_RESUME;
+	env.resume = &q;
+	return raw_request(r, &env, rep);
+}
+
+static bool reply_says(const struct raw_reply *rep, const char *needle)
+{
+	return rep->last && rep->last->error && strstr(rep->last->error, needle);
+}
+
+Test(robust, a_tool_holds_no_memory)
+{
+	struct raw t, j;
+	struct raw_reply rep;
+
+	start(NULL);
+	raw_connect(&t);
+	cr_assert(eq(i32, raw_hello(&t, "sly", 0, true), 0));
+	cr_assert(eq(i32, raw_alloc(&t, 2 * MiB, "hidden", &rep), -EPERM),
+		  "a tool (invisible in status, never paused, not recorded) got memory");
+	cr_assert(eq(sz, rep.fds, 0));
+	cr_assert(reply_says(&rep, "a tool may not allocate"), "%s",
+		  rep.last && rep.last->error ? rep.last->error : "(no error)");
+	raw_reply_free(&rep);
+	cr_assert(eq(i32, raw_resume(&t, "", &rep), -EPERM));
+	cr_assert(reply_says(&rep, "a tool may not resume"));
+	raw_reply_free(&rep);
+	close(t.fd);
+	/* Nor can it claim memory back after a restart as a tool. */
+	raw_connect(&j);
+	cr_assert(eq(i32, raw_hello(&j, "sly", 12345, true), -EPERM));
+	close(j.fd);
+}
+
+/* ---- who may connect at all ---- */
+
+static unsigned socket_mode_of(const char *path)
+{
+	struct stat st;
+	bool sock;
+
+	cr_assert(eq(i32, stat(path, &st), 0), "%s: %s", path, strerror(errno));
+	sock = S_ISSOCK(st.st_mode);
+	cr_assert(sock, "%s is not a socket", path);
+	return (unsigned)(st.st_mode & 07777);
+}
+
+Test(robust_socket, gmbd_s_own_socket_admits_its_user_and_group_only)
+{
+	static const char *const narrow[] = { "--socket-mode", "0600", NULL };
+	struct gmbd_proc d;
+	struct group *gr = getgrgid(getgid());
+	const char *group[] = { "--socket-group", gr ? gr->gr_name : "root", NULL };
+	struct stat st;
+
+	cr_assert(eq(i32, gmbd_start(&d, NULL), 0));
+	cr_assert(eq(u32, socket_mode_of(d.sock), 0660), "any local user could connect");
+	cr_assert(eq(i32, gmbd_stop(&d), 0));
+	cr_assert(eq(i32, gmbd_start(&d, narrow), 0));
+	cr_assert(eq(u32, socket_mode_of(d.sock), 0600));
+	cr_assert(eq(i32, gmbd_stop(&d), 0));
+	cr_assert(not(eq(ptr, gr, NULL)));
+	cr_assert(eq(i32, gmbd_start(&d, group), 0));
+	cr_assert(eq(i32, stat(d.sock, &st), 0));
+	cr_assert(eq(u32, (unsigned)st.st_gid, (unsigned)getgid()));
+	cr_assert(eq(i32, gmbd_stop(&d), 0));
+}
+
+Test(robust_socket, a_socket_group_that_cannot_be_set_stops_gmbd)
+{
+	static const char *const bad[] = { "--socket-group", "no-such-group-gmb", NULL };
+	struct gmbd_proc d;
+	struct stat st;
+
+	cr_assert(lt(i32, gmbd_start(&d, bad), 0), "gmbd served a socket of the wrong group");
+	cr_assert(not(eq(i32, gmbd_stop(&d), 0)));
+	cr_assert(lt(i32, stat(d.sock, &st), 0), "the socket was left behind");
+}
+
+/* ---- connections that say nothing, and floods of them ---- */
+
+static bool log_count_is(const char *needle, size_t want)
+{
+	char buf[65536];
+	FILE *f = fopen(gmbd.log, "r");
+	size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+
+	if (f)
+		fclose(f);
+	buf[n] = 0;
+	return count_of(buf, needle) == want;
+}
+
+Test(robust, a_connection_without_hello_is_closed_and_logged_once)
+{
+	static const char *const args[] = { "--hello-timeout", "1", NULL };
+	struct raw a, b, c;
+
+	start(args);
+	raw_connect(&a);
+	raw_connect(&b);
+	raw_connect(&c);
+	cr_assert(eq(i32, raw_hello(&c, "talks", 0, false), 0));
+	cr_assert(raw_closed(a.fd), "a silent connection was kept");
+	cr_assert(raw_closed(b.fd));
+	cr_assert(not(raw_closed(c.fd)), "a client that said hello was closed");
+	/* Two closed, one line (the second at debug, below the default level). */
+	cr_assert(log_count_is("no hello within 1 s", 1), "not logged exactly once");
+	close(a.fd);
+	close(b.fd);
+	close(c.fd);
+}
+
+Test(robust, one_uid_holds_at_most_its_connections)
+{
+	static const char *const args[] = { "--max-connections-per-uid", "3", NULL };
+	struct raw r[5];
+
+	start(args);
+	for (int i = 0; i < 3; i++) {
+		raw_connect(&r[i]);
+		cr_assert(eq(i32, raw_hello(&r[i], "many", 0, i == 2), 0));
+	}
+	raw_connect(&r[3]);
+	raw_connect(&r[4]);
+	cr_assert(raw_closed(r[3].fd), "a connection past the uid's limit was kept");
+	cr_assert(raw_closed(r[4].fd));
+	cr_assert(log_count_is("--max-connections-per-uid", 1), "not logged exactly once");
+	for (int i = 0; i < 5; i++)
+		close(r[i].fd);
 }

@@ -39,6 +39,12 @@ static uint64_t broker_budget(const struct backend *b, const struct broker_opts 
 	return total > o->reserve ? total - o->reserve : 1;
 }
 
+/* An orphan (restored, or its session ended while its process lives) has nobody to ask. */
+static bool broker_holder_away(const struct bclient *c)
+{
+	return c->orphan;
+}
+
 int broker_new(struct backend *b, const struct broker_opts *o, struct broker **out)
 {
 	struct broker *br;
@@ -66,6 +72,7 @@ int broker_new(struct backend *b, const struct broker_opts *o, struct broker **o
 		rc = pool_init(&br->pools[d], b, d, &cfg, &br->next_chunk_id);
 		if (rc < 0)
 			goto err_pools;
+		br->pools[d].holder_away = broker_holder_away;
 		br->ndevices++;
 	}
 	*out = br;
@@ -195,6 +202,30 @@ void broker_client_remove(struct broker *br, struct bclient *c)
 	free(c->drops);
 	free(c->groups);
 	free(c);
+}
+
+/*
+ * The kernel's word on the process now: a rejoining client may have changed
+ * groups since the record was written, and the admin-group rule reads them.
+ * On -ENOMEM the old ones stay.
+ */
+int broker_client_set_creds(struct bclient *c, const struct broker_peer *peer)
+{
+	gid_t *groups = NULL;
+
+	if (peer->ngroups < 0 || (peer->ngroups && !peer->groups))
+		return -EINVAL;
+	if (peer->ngroups) {
+		groups = malloc((size_t)peer->ngroups * sizeof(*groups));
+		if (!groups)
+			return -ENOMEM;
+		memcpy(groups, peer->groups, (size_t)peer->ngroups * sizeof(*groups));
+	}
+	free(c->groups);
+	c->groups = groups;
+	c->ngroups = peer->ngroups;
+	c->gid = peer->gid;
+	return 0;
 }
 
 /* Decimal digits only, no sign, no overflow. */

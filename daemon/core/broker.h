@@ -238,6 +238,8 @@ struct broker_rejoin_result {
 /* A client with its old @id, as an orphan; @name copied. */
 int broker_restore_client(struct broker *br, const struct broker_peer *peer, uint64_t id,
 			  const char *name, bool control, struct bclient **out);
+/* @c's gid and supplementary groups become @peer's (a rejoin's new session). -ENOMEM. */
+int broker_client_set_creds(struct bclient *c, const struct broker_peer *peer);
 /* Tag @name of restored @c, as it was; *@out stays @c's. -EINVAL, -ENOSPC,
  * -EEXIST (the record named it before). */
 int broker_restore_tag(struct bclient *c, const char *name, int mode, bool paused,

@@ -65,6 +65,38 @@ static void lend_msg_holders(const struct broker *br, int dev, char *err)
 				size_str(p->pending_bytes, b));
 }
 
+/* Bytes of @dev's free and releasing chunks that @c holds handles to. */
+static uint64_t lend_held_bytes(const struct pool *p, const struct bclient *c)
+{
+	const struct chunk *lists[2] = { p->free_head, p->pending_head };
+	uint64_t n = 0;
+
+	for (int l = 0; l < 2; l++)
+		for (const struct chunk *ch = lists[l]; ch; ch = ch->next)
+			for (uint32_t i = 0; i < ch->nholders; i++)
+				if (ch->holders[i].client == c)
+					n += ch->size;
+	return n;
+}
+
+/* Memory that waits on clients without a session: not worth a wait, but worth a name. */
+static void lend_msg_away(const struct broker *br, int dev, char *err)
+{
+	const char *sep = "; held by clients not connected (theirs until they rejoin or are"
+			  " gone): ";
+	char b[SIZE_STR_MAX];
+
+	for (const struct bclient *c = br->clients; c; c = c->next) {
+		uint64_t n = c->orphan ? lend_held_bytes(&br->pools[dev], c) : 0;
+
+		if (n == 0)
+			continue;
+		err_append(err, "%s%s (pid %d, uid %u) %s", sep, c->name, (int)c->pid,
+				(unsigned)c->uid, size_str(n, b));
+		sep = ", ";
+	}
+}
+
 void broker__take_error(const struct broker *br, int dev, int rc, const struct pool_take *t,
 			char *err)
 {
@@ -76,6 +108,7 @@ void broker__take_error(const struct broker *br, int dev, int rc, const struct p
 				size_str(p->budget, b1),
 				size_str(t->shortfall, b2));
 		lend_msg_holders(br, dev, err);
+		lend_msg_away(br, dev, err);
 	} else if (rc == -ENOMEM) {
 		/* The driver (or malloc) said no before the budget did. */
 		err_append(err, "device %d: out of memory creating chunks", dev);

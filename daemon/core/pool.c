@@ -271,14 +271,38 @@ static int pool_take_free(struct pool *p, const struct pool_take *t, struct pool
 	return 0;
 }
 
+/*
+ * Whether a holder of @c cannot be asked to drop it (an orphan, a client
+ * still rejoining): waiting for that drop would wait for nothing, so such
+ * a chunk counts as neither releasable nor pending.
+ */
+static bool pool_stuck(const struct pool *p, const struct chunk *c)
+{
+	for (uint32_t i = 0; p->holder_away && i < c->nholders; i++)
+		if (p->holder_away(c->holders[i].client))
+			return true;
+	return false;
+}
+
 /* Free bytes @handover may release, with no holder (@idle) and with holders (@held). */
 static void pool_free_split(const struct pool *p, uint64_t handover, uint64_t *idle,
 			    uint64_t *held)
 {
 	*idle = *held = 0;
 	for (const struct chunk *c = p->free_head; c; c = c->next)
-		if (pool_usable(c, handover))
+		if (pool_usable(c, handover) && !(c->nholders && pool_stuck(p, c)))
 			*(c->nholders ? held : idle) += c->size;
+}
+
+/* Releasing bytes whose holders can all be asked to drop. */
+static uint64_t pool_pending_live(const struct pool *p)
+{
+	uint64_t n = 0;
+
+	for (const struct chunk *c = p->pending_head; c; c = c->next)
+		if (!pool_stuck(p, c))
+			n += c->size;
+	return n;
 }
 
 /* Can @rest fresh bytes fit, releasing idle chunks if need be? */
@@ -302,7 +326,8 @@ static void pool_free_some(struct pool *p, uint64_t need, bool held, uint64_t ha
 
 	for (c = p->free_head; c && done < need; c = next) {
 		next = c->next;
-		if ((c->nholders > 0) != held || !pool_usable(c, handover))
+		if ((c->nholders > 0) != held || !pool_usable(c, handover) ||
+		    (held && pool_stuck(p, c)))
 			continue;
 		done += c->size;
 		pool_mark_releasing(p, c);
@@ -318,7 +343,7 @@ static void pool_free_some(struct pool *p, uint64_t need, bool held, uint64_t ha
 static int pool_make_room(struct pool *p, uint64_t rest, struct pool_take *t)
 {
 	uint64_t room = p->budget > p->held_bytes ? p->budget - p->held_bytes : 0;
-	uint64_t shortage, idle, held;
+	uint64_t shortage, idle, held, pending;
 
 	if (rest <= room)
 		return 0;
@@ -328,13 +353,14 @@ static int pool_make_room(struct pool *p, uint64_t rest, struct pool_take *t)
 		pool_free_some(p, shortage, false, t->handover);
 		return 0;
 	}
-	if (idle + p->pending_bytes + held >= shortage) {
-		if (idle + p->pending_bytes < shortage)
-			pool_free_some(p, shortage - idle - p->pending_bytes, true, t->handover);
+	pending = pool_pending_live(p);
+	if (idle + pending + held >= shortage) {
+		if (idle + pending < shortage)
+			pool_free_some(p, shortage - idle - pending, true, t->handover);
 		t->shortfall = shortage;
 		return -EAGAIN;
 	}
-	t->shortfall = shortage - idle - p->pending_bytes - held;
+	t->shortfall = shortage - idle - pending - held;
 	return -ENOMEM;
 }
 

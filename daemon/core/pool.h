@@ -95,6 +95,8 @@ struct pool {
 	uint64_t pending_bytes;
 	struct idmap *registry;   /* not owned; NULL: none */
 	const struct pool_hooks *hooks; /* not owned; NULL: none */
+	/* A holder that cannot be asked to drop now (no live session); NULL: none. */
+	bool (*holder_away)(const struct bclient *c);
 	/* Since start, for status: what went to and came from the backend, and
 	 * what switches lent straight from one client to the next. */
 	uint64_t chunks_created, chunks_released, chunks_handed_over;

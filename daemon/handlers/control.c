@@ -134,7 +134,14 @@ static int handlers_ctl_forward(struct hreq *rq, struct bclient *target)
 	r = handlers__dreq_add(ts, d, &id);
 	if (r < 0)
 		goto err_free;
-	*d = (struct hdreq){ .kind = HDREQ_CONTROL, .fwd = f };
+	/* What status shows as "pausing"/"resuming" until the target answers. */
+	*d = (struct hdreq){ .kind = HDREQ_CONTROL, .fwd = f, .op = m->op,
+			     .tag = strdup(m->tag ? m->tag : "") };
+	if (!d->tag) {
+		idmap_del(&hconn_of(ts)->dreqs, id);
+		r = -ENOMEM;
+		goto err_free;
+	}
 	*f = (struct hfwd){ .h = rq->h, .actor = sess_ref(rq->s), .actor_req = rq->env->id,
 			    .target = ts, .dreq = d, .op = m->op, .start_ns = rq->start_ns };
 	snprintf(f->tag, sizeof(f->tag), "%s", m->tag ? m->tag : "");
@@ -195,10 +202,13 @@ static void handlers_on_fwd_timer(uv_timer_t *timer)
 	struct hfwd *f = timer->data;
 	char t[WIRE_MAX_NAME + 8];
 
-	handlers_fwd_done(f, -ETIMEDOUT, "client '%s' did not %s %s within %g s",
-			  f->target_name, handlers_op_verb(f->op),
+	/* The command cannot be taken back: say that it may still be carried out. */
+	handlers_fwd_done(f, -ETIMEDOUT, "client '%s' did not %s %s within %g s; it has the"
+			  " command and may still carry it out (gmbctl status shows \"%s\" until"
+			  " it answers)", f->target_name, handlers_op_verb(f->op),
 			  handlers_tag_text(f->tag, t, sizeof(t)),
-			  (double)f->h->control_timeout_ms / 1000);
+			  (double)f->h->control_timeout_ms / 1000,
+			  f->op == GMB__OP__OP_PAUSE ? "pausing" : "resuming");
 }
 
 /* Answers the operator once (if still connected) and lets the forward go;

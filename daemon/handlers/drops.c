@@ -36,6 +36,7 @@ void handlers__dreq_free(struct hdreq *d)
 	if (!d)
 		return;
 	free(d->ids);
+	free(d->tag);
 	free(d);
 }
 

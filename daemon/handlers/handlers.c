@@ -103,6 +103,8 @@ int handlers_init(struct handlers *h, uv_loop_t *loop, struct broker *br,
 	/* Cannot fail once the first one did not. */
 	uv_timer_init(loop, &h->orphan_timer);
 	h->orphan_timer.data = h;
+	uv_timer_init(loop, &h->hello_timer);
+	h->hello_timer.data = h;
 	return 0;
 }
 
@@ -117,6 +119,8 @@ void handlers_close(struct handlers *h)
 		handlers__watch_gone(h, h->watchers[h->nwatchers - 1]);
 	uv_close((uv_handle_t *)&h->park_timer, NULL);
 	uv_close((uv_handle_t *)&h->orphan_timer, NULL);
+	uv_close((uv_handle_t *)&h->hello_timer, NULL);
+	idmap_deinit(&h->uid_conns);
 }
 
 static const char *handlers_body_name(int body_case)
@@ -243,10 +247,15 @@ static void handlers_daemon_reply(struct hreq *rq)
 static int handlers_open(void *arg, struct sess *s, void **data)
 {
 	struct hconn *hc = calloc(1, sizeof(*hc));
+	int r;
 
 	if (!hc)
 		return -ENOMEM;
-	*hc = (struct hconn){ .dreqs = IDMAP_INIT };
+	r = handlers__limits_open(arg, s, hc);
+	if (r < 0) {
+		free(hc);
+		return r;
+	}
 	*data = hc;
 	return 0;
 }
@@ -255,6 +264,7 @@ static void handlers_free_data(void *data)
 {
 	struct hconn *hc = data;
 
+	handlers__limits_free(hc);
 	idmap_deinit(&hc->dreqs);
 	free(hc);
 }

@@ -70,6 +70,13 @@ struct handlers {
 	size_t nwatchers, cap_watchers;
 	uv_timer_t orphan_timer;
 	uint64_t orphan_grace_ms;
+	/* limits.c: 0 turns either off; set after handlers_init(). */
+	uint64_t hello_timeout_ms;
+	uint32_t max_conns_per_uid;
+	struct idmap uid_conns;         /* uid + 1 -> connections open */
+	struct hconn *hconns;           /* every connection, newest first */
+	uv_timer_t hello_timer;
+	bool hello_logged, limit_logged;
 	bool retrying;                  /* guards against nested retries */
 	bool closed;
 	bool handover;                  /* stopping, the clients' state kept for the next

@@ -100,6 +100,10 @@ int handlers__hello(struct hreq *rq)
 		r = handlers__check_name(rq, "the group", m->group ? m->group : "");
 	if (r < 0)
 		return r;
+	/* A tool holds no memory (memory.c), so it has none to claim back. */
+	if (m->rejoin_id && m->tool)
+		return handlers__fail(rq, -EPERM, "a tool may not rejoin: it holds no memory to"
+				      " claim back");
 	if (m->rejoin_id)
 		return handlers_rejoin_hello(rq, m->control);
 	if (given[0])
@@ -167,6 +171,9 @@ static int handlers_rejoin_check_peer(struct hreq *rq, const struct bclient *c)
 
 static int handlers_rejoin_hello(struct hreq *rq, bool control)
 {
+	struct sess *s = rq->s;
+	struct broker_peer peer = { .pid = s->pid, .uid = s->uid, .gid = s->gid,
+				    .groups = s->groups, .ngroups = s->ngroups };
 	uint64_t id = rq->env->hello->rejoin_id;
 	struct bclient *c = broker_client_get(rq->h->broker, id);
 	struct hrejoin *r;
@@ -179,6 +186,8 @@ static int handlers_rejoin_hello(struct hreq *rq, bool control)
 	rc = handlers_rejoin_check_peer(rq, c);
 	if (rc < 0)
 		return rc;
+	if (broker_client_set_creds(c, &peer) < 0)
+		return handlers__fail(rq, -ENOMEM, "out of memory for a rejoin");
 	r = calloc(1, sizeof(*r));
 	if (!r || handlers__conn_bind(rq->h, rq->s, c) < 0) {
 		free(r);

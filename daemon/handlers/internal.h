@@ -47,6 +47,12 @@ struct hconn {
 	struct hfwd *ctl_in;      /* the control request this client carries out */
 	struct hrejoin *rejoin;   /* between a rejoin hello and the end of its claim */
 	bool watching;		/* in handlers->watchers */
+	/* limits.c: on handlers->hconns from open to free. */
+	struct handlers *h;
+	struct sess *sess;        /* not a reference: the session owns this */
+	uid_t uid;
+	uint64_t opened_ms;       /* uv_now() at accept */
+	struct hconn *prev, *next;
 };
 
 static inline struct hconn *hconn_of(const struct sess *s)
@@ -91,6 +97,8 @@ struct hdreq {
 	struct hfwd *fwd;         /* CONTROL: NULL once the operator was answered */
 	struct hswitch_lane *lane; /* SWITCH: NULL once the switch gave up on it */
 	uint64_t for_client;      /* PREEMPT: the client it pauses for */
+	int op;                   /* CONTROL: what the client was told to do */
+	char *tag;                /* CONTROL: of which tag ("": every), owned */
 };
 
 /* A control request forwarded from an operator (actor) to a target. */
@@ -219,5 +227,9 @@ int handlers__control_state(struct hreq *rq);
 int handlers__rejoin(struct hreq *rq);
 /* @s goes (or finished its claim): forget the claim, free the orphan. */
 void handlers__rejoin_gone(struct handlers *h, struct sess *s);
+
+/* limits.c */
+int handlers__limits_open(struct handlers *h, struct sess *s, struct hconn *hc);
+void handlers__limits_free(struct hconn *hc);
 
 #endif

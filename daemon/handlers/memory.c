@@ -65,6 +65,19 @@ static size_t handlers_lend_pieces(uint32_t n)
 	return n ? (n + HANDLERS_LEND_PIECE - 1) / HANDLERS_LEND_PIECE : 1;
 }
 
+/*
+ * A tool (hello.tool) is not listed in status, cannot be paused and is not in
+ * the restart record: memory it held would be nobody's after a restart and
+ * could be lent again while still mapped. So tools hold none.
+ */
+static int handlers_not_tool(struct hreq *rq, const char *what)
+{
+	if (!hconn_of(rq->s)->client->tool)
+		return 0;
+	return handlers__fail(rq, -EPERM, "a tool may not %s: connect without the tool flag"
+			      " to hold memory", what);
+}
+
 int handlers__alloc(struct hreq *rq)
 {
 	const Gmb__AllocRequest *m = rq->env->alloc;
@@ -75,6 +88,8 @@ int handlers__alloc(struct hreq *rq)
 	int r;
 
 	r = handlers__check_name(rq, "the tag", tag);
+	if (r == 0)
+		r = handlers_not_tool(rq, "allocate");
 	if (r < 0)
 		return r;
 	/* The core takes an int: a huge uint32 must not wrap to a valid one. */
@@ -183,6 +198,8 @@ int handlers__resume(struct hreq *rq)
 	int r;
 
 	r = handlers__check_name(rq, "the tag", tag);
+	if (r == 0)
+		r = handlers_not_tool(rq, "resume memory");
 	if (r < 0)
 		return r;
 	r = broker_resume(rq->h->broker, hconn_of(rq->s)->client, tag, &res, rq->err);

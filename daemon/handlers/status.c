@@ -35,6 +35,7 @@ struct hstatus {
 	size_t nrows;
 	Gmb__WaiterInfo *wi, **pwi;
 	size_t nwaiters;
+	const struct handlers *h;
 };
 
 /* One tag's allocations per device. */
@@ -56,7 +57,7 @@ static void handlers_status_free(struct hstatus *st);
 
 int handlers__status(struct hreq *rq)
 {
-	struct hstatus st = { 0 };
+	struct hstatus st = { .h = rq->h };
 	int r;
 
 	r = handlers_status_build(rq->h->broker, uv_now(rq->h->loop), &st);
@@ -69,6 +70,29 @@ int handlers__status(struct hreq *rq)
 out_free:
 	handlers_status_free(&st);
 	return r;
+}
+
+/*
+ * A tag an operator's pause or resume was sent for, not answered yet (even
+ * after the operator's wait timed out), is "pausing" or "resuming": the
+ * client may still carry the command out.
+ */
+static const char *handlers_status_state(const struct handlers *h, const struct bclient *c,
+					 const struct btag *t)
+{
+	const struct sess *s = handlers__conn_client(h, c);
+	struct hdreq *d;
+	size_t it = 0;
+
+	while (s && idmap_next(&hconn_of(s)->dreqs, &it, NULL, (void **)&d)) {
+		if (d->kind != HDREQ_CONTROL || (d->tag[0] && strcmp(d->tag, t->name)))
+			continue;
+		if (d->op == GMB__OP__OP_PAUSE && !t->paused)
+			return "pausing";
+		if (d->op == GMB__OP__OP_RESUME && t->paused)
+			return "resuming";
+	}
+	return t->paused ? "paused" : "active";
 }
 
 static void handlers_status_tag(const struct btag *t, int ndev, struct hstatus_tag *out)
@@ -214,7 +238,7 @@ static size_t handlers_status_fill_client(const struct broker *br, const struct 
 			gmb__tag_info__init(ti);
 			ti->name = (char *)t->name;
 			ti->device = d;
-			ti->state = (char *)(t->paused ? "paused" : "active");
+			ti->state = (char *)handlers_status_state(st->h, c, t);
 			ti->mode = (Gmb__Mode)t->mode;
 			ti->allocations = d < 0 ? 0 : tt.count[d];
 			ti->bytes = d < 0 ? 0 : tt.bytes[d];

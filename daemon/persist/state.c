@@ -11,6 +11,7 @@
  * are rebuilt from last lends, and the keep limit marks what it must again.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -315,17 +316,25 @@ static int state_restore_tag(struct broker *br, struct bclient *c, const Gmb__St
 static int state_restore_client(struct broker *br, const Gmb__StateClient *sc)
 {
 	struct broker_peer peer = { .pid = sc->pid, .uid = sc->uid, .gid = sc->gid,
-				    .ngroups = (int)sc->n_groups, .start_time = sc->start_time };
-	gid_t groups[64];
+				    .start_time = sc->start_time };
+	gid_t *groups = NULL; /* owned here; the client keeps a copy */
 	struct bclient *c;
 	int rc;
 
-	if (sc->n_groups > 64)
-		peer.ngroups = 64;
-	for (int i = 0; i < peer.ngroups; i++)
+	/* Every group, as recorded (the kernel allows up to NGROUPS_MAX). */
+	if (sc->n_groups > NGROUPS_MAX)
+		return -EINVAL;
+	if (sc->n_groups) {
+		groups = malloc(sc->n_groups * sizeof(*groups));
+		if (!groups)
+			return -ENOMEM;
+	}
+	for (size_t i = 0; i < sc->n_groups; i++)
 		groups[i] = (gid_t)sc->groups[i];
 	peer.groups = groups;
+	peer.ngroups = (int)sc->n_groups;
 	rc = broker_restore_client(br, &peer, sc->id, sc->name, sc->control, &c);
+	free(groups);
 	if (rc < 0)
 		return rc;
 	for (size_t i = 0; i < sc->n_tags; i++) {

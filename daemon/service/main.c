@@ -63,6 +63,7 @@ static int gmbd_check_sizes(const struct gmbd *g, uint64_t reserve);
 static int gmbd_open_broker(struct gmbd *g);
 static int gmbd_restore(struct gmbd *g);
 static int gmbd_admin_group(const char *name, gid_t *gid);
+static int gmbd_socket_access(const struct gmbd_opts *o, const char *path);
 static int gmbd_serve(struct gmbd *g);
 static int gmbd_listen(struct gmbd *g, int *fd);
 static void gmbd_on_changed(void *arg);
@@ -310,6 +311,8 @@ static int gmbd_serve(struct gmbd *g)
 			  (uint64_t)g->opts->control_timeout * 1000);
 	if (r < 0)
 		goto err_close_fd;
+	g->handlers.hello_timeout_ms = (uint64_t)g->opts->hello_timeout * 1000;
+	g->handlers.max_conns_per_uid = g->opts->max_conns_per_uid;
 	g->handlers.changed = gmbd_on_changed;
 	g->handlers.changed_arg = g;
 	metrics_init(&g->metrics, g->broker);
@@ -353,6 +356,7 @@ err_close_fd:
 static int gmbd_listen(struct gmbd *g, int *fd)
 {
 	const char *path = g->opts->socket;
+	mode_t old;
 	int r;
 
 	if (g->fds.listen_fd >= 0) {
@@ -364,7 +368,10 @@ static int gmbd_listen(struct gmbd *g, int *fd)
 	r = gmbd_make_dir(path);
 	if (r < 0)
 		return r;
+	/* Owner only until the mode and group are set: nobody slips in before. */
+	old = umask(0177);
 	r = wire_listen(path, fd);
+	umask(old);
 	if (r < 0) {
 		if (r == -EADDRINUSE)
 			log_err("another gmbd is listening path=%s", path);
@@ -372,9 +379,49 @@ static int gmbd_listen(struct gmbd *g, int *fd)
 			log_errno(LOG_LVL_ERR, r, "cannot listen path=%s", path);
 		return r;
 	}
-	/* Any user may connect: what each may do is decided per uid. */
-	if (chmod(path, 0666) < 0)
-		log_errno(LOG_LVL_WARNING, -errno, "cannot make the socket 0666 path=%s", path);
+	r = gmbd_socket_access(g->opts, path);
+	if (r < 0) {
+		close(*fd);
+		*fd = -1;
+		unlink(path);
+	}
+	return r;
+}
+
+/*
+ * Who may connect at all: --socket-group and --socket-mode (0660 by default,
+ * so only gmbd's user and the group; what each client may do is then decided
+ * per uid). A group that cannot be set is fatal: the socket would admit
+ * other users than the operator meant.
+ */
+static int gmbd_socket_access(const struct gmbd_opts *o, const char *path)
+{
+	struct group grp, *res = NULL;
+	char buf[4096];
+	int r;
+
+	if (o->socket_group) {
+		r = getgrnam_r(o->socket_group, &grp, buf, sizeof(buf), &res);
+		if (r != 0 || !res) {
+			r = r ? -r : -ENOENT;
+			log_errno(LOG_LVL_ERR, r, "no such socket group group=%s", o->socket_group);
+			return r;
+		}
+		if (chown(path, (uid_t)-1, res->gr_gid) < 0) {
+			r = -errno;
+			log_errno(LOG_LVL_ERR, r, "cannot give the socket to its group path=%s group=%s",
+				  path, o->socket_group);
+			return r;
+		}
+	}
+	if (chmod(path, (mode_t)o->socket_mode) < 0) {
+		r = -errno;
+		log_errno(LOG_LVL_ERR, r, "cannot set the socket's mode path=%s mode=%04o", path,
+			  o->socket_mode);
+		return r;
+	}
+	log_info("socket access path=%s mode=%04o group=%s", path, o->socket_mode,
+		 o->socket_group ? o->socket_group : "(gmbd's)");
 	return 0;
 }
 

@@ -39,6 +39,10 @@ struct opts_entry {
 
 static int opts_set_socket(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 static int opts_set_backend(struct gmbd_opts *o, const char *name, const char *arg, char *err);
+static int opts_set_socket_mode(struct gmbd_opts *o, const char *name, const char *arg,
+				char *err);
+static int opts_set_socket_group(struct gmbd_opts *o, const char *name, const char *arg,
+				 char *err);
 static int opts_set_host_devices(struct gmbd_opts *o, const char *name, const char *arg,
 				 char *err);
 static int opts_set_host_memory(struct gmbd_opts *o, const char *name, const char *arg,
@@ -59,6 +63,9 @@ static int opts_set_fdstore_max(struct gmbd_opts *o, const char *name, const cha
 static int opts_set_rejoin_grace(struct gmbd_opts *o, const char *name, const char *arg,
 				 char *err);
 static int opts_set_config(struct gmbd_opts *o, const char *name, const char *arg, char *err);
+static int opts_set_hello_timeout(struct gmbd_opts *o, const char *name, const char *arg,
+				  char *err);
+static int opts_set_max_conns(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 static int opts_set_help(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 static int opts_set_host_outside(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 static int opts_set_metrics_listen(struct gmbd_opts *o, const char *name, const char *arg,
@@ -68,9 +75,20 @@ static int opts_set_version(struct gmbd_opts *o, const char *name, const char *a
 static const struct opts_entry opts_table[] = {
 	{ "socket", 0, "PATH", "$GMB_SOCKET or /run/gmbd/gmbd.sock",
 	  "listen on PATH, a Unix SOCK_SEQPACKET socket\n"
-	  "(mode 0666); missing directories are created\n"
-	  "(0755)",
+	  "(see socket-mode); missing directories are\n"
+	  "created (0755)",
 	  opts_set_socket },
+	{ "socket-mode", 0, "OCTAL", "0660",
+	  "permissions of the socket gmbd creates (not\n"
+	  "under socket activation): who may connect at\n"
+	  "all; 0666 lets any local user in",
+	  opts_set_socket_mode },
+	{ "socket-group", 0, "NAME", "gmbd's group",
+	  "group of the socket gmbd creates (not under\n"
+	  "socket activation): with socket-mode 0660, the\n"
+	  "users who may use the broker; gmbd does not\n"
+	  "start if it cannot set it",
+	  opts_set_socket_group },
 	{ "backend", 0, "auto|cuda|host", "auto",
 	  "where memory comes from: cuda (the CUDA\n"
 	  "driver), host (memfd host memory, for machines\n"
@@ -105,10 +123,11 @@ static const struct opts_entry opts_table[] = {
 	  "memory of each device left out of the default\n"
 	  "budget (CUDA contexts, NCCL, other processes)",
 	  opts_set_reserve },
-	{ "admin-group", 0, "NAME", "gmb",
+	{ "admin-group", 0, "NAME", "gmb-admin",
 	  "members may pause/resume any client and trim\n"
 	  "the pools (root, gmbd's user and a client's\n"
-	  "own user always may); a group that does not\n"
+	  "own user always may); operators, not every\n"
+	  "user of the socket; a group that does not\n"
 	  "exist turns this off",
 	  opts_set_admin_group },
 	{ "control-timeout", 0, "SECONDS", "30",
@@ -132,6 +151,14 @@ static const struct opts_entry opts_table[] = {
 	  "process is still alive has to reconnect\n"
 	  "before gmbd takes its memory back (0-86400)",
 	  opts_set_rejoin_grace },
+	{ "hello-timeout", 0, "SECONDS", "10",
+	  "close a connection that has not said hello\n"
+	  "after this long (0-3600; 0: never)",
+	  opts_set_hello_timeout },
+	{ "max-connections-per-uid", 0, "N", "256",
+	  "connections one uid may hold open at once;\n"
+	  "the next is closed at once (0: no limit)",
+	  opts_set_max_conns },
 	{ "config", 0, "PATH", OPTS_DEFAULT_CONFIG " if it exists",
 	  "read 'name = value' settings from PATH first,\n"
 	  "one per line, for any option above; the\n"
@@ -242,6 +269,53 @@ static int opts_set_socket(struct gmbd_opts *o, const char *name, const char *ar
 		return opts_fail(err, "--%s: the path is longer than %zu bytes", name,
 				 sizeof(sun.sun_path) - 1);
 	o->socket = arg;
+	return 0;
+}
+
+static int opts_set_hello_timeout(struct gmbd_opts *o, const char *name, const char *arg,
+				  char *err)
+{
+	unsigned long v;
+
+	if (opts_uint_arg(name, arg, 0, 3600, &v, err) < 0)
+		return -EINVAL;
+	o->hello_timeout = (unsigned)v;
+	return 0;
+}
+
+static int opts_set_max_conns(struct gmbd_opts *o, const char *name, const char *arg, char *err)
+{
+	unsigned long v;
+
+	if (opts_uint_arg(name, arg, 0, 1000000, &v, err) < 0)
+		return -EINVAL;
+	o->max_conns_per_uid = (unsigned)v;
+	return 0;
+}
+
+/* Octal permission bits only: no file type, no set-id or sticky bits. */
+static int opts_set_socket_mode(struct gmbd_opts *o, const char *name, const char *arg, char *err)
+{
+	char *end = NULL;
+	unsigned long v;
+
+	errno = 0;
+	v = strtoul(arg, &end, 8);
+	if (!arg[0] || *end || errno || v > 0777 || arg[0] == '-' || arg[0] == '+')
+		return opts_fail(err, "--%s: '%s' is not an octal mode from 0 to 0777", name, arg);
+	if (!(v & 0600))
+		return opts_fail(err, "--%s: %04lo lets not even gmbd's own user connect", name,
+				 v);
+	o->socket_mode = (unsigned)v;
+	return 0;
+}
+
+static int opts_set_socket_group(struct gmbd_opts *o, const char *name, const char *arg,
+				 char *err)
+{
+	if (!arg[0])
+		return opts_fail(err, "--%s: the group name is empty", name);
+	o->socket_group = arg;
 	return 0;
 }
 
@@ -399,6 +473,7 @@ static void opts_defaults(struct gmbd_opts *o)
 	*o = (struct gmbd_opts){
 		.socket = wire_default_socket(),
 		.backend = "auto",
+		.socket_mode = 0660,
 		.host_devices = 1,
 		.host_memory = 8ULL << 30,
 		.host_granularity = 2ULL << 20,
@@ -407,11 +482,13 @@ static void opts_defaults(struct gmbd_opts *o)
 		.budget = 0,
 		.reserve = 0,
 		.reserve_set = false,
-		.admin_group = "gmb",
+		.admin_group = "gmb-admin",
 		.control_timeout = 30,
 		.log_level = LOG_LVL_INFO,
 		.fdstore_max = OPTS_FDSTORE_MAX,
 		.rejoin_grace = 30,
+		.hello_timeout = 10,
+		.max_conns_per_uid = 256,
 	};
 }
 

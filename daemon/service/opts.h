@@ -28,6 +28,8 @@ enum opts_action {
 
 struct gmbd_opts {
 	const char *socket;         /* argv or wire_default_socket(); not owned */
+	unsigned socket_mode;       /* of the socket gmbd creates (not an activated one) */
+	const char *socket_group;   /* its group by name; NULL: gmbd's own */
 	const char *backend;        /* "auto", "cuda" or "host" */
 	int host_devices;
 	uint64_t host_memory;       /* bytes per simulated device */
@@ -44,6 +46,8 @@ struct gmbd_opts {
 	int log_level;              /* LOG_LVL_* */
 	unsigned fdstore_max;       /* the unit's FileDescriptorStoreMax=; 0: no fd store */
 	unsigned rejoin_grace;      /* seconds a restored client has to come back */
+	unsigned hello_timeout;     /* seconds a connection may stay without hello; 0: any */
+	unsigned max_conns_per_uid; /* connections one uid may hold open; 0: any number */
 	const char *config;         /* the file read, or NULL */
 	char *storage;              /* the file's text (values point into it); owned */
 };

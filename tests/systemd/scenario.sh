@@ -51,6 +51,7 @@ say "systemd $(systemctl --version | head -1 | cut -d' ' -f2), $(uname -r)"
 # ---- the installed units ----
 systemd-sysusers || fail "systemd-sysusers"
 getent group gmb > /dev/null || fail "no group gmb (sysusers.d)"
+getent group gmb-admin > /dev/null || fail "no group gmb-admin (sysusers.d)"
 getent passwd gmbd > /dev/null || fail "no user gmbd (sysusers.d)"
 systemd-analyze verify "$UNITS/gmbd.socket" "$UNITS/gmbd.service" > /tmp/verify.log 2>&1 ||
 	fail "systemd-analyze verify failed: $(head -3 /tmp/verify.log)"

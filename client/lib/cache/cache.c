@@ -294,32 +294,75 @@ void gmb__cache_forget(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__h
 	gmb__lend_clear(m, a, rel);
 }
 
-/*
- * gmb__cache_drop() - a DropRequest: the named chunks leave the cache
- * whatever their refs (unknown ids were dropped already), and last lends
- * stop naming them, so that neither side counts them any more.
- */
-void gmb__cache_drop(struct gmb__cache *m, const uint64_t *ids, size_t n, struct gmb__handle **rel)
+/* The first chunk marked dropping in the last lend of an allocation in use, or 0. */
+static uint64_t cache_drop_in_use(struct gmb__cache *m)
 {
-	bool named = false;
 	struct gmb__alloc *a;
 	size_t it = 0;
 
+	while (idmap_next(&m->by_id, &it, NULL, (void **)&a)) {
+		if (!a->in_use)
+			continue;
+		for (uint32_t i = 0; i < a->nchunks; i++) {
+			struct gmb__handle *e =
+				a->chunk_ids[i] ? idmap_get(&m->cache, a->chunk_ids[i]) : NULL;
+
+			if (e && e->dropping)
+				return e->id;
+		}
+	}
+	return 0;
+}
+
+/*
+ * gmb__cache_drop() - a DropRequest: the named chunks leave the cache
+ * whatever their refs (unknown ids were dropped already), and last lends
+ * stop naming them, so that neither side counts them any more. A chunk an
+ * allocation has mapped (or is mapping) is the application's memory: then
+ * nothing is dropped and -EBUSY says which, since obeying would leave an
+ * allocation that cannot be mapped again, whatever gmbd believes.
+ */
+int gmb__cache_drop(struct gmb__cache *m, const uint64_t *ids, size_t n, struct gmb__handle **rel,
+		    char *err)
+{
+	bool named = false;
+	struct gmb__alloc *a;
+	uint64_t busy = 0;
+	size_t it = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		struct gmb__handle *e = ids[i] ? idmap_get(&m->cache, ids[i]) : NULL;
+
+		if (e && e->refs > 0) {
+			e->dropping = true;
+			named = true;
+		}
+	}
+	if (named)
+		busy = cache_drop_in_use(m);
+	for (size_t i = 0; i < n && named; i++) {
+		struct gmb__handle *e = ids[i] ? idmap_get(&m->cache, ids[i]) : NULL;
+
+		if (e)
+			e->dropping = false;
+	}
+	if (busy)
+		return err_fmt(err, -EBUSY,
+			       "chunk %" PRIu64 " is mapped by this client: not dropped", busy);
 	for (size_t i = 0; i < n; i++) {
 		struct gmb__handle *e = ids[i] ? idmap_del(&m->cache, ids[i]) : NULL;
 
-		if (!e)
-			continue;
-		named |= e->refs > 0;
-		cache_push(rel, e);
+		if (e)
+			cache_push(rel, e);
 	}
 	if (!named)
-		return;
+		return 0;
 	/* Every non-zero id of a last lend is cached, so a missing one was just dropped. */
 	while (idmap_next(&m->by_id, &it, NULL, (void **)&a))
 		for (uint32_t i = 0; i < a->nchunks; i++)
 			if (a->chunk_ids[i] && !idmap_get(&m->cache, a->chunk_ids[i]))
 				a->chunk_ids[i] = 0;
+	return 0;
 }
 
 /* gmb__cache_sweep() - release chunks no last lend names (left by a failed request). */

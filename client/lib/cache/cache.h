@@ -26,6 +26,7 @@ struct gmb__handle {
 	uint64_t handle;             /* backend handle, owned by the cache */
 	uint64_t size;
 	uint32_t refs;
+	bool dropping;               /* scratch of gmb__cache_drop() */
 	struct gmb__handle *next;    /* on a release list once out of the cache */
 };
 
@@ -59,6 +60,7 @@ struct gmb__alloc {
 	uint64_t *chunk_sizes;
 	uint32_t nchunks;
 	bool freeing;                /* a FreeRequest is on its way: not re-announced */
+	bool in_use;                 /* mapped or being mapped: its chunks are not dropped */
 	/* Under op_lock. */
 	bool mapped;
 	bool saved;                  /* copy holds the bytes of the last pause */
@@ -113,8 +115,8 @@ int gmb__cache_adopt(struct gmb__cache *m, struct gmb__alloc *a, const Gmb__Lend
 void gmb__cache_forget(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel);
 void gmb__lend_clear(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel);
 void gmb__lend_let_go(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel);
-void gmb__cache_drop(struct gmb__cache *m, const uint64_t *ids, size_t n,
-		     struct gmb__handle **rel);
+int gmb__cache_drop(struct gmb__cache *m, const uint64_t *ids, size_t n,
+		    struct gmb__handle **rel, char *err);
 void gmb__cache_sweep(struct gmb__cache *m, struct gmb__handle **rel);
 void gmb__cache_clear(struct gmb__cache *m, struct gmb__handle **rel);
 int gmb__lend_handles(const struct gmb__cache *m, const struct gmb__alloc *a, uint64_t *handles,

@@ -600,12 +600,14 @@ static int conn_enqueue(struct gmb__conn *c, Gmb__Envelope *env)
 /* A request from gmbd; consumes @env. */
 static void conn_on_request(struct gmb__conn *c, Gmb__Envelope *env)
 {
+	char err[ERR_MSG_MAX] = "";
 	uint64_t id = env->id;
+	int rc;
 
 	switch (env->body_case) {
 	case GMB__ENVELOPE__BODY_DROP:
-		c->cbs.drop(c->cbs.mem_arg, env->drop->chunk_ids, env->drop->n_chunk_ids);
-		gmb__send_reply(c, c->gen, id, 0, NULL);
+		rc = c->cbs.drop(c->cbs.mem_arg, env->drop->chunk_ids, env->drop->n_chunk_ids, err);
+		gmb__send_reply(c, c->gen, id, rc < 0 ? rc : 0, rc < 0 ? err : NULL);
 		conn_handled(c);
 		break;
 	case GMB__ENVELOPE__BODY_CONTROL_CMD:

@@ -99,8 +99,9 @@ struct gmb__conn_cbs {
 	 * failures go to @rep with gmb__reply_import_fail(). Reader thread. */
 	void (*import)(void *arg, const Gmb__Envelope *env, const int *fds, int nfds,
 		       struct gmb__reply *rep);
-	/* gmbd's DropRequest: these chunks are gone. Reader thread. */
-	void (*drop)(void *arg, const uint64_t *ids, size_t n);
+	/* gmbd's DropRequest: these chunks are gone; < 0 (@err says why): refused,
+	 * none dropped. Reader thread. */
+	int (*drop)(void *arg, const uint64_t *ids, size_t n, char *err);
 	/* The re-announcement (reconnect.h): build the claim, apply gmbd's answer. */
 	int (*claim_build)(void *arg, struct gmb__claim *cl);
 	void (*claim_apply)(void *arg, const struct gmb__claim_answer *ans);

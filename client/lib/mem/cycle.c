@@ -131,15 +131,32 @@ static int cycle_save(struct gmb__mem *m, const struct gmb__tag *only, uint64_t 
 	return rc;
 }
 
-/* Maps again what a failed pause unmapped (best effort: the chunks are still ours). */
+static int cycle_unmap_tags(struct gmb__mem *m, const struct gmb__tag *only, bool paused,
+			    char *err);
+static void cycle_release(struct gmb__mem *m, const struct gmb__tag *only);
+
+/*
+ * Maps again what a failed pause unmapped (the chunks are still ours). A
+ * tag one of whose allocations cannot be mapped (a chunk went meanwhile)
+ * is paused instead, here and at gmbd as far as it agrees: never "active"
+ * with memory unmapped, and resume gets it new memory.
+ */
 static void cycle_remap(struct gmb__mem *m, const struct gmb__tag *only)
 {
 	for (struct gmb__tag *t = m->tags; t; t = t->next) {
+		bool failed = false;
+
 		if (!cycle_tag_in(t, only, false))
 			continue;
 		for (struct gmb__alloc *a = t->allocs; a; a = a->next)
-			if (!a->mapped)
-				gmb__mem_map(m, a, NULL);
+			if (!a->mapped && gmb__mem_map(m, a, NULL) < 0)
+				failed = true;
+		if (!failed)
+			continue;
+		cycle_unmap_tags(m, t, false, NULL);
+		t->paused = true;
+		gmb__mem_send_pause(m, t->name, 0, NULL);
+		cycle_release(m, t);
 	}
 }
 

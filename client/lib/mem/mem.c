@@ -175,6 +175,13 @@ static int mem_send_free(struct gmb__mem *m, uint64_t id, char *err)
 
 /* Mapping. */
 
+static void mem_set_in_use(struct gmb__mem *m, struct gmb__alloc *a, bool in_use)
+{
+	pthread_mutex_lock(&m->conn->lock);
+	a->in_use = in_use;
+	pthread_mutex_unlock(&m->conn->lock);
+}
+
 /* Maps @a's last lend at its base, back to back, then one set_access. */
 int gmb__mem_map(struct gmb__mem *m, struct gmb__alloc *a, char *err)
 {
@@ -184,8 +191,10 @@ int gmb__mem_map(struct gmb__mem *m, struct gmb__alloc *a, char *err)
 
 	if (!h)
 		return err_fmt(err, -ENOMEM, "out of memory mapping allocation %" PRIu64, a->id);
+	/* In use from here: a drop of its chunks now would unmap them under the application. */
 	pthread_mutex_lock(&m->conn->lock);
 	rc = gmb__lend_handles(&m->tab, a, h, err);
+	a->in_use = rc == 0;
 	pthread_mutex_unlock(&m->conn->lock);
 	if (rc < 0)
 		goto out_h;
@@ -210,6 +219,7 @@ int gmb__mem_map(struct gmb__mem *m, struct gmb__alloc *a, char *err)
 out_unmap:
 	if (off)
 		be->ops->unmap(be, a->va, off);
+	mem_set_in_use(m, a, false);
 out_h:
 	free(h);
 	return rc;
@@ -222,6 +232,7 @@ int gmb__mem_unmap(struct gmb__mem *m, struct gmb__alloc *a, char *err)
 	if (rc < 0)
 		return gmb__mem_be_fail(err, rc, "unmapping an allocation");
 	a->mapped = false;
+	mem_set_in_use(m, a, false);
 	return 0;
 }
 
@@ -639,17 +650,19 @@ static void mem_import(void *arg, const Gmb__Envelope *env, const int *fds, int 
 }
 
 /* gmbd's DropRequest. */
-static void mem_drop(void *arg, const uint64_t *ids, size_t n)
+static int mem_drop(void *arg, const uint64_t *ids, size_t n, char *err)
 {
 	struct gmb__mem *m = arg;
 	struct gmb__handle *rel = NULL;
 	struct backend *be;
+	int rc;
 
 	pthread_mutex_lock(&m->conn->lock);
 	be = m->be;
-	gmb__cache_drop(&m->tab, ids, n, &rel);
+	rc = gmb__cache_drop(&m->tab, ids, n, &rel, err);
 	pthread_mutex_unlock(&m->conn->lock);
 	gmb__release_run(be, rel);
+	return rc;
 }
 
 void gmb__mem_init(struct gmb__mem *m, struct gmb__conn *conn)
