@@ -530,6 +530,7 @@ Test(state, a_paused_tag_lends_nothing_and_a_tag_comes_back_once)
 	}
 	free(buf);
 	gmb__state__free_unpacked(rec, NULL);
+}
 
 /* A record keeps every supplementary group (the admin-group rule reads them). */
 Test(state, a_client_s_groups_come_back_all)
