@@ -219,7 +219,7 @@ define run_python_tests
 		python3 -m unittest discover -s tests/python -p 'test_*.py' -v
 endef
 
-check: build/bin build/tests build-asan/bin build-asan/tests build-clang/bin build-clang/tests $(MAN_PAGES) build/examples/pause_resume ## run every test, then under ASan+UBSan
+check: check-format build/bin build/tests build-asan/bin build-asan/tests build-clang/bin build-clang/tests $(MAN_PAGES) build/examples/pause_resume ## run every test, then under ASan+UBSan
 	$(call run_tests,build,)
 	$(call run_python_tests,build)
 	$(call run_fuzz_replay,build,)

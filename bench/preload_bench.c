@@ -21,7 +21,7 @@
 #include <time.h>
 
 #define BENCH_BATCH 64
-#define BENCH_RUNS 7
+#define BENCH_RUNS  7
 
 static double bench_now_ns(void)
 {
@@ -113,8 +113,10 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--region") && i + 1 < argc)
 			tag = argv[++i], mode = "region";
 		else {
-			fprintf(stderr, "usage: %s [--iters N] [--size BYTES] [--load-gmb] "
-					"[--region TAG]\n", argv[0]);
+			fprintf(stderr,
+				"usage: %s [--iters N] [--size BYTES] [--load-gmb] "
+				"[--region TAG]\n",
+				argv[0]);
 			return 2;
 		}
 	}

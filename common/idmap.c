@@ -18,8 +18,8 @@
 
 #include "common/idmap.h"
 
-#define IDMAP_EMPTY 0
-#define IDMAP_TOMB UINT64_MAX
+#define IDMAP_EMPTY   0
+#define IDMAP_TOMB    UINT64_MAX
 #define IDMAP_MIN_CAP 16
 
 /* splitmix64's finalizer: ids and addresses are sequential or aligned. */

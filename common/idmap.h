@@ -12,12 +12,15 @@
 struct idmap {
 	uint64_t *keys; /* 0 = empty, UINT64_MAX = deleted */
 	void **vals;
-	size_t cap;     /* power of two or 0 */
+	size_t cap; /* power of two or 0 */
 	size_t count;
-	size_t used;    /* count + tombstones */
+	size_t used; /* count + tombstones */
 };
 
-#define IDMAP_INIT { 0 }
+#define IDMAP_INIT \
+	{          \
+		0  \
+	}
 
 void idmap_deinit(struct idmap *m);
 /* Inserts or replaces; -ENOMEM on allocation failure, -EINVAL for key 0. */

@@ -33,11 +33,8 @@ enum log_style {
 static enum log_style log_style = LOG_STYLE_PLAIN;
 
 static const char *const log_level_names[] = {
-	[LOG_LVL_ERR] = "err",
-	[LOG_LVL_WARNING] = "warning",
-	[LOG_LVL_NOTICE] = "notice",
-	[LOG_LVL_INFO] = "info",
-	[LOG_LVL_DEBUG] = "debug",
+	[LOG_LVL_ERR] = "err",	 [LOG_LVL_WARNING] = "warning", [LOG_LVL_NOTICE] = "notice",
+	[LOG_LVL_INFO] = "info", [LOG_LVL_DEBUG] = "debug",
 };
 
 static void log_write_all(const char *buf, size_t len)

@@ -45,18 +45,18 @@ int log_to_journal(void);
 const char *log_quote(const char *s, char *buf, size_t len);
 #define LOG_QUOTE_MAX 280 /* fits a quoted client name or tag (WIRE_MAX_NAME) */
 
-#define log_at(lvl, ...)                                                                 \
-	do {                                                                             \
-		if ((lvl) <= log_max_level)                                              \
-			log_write((lvl), __VA_ARGS__);                                   \
+#define log_at(lvl, ...)                               \
+	do {                                           \
+		if ((lvl) <= log_max_level)            \
+			log_write((lvl), __VA_ARGS__); \
 	} while (0)
-#define log_err(...) log_at(LOG_LVL_ERR, __VA_ARGS__)
-#define log_warn(...) log_at(LOG_LVL_WARNING, __VA_ARGS__)
+#define log_err(...)	log_at(LOG_LVL_ERR, __VA_ARGS__)
+#define log_warn(...)	log_at(LOG_LVL_WARNING, __VA_ARGS__)
 #define log_notice(...) log_at(LOG_LVL_NOTICE, __VA_ARGS__)
-#define log_info(...) log_at(LOG_LVL_INFO, __VA_ARGS__)
-#define log_debug(...) log_at(LOG_LVL_DEBUG, __VA_ARGS__)
+#define log_info(...)	log_at(LOG_LVL_INFO, __VA_ARGS__)
+#define log_debug(...)	log_at(LOG_LVL_DEBUG, __VA_ARGS__)
 /* Appends " err=<strerror(-err)>" to the line. */
-#define log_errno(lvl, err, fmt, ...)                                                     \
+#define log_errno(lvl, err, fmt, ...) \
 	log_at((lvl), fmt " err=\"%s\"", ##__VA_ARGS__, strerror(-(err)))
 
 #endif

@@ -27,7 +27,6 @@
 
 #include "common/wire.h"
 
-
 /* Ancillary buffer for the largest fd batch, aligned for struct cmsghdr. */
 union wire_cmsg_buf {
 	char buf[CMSG_SPACE(sizeof(int) * WIRE_MAX_FDS)];
@@ -165,8 +164,7 @@ static int wire_take_fds(struct msghdr *msg, int *fds)
  * Reads the packet that wire_peek_size() saw into @buf (@cap bytes; a scratch
  * byte when oversized). Return: bytes read, or -errno; fds in @fds/@nfds.
  */
-static ssize_t wire_read_packet(int sock, uint8_t *buf, size_t cap, int *fds, int *nfds,
-				int *flags)
+static ssize_t wire_read_packet(int sock, uint8_t *buf, size_t cap, int *fds, int *nfds, int *flags)
 {
 	union wire_cmsg_buf cbuf;
 	struct iovec iov = { .iov_base = buf, .iov_len = cap };

@@ -17,13 +17,13 @@
 #include "proto/gmb.pb-c.h"
 
 #define GMB_PROTOCOL_VERSION 1
-#define WIRE_MAX_MSG (64 * 1024)
-#define WIRE_MAX_FDS 253
+#define WIRE_MAX_MSG	     (64 * 1024)
+#define WIRE_MAX_FDS	     253
 /* Requests one client may have unanswered at the daemon. */
-#define WIRE_MAX_INFLIGHT 64
-#define WIRE_MAX_NAME 128 /* client names and tags, bytes */
+#define WIRE_MAX_INFLIGHT    64
+#define WIRE_MAX_NAME	     128 /* client names and tags, bytes */
 /* gmbd's socket when neither an option nor $GMB_SOCKET names one. */
-#define WIRE_DEFAULT_SOCKET "/run/gmbd/gmbd.sock"
+#define WIRE_DEFAULT_SOCKET  "/run/gmbd/gmbd.sock"
 
 /**
  * wire_send() - pack @env and send it with @fds in one packet.

@@ -32,8 +32,15 @@ extern "C" {
 
 typedef struct gmb_client gmb_client;
 
-enum { GMB_MODE_DISCARD = 0, GMB_MODE_ZERO = 1, GMB_MODE_PRESERVE = 2 };
-enum { GMB_OP_PAUSE = 1, GMB_OP_RESUME = 2 };
+enum {
+	GMB_MODE_DISCARD = 0,
+	GMB_MODE_ZERO = 1,
+	GMB_MODE_PRESERVE = 2
+};
+enum {
+	GMB_OP_PAUSE = 1,
+	GMB_OP_RESUME = 2
+};
 
 /**
  * gmb_connect() - connect to gmbd and register as a client.
@@ -141,7 +148,9 @@ GMB_API uint64_t gmb_client_id(const gmb_client *c);
  */
 GMB_API int gmb_status_json(gmb_client *c, char **json);
 
-enum { GMB_CONNECT_TOOL = 1 /* an operator tool: not listed in status, holds no memory */ };
+enum {
+	GMB_CONNECT_TOOL = 1 /* an operator tool: not listed in status, holds no memory */
+};
 
 /** gmb_connect_flags() - gmb_connect() with GMB_CONNECT_* @flags. */
 GMB_API int gmb_connect_flags(const char *socket_path, const char *client_name, unsigned flags,
@@ -255,8 +264,7 @@ GMB_API const char *gmb_region_last_error(void);
  * gmbd takes its memory back when the process exits.
  * Return: 0 (connected now), 1 (already connected), or a negative errno.
  */
-GMB_API int gmb_default_client(const char *socket_path, const char *client_name,
-			       gmb_client **out);
+GMB_API int gmb_default_client(const char *socket_path, const char *client_name, gmb_client **out);
 
 /**
  * gmb_owns() - 1 if @ptr is the address of one of @c's allocations (@c
@@ -306,7 +314,12 @@ GMB_API int gmb_host_copy(gmb_client *c, const void *ptr, size_t size, void **ho
  * ("pinned" or "mmap") is the default kind; TMS_RETAIN_CPU_BACKUP the
  * retain setting; TMS_DISK_BACKUP_DIR the disk folder (else /tmp).
  */
-enum { GMB_BACKUP_DEFAULT = -1, GMB_BACKUP_PINNED = 0, GMB_BACKUP_MMAP = 1, GMB_BACKUP_DISK = 2 };
+enum {
+	GMB_BACKUP_DEFAULT = -1,
+	GMB_BACKUP_PINNED = 0,
+	GMB_BACKUP_MMAP = 1,
+	GMB_BACKUP_DISK = 2
+};
 
 /**
  * gmb_region_begin_ex() - gmb_region_begin() whose allocations keep @mode
@@ -435,8 +448,8 @@ GMB_API int gmb_set_wait(gmb_client *c, uint32_t ms);
  * time, then the total, on success and on failure alike (NULL when gmbd
  * did not answer).
  */
-GMB_API int gmb_switch(gmb_client *c, const char *from, const char *to,
-		       const char *const *tags, size_t ntags, char **report);
+GMB_API int gmb_switch(gmb_client *c, const char *from, const char *to, const char *const *tags,
+		       size_t ntags, char **report);
 
 /**
  * gmb_set_priority() - set the priority of client or group @target

@@ -396,4 +396,3 @@ CUresult CUDAAPI cuMemHostUnregister(void *p)
 }
 
 #pragma GCC visibility pop
-

@@ -60,9 +60,10 @@ struct prog_gmb {
 };
 
 static const char *const prog_gmb_names[] = {
-	"gmb_region_begin", "gmb_region_end", "gmb_region_last_error", "gmb_owns",
-	"gmb_default_client", "gmb_status_json", "gmb_pause", "gmb_resume",
-	"gmb_torch_malloc", "gmb_torch_free",
+	"gmb_region_begin", "gmb_region_end",	  "gmb_region_last_error",
+	"gmb_owns",	    "gmb_default_client", "gmb_status_json",
+	"gmb_pause",	    "gmb_resume",	  "gmb_torch_malloc",
+	"gmb_torch_free",
 };
 
 static struct prog_gmb g;
@@ -99,8 +100,9 @@ static void *prog_ptr(const char *s)
 
 static int prog_mode(const char *s)
 {
-	return !strcmp(s, "zero") ? GMB_MODE_ZERO : !strcmp(s, "preserve") ? GMB_MODE_PRESERVE
-									  : GMB_MODE_DISCARD;
+	return !strcmp(s, "zero")     ? GMB_MODE_ZERO :
+	       !strcmp(s, "preserve") ? GMB_MODE_PRESERVE :
+					GMB_MODE_DISCARD;
 }
 
 static int prog_bytes(const char *ptr, const char *size, const char *byte, int check)
@@ -153,8 +155,8 @@ static int prog_cuda(const char *verb, const char *a, char *out, size_t cap)
 	cudaError_t r;
 
 	if (!strcmp(verb, "malloc") || !strcmp(verb, "amalloc")) {
-		r = verb[0] == 'a' ? cudaMallocAsync(&p, strtoull(a, NULL, 0), 0)
-				   : cudaMalloc(&p, strtoull(a, NULL, 0));
+		r = verb[0] == 'a' ? cudaMallocAsync(&p, strtoull(a, NULL, 0), 0) :
+				     cudaMalloc(&p, strtoull(a, NULL, 0));
 		snprintf(out, cap, "%p", p);
 		return (int)r;
 	}
@@ -179,7 +181,8 @@ static int prog_fake(const char *verb, const char *a, char *out, size_t cap)
 		fake_cudart_set_limit(strtoull(a, NULL, 0));
 	else if (!strcmp(verb, "stats")) {
 		fake_cudart_stats(&st);
-		snprintf(out, cap, "mallocs=%d frees=%d bad_frees=%d syncs=%d amallocs=%d afrees=%d",
+		snprintf(out, cap,
+			 "mallocs=%d frees=%d bad_frees=%d syncs=%d amallocs=%d afrees=%d",
 			 st.mallocs, st.frees, st.bad_frees, st.syncs, st.amallocs, st.afrees);
 	} else
 		return -EINVAL;
@@ -231,7 +234,8 @@ static int prog_torch(const char *verb, const char *a, const char *b, char *out,
 static int prog_shim(const char *verb, char *out, size_t cap)
 {
 	const char *(*fn)(void);
-	void *sym = dlsym(RTLD_DEFAULT, verb[0] == 's' ? "gmb_preload_version" : "gmb_preload_error");
+	void *sym =
+		dlsym(RTLD_DEFAULT, verb[0] == 's' ? "gmb_preload_version" : "gmb_preload_error");
 
 	if (!sym)
 		return -ENOENT;
@@ -255,12 +259,12 @@ static void *prog_tms_sym(const char *fmt, const char *what)
 static int prog_tms_get(const char *what, char *out, size_t cap)
 {
 	bool text = !strcmp(what, "tag") || !strcmp(what, "backend");
-	void *sym = prog_tms_sym(!strcmp(what, "tag")		? "tms_get_current_tag"
-				 : !strcmp(what, "interesting") ? "tms_get_interesting_region"
-				 : !strcmp(what, "backend")	? "tms_get_cpu_backup_backend"
-				 : !strcmp(what, "cpu")		? "tms_get_enable_cpu_backup"
-				 : !strcmp(what, "disk")	? "tms_get_enable_disk_backup"
-								: "tms_get_%s_cpu_backup",
+	void *sym = prog_tms_sym(!strcmp(what, "tag")	      ? "tms_get_current_tag" :
+				 !strcmp(what, "interesting") ? "tms_get_interesting_region" :
+				 !strcmp(what, "backend")     ? "tms_get_cpu_backup_backend" :
+				 !strcmp(what, "cpu")	      ? "tms_get_enable_cpu_backup" :
+				 !strcmp(what, "disk")	      ? "tms_get_enable_disk_backup" :
+								"tms_get_%s_cpu_backup",
 				 what);
 	const char *(*ftext)(void);
 	bool (*fbool)(void);
@@ -280,13 +284,13 @@ static int prog_tms_get(const char *what, char *out, size_t cap)
 static int prog_tms_set(const char *what, const char *v)
 {
 	bool text = !strcmp(what, "tag") || !strcmp(what, "backend") || !strcmp(what, "dir");
-	void *sym = prog_tms_sym(!strcmp(what, "tag")		? "tms_set_current_tag"
-				 : !strcmp(what, "interesting") ? "tms_set_interesting_region"
-				 : !strcmp(what, "backend")	? "tms_set_cpu_backup_backend"
-				 : !strcmp(what, "cpu")		? "tms_set_enable_cpu_backup"
-				 : !strcmp(what, "disk")	? "tms_set_enable_disk_backup"
-				 : !strcmp(what, "dir")		? "tms_set_disk_backup_dir"
-								: "tms_set_%s_cpu_backup",
+	void *sym = prog_tms_sym(!strcmp(what, "tag")	      ? "tms_set_current_tag" :
+				 !strcmp(what, "interesting") ? "tms_set_interesting_region" :
+				 !strcmp(what, "backend")     ? "tms_set_cpu_backup_backend" :
+				 !strcmp(what, "cpu")	      ? "tms_set_enable_cpu_backup" :
+				 !strcmp(what, "disk")	      ? "tms_set_enable_disk_backup" :
+				 !strcmp(what, "dir")	      ? "tms_set_disk_backup_dir" :
+								"tms_set_%s_cpu_backup",
 				 what);
 	void (*ftext)(const char *);
 	void (*fbool)(bool);

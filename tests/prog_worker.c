@@ -110,8 +110,9 @@ static int cmd_free(const char *tag)
 
 static int cmd_mode(const char *tag, const char *mode)
 {
-	int m = !strcmp(mode, "zero") ? GMB_MODE_ZERO : !strcmp(mode, "preserve") ? GMB_MODE_PRESERVE
-			: GMB_MODE_DISCARD;
+	int m = !strcmp(mode, "zero")	  ? GMB_MODE_ZERO :
+		!strcmp(mode, "preserve") ? GMB_MODE_PRESERVE :
+					    GMB_MODE_DISCARD;
 
 	return gmb_tag_set_mode(client, tag, m);
 }
@@ -159,9 +160,10 @@ static int run(char *line, char *out, size_t cap)
 	if (!client)
 		return -ENOTCONN;
 	if (!strcmp(verb, "handler")) {
-		refuse_control = !strcmp(a, "refuse") ? (1 << GMB_OP_PAUSE) | (1 << GMB_OP_RESUME)
-				 : !strcmp(a, "refuse-pause") ? 1 << GMB_OP_PAUSE
-				 : !strcmp(a, "refuse-resume") ? 1 << GMB_OP_RESUME : 0;
+		refuse_control = !strcmp(a, "refuse") ? (1 << GMB_OP_PAUSE) | (1 << GMB_OP_RESUME) :
+				 !strcmp(a, "refuse-pause")  ? 1 << GMB_OP_PAUSE :
+				 !strcmp(a, "refuse-resume") ? 1 << GMB_OP_RESUME :
+							       0;
 		return gmb_set_control_handler(client, on_control, NULL);
 	}
 	if (!strcmp(verb, "wait")) {
@@ -206,8 +208,9 @@ int main(void)
 		out[0] = 0;
 		rc = run(line, out, sizeof(out));
 		if (rc && !out[0])
-			snprintf(out, sizeof(out), "%s", client && *gmb_last_error(client)
-					? gmb_last_error(client) : gmb_strerror(rc));
+			snprintf(out, sizeof(out), "%s",
+				 client && *gmb_last_error(client) ? gmb_last_error(client) :
+								     gmb_strerror(rc));
 		printf("%d %s\n", rc, out);
 	}
 	gmb_close(client);

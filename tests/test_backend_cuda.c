@@ -16,7 +16,7 @@
 #include "common/backend/backend.h"
 #include "tests/util.h"
 
-#define CAP 8192
+#define CAP  8192
 #define STUB "/usr/local/cuda/lib64/stubs/libcuda.so"
 
 static char out[CAP], err[CAP];

@@ -20,8 +20,8 @@
 
 #include "common/backend/backend.h"
 
-#define G (64ULL << 10) /* the test backend's granularity */
-#define NDEV 2
+#define G	  (64ULL << 10) /* the test backend's granularity */
+#define NDEV	  2
 #define DEV_BYTES (16 * G)
 
 static struct backend *b;
@@ -191,8 +191,7 @@ Test(backend_host, an_exported_fd_shares_bytes_with_a_forked_child)
 		int ok = backend_host_open(&o, &c) == 0 &&
 			 c->ops->chunk_import(c, fd, G, &ch) == 0 &&
 			 c->ops->va_reserve(c, G, 0, &cva) == 0 &&
-			 c->ops->map(c, cva, G, ch) == 0 &&
-			 c->ops->set_access(c, 0, cva, G) == 0 &&
+			 c->ops->map(c, cva, G, ch) == 0 && c->ops->set_access(c, 0, cva, G) == 0 &&
 			 ((uint8_t *)cva)[G - 1] == 0x11;
 
 		if (ok)
@@ -549,8 +548,10 @@ Test(backend_host, queued_contents_are_done_by_wait)
 	cr_assert(eq(i32, b->ops->wait(b, 0), 0));
 	cr_assert(eq(i32, memcmp(dst, src, G), 0));
 	expect_fill(va + G, G, 0);
-	cr_assert(eq(i32, b->ops->contents_queue(b, 0, (enum backend_contents)9, dst, va, G), -EINVAL));
-	cr_assert(eq(i32, b->ops->contents_queue(b, 0, BACKEND_TO_HOST, dst, va + 2 * G, G), -EINVAL),
+	cr_assert(eq(i32, b->ops->contents_queue(b, 0, (enum backend_contents)9, dst, va, G),
+		     -EINVAL));
+	cr_assert(eq(i32, b->ops->contents_queue(b, 0, BACKEND_TO_HOST, dst, va + 2 * G, G),
+		     -EINVAL),
 		  "outside any mapping");
 	cr_assert(eq(i32, b->ops->wait(b, NDEV), -EINVAL));
 	free(src);

@@ -27,7 +27,8 @@ static int fds_at_start;
 static void start(void)
 {
 	/* No warm pool: every freed chunk goes back, so fd counts compare exactly. */
-	static const char *const args[] = { "--host-memory", "1GiB", "--pool-keep", "0", "--log-level", "err", NULL };
+	static const char *const args[] = { "--host-memory", "1GiB", "--pool-keep", "0",
+					    "--log-level",   "err",  NULL };
 
 	cr_assert(eq(i32, gmbd_start(&gmbd, args), 0), "gmbd did not start");
 	cr_assert(eq(i32, gmb_connect(gmbd.sock, "good", &good), 0));
@@ -45,7 +46,8 @@ static int fds_back(void *arg)
 /* After every test: the good client still works, nothing leaked. */
 static void stop(void)
 {
-	cr_expect(eq(i32, gmb_pause(good, "kv"), 0), "good client served: %s", gmb_last_error(good));
+	cr_expect(eq(i32, gmb_pause(good, "kv"), 0), "good client served: %s",
+		  gmb_last_error(good));
 	cr_expect(eq(i32, gmb_resume(good, "kv"), 0));
 	cr_expect(eq(i32, wait_until(fds_back, NULL, 2000), 0), "daemon fds %d, at start %d",
 		  proc_count_fds(gmbd.pid), fds_at_start);

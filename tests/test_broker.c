@@ -181,8 +181,10 @@ static void snapshot(char *buf, size_t cap)
 				fprintf(f, "c%llu %s%s a%llu:", (unsigned long long)c->id, t->name,
 					t->paused ? "(p)" : "", (unsigned long long)a->id);
 				for (uint32_t i = 0; i < a->nchunks; i++)
-					fprintf(f, " %llu", a->chunks[i] ?
-						(unsigned long long)a->chunks[i]->id : 0ULL);
+					fprintf(f, " %llu",
+						a->chunks[i] ?
+							(unsigned long long)a->chunks[i]->id :
+							0ULL);
 				fprintf(f, "\n");
 			}
 	for (uint64_t id = 1; id < br->next_chunk_id; id++) {
@@ -202,8 +204,9 @@ static void snapshot(char *buf, size_t cap)
 
 static void open_broker(uint64_t budget, uint64_t keep)
 {
-	struct broker_opts o = { .max_chunk = 1 * GiB, .pool_keep = keep, .budget = budget,
-				 .daemon_uid = 999 };
+	struct broker_opts o = {
+		.max_chunk = 1 * GiB, .pool_keep = keep, .budget = budget, .daemon_uid = 999
+	};
 
 	if (br)
 		broker_free(br);
@@ -233,8 +236,9 @@ TestSuite(broker, .init = setup, .fini = teardown, .timeout = 30);
 static struct bclient *client_gid(const char *name, pid_t pid, uid_t uid, const gid_t *groups,
 				  int ngroups)
 {
-	struct broker_peer peer = { .pid = pid, .uid = uid, .gid = uid, .groups = groups,
-				    .ngroups = ngroups };
+	struct broker_peer peer = {
+		.pid = pid, .uid = uid, .gid = uid, .groups = groups, .ngroups = ngroups
+	};
 	struct bclient *c = NULL;
 
 	cr_assert(eq(i32, broker_client_add(br, &peer, name, true, false, &c), 0));
@@ -404,8 +408,10 @@ Test(broker, budget_refusal_names_who_holds_the_memory)
 	alloc_ok(i, 0, 512 * MiB, "kv", 1, 1);
 	snapshot(before, sizeof(before));
 	cr_assert(eq(i32, alloc_rc(i, 0, 1 * GiB, "kv", err), -ENOMEM));
-	cr_assert(not(eq(ptr, strstr(err, "device 0: budget 4.0 GiB exhausted: need 512.0 MiB more"),
-			 NULL)), "%s", err);
+	cr_assert(not(eq(ptr,
+			 strstr(err, "device 0: budget 4.0 GiB exhausted: need 512.0 MiB more"),
+			 NULL)),
+		  "%s", err);
 	cr_assert(not(eq(ptr, strstr(err, "trainer (pid 41, uid 1000) 3.0 GiB"), NULL)), "%s", err);
 	cr_assert(not(eq(ptr, strstr(err, "infer (pid 42, uid 1001) 512.0 MiB"), NULL)), "%s", err);
 	cr_assert(not(eq(ptr, strstr(err, "free in pool 0 B"), NULL)), "%s", err);
@@ -451,7 +457,8 @@ Test(broker, eagain_until_holders_drop_then_success)
 	alloc_ok(c, 0, 2 * GiB, "kv", 2, 2);
 	cr_assert(eq(i32, resume_rc(a, "w", err), -ENOMEM));
 	cr_assert(not(eq(ptr, strstr(err, "cannot resume tag 'w' of 'trainer': device 0: budget"),
-			 NULL)), "%s", err);
+			 NULL)),
+		  "%s", err);
 	cr_assert(not(eq(ptr, strstr(err, "other (pid 50, uid 2000) 2.0 GiB"), NULL)), "%s", err);
 	cr_assert(w->tag->paused);
 }
@@ -683,18 +690,21 @@ Test(broker, may_control_rules)
 	cr_assert(eq(i32, broker_may_control(br, same, t, err), 0));
 	cr_assert(eq(i32, broker_may_control(br, gmbd, t, err), 0));
 	cr_assert(eq(i32, broker_may_control(br, adm, t, err), -EPERM), "no admin group set");
-	cr_assert(eq(str, err, "client 'ops' (uid 1002) may not control 'trainer' (uid 1000): "
-			       "needs root, uid 1000, uid 999 (gmbd's)"));
+	cr_assert(eq(str, err,
+		     "client 'ops' (uid 1002) may not control 'trainer' (uid 1000): "
+		     "needs root, uid 1000, uid 999 (gmbd's)"));
 	br->opts.have_admin_gid = true;
 	br->opts.admin_gid = 0;
 	cr_assert(eq(i32, broker_may_control(br, adm, t, err), 0), "supplementary group");
 	cr_assert(eq(i32, broker_may_control(br, adm, NULL, err), 0));
 	cr_assert(eq(i32, broker_may_control(br, stranger, t, err), -EPERM));
-	cr_assert(eq(str, err, "client 'x' (uid 1001) may not control 'trainer' (uid 1000): "
-			       "needs root, uid 1000, uid 999 (gmbd's) or group 'root'"));
+	cr_assert(eq(str, err,
+		     "client 'x' (uid 1001) may not control 'trainer' (uid 1000): "
+		     "needs root, uid 1000, uid 999 (gmbd's) or group 'root'"));
 	cr_assert(eq(i32, broker_may_control(br, stranger, NULL, err), -EPERM));
-	cr_assert(eq(str, err, "client 'x' (uid 1001) may not trim the pools: "
-			       "needs root, uid 999 (gmbd's) or group 'root'"));
+	cr_assert(eq(str, err,
+		     "client 'x' (uid 1001) may not trim the pools: "
+		     "needs root, uid 999 (gmbd's) or group 'root'"));
 	br->opts.admin_gid = 1001;
 	cr_assert(eq(i32, broker_may_control(br, stranger, NULL, err), 0), "primary group");
 }
@@ -832,8 +842,10 @@ Test(broker, waiters_queue_by_priority_then_arrival)
 {
 	struct bclient *lo = client("lo", 10, 1000), *hi = client("hi", 11, 1000);
 	struct bwaiter w[4] = {
-		{ .client = lo, .dev = 0 }, { .client = hi, .dev = 0 },
-		{ .client = lo, .dev = 1 }, { .client = hi, .dev = 0 },
+		{ .client = lo, .dev = 0 },
+		{ .client = hi, .dev = 0 },
+		{ .client = lo, .dev = 1 },
+		{ .client = hi, .dev = 0 },
 	};
 	const struct bwaiter *order[4], *p;
 	size_t n = 0;
@@ -902,8 +914,7 @@ Test(broker, memory_an_orphan_holds_is_refused_at_once_with_its_name)
 	cr_assert(eq(i32, alloc_rc(c, 0, 2 * GiB, "kv", err), -ENOMEM),
 		  "a request waited for a drop nobody can send: %s", err);
 	cr_assert(not(eq(ptr, strstr(err, "not connected"), NULL)), "%s", err);
-	cr_assert(not(eq(ptr, strstr(err, "trainer (pid 41, uid 1000) 1.0 GiB"), NULL)), "%s",
-		  err);
+	cr_assert(not(eq(ptr, strstr(err, "trainer (pid 41, uid 1000) 1.0 GiB"), NULL)), "%s", err);
 	cr_assert(eq(u64, br->pools[0].pending_bytes, 0), "the orphan's chunk was marked");
 	check_broker();
 }
@@ -924,7 +935,6 @@ Test(broker, a_wait_for_a_holder_that_went_ends_at_once)
 	err[0] = 0;
 	cr_assert(eq(i32, alloc_rc(c, 0, 2 * GiB, "kv", err), -ENOMEM),
 		  "still waiting for an orphan's drop: %s", err);
-	cr_assert(not(eq(ptr, strstr(err, "trainer (pid 41, uid 1000) 1.0 GiB"), NULL)), "%s",
-		  err);
+	cr_assert(not(eq(ptr, strstr(err, "trainer (pid 41, uid 1000) 1.0 GiB"), NULL)), "%s", err);
 	check_broker();
 }

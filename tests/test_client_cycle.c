@@ -21,8 +21,9 @@ static struct gmbd_proc gmbd;
 
 static void daemon_start(void)
 {
-	static const char *const args[] = { "--host-devices", "2", "--host-memory", "64MiB",
-					    "--max-chunk", "4MiB", "--log-level", "warning", NULL };
+	static const char *const args[] = { "--host-devices", "2",	     "--host-memory",
+					    "64MiB",	      "--max-chunk", "4MiB",
+					    "--log-level",    "warning",     NULL };
 
 	cr_assert(eq(i32, gmbd_start(&gmbd, args), 0), "gmbd did not start");
 }
@@ -43,12 +44,12 @@ static gmb_client *connect_as(const char *name)
 }
 
 /* Drains made by @call. */
-#define SYNCS(call)                                                                       \
-	({                                                                                \
-		uint64_t n_ = backend_host_sync_count();                                  \
-		int rc_ = (call);                                                         \
-		cr_assert(eq(i32, rc_, 0), "%s: %s", #call, gmb_last_error(c));           \
-		backend_host_sync_count() - n_;                                           \
+#define SYNCS(call)                                                             \
+	({                                                                      \
+		uint64_t n_ = backend_host_sync_count();                        \
+		int rc_ = (call);                                               \
+		cr_assert(eq(i32, rc_, 0), "%s: %s", #call, gmb_last_error(c)); \
+		backend_host_sync_count() - n_;                                 \
 	})
 
 Test(client_cycle, a_pause_drains_each_device_once_whatever_the_modes)
@@ -64,7 +65,7 @@ Test(client_cycle, a_pause_drains_each_device_once_whatever_the_modes)
 	cr_assert(eq(i32, gmb_malloc(c, &p0, 4 * MiB, 0, "p"), 0), "%s", gmb_last_error(c));
 	memset(p0, 0x3c, 4 * MiB);
 	cr_assert(eq(u64, SYNCS(gmb_pause(c, "p")), 1), "a preserved tag: copies are waited for, "
-							  "not drained again");
+							"not drained again");
 	cr_assert(eq(u64, SYNCS(gmb_resume(c, "p")), 1));
 	cr_assert(eq(i32, ((unsigned char *)p0)[4 * MiB - 1], 0x3c));
 	cr_assert(eq(u64, SYNCS(gmb_pause(c, NULL)), 2), "everything, two devices");

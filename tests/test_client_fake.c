@@ -21,19 +21,19 @@
 #include "common/wire.h"
 #include "gmb.h"
 
-#define MiB (1024ULL * 1024)
+#define MiB	  (1024ULL * 1024)
 #define FAKE_SIZE (2 * MiB)
 
 /* The fake gmbd: one client, one allocation (id 1), chunks 10, 11, ... */
 struct fake {
 	char path[108];
-	int lfd, fd;                 /* listening and accepted sockets, owned */
+	int lfd, fd; /* listening and accepted sockets, owned */
 	pthread_t th;
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
-	uint64_t chunk;              /* the allocation's current chunk */
+	uint64_t chunk; /* the allocation's current chunk */
 	uint64_t next_chunk;
-	bool drop_on_pause;          /* first pause: drop the chunk, then refuse */
+	bool drop_on_pause; /* first pause: drop the chunk, then refuse */
 	int pauses, resumes;
 	bool drop_answered;
 	int drop_status;

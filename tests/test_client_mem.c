@@ -276,7 +276,8 @@ Test(client_mem, lend_check_refuses_what_cannot_be_mapped)
 	l = make_lend(11, 4 * MiB, ids, sizes, 2);
 	cr_assert(eq(i32, gmb__lend_check(&mem, a, &l, err), -EPROTO), "another allocation's lend");
 	l = make_lend(10, 4 * MiB, ids, wrong, 2);
-	cr_assert(eq(i32, gmb__lend_check(&mem, a, &l, err), -EPROTO), "size differs from the chunk");
+	cr_assert(eq(i32, gmb__lend_check(&mem, a, &l, err), -EPROTO),
+		  "size differs from the chunk");
 	l = make_lend(10, 4 * MiB, ids, sizes, 1);
 	cr_assert(eq(i32, gmb__lend_check(&mem, a, &l, err), -EPROTO), "chunks do not cover it");
 	l = make_lend(10, 4 * MiB, ids, sizes, 2);
@@ -336,9 +337,9 @@ static struct gmbd_proc gmbd;
 static void daemon_start(void)
 {
 	/* The warm pool: trims and handles kept over a pause are what these test. */
-	static const char *const args[] = { "--host-memory", "64MiB", "--max-chunk", "4MiB",
-					    "--pool-keep", "unlimited", "--log-level", "warning",
-					    NULL };
+	static const char *const args[] = { "--host-memory", "64MiB",	    "--max-chunk",
+					    "4MiB",	     "--pool-keep", "unlimited",
+					    "--log-level",   "warning",	    NULL };
 
 	cr_assert(eq(i32, gmbd_start(&gmbd, args), 0), "gmbd did not start");
 }
@@ -404,7 +405,8 @@ Test(client_daemon, three_modes_keep_addresses_over_cycles_of_several_chunks)
 		memset(z, 0xee, size);
 		memset(d, 0xdd, size);
 		cr_assert(eq(i32, gmb_pause(c, NULL), 0), "%u: %s", round, gmb_last_error(c));
-		cr_assert(eq(i64, status_i64(c, "used_bytes"), 0), "paused memory is back in the pool");
+		cr_assert(eq(i64, status_i64(c, "used_bytes"), 0),
+			  "paused memory is back in the pool");
 		cr_assert(eq(i32, gmb_resume(c, NULL), 0), "%u: %s", round, gmb_last_error(c));
 		cr_assert(holds(p, size, round + 1), "round %u: preserved bytes", round);
 		cr_assert(all_zero(z, size), "round %u: zero tag reads zero", round);
@@ -492,7 +494,8 @@ Test(client_daemon, a_client_may_control_itself_without_deadlock)
 	cr_assert(eq(i32, gmb_connect(gmbd.sock, "selfctl", &c), 0));
 	cr_assert(eq(i32, gmb_malloc(c, (void **)&p, 4 * MiB, 0, "kv"), 0));
 	cr_assert(eq(i32, gmb_control(c, "selfctl", GMB_OP_PAUSE, "kv"), -EOPNOTSUPP));
-	cr_assert(not(eq(ptr, strstr(gmb_last_error(c), "handler"), NULL)), "%s", gmb_last_error(c));
+	cr_assert(not(eq(ptr, strstr(gmb_last_error(c), "handler"), NULL)), "%s",
+		  gmb_last_error(c));
 	cr_assert(eq(i32, gmb_set_control_handler(c, on_control, &seen), 0));
 	cr_assert(eq(i32, gmb_control(c, "selfctl", GMB_OP_PAUSE, "kv"), 0), "%s",
 		  gmb_last_error(c));
@@ -507,7 +510,8 @@ Test(client_daemon, a_client_may_control_itself_without_deadlock)
 	memset(p, 1, 4 * MiB);
 	seen.answer = -EBUSY;
 	cr_assert(lt(i32, gmb_control(c, "selfctl", GMB_OP_PAUSE, NULL), 0));
-	cr_assert(not(eq(ptr, strstr(gmb_last_error(c), "refused"), NULL)), "%s", gmb_last_error(c));
+	cr_assert(not(eq(ptr, strstr(gmb_last_error(c), "refused"), NULL)), "%s",
+		  gmb_last_error(c));
 	cr_assert(eq(u8, p[4 * MiB - 1], 1), "a refusal pauses nothing");
 	gmb_close(c);
 }
@@ -567,7 +571,9 @@ Test(client_daemon, threads_allocate_free_and_cycle_at_once)
 	cr_assert(eq(i32, gmb_tag_set_mode(c, "cyc", GMB_MODE_PRESERVE), 0));
 	for (int i = 0; i < 5; i++) {
 		t[i] = (struct churn){ .c = c, .id = i + 1 };
-		cr_assert(eq(i32, pthread_create(&th[i], NULL, i ? churn_alloc : churn_cycle, &t[i]), 0));
+		cr_assert(eq(i32,
+			     pthread_create(&th[i], NULL, i ? churn_alloc : churn_cycle, &t[i]),
+			     0));
 	}
 	for (int i = 0; i < 5; i++) {
 		pthread_join(th[i], NULL);

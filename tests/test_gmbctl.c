@@ -14,8 +14,8 @@
 
 #include "tests/util.h"
 
-#define MiB (1024ULL * 1024)
-#define CAP 65536
+#define MiB    (1024ULL * 1024)
+#define CAP    65536
 #define NOBODY "65534"
 
 static struct gmbd_proc gmbd;
@@ -24,8 +24,8 @@ static char out[CAP], err[CAP];
 static void start(void)
 {
 	/* Warm: trim has free chunks to release. */
-	static const char *const args[] = { "--host-memory", "1GiB", "--pool-keep", "unlimited",
-					    "--log-level", "warning", NULL };
+	static const char *const args[] = { "--host-memory", "1GiB",	"--pool-keep", "unlimited",
+					    "--log-level",   "warning", NULL };
 
 	cr_assert(eq(i32, gmbd_start(&gmbd, args), 0), "gmbd did not start");
 	/* Let another uid reach the socket, as gmbd.socket's group would. */
@@ -67,7 +67,7 @@ static int ctl_v(const char *uid, ...)
 	return run_capture(argv, NULL, out, err, CAP);
 }
 
-#define ctl(...) ctl_v(NULL, __VA_ARGS__, (char *)NULL)
+#define ctl(...)	 ctl_v(NULL, __VA_ARGS__, (char *)NULL)
 #define ctl_as(uid, ...) ctl_v(uid, __VA_ARGS__, (char *)NULL)
 
 static void worker_up(struct worker *w, const char *name, const char *handler)
@@ -166,7 +166,8 @@ Test(gmbctl, trim_releases_free_chunks)
 	worker_up(&w, "trimmed", NULL);
 	cr_assert(eq(i32, worker_cmd(&w, NULL, 0, "free kv"), 0));
 	cr_assert(eq(i32, ctl("status", "--json"), 0));
-	cr_assert(eq(i64, json_i64(out, "pool_bytes"), (int64_t)(16 * MiB)), "freed chunk stays warm");
+	cr_assert(eq(i64, json_i64(out, "pool_bytes"), (int64_t)(16 * MiB)),
+		  "freed chunk stays warm");
 	cr_assert(eq(i32, ctl("trim"), 0), "%s", err);
 	cr_assert(eq(i32, ctl("status", "--json"), 0));
 	cr_assert(eq(i64, json_i64(out, "pool_bytes"), 0), "%s", out);
@@ -183,7 +184,8 @@ Test(gmbctl, another_uid_may_not_control)
 	worker_up(&root_w, "rootjob", "accept");
 	cr_assert(eq(i32, worker_start(&nobody_w, gmbd.sock), 0));
 	cr_assert(eq(i32, worker_cmd(&nobody_w, NULL, 0, "uid " NOBODY), 0));
-	cr_assert(eq(i32, worker_cmd(&nobody_w, text, sizeof(text), "connect nobodyjob"), 0), "%s", text);
+	cr_assert(eq(i32, worker_cmd(&nobody_w, text, sizeof(text), "connect nobodyjob"), 0), "%s",
+		  text);
 	cr_assert(eq(i32, worker_cmd(&nobody_w, NULL, 0, "handler accept"), 0));
 	cr_assert(eq(i32, worker_cmd(&nobody_w, NULL, 0, "malloc kv %llu", 8 * MiB), 0));
 

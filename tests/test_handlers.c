@@ -33,8 +33,8 @@
 #include "daemon/transport/server.h"
 #include "daemon/transport/sess.h"
 
-#define GiB (1ULL << 30)
-#define MiB (1ULL << 20)
+#define GiB	(1ULL << 30)
+#define MiB	(1ULL << 20)
 #define WAIT_MS 5000
 
 /* ---- fixture: loop, backend, broker, handlers, server without listener ---- */
@@ -51,7 +51,8 @@ static struct {
 static void fx_start(uint64_t pool_keep)
 {
 	struct backend_host_opts ho = { .ndevices = 1, .memory = 8 * GiB, .granularity = 2 * MiB };
-	struct broker_opts bo = { .max_chunk = 1 * GiB, .pool_keep = pool_keep,
+	struct broker_opts bo = { .max_chunk = 1 * GiB,
+				  .pool_keep = pool_keep,
 				  .daemon_uid = geteuid() };
 
 	/* GMB_TEST_DEBUG=1 shows every message in and out. */
@@ -501,10 +502,11 @@ Test(handlers, alloc_errors_are_replies)
 
 	a.device = 7;
 	a.size = MiB;
-	cr_assert(eq(i32, status_only(fd, send_req(fd, GMB__ENVELOPE__BODY_ALLOC, &a), err,
-					sizeof(err)), -ENODEV));
-	cr_assert(eq(i32, status_only(fd, send_alloc(fd, 9 * GiB, "kv"), err, sizeof(err)),
-		     -ENOMEM));
+	cr_assert(eq(i32,
+		     status_only(fd, send_req(fd, GMB__ENVELOPE__BODY_ALLOC, &a), err, sizeof(err)),
+		     -ENODEV));
+	cr_assert(
+		eq(i32, status_only(fd, send_alloc(fd, 9 * GiB, "kv"), err, sizeof(err)), -ENOMEM));
 	cr_assert(not(eq(ptr, strstr(err, "budget"), NULL)), "error: %s", err);
 	cr_assert(eq(i32, status_only(fd, send_alloc(fd, 0, "kv"), NULL, 0), -EINVAL));
 	/* Still connected. */
@@ -521,8 +523,8 @@ Test(handlers, free_and_disconnect_return_memory)
 	alloc_ok(fd, 3 * GiB, "w");
 	cr_assert(eq(u64, fx.br->pools[0].lent_bytes, 5 * GiB));
 	fr.alloc_id = a1;
-	cr_assert(eq(i32, status_only(fd, send_req(fd, GMB__ENVELOPE__BODY_FREE, &fr), NULL, 0),
-		     0));
+	cr_assert(
+		eq(i32, status_only(fd, send_req(fd, GMB__ENVELOPE__BODY_FREE, &fr), NULL, 0), 0));
 	cr_assert(eq(u64, fx.br->pools[0].lent_bytes, 3 * GiB));
 	cr_assert(eq(i32, status_only(fd, send_req(fd, GMB__ENVELOPE__BODY_FREE, &fr), NULL, 0),
 		     -ENOENT));
@@ -539,8 +541,9 @@ Test(handlers, pause_then_resume_reuses_held_chunks_without_fds)
 	int n;
 
 	alloc_ok(fd, 2 * GiB, "kv");
-	cr_assert(eq(i32, status_only(fd, send_tag_req(fd, GMB__ENVELOPE__BODY_PAUSE, "kv"),
-					NULL, 0), 0));
+	cr_assert(eq(i32,
+		     status_only(fd, send_tag_req(fd, GMB__ENVELOPE__BODY_PAUSE, "kv"), NULL, 0),
+		     0));
 	cr_assert(eq(u64, fx.br->pools[0].lent_bytes, 0));
 	recv_reply(fd, send_tag_req(fd, GMB__ENVELOPE__BODY_RESUME, "kv"), &last, parts, &n);
 	cr_assert(eq(i32, n, 0), "the client holds the handles: no fds");
@@ -550,8 +553,9 @@ Test(handlers, pause_then_resume_reuses_held_chunks_without_fds)
 	cr_assert(eq(u64, last.env->resume_reply->lends[0]->size, 2 * GiB));
 	cr_assert(eq(u64, fx.br->pools[0].lent_bytes, 2 * GiB));
 	msg_free(&last);
-	cr_assert(eq(i32, status_only(fd, send_tag_req(fd, GMB__ENVELOPE__BODY_PAUSE, "nope"),
-					NULL, 0), -ENOENT));
+	cr_assert(eq(i32,
+		     status_only(fd, send_tag_req(fd, GMB__ENVELOPE__BODY_PAUSE, "nope"), NULL, 0),
+		     -ENOENT));
 	close(fd);
 }
 
@@ -568,8 +572,9 @@ Test(handlers, status_lists_clients_tags_and_pools)
 	tm.mode = GMB__MODE__MODE_PRESERVE;
 	cr_assert(eq(i32, status_only(w, send_req(w, GMB__ENVELOPE__BODY_TAG_MODE, &tm), NULL, 0),
 		     0));
-	recv_reply(t, send_req(t, GMB__ENVELOPE__BODY_STATUS_REQ,
-			       &(Gmb__StatusRequest)GMB__STATUS_REQUEST__INIT),
+	recv_reply(t,
+		   send_req(t, GMB__ENVELOPE__BODY_STATUS_REQ,
+			    &(Gmb__StatusRequest)GMB__STATUS_REQUEST__INIT),
 		   &m, NULL, NULL);
 	sr = m.env->status_reply;
 	cr_assert(eq(str, sr->backend, "host"));
@@ -601,8 +606,9 @@ Test(handlers, trim_releases_free_chunks)
 	struct msg m, drop;
 
 	alloc_ok(fd, 2 * GiB, "kv");
-	cr_assert(eq(i32, status_only(fd, send_tag_req(fd, GMB__ENVELOPE__BODY_PAUSE, "kv"),
-					NULL, 0), 0));
+	cr_assert(eq(i32,
+		     status_only(fd, send_tag_req(fd, GMB__ENVELOPE__BODY_PAUSE, "kv"), NULL, 0),
+		     0));
 	tr.device = -1;
 	recv_reply(t, send_req(t, GMB__ENVELOPE__BODY_TRIM, &tr), &m, NULL, NULL);
 	cr_assert(eq(i32, m.env->status, 0), "trim: %s", m.env->error);
@@ -643,8 +649,8 @@ Test(parked, alloc_completes_after_the_drop_ack)
 	int n;
 
 	alloc_ok(a, 6 * GiB, "kv");
-	cr_assert(eq(i32, status_only(a, send_tag_req(a, GMB__ENVELOPE__BODY_PAUSE, "kv"),
-					NULL, 0), 0));
+	cr_assert(eq(i32, status_only(a, send_tag_req(a, GMB__ENVELOPE__BODY_PAUSE, "kv"), NULL, 0),
+		     0));
 	cr_assert(eq(i32, fx_recv(a, &drop), 0));
 	cr_assert(eq(i32, drop.env->body_case, GMB__ENVELOPE__BODY_DROP));
 	id = send_alloc(b, 6 * GiB, "kv");
@@ -670,12 +676,11 @@ Test(parked, alloc_fails_with_enomem_at_its_deadline)
 
 	fx.h.park_timeout_ms = 100;
 	alloc_ok(a, 6 * GiB, "kv");
-	cr_assert(eq(i32, status_only(a, send_tag_req(a, GMB__ENVELOPE__BODY_PAUSE, "kv"),
-					NULL, 0), 0));
+	cr_assert(eq(i32, status_only(a, send_tag_req(a, GMB__ENVELOPE__BODY_PAUSE, "kv"), NULL, 0),
+		     0));
 	cr_assert(eq(i32, fx_recv(a, &drop), 0));
 	msg_free(&drop); /* never answered */
-	cr_assert(eq(i32, status_only(b, send_alloc(b, 6 * GiB, "kv"), err, sizeof(err)),
-		     -ENOMEM));
+	cr_assert(eq(i32, status_only(b, send_alloc(b, 6 * GiB, "kv"), err, sizeof(err)), -ENOMEM));
 	cr_assert(not(eq(ptr, strstr(err, "still waiting after 100 ms"), NULL)), "error: %s", err);
 	cr_assert(eq(u32, hconn_of(handlers_sess_of(&fx.h, fx.br->clients->next))->inflight, 0));
 	close(a);
@@ -690,8 +695,8 @@ Test(parked, alloc_completes_when_the_holder_disconnects)
 	int n;
 
 	alloc_ok(a, 6 * GiB, "kv");
-	cr_assert(eq(i32, status_only(a, send_tag_req(a, GMB__ENVELOPE__BODY_PAUSE, "kv"),
-					NULL, 0), 0));
+	cr_assert(eq(i32, status_only(a, send_tag_req(a, GMB__ENVELOPE__BODY_PAUSE, "kv"), NULL, 0),
+		     0));
 	cr_assert(eq(i32, fx_recv(a, &drop), 0));
 	msg_free(&drop);
 	id = send_alloc(b, 6 * GiB, "kv");
@@ -715,8 +720,8 @@ Test(parked, resume_splits_fds_and_lends_into_parts)
 
 	for (size_t i = 0; i < nallocs; i++)
 		alloc_ok(a, 2 * MiB, "kv");
-	cr_assert(eq(i32, status_only(a, send_tag_req(a, GMB__ENVELOPE__BODY_PAUSE, "kv"),
-					NULL, 0), 0));
+	cr_assert(eq(i32, status_only(a, send_tag_req(a, GMB__ENVELOPE__BODY_PAUSE, "kv"), NULL, 0),
+		     0));
 	/* Nothing kept warm: the handles must go, then the chunks. */
 	cr_assert(eq(i32, fx_recv(a, &m), 0));
 	cr_assert(eq(sz, m.env->drop->n_chunk_ids, nallocs));
@@ -1008,8 +1013,11 @@ Test(handlers, inflight_limit_answers_eagain)
 Test(handlers, a_rejoin_takes_the_new_session_s_groups)
 {
 	static gid_t stale[] = { 4242, 4243 };
-	struct broker_peer peer = { .pid = getpid(), .uid = getuid(), .gid = 4242,
-				    .groups = stale, .ngroups = 2,
+	struct broker_peer peer = { .pid = getpid(),
+				    .uid = getuid(),
+				    .gid = 4242,
+				    .groups = stale,
+				    .ngroups = 2,
 				    .start_time = proc_start_time(getpid(), NULL) };
 	Gmb__Hello h = GMB__HELLO__INIT;
 	Gmb__RejoinRequest rj = GMB__REJOIN_REQUEST__INIT;
@@ -1050,8 +1058,9 @@ static void expect_first_tag_state(int fd, const char *want)
 	const Gmb__StatusReply *sr;
 	struct msg m;
 
-	recv_reply(fd, send_req(fd, GMB__ENVELOPE__BODY_STATUS_REQ,
-				&(Gmb__StatusRequest)GMB__STATUS_REQUEST__INIT),
+	recv_reply(fd,
+		   send_req(fd, GMB__ENVELOPE__BODY_STATUS_REQ,
+			    &(Gmb__StatusRequest)GMB__STATUS_REQUEST__INIT),
 		   &m, NULL, NULL);
 	sr = m.env->status_reply;
 	cr_assert(eq(sz, sr->n_clients, 1));

@@ -22,7 +22,8 @@ static struct gmbd_proc gmbd;
 /* Small sizes: first touch of host memory is slow in CI sandboxes. */
 static void start_small(void)
 {
-	static const char *const args[] = { "--host-memory", "256MiB", "--log-level", "warning", NULL };
+	static const char *const args[] = { "--host-memory", "256MiB", "--log-level", "warning",
+					    NULL };
 
 	cr_assert(eq(i32, gmbd_start(&gmbd, args), 0), "gmbd did not start");
 }
@@ -82,16 +83,19 @@ Test(lifecycle, preserve_keeps_address_and_bytes_over_100_cycles)
 	for (int round = 0; round < 100; round++) {
 		char perms[5];
 
-		cr_assert(eq(i32, gmb_pause(c, "weights"), 0), "pause %d: %s", round, gmb_last_error(c));
+		cr_assert(eq(i32, gmb_pause(c, "weights"), 0), "pause %d: %s", round,
+			  gmb_last_error(c));
 		maps_perms(p, perms);
 		cr_assert(eq(str, perms, "---p"), "paused range stays reserved, inaccessible");
 		cr_assert(eq(i64, used_bytes(c), 0), "paused memory is back in the pool");
-		cr_assert(eq(i32, gmb_resume(c, "weights"), 0), "resume %d: %s", round, gmb_last_error(c));
+		cr_assert(eq(i32, gmb_resume(c, "weights"), 0), "resume %d: %s", round,
+			  gmb_last_error(c));
 		maps_perms(p, perms);
 		cr_assert(eq(str, perms, "rw-s"));
 		p[round] = (unsigned char)(round * 7 + 1); /* a write must survive the next cycle */
 		for (size_t i = 0; i < size; i++) {
-			unsigned char want = (unsigned char)(i * 7 + (i <= (size_t)round && i < 100));
+			unsigned char want =
+				(unsigned char)(i * 7 + (i <= (size_t)round && i < 100));
 
 			if (p[i] != want) {
 				cr_fatal("round %d: byte %zu is %u, want %u", round, i, p[i], want);
@@ -161,12 +165,14 @@ Test(lifecycle, two_clients_alternate_within_one_budget)
 	cr_assert(eq(i32, worker_cmd(&a, addr_a, sizeof(addr_a), "malloc w %llu", 160 * MiB), 0));
 	cr_assert(eq(i32, worker_cmd(&a, NULL, 0, "fill w 0xa1"), 0));
 	cr_assert(eq(i32, worker_cmd(&b, text, sizeof(text), "malloc w %llu", 160 * MiB), -ENOMEM));
-	cr_assert(not(eq(ptr, strstr(text, "trainer"), NULL)), "the refusal names the holder: %s", text);
+	cr_assert(not(eq(ptr, strstr(text, "trainer"), NULL)), "the refusal names the holder: %s",
+		  text);
 	cr_assert(eq(i32, worker_cmd(&a, NULL, 0, "pause w"), 0));
 	cr_assert(eq(i32, worker_cmd(&b, addr_b, sizeof(addr_b), "malloc w %llu", 160 * MiB), 0));
 	cr_assert(eq(i32, worker_cmd(&b, NULL, 0, "fill w 0xb2"), 0));
 	for (int round = 0; round < 5; round++) {
-		cr_assert(eq(i32, worker_cmd(&a, NULL, 0, "resume w"), -ENOMEM), "B holds the budget");
+		cr_assert(eq(i32, worker_cmd(&a, NULL, 0, "resume w"), -ENOMEM),
+			  "B holds the budget");
 		cr_assert(eq(i32, worker_cmd(&b, NULL, 0, "pause w"), 0));
 		cr_assert(eq(i32, worker_cmd(&a, NULL, 0, "resume w"), 0));
 		cr_assert(eq(i32, worker_cmd(&a, NULL, 0, "check w 0xa1"), 0), "round %d", round);
@@ -203,7 +209,8 @@ Test(lifecycle, killed_client_memory_returns_within_one_second)
 	cr_assert(eq(i32, gmb_connect(gmbd.sock, "observer", &probe.c), 0));
 	cr_assert(eq(i32, worker_start(&w, gmbd.sock), 0));
 	cr_assert(eq(i32, worker_cmd(&w, NULL, 0, "connect victim"), 0));
-	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "malloc a %llu", 100 * MiB), 0), "%s", text);
+	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "malloc a %llu", 100 * MiB), 0), "%s",
+		  text);
 	cr_assert(eq(i32, worker_cmd(&w, NULL, 0, "malloc b %llu", 64 * MiB), 0));
 	cr_assert(eq(i64, used_bytes(probe.c), (int64_t)(164 * MiB)));
 	worker_kill(&w);

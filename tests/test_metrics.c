@@ -90,15 +90,21 @@ Test(metrics, exposition_text)
 	cr_assert(eq(i32, worker_cmd(&w, NULL, 0, "malloc big %llu", 512 * MiB), -ENOMEM));
 	cr_assert(eq(i32, scrape(), 0), "%s", err);
 	cr_expect(has(out, "# HELP gmbd_device_budget_bytes ") &&
-		  has(out, "# TYPE gmbd_device_budget_bytes gauge\n"), "%s", out);
-	cr_expect(has(out, "gmbd_device_budget_bytes{device=\"0\",name=\"host0\"} 268435456\n"));
-	cr_expect(has(out, "gmbd_device_outside_bytes{device=\"0\",name=\"host0\"} 0\n"), "%s", out);
-	cr_expect(has(out, "gmbd_tag_bytes{client=\"w\\\"x\\\\y\",client_id=\"1\",tag=\"kv\"} 4194304\n"),
+			  has(out, "# TYPE gmbd_device_budget_bytes gauge\n"),
 		  "%s", out);
-	cr_expect(has(out, "gmbd_tag_paused{client=\"w\\\"x\\\\y\",client_id=\"1\",tag=\"kv\"} 1\n"));
+	cr_expect(has(out, "gmbd_device_budget_bytes{device=\"0\",name=\"host0\"} 268435456\n"));
+	cr_expect(has(out, "gmbd_device_outside_bytes{device=\"0\",name=\"host0\"} 0\n"), "%s",
+		  out);
+	cr_expect(
+		has(out,
+		    "gmbd_tag_bytes{client=\"w\\\"x\\\\y\",client_id=\"1\",tag=\"kv\"} 4194304\n"),
+		"%s", out);
+	cr_expect(
+		has(out, "gmbd_tag_paused{client=\"w\\\"x\\\\y\",client_id=\"1\",tag=\"kv\"} 1\n"));
 	cr_expect(has(out, "gmbd_pauses_total 1\n"));
 	cr_expect(has(out, "gmbd_refusals_total{reason=\"budget\"} 1\n"));
-	cr_expect(has(out, "gmbd_host_copy_bytes_total{direction=\"to_host\"} 4194304\n"), "%s", out);
+	cr_expect(has(out, "gmbd_host_copy_bytes_total{direction=\"to_host\"} 4194304\n"), "%s",
+		  out);
 	cr_expect(has(out, "# TYPE gmbd_pause_duration_seconds histogram\n"));
 	cr_expect(has(out, "gmbd_pause_duration_seconds_bucket{le=\"+Inf\"} 1\n"));
 	cr_expect(has(out, "gmbd_pause_duration_seconds_count 1\n"));
@@ -147,7 +153,8 @@ Test(metrics, prometheus_scrapes_gmbd)
 	snprintf(cfgtext, sizeof(cfgtext),
 		 "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
 		 "scrape_configs:\n  - job_name: gmbd\n    static_configs:\n"
-		 "      - targets: ['127.0.0.1:%d']\n", port);
+		 "      - targets: ['127.0.0.1:%d']\n",
+		 port);
 	f = fopen(cfg, "w");
 	cr_assert(not(eq(ptr, f, NULL)));
 	fputs(cfgtext, f);
@@ -173,9 +180,10 @@ Test(metrics, prometheus_scrapes_gmbd)
 		execl("/usr/bin/prometheus", "prometheus", cf, st, listen, (char *)NULL);
 		_exit(127);
 	}
-	snprintf(url, sizeof(url),
-		 "http://127.0.0.1:%d/api/v1/query?query=gmbd_pauses_total%%7Bjob%%3D%%22gmbd%%22%%7D",
-		 prom_port);
+	snprintf(
+		url, sizeof(url),
+		"http://127.0.0.1:%d/api/v1/query?query=gmbd_pauses_total%%7Bjob%%3D%%22gmbd%%22%%7D",
+		prom_port);
 	/* Bounded: Prometheus starts, scrapes within a second or two. */
 	for (int i = 0; i < 300 && !found; i++) {
 		struct timespec ts = { 0, 100 * 1000 * 1000 };

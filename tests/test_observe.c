@@ -120,22 +120,27 @@ Test(observe, control_column_follows_the_handler)
 	worker_up(&w, "ctlw");
 	cr_assert(eq(i32, worker_cmd(&w, NULL, 0, "malloc kv %llu", 4 * MiB), 0));
 	cr_assert(eq(i32, ctl("-s", sock, "status", "--json"), 0), "%s", err);
-	cr_expect(not(eq(ptr, strstr(out, "\"control\":false"), NULL)), "no handler yet, status says: %s", out);
+	cr_expect(not(eq(ptr, strstr(out, "\"control\":false"), NULL)),
+		  "no handler yet, status says: %s", out);
 	cr_assert(eq(i32, ctl("-s", sock, "pause", "ctlw"), 1));
 	cr_expect(not(eq(ptr, strstr(err, "has no control handler"), NULL)), "refusal: %s", err);
-	cr_expect(not(eq(ptr, strstr(err, "GMB_CONTROL=accept"), NULL)), "refusal says what to do: %s", err);
+	cr_expect(not(eq(ptr, strstr(err, "GMB_CONTROL=accept"), NULL)),
+		  "refusal says what to do: %s", err);
 	cr_expect(log_has("request refused", "client=gmbctl", "request=control",
 			  "reason=no_control", NULL));
 
 	cr_assert(eq(i32, worker_cmd(&w, NULL, 0, "handler accept"), 0));
 	cr_assert(eq(i32, ctl("-s", sock, "status", "--json"), 0), "%s", err);
-	cr_expect(not(eq(ptr, strstr(out, "\"control\":true"), NULL)), "handler installed, status says: %s", out);
+	cr_expect(not(eq(ptr, strstr(out, "\"control\":true"), NULL)),
+		  "handler installed, status says: %s", out);
 	cr_assert(eq(i32, ctl("-s", sock, "status"), 0));
 	cr_expect(not(eq(ptr, strstr(out, "yes"), NULL)), "%s", out);
 	cr_assert(eq(i32, ctl("pause", "-s", sock, "ctlw", "kv"), 0), "%s", err);
-	cr_expect(not(eq(ptr, strstr(out, "paused tag 'kv' of client 'ctlw'"), NULL)), "pause says: %s", out);
+	cr_expect(not(eq(ptr, strstr(out, "paused tag 'kv' of client 'ctlw'"), NULL)),
+		  "pause says: %s", out);
 	cr_assert(eq(i32, ctl("resume", "ctlw", "--socket", sock), 0), "%s", err);
-	cr_expect(not(eq(ptr, strstr(out, "resumed every tag of client 'ctlw'"), NULL)), "resume says: %s", out);
+	cr_expect(not(eq(ptr, strstr(out, "resumed every tag of client 'ctlw'"), NULL)),
+		  "resume says: %s", out);
 	worker_quit(&w);
 }
 
@@ -212,7 +217,8 @@ Test(observe, gmbctl_help_and_hints)
 	cr_assert(eq(i32, ctl("help"), 0));
 	cr_expect(has(out, "watch [--json]") && has(out, "top"), "%s", out);
 	cr_assert(eq(i32, ctl("help", "pause"), 0));
-	cr_expect(not(eq(ptr, strstr(out, "Usage: gmbctl [OPTIONS] pause CLIENT [TAG]"), NULL)), "%s", out);
+	cr_expect(not(eq(ptr, strstr(out, "Usage: gmbctl [OPTIONS] pause CLIENT [TAG]"), NULL)),
+		  "%s", out);
 	cr_expect(eq(i32, ctl("help", "nosuch"), 2));
 	snprintf(missing, sizeof(missing), "%s/none.sock", sockdir);
 	cr_assert(eq(i32, ctl("status", "-s", missing), 1));
@@ -237,7 +243,8 @@ Test(observe, status_shows_the_driver_view)
 	/* Old names stay. */
 	cr_expect(eq(i64, json_i64(out, "used_bytes"), 8 * MiB));
 	cr_assert(eq(i32, ctl("-s", sock, "status"), 0));
-	cr_expect(has(out, "OUTSIDE") && has(out, "IDLE") && has(out, "AVAIL") && !has(out, " FREE"),
+	cr_expect(has(out, "OUTSIDE") && has(out, "IDLE") && has(out, "AVAIL") &&
+			  !has(out, " FREE"),
 		  "%s", out);
 	worker_quit(&w);
 }
@@ -246,7 +253,7 @@ Test(observe, status_shows_the_driver_view)
 
 struct child {
 	pid_t pid;
-	int out;        /* its stdout */
+	int out; /* its stdout */
 	char buf[CAP];
 	size_t len;
 };

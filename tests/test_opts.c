@@ -68,7 +68,8 @@ Test(opts, defaults)
 Test(opts, socket_mode_and_group)
 {
 	cr_assert(eq(i32, parse("--socket-mode", "0600", "--socket-group", "users", NULL),
-		     OPTS_RUN), "%s", err);
+		     OPTS_RUN),
+		  "%s", err);
 	cr_assert(eq(u32, o.socket_mode, 0600));
 	cr_assert(eq(str, (char *)o.socket_group, "users"));
 	cr_assert(eq(i32, parse("--socket-mode=666", NULL), OPTS_RUN), "%s", err);
@@ -87,11 +88,13 @@ Test(opts, socket_default_follows_the_environment)
 
 Test(opts, every_option_is_stored)
 {
-	cr_assert(eq(i32, parse("--backend=host", "--host-devices", "4", "--host-memory=16G",
-				"--host-granularity", "4MiB", "--max-chunk=512M", "--pool-keep=0",
-				"--budget", "6GiB", "--reserve", "0", "--admin-group", "wheel",
-				"--control-timeout", "5", "--log-level", "debug", NULL),
-		     OPTS_RUN), "%s", err);
+	cr_assert(eq(i32,
+		     parse("--backend=host", "--host-devices", "4", "--host-memory=16G",
+			   "--host-granularity", "4MiB", "--max-chunk=512M", "--pool-keep=0",
+			   "--budget", "6GiB", "--reserve", "0", "--admin-group", "wheel",
+			   "--control-timeout", "5", "--log-level", "debug", NULL),
+		     OPTS_RUN),
+		  "%s", err);
 	cr_assert(eq(str, (char *)o.backend, "host"));
 	cr_assert(eq(i32, o.host_devices, 4));
 	cr_assert(eq(u64, o.host_memory, 16 * GiB));
@@ -114,11 +117,20 @@ Test(opts, size_suffixes)
 		const char *text;
 		uint64_t bytes;
 	} ok[] = {
-		{ "0", 0 },		{ "4096", 4096 },	 { "1K", KiB },
-		{ "1KiB", KiB },	{ "3M", 3 * MiB },	 { "3MiB", 3 * MiB },
-		{ "8G", 8 * GiB },	{ "8GiB", 8 * GiB },	 { "2T", 2 * TiB },
-		{ "2TiB", 2 * TiB },	{ "5g", 5 * GiB },	 { "7mib", 7 * MiB },
-		{ "18446744073709551615", UINT64_MAX },		 { "16777215T", 16777215 * TiB },
+		{ "0", 0 },
+		{ "4096", 4096 },
+		{ "1K", KiB },
+		{ "1KiB", KiB },
+		{ "3M", 3 * MiB },
+		{ "3MiB", 3 * MiB },
+		{ "8G", 8 * GiB },
+		{ "8GiB", 8 * GiB },
+		{ "2T", 2 * TiB },
+		{ "2TiB", 2 * TiB },
+		{ "5g", 5 * GiB },
+		{ "7mib", 7 * MiB },
+		{ "18446744073709551615", UINT64_MAX },
+		{ "16777215T", 16777215 * TiB },
 	};
 
 	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
@@ -131,10 +143,10 @@ Test(opts, size_suffixes)
 
 Test(opts, size_overflow_and_junk)
 {
-	static const char *const too_big[] = { "18446744073709551616", "16777216T",
-					       "17179869184G", "99999999999999999999999" };
-	static const char *const junk[] = { "", "G", "-1", "+1", " 1", "1 ", "1.5G", "1GB",
-					    "1Gi", "0x10", "1KK", "ten" };
+	static const char *const too_big[] = { "18446744073709551616", "16777216T", "17179869184G",
+					       "99999999999999999999999" };
+	static const char *const junk[] = { "",	    "G",   "-1",  "+1",	  " 1",	 "1 ",
+					    "1.5G", "1GB", "1Gi", "0x10", "1KK", "ten" };
 	uint64_t v;
 
 	for (size_t i = 0; i < sizeof(too_big) / sizeof(too_big[0]); i++)
@@ -148,17 +160,28 @@ Test(opts, size_overflow_and_junk)
 Test(opts, bad_values_name_the_option)
 {
 	static const char *const bad[][2] = {
-		{ "--backend", "gpu" },		 { "--host-devices", "0" },
-		{ "--host-devices", "65" },	 { "--host-devices", "2x" },
-		{ "--host-memory", "0" },	 { "--host-granularity", "0" },
-		{ "--max-chunk", "1.5G" },	 { "--budget", "0" },
-		{ "--reserve", "-2G" },		 { "--control-timeout", "0" },
-		{ "--control-timeout", "86401" }, { "--log-level", "chatty" },
-		{ "--socket", "" },		 { "--admin-group", "" },
-		{ "--socket-mode", "0888" },	 { "--socket-mode", "01777" },
-		{ "--socket-mode", "0066" },	 { "--socket-mode", "" },
-		{ "--socket-mode", "-1" },	 { "--socket-group", "" },
-		{ "--hello-timeout", "3601" },	 { "--max-connections-per-uid", "x" },
+		{ "--backend", "gpu" },
+		{ "--host-devices", "0" },
+		{ "--host-devices", "65" },
+		{ "--host-devices", "2x" },
+		{ "--host-memory", "0" },
+		{ "--host-granularity", "0" },
+		{ "--max-chunk", "1.5G" },
+		{ "--budget", "0" },
+		{ "--reserve", "-2G" },
+		{ "--control-timeout", "0" },
+		{ "--control-timeout", "86401" },
+		{ "--log-level", "chatty" },
+		{ "--socket", "" },
+		{ "--admin-group", "" },
+		{ "--socket-mode", "0888" },
+		{ "--socket-mode", "01777" },
+		{ "--socket-mode", "0066" },
+		{ "--socket-mode", "" },
+		{ "--socket-mode", "-1" },
+		{ "--socket-group", "" },
+		{ "--hello-timeout", "3601" },
+		{ "--max-connections-per-uid", "x" },
 	};
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -210,12 +233,30 @@ Test(opts, help_and_version)
 Test(opts, help_lists_every_option_and_its_default)
 {
 	static const char *const want[] = {
-		"--socket=PATH", "/run/gmbd/gmbd.sock", "--backend=auto|cuda|host", "--host-devices=N",
-		"--host-memory=BYTES", "(default: 8GiB)", "--host-granularity=BYTES", "(default: 2MiB)",
-		"--max-chunk=BYTES", "(default: 1GiB)", "--pool-keep=BYTES|unlimited", "0: a pause gives memory to the driver",
-		"--budget=BYTES", "minus --reserve", "--reserve=BYTES", "2GiB on cuda, 0 on host",
-		"--admin-group=NAME", "(default: gmb-admin)", "--control-timeout=SECONDS", "(default: 30)",
-		"--log-level=LEVEL", "(default: info)", "-h, --help", "-V, --version",
+		"--socket=PATH",
+		"/run/gmbd/gmbd.sock",
+		"--backend=auto|cuda|host",
+		"--host-devices=N",
+		"--host-memory=BYTES",
+		"(default: 8GiB)",
+		"--host-granularity=BYTES",
+		"(default: 2MiB)",
+		"--max-chunk=BYTES",
+		"(default: 1GiB)",
+		"--pool-keep=BYTES|unlimited",
+		"0: a pause gives memory to the driver",
+		"--budget=BYTES",
+		"minus --reserve",
+		"--reserve=BYTES",
+		"2GiB on cuda, 0 on host",
+		"--admin-group=NAME",
+		"(default: gmb-admin)",
+		"--control-timeout=SECONDS",
+		"(default: 30)",
+		"--log-level=LEVEL",
+		"(default: info)",
+		"-h, --help",
+		"-V, --version",
 	};
 	char *text = NULL;
 	size_t len = 0;

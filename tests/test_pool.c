@@ -59,8 +59,9 @@ static void check_pool(const struct pool *p)
 
 static void open_pool(uint64_t budget, uint64_t max_chunk, uint64_t keep)
 {
-	struct pool_cfg cfg = { .budget = budget, .max_chunk = max_chunk, .keep = keep,
-				.registry = &reg };
+	struct pool_cfg cfg = {
+		.budget = budget, .max_chunk = max_chunk, .keep = keep, .registry = &reg
+	};
 
 	cr_assert(eq(i32, pool_init(&pool, be, 0, &cfg, &next_id), 0));
 }

@@ -32,8 +32,9 @@ static char build[PATH_MAX];
 
 static void start(void)
 {
-	static const char *const args[] = { "--host-devices", "2", "--host-memory", "64MiB",
-					    "--log-level", "warning", NULL };
+	static const char *const args[] = {
+		"--host-devices", "2", "--host-memory", "64MiB", "--log-level", "warning", NULL
+	};
 
 	cr_assert(not(eq(ptr, realpath(test_build_dir(), build), NULL)));
 	cr_assert(eq(i32, gmbd_start(&gmbd, args), 0), "gmbd did not start");
@@ -147,7 +148,8 @@ Test(preload, shim_needs_no_cuda_library_and_exports_only_the_overrides)
 
 	snprintf(path, sizeof(path), "%s/libgmb_preload.so", build);
 	cr_assert(eq(i32, run_capture(argv, NULL, out, err, sizeof(out)), 0), "readelf: %s", err);
-	cr_assert(not(eq(ptr, strstr(out, "(NEEDED)"), NULL)), "readelf printed no NEEDED: %s", out);
+	cr_assert(not(eq(ptr, strstr(out, "(NEEDED)"), NULL)), "readelf printed no NEEDED: %s",
+		  out);
 	for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
 		if (!strstr(line, "(NEEDED)"))
 			continue;
@@ -192,9 +194,13 @@ Test(preload, a_region_allocation_comes_from_gmbd_on_the_current_device)
 	run(&w, 0, "device 1");
 	alloc(&w, "malloc 3000000", p);
 	cr_assert(owns(&w, p));
-	cr_assert(not(eq(ptr, strstr(run(&w, 0, "status"), "{\"name\":\"w\",\"device\":1,"
-				     "\"state\":\"active\",\"mode\":\"preserve\",\"allocations\":1,"
-				     "\"bytes\":4194304}"), NULL)), "tag w on device 1, preserve");
+	cr_assert(not(eq(ptr,
+			 strstr(run(&w, 0, "status"),
+				"{\"name\":\"w\",\"device\":1,"
+				"\"state\":\"active\",\"mode\":\"preserve\",\"allocations\":1,"
+				"\"bytes\":4194304}"),
+			 NULL)),
+		  "tag w on device 1, preserve");
 	snprintf(cmd, sizeof(cmd), "fill %s 3000000 0x5a", p);
 	run(&w, 0, cmd);
 	run(&w, 0, "pause w");
@@ -261,10 +267,16 @@ Test(preload, regions_nest_and_a_plain_region_opts_out)
 	run(&w, 0, "end");
 	cr_assert(owns(&w, a) && owns(&w, b) && !owns(&w, plain));
 	st = run(&w, 0, "status");
-	cr_assert(not(eq(ptr, strstr(st, "{\"name\":\"b\",\"device\":0,\"state\":\"active\","
-				     "\"mode\":\"zero\",\"allocations\":1"), NULL)), "%s", st);
-	cr_assert(not(eq(ptr, strstr(st, "{\"name\":\"a\",\"device\":0,\"state\":\"active\","
-				     "\"mode\":\"discard\",\"allocations\":1"), NULL)), "%s", st);
+	cr_assert(not(eq(ptr,
+			 strstr(st, "{\"name\":\"b\",\"device\":0,\"state\":\"active\","
+				    "\"mode\":\"zero\",\"allocations\":1"),
+			 NULL)),
+		  "%s", st);
+	cr_assert(not(eq(ptr,
+			 strstr(st, "{\"name\":\"a\",\"device\":0,\"state\":\"active\","
+				    "\"mode\":\"discard\",\"allocations\":1"),
+			 NULL)),
+		  "%s", st);
 	expect_stats(&w, "mallocs=1 frees=0 bad_frees=0 syncs=0 amallocs=0 afrees=0");
 	run(&w, 0, "end");
 	run(&w, -EINVAL, "end");
@@ -288,8 +300,11 @@ Test(preload, the_default_tag_takes_every_allocation_of_the_process)
 	cr_assert(owns(&w, p), "Python's dlopen finds the shim's copy of libgmb");
 	st = run(&w, 0, "status");
 	cr_assert(not(eq(ptr, strstr(st, "\"name\":\"trainer\""), NULL)), "%s", st);
-	cr_assert(not(eq(ptr, strstr(st, "{\"name\":\"train\",\"device\":0,\"state\":\"active\","
-				     "\"mode\":\"preserve\",\"allocations\":1"), NULL)), "%s", st);
+	cr_assert(not(eq(ptr,
+			 strstr(st, "{\"name\":\"train\",\"device\":0,\"state\":\"active\","
+				    "\"mode\":\"preserve\",\"allocations\":1"),
+			 NULL)),
+		  "%s", st);
 	quit(&w);
 }
 

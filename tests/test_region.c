@@ -149,8 +149,9 @@ static void expect_tag(gmb_client *c, const char *tag, const char *state, const 
 	char want[256];
 	const char *st = status(c);
 
-	snprintf(want, sizeof(want), "{\"name\":\"%s\",\"device\":0,\"state\":\"%s\",\"mode\":\"%s\"",
-		 tag, state, mode);
+	snprintf(want, sizeof(want),
+		 "{\"name\":\"%s\",\"device\":0,\"state\":\"%s\",\"mode\":\"%s\"", tag, state,
+		 mode);
 	cr_assert(not(eq(ptr, strstr(st, want), NULL)), "want %s in %s", want, st);
 }
 
@@ -296,7 +297,8 @@ Test(hook, a_forked_child_makes_its_own_default_client)
 	cr_assert(eq(i32, (int)waitpid(pid, &st, 0), (int)pid));
 	cr_assert(eq(i32, WEXITSTATUS(st), 0), "the child connected anew");
 	cr_assert(eq(i32, gmb_connect_flags(NULL, "op", GMB_CONNECT_TOOL, &ctl), 0));
-	cr_assert(not(eq(ptr, strstr(status(d), "\"name\":\"parent\""), NULL)), "the parent's lives");
+	cr_assert(not(eq(ptr, strstr(status(d), "\"name\":\"parent\""), NULL)),
+		  "the parent's lives");
 	gmb_close(ctl);
 }
 

@@ -29,7 +29,7 @@
 #include "gmb.h"
 #include "tests/util.h"
 
-#define MiB (1024ULL * 1024)
+#define MiB	(1024ULL * 1024)
 #define WAIT_MS 10000
 
 static struct {
@@ -41,13 +41,15 @@ static struct {
 	unsigned starts;
 } fx;
 
-static const char *const gmbd_args[] = { "--host-memory", "64MiB", "--max-chunk", "4MiB",
-					 "--rejoin-grace", "2", "--log-level", "notice", NULL };
+static const char *const gmbd_args[] = { "--host-memory", "64MiB",	    "--max-chunk",
+					 "4MiB",	  "--rejoin-grace", "2",
+					 "--log-level",	  "notice",	    NULL };
 
 /* Starts gmbd with the listening socket and everything in the store. */
 static void gmbd_up(void)
 {
-	struct sd_pass pass[FAKE_SD_MAX_FDS + 1] = { { .fd = fx.listen_fd, .name = "gmbd.socket" } };
+	struct sd_pass pass[FAKE_SD_MAX_FDS + 1] = { { .fd = fx.listen_fd,
+						       .name = "gmbd.socket" } };
 	int n = 1 + fake_sd_pass(&fx.sd, pass + 1, FAKE_SD_MAX_FDS);
 
 	cr_assert(eq(i32, gmbd_spawn(&fx.gmbd, fx.notify, pass, n, gmbd_args), 0));
@@ -139,8 +141,10 @@ Test(restart, sigkill_keeps_contents_addresses_and_status)
 	wcmd_ok(&w2, NULL, 0, "fill act 0x77");
 	before = status_json();
 	/* act took kv's free chunk (same uid) and one new: 6 + 4 + 4 MiB held. */
-	cr_assert(eq(i32, fake_sd_wait_status(&fx.sd, "2 clients, 14.0 MiB lent of 14.0 MiB", WAIT_MS),
-		     0), "STATUS= says: %s", fx.sd.status);
+	cr_assert(eq(i32,
+		     fake_sd_wait_status(&fx.sd, "2 clients, 14.0 MiB lent of 14.0 MiB", WAIT_MS),
+		     0),
+		  "STATUS= says: %s", fx.sd.status);
 
 	gmbd_kill();
 	chunks = fake_sd_count(&fx.sd, "chunk.");
@@ -243,8 +247,8 @@ Test(restart, dead_and_silent_clients_are_reclaimed)
 	free(json);
 
 	gmbd_kill();
-	worker_kill(&w2);             /* dies while gmbd is down */
-	kill(w3.pid, SIGSTOP);        /* alive, but does not come back */
+	worker_kill(&w2);      /* dies while gmbd is down */
+	kill(w3.pid, SIGSTOP); /* alive, but does not come back */
 	gmbd_up();
 
 	cr_assert(status_lacks("dead"), "a client whose process is gone was not reclaimed");
@@ -286,7 +290,8 @@ static int raw_ask(int fd, Gmb__Envelope *env, uint64_t id)
 		return -EPIPE;
 	wire_close_fds(fds, nfds);
 	st = rep->status;
-	if (st == 0 && rep->body_case == GMB__ENVELOPE__BODY_HELLO_REPLY && !rep->hello_reply->rejoined)
+	if (st == 0 && rep->body_case == GMB__ENVELOPE__BODY_HELLO_REPLY &&
+	    !rep->hello_reply->rejoined)
 		st = -EBADMSG;
 	gmb__envelope__free_unpacked(rep, NULL);
 	return st;

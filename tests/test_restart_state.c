@@ -24,7 +24,7 @@
 #include "gmb.h"
 #include "tests/util.h"
 
-#define MiB (1ULL << 20)
+#define MiB	(1ULL << 20)
 #define MAX_FDS 64
 
 static struct {
@@ -37,8 +37,10 @@ static struct {
 
 static struct broker *new_broker(const struct pool_hooks *hooks)
 {
-	struct broker_opts bo = { .max_chunk = 4 * MiB, .pool_keep = UINT64_MAX,
-				  .daemon_uid = geteuid(), .hooks = hooks };
+	struct broker_opts bo = { .max_chunk = 4 * MiB,
+				  .pool_keep = UINT64_MAX,
+				  .daemon_uid = geteuid(),
+				  .hooks = hooks };
 	struct broker *br;
 
 	cr_assert(eq(i32, broker_new(fx.be, &bo, &br), 0));
@@ -47,8 +49,7 @@ static struct broker *new_broker(const struct pool_hooks *hooks)
 
 static struct bclient *add_client(struct broker *br, const char *name, pid_t pid, bool tool)
 {
-	struct broker_peer peer = { .pid = pid, .uid = getuid(), .gid = getgid(),
-				    .start_time = 42 };
+	struct broker_peer peer = { .pid = pid, .uid = getuid(), .gid = getgid(), .start_time = 42 };
 	struct bclient *c;
 
 	cr_assert(eq(i32, broker_client_add(br, &peer, name, !tool, tool, &c), 0));
@@ -89,7 +90,8 @@ static void chunk_fill(struct broker *br, uint64_t id, int byte, bool check)
 /* The record's world: a trainer (weights active, kv paused), an engine, a tool. */
 static void setup(void)
 {
-	struct backend_host_opts ho = { .ndevices = 1, .memory = 256 * MiB,
+	struct backend_host_opts ho = { .ndevices = 1,
+					.memory = 256 * MiB,
 					.granularity = 2 * MiB };
 	char err[ERR_MSG_MAX];
 
@@ -129,7 +131,8 @@ static void export_all(struct broker *br)
 		struct state_fd *f = &fx.fds[fx.nfds++];
 
 		*f = (struct state_fd){ .id = id, .dev = ch->dev, .size = ch->size };
-		cr_assert(eq(i32, br->backend->ops->chunk_export(br->backend, ch->handle, &f->fd), 0));
+		cr_assert(eq(i32, br->backend->ops->chunk_export(br->backend, ch->handle, &f->fd),
+			     0));
 	}
 }
 
@@ -263,8 +266,9 @@ static void claim_of(struct bclient *c, struct claim *k)
 				k->ids[i][j] = a->chunks[j]->id;
 				k->held[k->cl.nheld++] = a->chunks[j]->id;
 			}
-			k->allocs[i] = (struct broker_claim_alloc){ a->id, t->name, a->dev, a->size,
-								     a->active, k->ids[i], a->nchunks };
+			k->allocs[i] = (struct broker_claim_alloc){ a->id,     t->name,	  a->dev,
+								    a->size,   a->active, k->ids[i],
+								    a->nchunks };
 		}
 	}
 }
@@ -467,8 +471,8 @@ Test(state, an_active_lend_that_does_not_add_up_is_restored_paused)
 				act = t->allocs[0];
 		}
 	cr_assert(w && act && w->active && act->active && w->n_chunk_ids == 2);
-	act->size = 4 * MiB;                  /* its chunk holds 2 MiB */
-	w->chunk_ids[0] = w->chunk_ids[1];    /* 2 + 2 MiB: named twice, and short */
+	act->size = 4 * MiB;		   /* its chunk holds 2 MiB */
+	w->chunk_ids[0] = w->chunk_ids[1]; /* 2 + 2 MiB: named twice, and short */
 	len = gmb__state__get_packed_size(rec);
 	buf = malloc(len);
 	gmb__state__pack(rec, buf);
@@ -508,14 +512,14 @@ Test(state, a_paused_tag_lends_nothing_and_a_tag_comes_back_once)
 		if (!strcmp(cl->tags[j]->name, "weights"))
 			w = cl->tags[j];
 	cr_assert(w && w->allocs[0]->active && cl->n_tags == 2);
-	w->paused = true;                     /* its allocation still says active */
+	w->paused = true; /* its allocation still says active */
 	twice[0] = cl->tags[0], twice[1] = cl->tags[1], twice[2] = w;
 	tags = cl->tags;
-	cl->tags = twice, cl->n_tags = 3;     /* and weights once more */
+	cl->tags = twice, cl->n_tags = 3; /* and weights once more */
 	len = gmb__state__get_packed_size(rec);
 	buf = malloc(len);
 	gmb__state__pack(rec, buf);
-	cl->tags = tags, cl->n_tags = 2;      /* rec's own, freed with it */
+	cl->tags = tags, cl->n_tags = 2; /* rec's own, freed with it */
 	export_all(fx.br);
 	fx.br2 = new_broker(NULL);
 	cr_assert(eq(i32, state_restore(fx.br2, buf, len, fx.fds, fx.nfds, &st), 0));
@@ -536,8 +540,12 @@ Test(state, a_paused_tag_lends_nothing_and_a_tag_comes_back_once)
 Test(state, a_client_s_groups_come_back_all)
 {
 	static gid_t groups[100];
-	struct broker_peer peer = { .pid = 4321, .uid = getuid(), .gid = getgid(),
-				    .groups = groups, .ngroups = 100, .start_time = 42 };
+	struct broker_peer peer = { .pid = 4321,
+				    .uid = getuid(),
+				    .gid = getgid(),
+				    .groups = groups,
+				    .ngroups = 100,
+				    .start_time = 42 };
 	struct state_stats st;
 	struct bclient *c, *back;
 

@@ -297,9 +297,10 @@ static int other_alloc_ok(void *arg)
 /* A client gmbd hung up on keeps its memory while its process lives. */
 static void doomed_client_keeps_memory(bool rejoin)
 {
-	static const char *const args[] = { "--host-memory", "64MiB", "--budget", "4MiB",
-					    "--max-chunk", "2MiB", "--rejoin-grace", "60",
-					    "--log-level", "err", NULL };
+	static const char *const args[] = {
+		"--host-memory",  "64MiB", "--budget",	  "4MiB", "--max-chunk", "2MiB",
+		"--rejoin-grace", "60",	   "--log-level", "err",  NULL
+	};
 	struct child ch;
 	gmb_client *other;
 	void *p = NULL;
@@ -354,9 +355,10 @@ static bool fd_limit_at_least(rlim_t want)
  * chunk), within a 20,000-fd limit on each side. */
 Test(robust, lend_of_15000_chunks_travels_in_pieces)
 {
-	static const char *const args[] = { "--host-memory", "256MiB", "--host-granularity",
-					    "16KiB", "--max-chunk", "16KiB", "--fdstore-max", "0",
-					    "--log-level", "err", NULL };
+	static const char *const args[] = { "--host-memory", "256MiB",	    "--host-granularity",
+					    "16KiB",	     "--max-chunk", "16KiB",
+					    "--fdstore-max", "0",	    "--log-level",
+					    "err",	     NULL };
 	const size_t n = 15000, g = 16 * KiB, size = n * g;
 	gmb_client *c;
 	unsigned char *p = NULL;
@@ -407,8 +409,9 @@ static int gmbctl_status(bool json, char *out, char *err, size_t cap)
 /* 256 tags of 128-byte names, an allocation in each on each of 2 devices. */
 Test(robust, status_lists_a_client_larger_than_a_packet)
 {
-	static const char *const args[] = { "--host-devices", "2", "--host-memory", "2GiB",
-					    "--log-level", "err", NULL };
+	static const char *const args[] = {
+		"--host-devices", "2", "--host-memory", "2GiB", "--log-level", "err", NULL
+	};
 	const size_t cap = 4 << 20;
 	char *out = malloc(cap), *err = malloc(cap);
 	char tag[129], *json = NULL;

@@ -30,8 +30,8 @@
 #include "gmb.h"
 #include "tests/util.h"
 
-#define MiB (1024ULL * 1024)
-#define WAIT_MS 10000
+#define MiB		(1024ULL * 1024)
+#define WAIT_MS		10000
 #define SOCKET_ACTIVATE "/usr/bin/systemd-socket-activate"
 
 static struct {
@@ -119,9 +119,11 @@ static void socket_activate(const char *const *gmbd_args)
 
 Test(sd, socket_activation_ready_watchdog_status_stopping)
 {
-	static const char *const args[] = { "--backend", "host", "--host-memory", "64MiB",
-					    "--socket", "/nonexistent/never-bound.sock",
-					    "--log-level", "notice", NULL };
+	static const char *const args[] = {
+		"--backend",   "host",	   "--host-memory",
+		"64MiB",       "--socket", "/nonexistent/never-bound.sock",
+		"--log-level", "notice",   NULL
+	};
 	struct worker w;
 	char out[256];
 
@@ -144,8 +146,8 @@ Test(sd, socket_activation_ready_watchdog_status_stopping)
 	cr_assert(eq(i32, fake_sd_wait_status(&fx.sd, "1 client, 0 B lent", WAIT_MS), 0),
 		  "STATUS= says: %s", fx.sd.status);
 	cr_assert(eq(i32, worker_quit(&w), 0));
-	cr_assert(eq(i32, fake_sd_wait_status(&fx.sd, "0 clients", WAIT_MS), 0),
-		  "STATUS= says: %s", fx.sd.status);
+	cr_assert(eq(i32, fake_sd_wait_status(&fx.sd, "0 clients", WAIT_MS), 0), "STATUS= says: %s",
+		  fx.sd.status);
 
 	kill(fx.gmbd.pid, SIGTERM);
 	cr_assert(eq(i32, gmbd_wait(&fx.gmbd), 0), "gmbd did not exit cleanly");
@@ -212,22 +214,24 @@ Test(conf, every_option_is_settable_and_the_command_line_wins)
 
 	snprintf(path, sizeof(path), "%s/gmbd.conf", fx.dir);
 	write_file(path, "# a comment\n\n"
-		   "socket = /run/x/gmbd.sock\n"
-		   "backend = host\n"
-		   "host-devices = 3\n"
-		   "  host-memory =  96MiB  \n"
-		   "host-granularity = 64KiB\n"
-		   "max-chunk = \"8MiB\"\n"
-		   "pool-keep = 32MiB\n"
-		   "budget = 48MiB\n"
-		   "reserve = 1MiB\n"
-		   "admin-group = wheel\n"
-		   "control-timeout = 7\n"
-		   "log-level = debug\n"
-		   "fdstore-max = 99\n"
-		   "rejoin-grace = 5\n");
-	cr_assert(eq(i32, parse(&o, "--config", path, "--log-level", "err", "--host-devices", "2",
-				NULL), OPTS_RUN), "%s", conf_err);
+			 "socket = /run/x/gmbd.sock\n"
+			 "backend = host\n"
+			 "host-devices = 3\n"
+			 "  host-memory =  96MiB  \n"
+			 "host-granularity = 64KiB\n"
+			 "max-chunk = \"8MiB\"\n"
+			 "pool-keep = 32MiB\n"
+			 "budget = 48MiB\n"
+			 "reserve = 1MiB\n"
+			 "admin-group = wheel\n"
+			 "control-timeout = 7\n"
+			 "log-level = debug\n"
+			 "fdstore-max = 99\n"
+			 "rejoin-grace = 5\n");
+	cr_assert(eq(i32,
+		     parse(&o, "--config", path, "--log-level", "err", "--host-devices", "2", NULL),
+		     OPTS_RUN),
+		  "%s", conf_err);
 	cr_assert(eq(str, (char *)o.config, path));
 	cr_assert(eq(str, (char *)o.socket, "/run/x/gmbd.sock"));
 	cr_assert(eq(str, (char *)o.backend, "host"));
@@ -278,7 +282,8 @@ Test(conf, a_missing_explicit_file_is_an_error_unless_help)
 
 	cr_assert(eq(i32, parse(&o, "--config", "/nonexistent/gmbd.conf", NULL), -ENOENT));
 	cr_assert(not(eq(ptr, strstr(conf_err, "/nonexistent/gmbd.conf"), NULL)), "%s", conf_err);
-	cr_assert(eq(i32, parse(&o, "--conf", "/nonexistent/gmbd.conf", "--help", NULL), OPTS_HELP));
+	cr_assert(
+		eq(i32, parse(&o, "--conf", "/nonexistent/gmbd.conf", "--help", NULL), OPTS_HELP));
 	snprintf(bin, sizeof(bin), "%s/gmbd", test_build_dir());
 	cr_assert(eq(i32, run_capture(argv, NULL, out, err, sizeof(out)), 2));
 	cr_assert(not(eq(ptr, strstr(err, "/nonexistent/gmbd.conf"), NULL)), "%s", err);
@@ -300,11 +305,14 @@ Test(conf, help_mentions_the_configuration_file)
 /* Every "# name = value" line of the sample, uncommented, is a valid setting. */
 Test(conf, the_shipped_sample_documents_every_option_with_valid_values)
 {
-	static const char *const names[] = { "socket", "socket-mode", "socket-group", "backend", "host-devices", "host-memory",
-					     "host-granularity", "max-chunk", "pool-keep",
-					     "budget", "reserve", "admin-group", "control-timeout",
-					     "log-level", "fdstore-max", "rejoin-grace",
-					     "hello-timeout", "max-connections-per-uid" };
+	static const char *const names[] = {
+		"socket",	    "socket-mode",   "socket-group",
+		"backend",	    "host-devices",  "host-memory",
+		"host-granularity", "max-chunk",     "pool-keep",
+		"budget",	    "reserve",	     "admin-group",
+		"control-timeout",  "log-level",     "fdstore-max",
+		"rejoin-grace",	    "hello-timeout", "max-connections-per-uid"
+	};
 	char line[512], path[320], key[64];
 	FILE *f = fopen("deploy/gmbd.conf", "r");
 	struct gmbd_opts o;

@@ -25,11 +25,11 @@
 static struct {
 	uv_loop_t loop;
 	struct server *srv;
-	struct sess *s;          /* the last session opened */
+	struct sess *s; /* the last session opened */
 	int opened, gone, freed, exports;
-	uint64_t ids[8];         /* ids of the packets received, in order */
+	uint64_t ids[8]; /* ids of the packets received, in order */
 	int nrecv;
-	int data;                /* what open() hands the session */
+	int data; /* what open() hands the session */
 } ts;
 
 static int ts_open(void *arg, struct sess *s, void **data)

@@ -53,11 +53,11 @@ int faulty_status_to_json(const Gmb__StatusReply *st, char **out);
 int faulty_status_to_table(const Gmb__StatusReply *st, char **out);
 int faulty_watch_format(const Gmb__WatchEvent *ev, bool json, char **out);
 
-#define realloc fault_realloc
-#define free fault_free
-#define gmb__status_to_json faulty_status_to_json
+#define realloc		     fault_realloc
+#define free		     fault_free
+#define gmb__status_to_json  faulty_status_to_json
 #define gmb__status_to_table faulty_status_to_table
-#define gmb__watch_format faulty_watch_format
+#define gmb__watch_format    faulty_watch_format
 #include "client/lib/api/status_json.c"
 #undef realloc
 #undef free
@@ -87,10 +87,15 @@ static void fixture_small(struct fixture *f)
 			       .tag = GMB__TAG_INFO__INIT };
 	f->st.backend = "host";
 	f->st.version = "0.1.0";
-	f->dev = (Gmb__DeviceInfo){ .base = f->dev.base, .index = 0, .name = "host0",
-				    .total_bytes = 8 * GiB, .budget_bytes = 8 * GiB,
-				    .granularity = 2 * MiB, .pool_bytes = 2 * GiB,
-				    .used_bytes = 1536 * MiB, .free_bytes = 512 * MiB };
+	f->dev = (Gmb__DeviceInfo){ .base = f->dev.base,
+				    .index = 0,
+				    .name = "host0",
+				    .total_bytes = 8 * GiB,
+				    .budget_bytes = 8 * GiB,
+				    .granularity = 2 * MiB,
+				    .pool_bytes = 2 * GiB,
+				    .used_bytes = 1536 * MiB,
+				    .free_bytes = 512 * MiB };
 	f->devs[0] = &f->dev;
 	f->st.n_devices = 1;
 	f->st.devices = f->devs;
@@ -286,7 +291,8 @@ static const char small_table[] =
 	"    kv        0  active  discard       2  1.5 GiB\n";
 
 /* Hostile names: quote, backslash, newline, \x01, DEL, an ANSI escape. */
-static const char hostile[] = "a\"b\\c\nd\x01" "e\x7f\x1b[31m";
+static const char hostile[] = "a\"b\\c\nd\x01"
+			      "e\x7f\x1b[31m";
 
 TestSuite(status_json, .timeout = 30);
 
@@ -311,8 +317,10 @@ Test(status_json, hostile_names_are_escaped)
 	f.cli.name = (char *)hostile;
 	f.tag.name = "\t";
 	json = render_json(&f.st);
-	cr_expect(ne(ptr, strstr(json, "\"name\":\"a\\\"b\\\\c\\u000ad\\u0001e\\u007f\\u001b[31m\""),
-		     NULL), "%s", json);
+	cr_expect(ne(ptr,
+		     strstr(json, "\"name\":\"a\\\"b\\\\c\\u000ad\\u0001e\\u007f\\u001b[31m\""),
+		     NULL),
+		  "%s", json);
 	cr_expect(ne(ptr, strstr(json, "\"name\":\"\\u0009\""), NULL), "%s", json);
 	cr_expect(json_valid(json), "%s", json);
 	free(json);
@@ -343,8 +351,9 @@ Test(status_json, empty_reply_has_empty_lists)
 	char *json;
 
 	json = render_json(&st);
-	cr_expect(eq(str, json, "{\"backend\":\"\",\"version\":\"\",\"devices\":[],\"clients\":[],"
-				   "\"waiters\":[]}"));
+	cr_expect(eq(str, json,
+		     "{\"backend\":\"\",\"version\":\"\",\"devices\":[],\"clients\":[],"
+		     "\"waiters\":[]}"));
 	free(json);
 
 	/* A client without tags; NULL strings of a hand-built reply read as "". */
@@ -409,8 +418,8 @@ Test(status_json, many_clients_and_null_entries)
 Test(status_json, checker_rejects_broken_documents)
 {
 	static const char *const bad[] = {
-		"{\"a\":1,}", "{\"a\" 1}", "[1 2]", "\"x\ny\"", "\"\\x41\"", "\"\\u12\"",
-		"01", "{\"a\":1}x", "\"\xff\"", "[", "",
+		"{\"a\":1,}", "{\"a\" 1}",  "[1 2]",	"\"x\ny\"", "\"\\x41\"", "\"\\u12\"",
+		"01",	      "{\"a\":1}x", "\"\xff\"", "[",	    "",
 	};
 
 	cr_expect(json_valid("{\"a\":[1,-2.5e3,true,null,\"\\u00e9\xc3\xa9\"],\"b\":{}}"));
@@ -545,11 +554,14 @@ Test(status_table, columns_widen_for_long_values_and_tags_align)
 	text = render_table(&f.st);
 	cr_expect(ne(ptr, strstr(text, "DEV  NAME             TOTAL"), NULL), "%s", text);
 	cr_expect(ne(ptr, strstr(text, "  0  a-long-device  8.0 GiB"), NULL), "%s", text);
-	cr_expect(ne(ptr, strstr(text, "    TAG      DEVICE  STATE   MODE      ALLOCS    BYTES\n"), NULL),
+	cr_expect(ne(ptr, strstr(text, "    TAG      DEVICE  STATE   MODE      ALLOCS    BYTES\n"),
+		     NULL),
 		  "%s", text);
-	cr_expect(ne(ptr, strstr(text, "    kv            0  active  discard        2  1.5 GiB\n"), NULL),
+	cr_expect(ne(ptr, strstr(text, "    kv            0  active  discard        2  1.5 GiB\n"),
+		     NULL),
 		  "%s", text);
-	cr_expect(ne(ptr, strstr(text, "    weights       -  paused  preserve       0      0 B\n"), NULL),
+	cr_expect(ne(ptr, strstr(text, "    weights       -  paused  preserve       0      0 B\n"),
+		     NULL),
 		  "%s", text);
 	free(text);
 }
@@ -561,7 +573,8 @@ Test(status_table, hostile_names_cannot_reach_the_terminal_raw)
 
 	fixture_small(&f);
 	f.cli.name = (char *)hostile;
-	f.tag.name = "\xc2\x9b" "2J\xff"; /* C1 CSI, then a byte that is not UTF-8 */
+	f.tag.name = "\xc2\x9b"
+		     "2J\xff"; /* C1 CSI, then a byte that is not UTF-8 */
 	f.dev.name = "gpu\xc3\xa9";
 	text = render_table(&f.st);
 	cr_expect(ne(ptr, strstr(text, "a\"b\\c\\x0ad\\x01e\\x7f\\x1b[31m"), NULL), "%s", text);

@@ -32,9 +32,17 @@ static char disk_dir[PATH_MAX];
 /* gmbd with a 64 KiB granularity, so sizes need not be MiB multiples; @keep: --pool-keep. */
 static void daemon_up(const char *keep)
 {
-	const char *args[] = { "--host-memory",	    "512MiB", "--host-granularity", "64KiB",
-			       "--max-chunk",	    "8MiB",   "--log-level",	    "warning",
-			       keep ? "--pool-keep" : NULL,   keep,		    NULL };
+	const char *args[] = { "--host-memory",
+			       "512MiB",
+			       "--host-granularity",
+			       "64KiB",
+			       "--max-chunk",
+			       "8MiB",
+			       "--log-level",
+			       "warning",
+			       keep ? "--pool-keep" : NULL,
+			       keep,
+			       NULL };
 
 	cr_assert(eq(i32, gmbd_start(&gmbd, args), 0), "gmbd did not start");
 	setenv("GMB_SOCKET", gmbd.sock, 1);
@@ -168,7 +176,8 @@ static void cycle_exact(int backup, size_t n, int cycles)
 		fill(p, n, 10 + (unsigned)i);
 		cr_assert(eq(i32, gmb_pause(client(), "w"), 0), "%s", gmb_last_error(client()));
 		cr_assert(eq(i32, gmb_resume(client(), "w"), 0), "%s", gmb_last_error(client()));
-		cr_assert(holds(p, n, 10 + (unsigned)i), "cycle %d of kind %d: bytes differ", i, backup);
+		cr_assert(holds(p, n, 10 + (unsigned)i), "cycle %d of kind %d: bytes differ", i,
+			  backup);
 	}
 	cr_assert(eq(i32, gmb_free(client(), p), 0));
 }
@@ -219,7 +228,8 @@ Test(tms, without_retain_a_copy_is_freed_after_resume)
 	cr_assert(ge(i64, paused - before, (int64_t)(n * 3 / 4)), "the mmap copy is resident: %lld",
 		  (long long)(paused - before));
 	cr_assert(eq(i32, gmb_resume(client(), "b"), 0));
-	cr_assert(ge(i64, paused - rss_anon(), (int64_t)(n * 3 / 4)), "and its pages are given back");
+	cr_assert(ge(i64, paused - rss_anon(), (int64_t)(n * 3 / 4)),
+		  "and its pages are given back");
 	cr_assert(holds(mm, n, 5));
 
 	cr_assert(eq(i32, gmb_set_disk_dir(disk_dir), 0));
@@ -330,7 +340,8 @@ Test(tms, a_bad_backend_variable_fails_region_allocations_with_a_reason)
 		  gmb_region_last_error());
 	cr_assert(eq(i32, gmb_set_default_backup(GMB_BACKUP_DISK), -EINVAL), "pinned or mmap only");
 	cr_assert(eq(i32, gmb_set_default_backup(GMB_BACKUP_PINNED), 0));
-	cr_assert(eq(i32, gmb_region_malloc(NULL, &p, 1 * MiB, 0), 0), "%s", gmb_region_last_error());
+	cr_assert(eq(i32, gmb_region_malloc(NULL, &p, 1 * MiB, 0), 0), "%s",
+		  gmb_region_last_error());
 	cr_assert(eq(i32, gmb_region_end(), 0));
 	cr_assert(eq(i32, gmb_region_begin_ex("t", GMB_MODE_PRESERVE, 7), -EINVAL));
 }

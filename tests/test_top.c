@@ -41,8 +41,8 @@ TestSuite(top, .init = start, .fini = stop, .timeout = 60);
 
 static int tmux(const char *a1, const char *a2, const char *a3, const char *a4)
 {
-	char *argv[] = { "/usr/bin/tmux", "-S", tsock, (char *)a1, (char *)a2, (char *)a3,
-			 (char *)a4, NULL };
+	char *argv[] = { "/usr/bin/tmux", "-S",	      tsock,	  (char *)a1,
+			 (char *)a2,	  (char *)a3, (char *)a4, NULL };
 
 	return run_capture(argv, NULL, out, err, CAP);
 }
@@ -78,9 +78,10 @@ Test(top, shows_clients_and_follows_a_pause)
 	cr_assert(eq(i32, worker_cmd(&w2, NULL, 0, "malloc weights %llu", 128 * MiB), 0));
 
 	snprintf(cmd, sizeof(cmd), "exec %s -s %s top", ctl, gmbd.sock);
-	cr_assert(eq(i32, run_capture((char *[]){ "/usr/bin/tmux", "-S", tsock, "new-session", "-d",
-						  "-s", "top", "-x", "80", "-y", "24", cmd, NULL },
-				      NULL, out, err, CAP),
+	cr_assert(eq(i32,
+		     run_capture((char *[]){ "/usr/bin/tmux", "-S", tsock, "new-session", "-d",
+					     "-s", "top", "-x", "80", "-y", "24", cmd, NULL },
+				 NULL, out, err, CAP),
 		     0),
 		  "tmux: %s", err);
 	cr_assert(eq(i32, screen_wait("weights"), 0), "screen: %s", out);

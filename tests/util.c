@@ -493,7 +493,9 @@ static int fake_sd_read_one(struct fake_sd *m)
 		struct cmsghdr align;
 	} cbuf;
 	struct iovec iov = { .iov_base = buf, .iov_len = sizeof(buf) - 1 };
-	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.b,
+	struct msghdr msg = { .msg_iov = &iov,
+			      .msg_iovlen = 1,
+			      .msg_control = cbuf.b,
 			      .msg_controllen = sizeof(cbuf.b) };
 	int fds[16], nfds = 0;
 	ssize_t n = recvmsg(m->sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);

@@ -14,9 +14,9 @@
 
 struct gmbd_proc {
 	pid_t pid;
-	char dir[256];  /* temporary folder, removed by gmbd_stop */
+	char dir[256]; /* temporary folder, removed by gmbd_stop */
 	char sock[300];
-	char log[300];  /* gmbd's stderr; shown by gmbd_stop when it failed */
+	char log[300]; /* gmbd's stderr; shown by gmbd_stop when it failed */
 };
 
 /* The build folder under test: $GMB_BUILD_DIR or "build". */
@@ -75,8 +75,8 @@ int wait_until(int (*pred)(void *), void *arg, int ms);
 /* A tests/prog_worker process driven line by line over pipes. */
 struct worker {
 	pid_t pid;
-	FILE *in;   /* its stdin */
-	FILE *out;  /* its stdout */
+	FILE *in;  /* its stdin */
+	FILE *out; /* its stdout */
 };
 
 /* Starts BUILD/tests/prog_worker with GMB_SOCKET=@sock. 0 or -errno. */
@@ -92,7 +92,6 @@ int worker_cmd(struct worker *w, char *text, size_t cap, const char *fmt, ...)
 int worker_quit(struct worker *w);
 /* SIGKILL, wait. */
 void worker_kill(struct worker *w);
-
 
 /*
  * A fake service manager: the datagram socket gmbd's $NOTIFY_SOCKET names,
@@ -111,15 +110,15 @@ struct fake_sd_fd {
 struct fake_sd {
 	char path[300];
 	int sock;
-	int stop[2];                   /* the thread's wake-up pipe */
+	int stop[2]; /* the thread's wake-up pipe */
 	pthread_t thread;
 	pthread_mutex_t lock;
-	pthread_cond_t cond;           /* something arrived */
+	pthread_cond_t cond; /* something arrived */
 	unsigned ready, stopping, watchdog, syncs;
 	char status[512];
 	struct fake_sd_fd store[FAKE_SD_MAX_FDS];
 	int nstore;
-	int overflow;                  /* FDSTOREs beyond FAKE_SD_MAX_FDS */
+	int overflow; /* FDSTOREs beyond FAKE_SD_MAX_FDS */
 };
 
 /* Binds @path and starts reading. 0 or -errno. */
@@ -136,7 +135,7 @@ int fake_sd_count(struct fake_sd *m, const char *prefix);
 
 /* An fd handed to gmbd at start as systemd does (LISTEN_FDS, LISTEN_FDNAMES). */
 struct sd_pass {
-	int fd;                        /* stays the caller's */
+	int fd; /* stays the caller's */
 	const char *name;
 };
 

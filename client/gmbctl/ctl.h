@@ -18,13 +18,13 @@
 struct ctl_args {
 	const char *client;
 	const char *tag;     /* NULL: every tag */
-	int device;          /* -1: every device */
+	int device;	     /* -1: every device */
 	const char *command; /* help COMMAND; NULL: none */
 	const char *socket;  /* NULL: $GMB_SOCKET, else the default */
 	bool json;
-	const char *to;      /* switch: TO */
+	const char *to; /* switch: TO */
 	int priority;
-	uint32_t wait_ms;    /* --wait */
+	uint32_t wait_ms;		/* --wait */
 	const char *tags[CTL_MAX_TAGS]; /* --tags, in order (pointing into tags_buf) */
 	size_t ntags;
 	char tags_buf[4096];

@@ -36,7 +36,11 @@
 
 #define CTL_MAX_ARGS 2
 
-enum { CTL_EXIT_OK = 0, CTL_EXIT_FAIL = 1, CTL_EXIT_USAGE = 2 };
+enum {
+	CTL_EXIT_OK = 0,
+	CTL_EXIT_FAIL = 1,
+	CTL_EXIT_USAGE = 2
+};
 
 /* ctl_cmd.flags */
 enum {
@@ -48,10 +52,20 @@ enum {
 };
 
 /* getopt keys of long-only options: past every char. */
-enum { CTL_OPT_JSON = 256 };
+enum {
+	CTL_OPT_JSON = 256
+};
 
-enum ctl_kind { CTL_ARG_NONE, CTL_ARG_CLIENT, CTL_ARG_TAG, CTL_ARG_DEVICE, CTL_ARG_COMMAND,
-		CTL_ARG_FROM, CTL_ARG_TO, CTL_ARG_PRIORITY };
+enum ctl_kind {
+	CTL_ARG_NONE,
+	CTL_ARG_CLIENT,
+	CTL_ARG_TAG,
+	CTL_ARG_DEVICE,
+	CTL_ARG_COMMAND,
+	CTL_ARG_FROM,
+	CTL_ARG_TO,
+	CTL_ARG_PRIORITY
+};
 
 struct ctl_kind_info {
 	const char *metavar;
@@ -72,7 +86,7 @@ struct ctl_cmd {
 
 struct ctl_opt {
 	const char *name;
-	int key;	    /* the short letter, or CTL_OPT_* for long-only */
+	int key;	     /* the short letter, or CTL_OPT_* for long-only */
 	const char *metavar; /* NULL: takes no value */
 	const char *help;
 };
@@ -107,7 +121,8 @@ static const struct ctl_kind_info ctl_kinds[] = {
 	[CTL_ARG_TAG] = { "TAG", "a tag of that client; every tag when omitted", ctl_check_tag },
 	[CTL_ARG_DEVICE] = { "DEVICE", "a device index (see status); every device when omitted",
 			     ctl_check_device },
-	[CTL_ARG_FROM] = { "FROM", "a client (as CLIENT) or a group (GMB_GROUP; @NAME: only a group)",
+	[CTL_ARG_FROM] = { "FROM",
+			   "a client (as CLIENT) or a group (GMB_GROUP; @NAME: only a group)",
 			   ctl_check_client },
 	[CTL_ARG_TO] = { "TO", "a client or a group, as FROM", ctl_check_to },
 	[CTL_ARG_PRIORITY] = { "N", "a priority, an integer (higher is served first)",
@@ -116,17 +131,47 @@ static const struct ctl_kind_info ctl_kinds[] = {
 };
 
 static const struct ctl_cmd ctl_cmds[] = {
-	{ "status", { CTL_ARG_NONE }, 0, 0, CTL_F_JSON, ctl_status,
+	{ "status",
+	  { CTL_ARG_NONE },
+	  0,
+	  0,
+	  CTL_F_JSON,
+	  ctl_status,
 	  "show devices, pools, clients and their tags" },
-	{ "pause", { CTL_ARG_CLIENT, CTL_ARG_TAG }, 1, 2, 0, ctl_pause,
+	{ "pause",
+	  { CTL_ARG_CLIENT, CTL_ARG_TAG },
+	  1,
+	  2,
+	  0,
+	  ctl_pause,
 	  "pause a client's tag: memory back to the pool, addresses kept" },
-	{ "resume", { CTL_ARG_CLIENT, CTL_ARG_TAG }, 1, 2, CTL_F_WAIT, ctl_resume,
+	{ "resume",
+	  { CTL_ARG_CLIENT, CTL_ARG_TAG },
+	  1,
+	  2,
+	  CTL_F_WAIT,
+	  ctl_resume,
 	  "resume a paused tag at the same addresses (--wait: wait for memory)" },
-	{ "trim", { CTL_ARG_DEVICE }, 0, 1, CTL_F_JSON, ctl_trim,
+	{ "trim",
+	  { CTL_ARG_DEVICE },
+	  0,
+	  1,
+	  CTL_F_JSON,
+	  ctl_trim,
 	  "release the pool's free memory to the driver" },
-	{ "switch", { CTL_ARG_FROM, CTL_ARG_TO }, 2, 2, CTL_F_TAGS | CTL_F_WAIT, ctl_switch,
+	{ "switch",
+	  { CTL_ARG_FROM, CTL_ARG_TO },
+	  2,
+	  2,
+	  CTL_F_TAGS | CTL_F_WAIT,
+	  ctl_switch,
 	  "pause FROM's tags, then resume TO's in the order of --tags" },
-	{ "priority", { CTL_ARG_CLIENT, CTL_ARG_PRIORITY }, 2, 2, 0, ctl_priority,
+	{ "priority",
+	  { CTL_ARG_CLIENT, CTL_ARG_PRIORITY },
+	  2,
+	  2,
+	  0,
+	  ctl_priority,
 	  "set the priority of a client or group" },
 	{ "watch",
 	  { CTL_ARG_NONE },
@@ -152,7 +197,8 @@ static const struct ctl_cmd ctl_cmds[] = {
 };
 
 static const struct ctl_opt ctl_opts[] = {
-	{ "socket", 's', "PATH", "gmbd's socket (default: $GMB_SOCKET, else " WIRE_DEFAULT_SOCKET ")" },
+	{ "socket", 's', "PATH",
+	  "gmbd's socket (default: $GMB_SOCKET, else " WIRE_DEFAULT_SOCKET ")" },
 	{ "json", CTL_OPT_JSON, NULL, "print JSON (commands marked [--json])" },
 	{ "help", 'h', NULL, "show this help (after a command: that command's) and exit" },
 	{ "version", 'V', NULL, "show the version and exit" },
@@ -395,7 +441,7 @@ static void ctl_print_cmd_usage(FILE *f, const struct ctl_cmd *cmd)
 
 /* A usage error: the reason, then the usage line; exit status 2. */
 __attribute__((format(printf, 2, 3))) static int ctl_usage_error(const struct ctl_cmd *cmd,
-								const char *fmt, ...)
+								 const char *fmt, ...)
 {
 	va_list ap;
 
@@ -445,8 +491,8 @@ static void ctl_getopt_tables(struct option *lo, char *so)
 	*so++ = ':'; /* report a missing value as ':' */
 	for (i = 0; i < ARRAY_SIZE(ctl_opts); i++) {
 		lo[i] = (struct option){ ctl_opts[i].name,
-					 ctl_opts[i].metavar ? required_argument : no_argument, NULL,
-					 ctl_opts[i].key };
+					 ctl_opts[i].metavar ? required_argument : no_argument,
+					 NULL, ctl_opts[i].key };
 		if (ctl_opts[i].key < 256) {
 			*so++ = (char)ctl_opts[i].key;
 			if (ctl_opts[i].metavar)
@@ -535,13 +581,15 @@ static int ctl_parse_cmd_args(struct ctl_cli *cli, int argc, char **argv)
 			   (!strcmp(argv[i], "--wait") || !strcmp(argv[i], "--tags"))) {
 			bool wait = !strcmp(argv[i], "--wait");
 
-			if ((wait && !(cmd->flags & CTL_F_WAIT)) || (!wait && !(cmd->flags & CTL_F_TAGS)))
+			if ((wait && !(cmd->flags & CTL_F_WAIT)) ||
+			    (!wait && !(cmd->flags & CTL_F_TAGS)))
 				return ctl_usage_error(cmd, "%s: unknown option '%s'", cmd->name,
 						       argv[i]);
 			if (i + 1 >= argc)
 				return ctl_usage_error(cmd, "%s: option '%s' needs a value",
 						       cmd->name, argv[i]);
-			if ((wait ? ctl_check_wait : ctl_check_tags)(argv[i + 1], &cli->args, &why) < 0)
+			if ((wait ? ctl_check_wait : ctl_check_tags)(argv[i + 1], &cli->args,
+								     &why) < 0)
 				return ctl_usage_error(cmd, "%s: %s: '%s'", cmd->name, why,
 						       argv[i + 1]);
 			i++;

@@ -22,7 +22,7 @@
 #include "client/gmbctl/ctl.h"
 #include "gmb.h"
 
-#define CTL_RETRY_MS 200
+#define CTL_RETRY_MS	  200
 #define CTL_TOP_PERIOD_MS 1000
 
 static volatile sig_atomic_t ctl_stop;

@@ -149,12 +149,12 @@ static void *shim_real_sym(enum shim_real_fn fn)
 }
 
 /* POSIX guarantees a void * holds a function pointer (dlsym). */
-#define SHIM_CALL(fn, type, ...)                                                        \
-	__extension__({                                                                 \
-		void *sym_ = shim_real_sym(fn);                                         \
-		type f_;                                                                \
-		memcpy(&f_, &sym_, sizeof(f_));                                         \
-		sym_ ? f_(__VA_ARGS__) : cudaErrorInitializationError;                  \
+#define SHIM_CALL(fn, type, ...)                                       \
+	__extension__({                                                \
+		void *sym_ = shim_real_sym(fn);                        \
+		type f_;                                               \
+		memcpy(&f_, &sym_, sizeof(f_));                        \
+		sym_ ? f_(__VA_ARGS__) : cudaErrorInitializationError; \
 	})
 
 typedef cudaError_t (*shim_malloc_fn)(void **, size_t);
@@ -195,8 +195,8 @@ static bool shim_default_tag(void)
 
 static int shim_gmb_bind(void *h, struct shim_gmb *fns)
 {
-	static const char *const names[] = { "gmb_region_current", "gmb_region_malloc",
-					     "gmb_owns", "gmb_default_client", "gmb_free" };
+	static const char *const names[] = { "gmb_region_current", "gmb_region_malloc", "gmb_owns",
+					     "gmb_default_client", "gmb_free" };
 	void *syms[sizeof(names) / sizeof(names[0])];
 
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
@@ -240,7 +240,8 @@ static void *shim_gmb_open(void)
 	if (!h)
 		err_fmt(shim_error, 0,
 			"libgmb not found next to libgmb_preload.so nor as libgmb.so.0 "
-			"(set GMB_LIB): %s", dlerror());
+			"(set GMB_LIB): %s",
+			dlerror());
 	return h;
 }
 
@@ -441,8 +442,8 @@ SHIM_API cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream)
 	if (cap < 0)
 		return (cudaError_t)-cap;
 	if (cap) {
-		err_fmt(shim_error, 0,
-			"cudaFreeAsync of gmbd memory %p on a capturing stream", ptr);
+		err_fmt(shim_error, 0, "cudaFreeAsync of gmbd memory %p on a capturing stream",
+			ptr);
 		return cudaErrorStreamCaptureUnsupported;
 	}
 	return shim_broker_free(g, ptr);
@@ -488,30 +489,30 @@ static void *shim_tms_sym(const char *name)
 	return p;
 }
 
-#define SHIM_TMS(ret, name, params, args, fail)                                        \
-	SHIM_API ret name params;                                                       \
-	SHIM_API ret name params                                                        \
-	{                                                                               \
-		void *sym_ = shim_tms_sym(#name);                                       \
-		ret(*f_) params;                                                        \
-                                                                                        \
-		if (!sym_)                                                              \
-			return fail;                                                    \
-		memcpy(&f_, &sym_, sizeof(f_));                                         \
-		return f_ args;                                                         \
+#define SHIM_TMS(ret, name, params, args, fail)   \
+	SHIM_API ret name params;                 \
+	SHIM_API ret name params                  \
+	{                                         \
+		void *sym_ = shim_tms_sym(#name); \
+		ret(*f_) params;                  \
+                                                  \
+		if (!sym_)                        \
+			return fail;              \
+		memcpy(&f_, &sym_, sizeof(f_));   \
+		return f_ args;                   \
 	}
 
-#define SHIM_TMS_VOID(name, params, args)                                               \
-	SHIM_API void name params;                                                      \
-	SHIM_API void name params                                                       \
-	{                                                                               \
-		void *sym_ = shim_tms_sym(#name);                                       \
-		void(*f_) params;                                                       \
-                                                                                        \
-		if (!sym_)                                                              \
-			return;                                                         \
-		memcpy(&f_, &sym_, sizeof(f_));                                         \
-		f_ args;                                                                \
+#define SHIM_TMS_VOID(name, params, args)         \
+	SHIM_API void name params;                \
+	SHIM_API void name params                 \
+	{                                         \
+		void *sym_ = shim_tms_sym(#name); \
+		void(*f_) params;                 \
+                                                  \
+		if (!sym_)                        \
+			return;                   \
+		memcpy(&f_, &sym_, sizeof(f_));   \
+		f_ args;                          \
 	}
 
 SHIM_TMS_VOID(tms_set_interesting_region, (bool on), (on))
@@ -533,7 +534,7 @@ SHIM_TMS(int, tms_resume, (const char *tag), (tag), (int)cudaErrorInitialization
 /* cudaStream_t is a pointer: gmb.h spells it void * so as not to need the runtime. */
 SHIM_TMS(uint8_t *, tms_get_cpu_backup_pointer, (const uint8_t *gpu_ptr, uint64_t size),
 	 (gpu_ptr, size), NULL)
-SHIM_TMS(void *, tms_torch_malloc, (ssize_t size, int device, void *stream),
-	 (size, device, stream), NULL)
+SHIM_TMS(void *, tms_torch_malloc, (ssize_t size, int device, void *stream), (size, device, stream),
+	 NULL)
 SHIM_TMS_VOID(tms_torch_free, (void *ptr, ssize_t size, int device, void *stream),
 	      (ptr, size, device, stream))

@@ -48,7 +48,7 @@ struct backend;
 enum backend_contents {
 	BACKEND_TO_HOST,   /* device @va -> @host */
 	BACKEND_FROM_HOST, /* @host -> device @va */
-	BACKEND_ZERO,      /* device @va = 0; @host unused */
+	BACKEND_ZERO,	   /* device @va = 0; @host unused */
 };
 
 struct backend_ops {
@@ -81,7 +81,8 @@ struct backend_ops {
 	int (*sync)(struct backend *b, int dev);
 	int (*zero)(struct backend *b, int dev, uintptr_t va, uint64_t size);
 	int (*copy_to_host)(struct backend *b, int dev, void *dst, uintptr_t src, uint64_t size);
-	int (*copy_from_host)(struct backend *b, int dev, uintptr_t dst, const void *src, uint64_t size);
+	int (*copy_from_host)(struct backend *b, int dev, uintptr_t dst, const void *src,
+			      uint64_t size);
 	/*
 	 * The same three, queued: they return once queued in order on the
 	 * device's own stream, and wait(dev) returns when all are done. Many
@@ -122,14 +123,17 @@ struct backend {
 };
 
 struct backend_host_opts {
-	int ndevices;          /* default 1 */
-	uint64_t memory;       /* bytes per device, default 8 GiB */
-	uint64_t granularity;  /* default 2 MiB */
+	int ndevices;	      /* default 1 */
+	uint64_t memory;      /* bytes per device, default 8 GiB */
+	uint64_t granularity; /* default 2 MiB */
 	uint64_t outside;     /* bytes per device the driver view counts as used by
 				  other processes (default 0) */
 };
 
-#define BACKEND_HOST_OPTS_INIT { .ndevices = 1, .memory = 8ULL << 30, .granularity = 2ULL << 20 }
+#define BACKEND_HOST_OPTS_INIT                                                 \
+	{                                                                      \
+		.ndevices = 1, .memory = 8ULL << 30, .granularity = 2ULL << 20 \
+	}
 
 /**
  * backend_open() - open a backend by kind: "host", "cuda" or "auto".

@@ -72,8 +72,10 @@ static int cuda_load_syms(struct cuda_priv *c, PFN_cuGetProcAddress_v12000 gpa,
 		if (q != CU_GET_PROC_ADDRESS_SUCCESS || !p)
 			p = dlsym(c->lib, s->dl_name);
 		if (!p)
-			return backend_fail(-ENODEV, "cuda backend: the driver lacks %s (ABI %d): "
-					    "driver too old?", s->dl_name, s->version);
+			return backend_fail(-ENODEV,
+					    "cuda backend: the driver lacks %s (ABI %d): "
+					    "driver too old?",
+					    s->dl_name, s->version);
 		/* POSIX guarantees a void * holds a function pointer (dlsym). */
 		memcpy((char *)&c->api + s->off, &p, sizeof(p));
 	}
@@ -138,10 +140,13 @@ static int cuda_dev_probe(struct cuda_priv *c, int i)
 	if (r == CUDA_SUCCESS)
 		r = c->api.DeviceGetAttribute(&fd, CUDA_ATTR_FD, *d);
 	if (r != CUDA_SUCCESS)
-		return cuda__fail(c, r, "cuDeviceGet/GetName/TotalMem/GetUuid/GetAttribute", "dev=%d", i);
+		return cuda__fail(c, r, "cuDeviceGet/GetName/TotalMem/GetUuid/GetAttribute",
+				  "dev=%d", i);
 	if (!vmm || !fd)
-		return backend_fail(-EOPNOTSUPP, "cuda backend: device %d (%s) lacks virtual "
-				    "memory management with POSIX fd handles", i, bd->name);
+		return backend_fail(-EOPNOTSUPP,
+				    "cuda backend: device %d (%s) lacks virtual "
+				    "memory management with POSIX fd handles",
+				    i, bd->name);
 	cuda_prop_init(&prop, i);
 	r = c->api.MemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
 	if (r != CUDA_SUCCESS)
@@ -226,12 +231,15 @@ static int cuda_check_range(struct cuda_priv *c, const char *op, int dev, uintpt
 	if (size == 0)
 		return backend_fail(-EINVAL, "cuda backend: %s: size 0", op);
 	if (!gran)
-		return backend_fail(-ENODEV, "cuda backend: %s: none of the devices is visible "
-				    "in this process (CUDA_VISIBLE_DEVICES)", op);
+		return backend_fail(-ENODEV,
+				    "cuda backend: %s: none of the devices is visible "
+				    "in this process (CUDA_VISIBLE_DEVICES)",
+				    op);
 	if (size % gran || va % gran)
-		return backend_fail(-EINVAL, "cuda backend: %s: 0x%" PRIxPTR "+0x%" PRIx64
-				    " is not aligned to the granularity 0x%" PRIx64, op, va, size,
-				    gran);
+		return backend_fail(-EINVAL,
+				    "cuda backend: %s: 0x%" PRIxPTR "+0x%" PRIx64
+				    " is not aligned to the granularity 0x%" PRIx64,
+				    op, va, size, gran);
 	return 0;
 }
 
@@ -266,7 +274,8 @@ static int cuda_chunk_export(struct backend *b, uint64_t handle, int *fd)
 
 	r = CUDA_RELAXED(c, c->api.MemExportToShareableHandle(&out, handle, CUDA_FD_HANDLE, 0));
 	if (r != CUDA_SUCCESS)
-		return cuda__fail(c, r, "cuMemExportToShareableHandle", "handle=0x%" PRIx64, handle);
+		return cuda__fail(c, r, "cuMemExportToShareableHandle", "handle=0x%" PRIx64,
+				  handle);
 	/*
 	 * An inherited chunk fd keeps GPU memory alive in whatever the process
 	 * execs. Driver 580 returns it CLOEXEC, but no document promises it.
@@ -294,10 +303,11 @@ static int cuda_chunk_import(struct backend *b, int fd, uint64_t size, uint64_t 
 	if (rc < 0)
 		return rc;
 	/* The POSIX fd travels as the pointer value; the driver does not close it. */
-	r = CUDA_RELAXED(c, c->api.MemImportFromShareableHandle(&h, (void *)(uintptr_t)fd, CUDA_FD_HANDLE));
+	r = CUDA_RELAXED(c, c->api.MemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
+								CUDA_FD_HANDLE));
 	if (r != CUDA_SUCCESS)
 		return cuda__fail(c, r, "cuMemImportFromShareableHandle", "fd=%d size=0x%" PRIx64,
-				 fd, size);
+				  fd, size);
 	/* The driver cannot tell a chunk's size: @size is only checked for alignment. */
 	*handle = h;
 	return 0;
@@ -328,8 +338,10 @@ static int cuda_va_reserve(struct backend *b, uint64_t size, uint64_t align, uin
 	if (rc < 0)
 		return rc;
 	if (align & (align - 1))
-		return backend_fail(-EINVAL, "cuda backend: va_reserve: alignment 0x%" PRIx64
-				    " is not a power of two", align);
+		return backend_fail(-EINVAL,
+				    "cuda backend: va_reserve: alignment 0x%" PRIx64
+				    " is not a power of two",
+				    align);
 	/*
 	 * Every map address must be a multiple of its chunk's device's
 	 * granularity: callers pass that device's as @align (at least the
@@ -339,8 +351,8 @@ static int cuda_va_reserve(struct backend *b, uint64_t size, uint64_t align, uin
 		align = c->gran_min;
 	r = CUDA_RELAXED(c, c->api.MemAddressReserve(&p, size, align, 0, 0));
 	if (r != CUDA_SUCCESS)
-		return cuda__fail(c, r, "cuMemAddressReserve", "size=0x%" PRIx64 " align=0x%" PRIx64,
-				 size, align);
+		return cuda__fail(c, r, "cuMemAddressReserve",
+				  "size=0x%" PRIx64 " align=0x%" PRIx64, size, align);
 	*va = (uintptr_t)p;
 	return 0;
 }
@@ -357,7 +369,7 @@ static int cuda_va_free(struct backend *b, uintptr_t va, uint64_t size)
 	r = CUDA_RELAXED(c, c->api.MemAddressFree(va, size));
 	if (r != CUDA_SUCCESS)
 		return cuda__fail(c, r, "cuMemAddressFree", "va=0x%" PRIxPTR " size=0x%" PRIx64, va,
-				 size);
+				  size);
 	return 0;
 }
 
@@ -373,8 +385,9 @@ static int cuda_map(struct backend *b, uintptr_t va, uint64_t size, uint64_t han
 	/* offset "currently must be zero" (cuMemMap); flags must be 0. */
 	r = CUDA_RELAXED(c, c->api.MemMap(va, size, 0, handle, 0));
 	if (r != CUDA_SUCCESS)
-		return cuda__fail(c, r, "cuMemMap", "va=0x%" PRIxPTR " size=0x%" PRIx64
-				 " handle=0x%" PRIx64, va, size, handle);
+		return cuda__fail(c, r, "cuMemMap",
+				  "va=0x%" PRIxPTR " size=0x%" PRIx64 " handle=0x%" PRIx64, va,
+				  size, handle);
 	return 0;
 }
 
@@ -418,10 +431,11 @@ static int cuda_set_access_peers(struct backend *b, int dev, uint64_t peers, uin
 	 * (GPU-FACTS.md, bench/unmap_probe.cu): the driver charges per mapping. */
 	r = CUDA_RELAXED(c, c->api.MemSetAccess(va, size, desc, (size_t)n));
 	if (r != CUDA_SUCCESS)
-		return cuda__fail(c, r, "cuMemSetAccess", "dev=%d peers=0x%" PRIx64 " va=0x%" PRIxPTR
-				 " size=0x%" PRIx64 "%s", dev, peers, va, size,
-				 n > 1 ? " (can each peer reach the device? cuDeviceCanAccessPeer)"
-				       : "");
+		return cuda__fail(
+			c, r, "cuMemSetAccess",
+			"dev=%d peers=0x%" PRIx64 " va=0x%" PRIxPTR " size=0x%" PRIx64 "%s", dev,
+			peers, va, size,
+			n > 1 ? " (can each peer reach the device? cuDeviceCanAccessPeer)" : "");
 	return 0;
 }
 
@@ -442,7 +456,8 @@ static int cuda_unmap(struct backend *b, uintptr_t va, uint64_t size)
 	/* Does not wait for GPU work on the range: callers sync first. */
 	r = CUDA_RELAXED(c, c->api.MemUnmap(va, size));
 	if (r != CUDA_SUCCESS)
-		return cuda__fail(c, r, "cuMemUnmap", "va=0x%" PRIxPTR " size=0x%" PRIx64, va, size);
+		return cuda__fail(c, r, "cuMemUnmap", "va=0x%" PRIxPTR " size=0x%" PRIx64, va,
+				  size);
 	return 0;
 }
 
@@ -536,4 +551,3 @@ static const struct backend_ops cuda_ops = {
 	.driver_mem = cuda__driver_mem,
 	.driver_source = "nvml",
 };
-

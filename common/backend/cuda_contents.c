@@ -159,18 +159,21 @@ static int cuda_contents_run(struct cuda_priv *c, int dev, enum backend_contents
 		r = CUDA_RELAXED(c, cuda_enqueue(c, op, s, host ? host + off : NULL, va + off, n));
 	}
 	/* On failure wait too: pieces already queued still read or write @host. */
-	rs = wait || r != CUDA_SUCCESS ? CUDA_RELAXED(c, c->api.StreamSynchronize(s)) : CUDA_SUCCESS;
+	rs = wait || r != CUDA_SUCCESS ? CUDA_RELAXED(c, c->api.StreamSynchronize(s)) :
+					 CUDA_SUCCESS;
 	if (r != CUDA_SUCCESS)
-		return cuda__fail(c, r, cuda_op_call[op], "dev=%d va=0x%" PRIxPTR " size=0x%" PRIx64
-				 " at=0x%" PRIx64, dev, va, size, off - n);
+		return cuda__fail(c, r, cuda_op_call[op],
+				  "dev=%d va=0x%" PRIxPTR " size=0x%" PRIx64 " at=0x%" PRIx64, dev,
+				  va, size, off - n);
 	if (rs != CUDA_SUCCESS)
-		return cuda__fail(c, rs, "cuStreamSynchronize", "after %s dev=%d va=0x%" PRIxPTR
-				 " size=0x%" PRIx64, cuda_op_call[op], dev, va, size);
+		return cuda__fail(c, rs, "cuStreamSynchronize",
+				  "after %s dev=%d va=0x%" PRIxPTR " size=0x%" PRIx64,
+				  cuda_op_call[op], dev, va, size);
 	return 0;
 }
 
-static int cuda_contents(struct backend *b, int dev, enum backend_contents op, char *host, uintptr_t va,
-			 uint64_t size, bool wait)
+static int cuda_contents(struct backend *b, int dev, enum backend_contents op, char *host,
+			 uintptr_t va, uint64_t size, bool wait)
 {
 	struct cuda_priv *c = b->priv;
 	bool pushed;
@@ -199,15 +202,14 @@ int cuda__copy_to_host(struct backend *b, int dev, void *dst, uintptr_t src, uin
 	return cuda_contents(b, dev, BACKEND_TO_HOST, dst, src, size, true);
 }
 
-int cuda__copy_from_host(struct backend *b, int dev, uintptr_t dst, const void *src,
-			       uint64_t size)
+int cuda__copy_from_host(struct backend *b, int dev, uintptr_t dst, const void *src, uint64_t size)
 {
 	/* The driver only reads @src (cuMemcpyHtoDAsync takes a const pointer). */
 	return cuda_contents(b, dev, BACKEND_FROM_HOST, (char *)(uintptr_t)src, dst, size, true);
 }
 
 int cuda__contents_queue(struct backend *b, int dev, enum backend_contents op, void *host,
-			       uintptr_t va, uint64_t size)
+			 uintptr_t va, uint64_t size)
 {
 	return cuda_contents(b, dev, op, host, va, size, false);
 }
@@ -264,7 +266,7 @@ static int cuda_host_ctx(struct cuda_priv *c, CUcontext *ctx)
 		if (c->devs[i].visible)
 			return cuda_dev_ctx(c, i, ctx);
 	return backend_fail(-ENODEV, "cuda backend: host memory: none of the devices is "
-			    "visible in this process (CUDA_VISIBLE_DEVICES)");
+				     "visible in this process (CUDA_VISIBLE_DEVICES)");
 }
 
 int cuda__host_alloc(struct backend *b, uint64_t size, void **p)

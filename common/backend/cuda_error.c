@@ -66,8 +66,9 @@ int cuda__check_dev(struct cuda_priv *c, const char *op, int dev)
 		return backend_fail(-EINVAL, "cuda backend: %s: no device %d (have %d)", op, dev,
 				    c->b.ndevices);
 	if (c->b.devices[dev].ordinal < 0)
-		return backend_fail(-ENODEV, "cuda backend: %s: device %d is not visible in this "
-				    "process (CUDA_VISIBLE_DEVICES)", op, dev);
+		return backend_fail(-ENODEV,
+				    "cuda backend: %s: device %d is not visible in this "
+				    "process (CUDA_VISIBLE_DEVICES)",
+				    op, dev);
 	return 0;
 }
-

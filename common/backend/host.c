@@ -174,8 +174,10 @@ static int host_check_range(struct host_priv *p, const char *op, uintptr_t va, u
 	if (rc == 0)
 		rc = host_check_size(p, op, size);
 	if (rc == 0 && size > UINTPTR_MAX - va)
-		rc = backend_fail(-EINVAL, "host backend: %s: range 0x%" PRIxPTR "+0x%" PRIx64
-				  " wraps around", op, va, size);
+		rc = backend_fail(-EINVAL,
+				  "host backend: %s: range 0x%" PRIxPTR "+0x%" PRIx64
+				  " wraps around",
+				  op, va, size);
 	return rc;
 }
 
@@ -192,14 +194,18 @@ static int host_maps_span(struct host_priv *p, const char *op, uintptr_t va, uin
 	if (size == 0 || end < va)
 		return backend_fail(-EINVAL, "host backend: %s: empty or wrapping range", op);
 	if (i == HOST_NONE || p->maps.v[i].va != va)
-		return backend_fail(-EINVAL, "host backend: %s: no mapping starts at 0x%" PRIxPTR
-				    " (ranges must cover whole mappings)", op, va);
+		return backend_fail(-EINVAL,
+				    "host backend: %s: no mapping starts at 0x%" PRIxPTR
+				    " (ranges must cover whole mappings)",
+				    op, va);
 	for (j = i, cur = va; j < p->maps.n && p->maps.v[j].va == cur && cur < end; j++)
 		cur += p->maps.v[j].size;
 	if (cur != end)
-		return backend_fail(-EINVAL, "host backend: %s: 0x%" PRIxPTR "+0x%" PRIx64
+		return backend_fail(-EINVAL,
+				    "host backend: %s: 0x%" PRIxPTR "+0x%" PRIx64
 				    " does not end on a mapping boundary or has a hole"
-				    " (mappings cover up to 0x%" PRIxPTR ")", op, va, size, cur);
+				    " (mappings cover up to 0x%" PRIxPTR ")",
+				    op, va, size, cur);
 	*first = i;
 	*count = j - i;
 	return 0;
@@ -217,11 +223,13 @@ static int host_check_access(struct host_priv *p, const char *op, uintptr_t va, 
 		const struct host_range *m = i < p->maps.n ? &p->maps.v[i] : NULL;
 
 		if (!m || m->va > cur || m->va + m->size <= cur)
-			return backend_fail(-EINVAL, "host backend: %s: 0x%" PRIxPTR
-					    " is not mapped", op, cur);
+			return backend_fail(
+				-EINVAL, "host backend: %s: 0x%" PRIxPTR " is not mapped", op, cur);
 		if (!m->access)
-			return backend_fail(-EINVAL, "host backend: %s: mapping at 0x%" PRIxPTR
-					    " has no access (set_access first)", op, m->va);
+			return backend_fail(-EINVAL,
+					    "host backend: %s: mapping at 0x%" PRIxPTR
+					    " has no access (set_access first)",
+					    op, m->va);
 		cur = m->va + m->size;
 	}
 	return 0;
@@ -237,7 +245,8 @@ static int host_account(struct backend *b, int dev, uint64_t size)
 
 	pthread_mutex_lock(&p->lock);
 	if (size > total - p->used[dev])
-		rc = backend_fail(-ENOMEM, "host backend: chunk_create: out of memory on %s: "
+		rc = backend_fail(-ENOMEM,
+				  "host backend: chunk_create: out of memory on %s: "
 				  "0x%" PRIx64 " of 0x%" PRIx64 " in use, 0x%" PRIx64 " asked",
 				  b->devices[dev].name, p->used[dev], total, size);
 	else
@@ -351,9 +360,10 @@ static int host_chunk_import(struct backend *b, int fd, uint64_t size, uint64_t 
 	if (fd < 0 || fstat(fd, &st) < 0)
 		return backend_fail(-EBADF, "host backend: chunk_import: bad fd %d", fd);
 	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != size)
-		return backend_fail(-EINVAL, "host backend: chunk_import: fd %d holds 0x%" PRIx64
-				    " bytes, not the chunk's 0x%" PRIx64, fd,
-				    (uint64_t)st.st_size, size);
+		return backend_fail(-EINVAL,
+				    "host backend: chunk_import: fd %d holds 0x%" PRIx64
+				    " bytes, not the chunk's 0x%" PRIx64,
+				    fd, (uint64_t)st.st_size, size);
 	d = fcntl(fd, F_DUPFD_CLOEXEC, 0);
 	if (d < 0)
 		return backend_fail(-errno, "host backend: chunk_import: dup: %s", strerror(errno));
@@ -389,8 +399,7 @@ static int host_chunk_release(struct backend *b, uint64_t handle)
 
 /* Virtual address ranges. */
 
-static int host_va_reserve_locked(struct host_priv *p, uint64_t size, uint64_t align,
-				  uintptr_t *va)
+static int host_va_reserve_locked(struct host_priv *p, uint64_t size, uint64_t align, uintptr_t *va)
 {
 	uintptr_t base, start, end;
 	uint64_t total = size + align;
@@ -424,8 +433,10 @@ static int host_va_reserve(struct backend *b, uint64_t size, uint64_t align, uin
 	if (rc < 0)
 		return rc;
 	if (align & (align - 1))
-		return backend_fail(-EINVAL, "host backend: va_reserve: alignment 0x%" PRIx64
-				    " is not a power of two", align);
+		return backend_fail(-EINVAL,
+				    "host backend: va_reserve: alignment 0x%" PRIx64
+				    " is not a power of two",
+				    align);
 	if (align < p->gran)
 		align = p->gran;
 	if (size > UINT64_MAX - align || size + align > UINTPTR_MAX)
@@ -443,12 +454,15 @@ static int host_va_free_locked(struct host_priv *p, uintptr_t va, uint64_t size)
 	size_t m = size ? host_table_floor(&p->maps, va + size - 1) : HOST_NONE;
 
 	if (i == HOST_NONE || p->resv.v[i].va != va || p->resv.v[i].size != size)
-		return backend_fail(-EINVAL, "host backend: va_free: 0x%" PRIxPTR "+0x%" PRIx64
-				    " is not a whole reservation", va, size);
+		return backend_fail(-EINVAL,
+				    "host backend: va_free: 0x%" PRIxPTR "+0x%" PRIx64
+				    " is not a whole reservation",
+				    va, size);
 	if (m != HOST_NONE && p->maps.v[m].va + p->maps.v[m].size > va)
-		return backend_fail(-EBUSY, "host backend: va_free: 0x%" PRIxPTR
-				    " is still mapped at 0x%" PRIxPTR " (unmap first)", va,
-				    p->maps.v[m].va);
+		return backend_fail(-EBUSY,
+				    "host backend: va_free: 0x%" PRIxPTR
+				    " is still mapped at 0x%" PRIxPTR " (unmap first)",
+				    va, p->maps.v[m].va);
 	if (munmap((void *)va, size) < 0)
 		return backend_fail(-errno, "host backend: va_free: munmap: %s", strerror(errno));
 	host_table_remove(&p->resv, i, 1);
@@ -473,12 +487,15 @@ static int host_map_place(struct host_priv *p, uintptr_t va, uint64_t size)
 	size_t m = host_table_floor(&p->maps, va + size - 1);
 
 	if (r == HOST_NONE || va + size > p->resv.v[r].va + p->resv.v[r].size)
-		return backend_fail(-EINVAL, "host backend: map: 0x%" PRIxPTR "+0x%" PRIx64
-				    " is not inside one reservation", va, size);
+		return backend_fail(-EINVAL,
+				    "host backend: map: 0x%" PRIxPTR "+0x%" PRIx64
+				    " is not inside one reservation",
+				    va, size);
 	if (m != HOST_NONE && p->maps.v[m].va + p->maps.v[m].size > va)
-		return backend_fail(-EINVAL, "host backend: map: 0x%" PRIxPTR "+0x%" PRIx64
-				    " overlaps the mapping at 0x%" PRIxPTR, va, size,
-				    p->maps.v[m].va);
+		return backend_fail(-EINVAL,
+				    "host backend: map: 0x%" PRIxPTR "+0x%" PRIx64
+				    " overlaps the mapping at 0x%" PRIxPTR,
+				    va, size, p->maps.v[m].va);
 	return 0;
 }
 
@@ -494,8 +511,10 @@ static int host_map_locked(struct host_priv *p, uintptr_t va, uint64_t size, uin
 		return rc;
 	/* The driver maps a handle whole, at offset 0. */
 	if (size != c->size)
-		return backend_fail(-EINVAL, "host backend: map: size 0x%" PRIx64
-				    " is not the chunk's size 0x%" PRIx64, size, c->size);
+		return backend_fail(-EINVAL,
+				    "host backend: map: size 0x%" PRIx64
+				    " is not the chunk's size 0x%" PRIx64,
+				    size, c->size);
 	rc = host_map_place(p, va, size);
 	if (rc < 0)
 		return rc;
@@ -683,8 +702,10 @@ static int host_host_register(struct backend *b, void *p, uint64_t size)
 
 	(void)b;
 	if (!p || size == 0 || (uintptr_t)p % (uintptr_t)page || size % (uint64_t)page)
-		return backend_fail(-EINVAL, "host backend: host_register: %p + 0x%" PRIx64
-				    " is not whole pages", p, size);
+		return backend_fail(-EINVAL,
+				    "host backend: host_register: %p + 0x%" PRIx64
+				    " is not whole pages",
+				    p, size);
 	if (mincore(p, (size_t)page, &vec) < 0)
 		return backend_fail(-EFAULT, "host backend: host_register: %p is not mapped: %s", p,
 				    strerror(errno));
@@ -733,12 +754,14 @@ static int host_check_opts(const struct backend_host_opts *o)
 				    BACKEND_MAX_DEVICES);
 	if (o->granularity < 4096 || (o->granularity & (o->granularity - 1)) ||
 	    (page > 0 && o->granularity % (uint64_t)page))
-		return backend_fail(-EINVAL, "host backend: granularity 0x%" PRIx64
+		return backend_fail(-EINVAL,
+				    "host backend: granularity 0x%" PRIx64
 				    " is not a power of two of at least 4 KiB and the page size",
 				    o->granularity);
 	if (o->memory < o->granularity)
-		return backend_fail(-EINVAL, "host backend: memory 0x%" PRIx64
-				    " is less than one granule", o->memory);
+		return backend_fail(-EINVAL,
+				    "host backend: memory 0x%" PRIx64 " is less than one granule",
+				    o->memory);
 	return 0;
 }
 

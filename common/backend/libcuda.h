@@ -34,56 +34,56 @@
  * the stream keeps the copy engine busy.
  */
 #define CUDA_COPY_PIECE (256ULL << 20)
-#define CUDA_COUNT(a) (sizeof(a) / sizeof((a)[0]))
-#define CUDA_ATTR_VMM CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
-#define CUDA_ATTR_FD CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
-#define CUDA_FD_HANDLE CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+#define CUDA_COUNT(a)	(sizeof(a) / sizeof((a)[0]))
+#define CUDA_ATTR_VMM	CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+#define CUDA_ATTR_FD	CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+#define CUDA_FD_HANDLE	CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 
 /*
  * Driver entry points: field, ABI version (the PFN_ typedef's suffix, given
  * to cuGetProcAddress), and the versioned symbol for dlsym when the driver
  * has no cuGetProcAddress_v2. The boot ones are loaded before cuInit.
  */
-#define CUDA_BOOT_SYMS(X)                                                                \
-	X(Init, 2000, "cuInit")                                                          \
-	X(GetErrorName, 6000, "cuGetErrorName")                                          \
+#define CUDA_BOOT_SYMS(X)                       \
+	X(Init, 2000, "cuInit")                 \
+	X(GetErrorName, 6000, "cuGetErrorName") \
 	X(GetErrorString, 6000, "cuGetErrorString")
 
-#define CUDA_SYMS(X)                                                                     \
-	X(DeviceGetCount, 2000, "cuDeviceGetCount")                                      \
-	X(DeviceGet, 2000, "cuDeviceGet")                                                \
-	X(DeviceGetName, 2000, "cuDeviceGetName")                                        \
-	X(DeviceGetUuid, 11040, "cuDeviceGetUuid_v2")                                    \
-	X(DeviceTotalMem, 3020, "cuDeviceTotalMem_v2")                                   \
-	X(DeviceGetAttribute, 2000, "cuDeviceGetAttribute")                              \
-	X(MemGetAllocationGranularity, 10020, "cuMemGetAllocationGranularity")           \
-	X(MemCreate, 10020, "cuMemCreate")                                               \
-	X(MemRelease, 10020, "cuMemRelease")                                             \
-	X(MemExportToShareableHandle, 10020, "cuMemExportToShareableHandle")             \
-	X(MemImportFromShareableHandle, 10020, "cuMemImportFromShareableHandle")         \
-	X(MemAddressReserve, 10020, "cuMemAddressReserve")                               \
-	X(MemAddressFree, 10020, "cuMemAddressFree")                                     \
-	X(MemMap, 10020, "cuMemMap")                                                     \
-	X(MemUnmap, 10020, "cuMemUnmap")                                                 \
-	X(MemSetAccess, 10020, "cuMemSetAccess")                                         \
-	X(CtxGetCurrent, 4000, "cuCtxGetCurrent")                                        \
-	X(CtxPushCurrent, 4000, "cuCtxPushCurrent_v2")                                   \
-	X(CtxPopCurrent, 4000, "cuCtxPopCurrent_v2")                                     \
-	X(CtxSynchronize, 2000, "cuCtxSynchronize")                                      \
-	X(DevicePrimaryCtxRetain, 7000, "cuDevicePrimaryCtxRetain")                      \
-	X(DevicePrimaryCtxRelease, 11000, "cuDevicePrimaryCtxRelease_v2")                \
-	X(DevicePrimaryCtxGetState, 7000, "cuDevicePrimaryCtxGetState")                  \
-	X(StreamCreate, 2000, "cuStreamCreate")                                          \
-	X(StreamDestroy, 4000, "cuStreamDestroy_v2")                                     \
-	X(StreamSynchronize, 2000, "cuStreamSynchronize")                                \
-	X(MemcpyDtoHAsync, 3020, "cuMemcpyDtoHAsync_v2")                                 \
-	X(MemcpyHtoDAsync, 3020, "cuMemcpyHtoDAsync_v2")                                 \
-	X(MemsetD8Async, 3020, "cuMemsetD8Async")                                        \
-	X(MemHostAlloc, 2020, "cuMemHostAlloc")                                          \
-	X(MemFreeHost, 2000, "cuMemFreeHost")                                            \
-	X(MemHostRegister, 6050, "cuMemHostRegister_v2")                                 \
-	X(MemHostUnregister, 4000, "cuMemHostUnregister")                                \
-	X(MemGetInfo, 3020, "cuMemGetInfo_v2")                                           \
+#define CUDA_SYMS(X)                                                             \
+	X(DeviceGetCount, 2000, "cuDeviceGetCount")                              \
+	X(DeviceGet, 2000, "cuDeviceGet")                                        \
+	X(DeviceGetName, 2000, "cuDeviceGetName")                                \
+	X(DeviceGetUuid, 11040, "cuDeviceGetUuid_v2")                            \
+	X(DeviceTotalMem, 3020, "cuDeviceTotalMem_v2")                           \
+	X(DeviceGetAttribute, 2000, "cuDeviceGetAttribute")                      \
+	X(MemGetAllocationGranularity, 10020, "cuMemGetAllocationGranularity")   \
+	X(MemCreate, 10020, "cuMemCreate")                                       \
+	X(MemRelease, 10020, "cuMemRelease")                                     \
+	X(MemExportToShareableHandle, 10020, "cuMemExportToShareableHandle")     \
+	X(MemImportFromShareableHandle, 10020, "cuMemImportFromShareableHandle") \
+	X(MemAddressReserve, 10020, "cuMemAddressReserve")                       \
+	X(MemAddressFree, 10020, "cuMemAddressFree")                             \
+	X(MemMap, 10020, "cuMemMap")                                             \
+	X(MemUnmap, 10020, "cuMemUnmap")                                         \
+	X(MemSetAccess, 10020, "cuMemSetAccess")                                 \
+	X(CtxGetCurrent, 4000, "cuCtxGetCurrent")                                \
+	X(CtxPushCurrent, 4000, "cuCtxPushCurrent_v2")                           \
+	X(CtxPopCurrent, 4000, "cuCtxPopCurrent_v2")                             \
+	X(CtxSynchronize, 2000, "cuCtxSynchronize")                              \
+	X(DevicePrimaryCtxRetain, 7000, "cuDevicePrimaryCtxRetain")              \
+	X(DevicePrimaryCtxRelease, 11000, "cuDevicePrimaryCtxRelease_v2")        \
+	X(DevicePrimaryCtxGetState, 7000, "cuDevicePrimaryCtxGetState")          \
+	X(StreamCreate, 2000, "cuStreamCreate")                                  \
+	X(StreamDestroy, 4000, "cuStreamDestroy_v2")                             \
+	X(StreamSynchronize, 2000, "cuStreamSynchronize")                        \
+	X(MemcpyDtoHAsync, 3020, "cuMemcpyDtoHAsync_v2")                         \
+	X(MemcpyHtoDAsync, 3020, "cuMemcpyHtoDAsync_v2")                         \
+	X(MemsetD8Async, 3020, "cuMemsetD8Async")                                \
+	X(MemHostAlloc, 2020, "cuMemHostAlloc")                                  \
+	X(MemFreeHost, 2000, "cuMemFreeHost")                                    \
+	X(MemHostRegister, 6050, "cuMemHostRegister_v2")                         \
+	X(MemHostUnregister, 4000, "cuMemHostUnregister")                        \
+	X(MemGetInfo, 3020, "cuMemGetInfo_v2")                                   \
 	X(ThreadExchangeStreamCaptureMode, 10010, "cuThreadExchangeStreamCaptureMode")
 
 struct cuda_api {
@@ -96,7 +96,7 @@ struct cuda_api {
 struct cuda_sym {
 	const char *name; /* base name for cuGetProcAddress */
 	int version;
-	size_t off;       /* of the pointer in struct cuda_api */
+	size_t off; /* of the pointer in struct cuda_api */
 	const char *dl_name;
 };
 
@@ -107,7 +107,7 @@ struct cuda_dev {
 	 */
 	bool visible;
 	CUdevice cu;
-	CUcontext ctx;   /* retained primary context; NULL until first needed */
+	CUcontext ctx;	 /* retained primary context; NULL until first needed */
 	CUstream stream; /* copy stream in ctx; NULL until the first copy */
 };
 
@@ -134,13 +134,13 @@ struct cuda_priv {
  * threads while the application may be capturing, so each memory call runs
  * with the calling thread in relaxed mode, and the thread's mode comes back.
  */
-#define CUDA_RELAXED(c, call)                                                             \
-	({                                                                                \
-		CUstreamCaptureMode m_ = CU_STREAM_CAPTURE_MODE_RELAXED;                  \
-		(c)->api.ThreadExchangeStreamCaptureMode(&m_);                            \
-		CUresult r_ = (call);                                                     \
-		(c)->api.ThreadExchangeStreamCaptureMode(&m_);                            \
-		r_;                                                                       \
+#define CUDA_RELAXED(c, call)                                            \
+	({                                                               \
+		CUstreamCaptureMode m_ = CU_STREAM_CAPTURE_MODE_RELAXED; \
+		(c)->api.ThreadExchangeStreamCaptureMode(&m_);           \
+		CUresult r_ = (call);                                    \
+		(c)->api.ThreadExchangeStreamCaptureMode(&m_);           \
+		r_;                                                      \
 	})
 
 /* cuda_error.c. Records "cuda backend: CALL: NAME (sentence) FACTS"; returns the errno for @r. */

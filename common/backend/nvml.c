@@ -17,7 +17,7 @@
  */
 #include "common/backend/libcuda.h"
 
-#define NVML_SUCCESS 0
+#define NVML_SUCCESS  0
 #define NVML_UUID_LEN 80
 
 typedef int nvml_return;
@@ -31,8 +31,8 @@ struct nvml_memory {
 };
 
 struct cuda_nvml {
-	void *lib;                 /* NULL: NVML could not be loaded */
-	int load_err;              /* why, as -errno */
+	void *lib;    /* NULL: NVML could not be loaded */
+	int load_err; /* why, as -errno */
 	nvml_return (*shutdown)(void);
 	nvml_return (*by_uuid)(const char *uuid, nvml_device *dev);
 	nvml_return (*by_index)(unsigned int index, nvml_device *dev);

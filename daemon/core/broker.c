@@ -339,8 +339,8 @@ int broker__tag_get(struct bclient *c, const char *name, struct btag **out, bool
 		return 0;
 	}
 	if (c->ntags >= BROKER_MAX_TAGS)
-		return err_fmt(err, -ENOSPC, "client '%s' already has %d tags, the limit",
-				    c->name, BROKER_MAX_TAGS);
+		return err_fmt(err, -ENOSPC, "client '%s' already has %d tags, the limit", c->name,
+			       BROKER_MAX_TAGS);
 	t = calloc(1, sizeof(*t));
 	if (!t)
 		return err_fmt(err, -ENOMEM, "out of memory creating tag '%s'", name);
@@ -377,7 +377,7 @@ int broker_set_mode(struct broker *br, struct bclient *c, const char *tag, int m
 
 	if (mode < GMB_MODE_DISCARD || mode > GMB_MODE_PRESERVE)
 		return err_fmt(err, -EINVAL, "mode %d is not discard (0), zero (1) or preserve (2)",
-				    mode);
+			       mode);
 	rc = broker__tag_get(c, tag, &t, &created, err);
 	if (rc < 0)
 		return rc;
@@ -393,7 +393,7 @@ int broker_trim(struct broker *br, int dev, uint64_t *released, uint64_t *pendin
 
 	if (dev < -1 || dev >= br->ndevices)
 		return err_fmt(err, -ENODEV, "device %d does not exist (%d devices)", dev,
-				    br->ndevices);
+			       br->ndevices);
 	for (int d = 0; d < br->ndevices; d++)
 		if (dev == -1 || d == dev)
 			rel += pool_shrink(&br->pools[d], 0, &pend);
@@ -537,11 +537,12 @@ int broker_may_control(const struct broker *br, const struct bclient *actor,
 	    broker_in_admin_group(br, actor))
 		return 0;
 	if (target)
-		err_fmt(err, -EPERM, "client '%s' (uid %u) may not control '%s' (uid %u): ",
-			     actor->name, (unsigned)uid, target->name, (unsigned)target->uid);
+		err_fmt(err, -EPERM,
+			"client '%s' (uid %u) may not control '%s' (uid %u): ", actor->name,
+			(unsigned)uid, target->name, (unsigned)target->uid);
 	else
-		err_fmt(err, -EPERM, "client '%s' (uid %u) may not trim the pools: ",
-			     actor->name, (unsigned)uid);
+		err_fmt(err, -EPERM, "client '%s' (uid %u) may not trim the pools: ", actor->name,
+			(unsigned)uid);
 	broker_needs(br, target, err);
 	return -EPERM;
 }

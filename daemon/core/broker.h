@@ -28,8 +28,8 @@
 #include "common/wire.h"
 #include "daemon/core/pool.h"
 
-#define BROKER_MAX_TAGS 256         /* per client */
-#define BROKER_MAX_ALLOCS 65536     /* per client */
+#define BROKER_MAX_TAGS	  256	/* per client */
+#define BROKER_MAX_ALLOCS 65536 /* per client */
 
 struct btag;
 struct bclient;
@@ -39,17 +39,17 @@ struct bwaiter;
 struct balloc {
 	uint64_t id;
 	int dev;
-	uint64_t size;             /* granularity multiple */
+	uint64_t size; /* granularity multiple */
 	struct btag *tag;
-	struct chunk **chunks;     /* last lend, mapping order; NULL = dropped */
+	struct chunk **chunks; /* last lend, mapping order; NULL = dropped */
 	uint32_t nchunks;
-	bool active;               /* chunks are lent to it now */
+	bool active;		    /* chunks are lent to it now */
 	struct balloc *prev, *next; /* in tag */
 };
 
 struct btag {
 	char name[WIRE_MAX_NAME + 1];
-	int mode;                  /* GMB_MODE_* */
+	int mode; /* GMB_MODE_* */
 	bool paused;
 	struct bclient *client;
 	struct balloc *allocs;
@@ -62,9 +62,9 @@ struct broker_peer {
 	pid_t pid;
 	uid_t uid;
 	gid_t gid;
-	const gid_t *groups;       /* supplementary groups (SO_PEERGROUPS) */
+	const gid_t *groups; /* supplementary groups (SO_PEERGROUPS) */
 	int ngroups;
-	uint64_t start_time;       /* /proc/PID/stat starttime; 0: unknown */
+	uint64_t start_time; /* /proc/PID/stat starttime; 0: unknown */
 };
 
 struct bclient {
@@ -76,32 +76,32 @@ struct bclient {
 	gid_t *groups;
 	int ngroups;
 	bool control, tool;
-	uint64_t start_time;       /* tells a reused pid from the client's own */
+	uint64_t start_time; /* tells a reused pid from the client's own */
 	/* Restored from a previous gmbd and not back yet (daemon/core/rejoin.c),
 	 * or a live client whose connection gmbd ended (broker_orphan()): its
 	 * memory stays counted and lent until it rejoins or is reclaimed. */
 	bool orphan;
-	uint64_t orphan_deadline;  /* the handlers' clock (ms): reclaimed past it */
+	uint64_t orphan_deadline; /* the handlers' clock (ms): reclaimed past it */
 	struct btag *tags;
 	uint32_t ntags;
-	struct idmap allocs;       /* id -> balloc */
-	uint64_t *drops;           /* chunk ids to ask the client to drop */
+	struct idmap allocs; /* id -> balloc */
+	uint64_t *drops;     /* chunk ids to ask the client to drop */
 	size_t ndrops, cap_drops;
 	/* Arbitration (daemon/core/arb.c). */
 	char group[WIRE_MAX_NAME + 1]; /* "": none */
-	int priority;              /* higher is served first */
-	bool preemptible;          /* gmbd may pause it for a higher priority */
-	uint64_t preempt_for;      /* asked to pause for that client; 0: not */
-	struct bhandover *handover; /* the switch it is part of; NULL: none */
-	bool handover_from;        /* ... on the FROM side */
+	int priority;		       /* higher is served first */
+	bool preemptible;	       /* gmbd may pause it for a higher priority */
+	uint64_t preempt_for;	       /* asked to pause for that client; 0: not */
+	struct bhandover *handover;    /* the switch it is part of; NULL: none */
+	bool handover_from;	       /* ... on the FROM side */
 	struct bclient *prev, *next;
 };
 
 struct broker_opts {
-	uint64_t max_chunk;        /* default 1 GiB */
-	uint64_t pool_keep;        /* UINT64_MAX: keep every free chunk */
-	uint64_t budget;           /* per device; 0: device total - reserve */
-	uint64_t reserve;          /* kept out of the default budget */
+	uint64_t max_chunk; /* default 1 GiB */
+	uint64_t pool_keep; /* UINT64_MAX: keep every free chunk */
+	uint64_t budget;    /* per device; 0: device total - reserve */
+	uint64_t reserve;   /* kept out of the default budget */
 	gid_t admin_gid;
 	bool have_admin_gid;
 	uid_t daemon_uid;
@@ -109,24 +109,24 @@ struct broker_opts {
 };
 
 struct broker {
-	struct backend *backend;   /* not owned */
+	struct backend *backend; /* not owned */
 	struct broker_opts opts;
 	struct pool pools[BACKEND_MAX_DEVICES];
 	int ndevices;
-	struct idmap chunks;       /* id -> chunk */
+	struct idmap chunks; /* id -> chunk */
 	uint64_t next_chunk_id, next_client_id, next_alloc_id;
 	struct bclient *clients;
 	uint32_t nclients;
-	struct bwaiter *waiters;   /* serving order: priority, then arrival */
+	struct bwaiter *waiters; /* serving order: priority, then arrival */
 	uint64_t next_wait_seq, next_handover_id;
 };
 
 /* What alloc/resume lend: send fds of send[] first, then the lends. The
  * pointers are the broker's and stay valid until its next call. */
 struct broker_result {
-	struct balloc **allocs;    /* malloc'd array owned by the result */
+	struct balloc **allocs; /* malloc'd array owned by the result */
 	size_t nallocs;
-	struct chunk **send;       /* chunks the client holds no handle to yet */
+	struct chunk **send; /* chunks the client holds no handle to yet */
 	size_t nsend;
 	/* On -ENOMEM/-EAGAIN: the device that was short (-1: not a shortage,
 	 * e.g. a size past the budget) and by how many bytes. */
@@ -134,7 +134,10 @@ struct broker_result {
 	uint64_t short_bytes;
 };
 
-#define BROKER_RESULT_INIT { .short_dev = -1 }
+#define BROKER_RESULT_INIT      \
+	{                       \
+		.short_dev = -1 \
+	}
 
 int broker_new(struct backend *b, const struct broker_opts *o, struct broker **out);
 void broker_free(struct broker *br);
@@ -178,8 +181,8 @@ int broker_alloc(struct broker *br, struct bclient *c, int dev, uint64_t size, c
 int broker_free_alloc(struct broker *br, struct bclient *c, uint64_t alloc_id, char *err);
 int broker_set_mode(struct broker *br, struct bclient *c, const char *tag, int mode, char *err);
 int broker_pause(struct broker *br, struct bclient *c, const char *tag, bool released, char *err);
-int broker_resume(struct broker *br, struct bclient *c, const char *tag,
-		  struct broker_result *res, char *err);
+int broker_resume(struct broker *br, struct bclient *c, const char *tag, struct broker_result *res,
+		  char *err);
 /* Every free chunk of @dev (-1: all) back: *@released now, *@pending (every
  * byte still waiting for drops on those devices) once holders ack. */
 int broker_trim(struct broker *br, int dev, uint64_t *released, uint64_t *pending, char *err);
@@ -213,7 +216,7 @@ struct broker_claim_alloc {
 	const char *tag;
 	int dev;
 	uint64_t size;
-	bool mapped;               /* the client maps it now */
+	bool mapped;		   /* the client maps it now */
 	const uint64_t *chunk_ids; /* its last lend as the client holds it; 0 dropped */
 	size_t nchunks;
 };
@@ -223,15 +226,15 @@ struct broker_claim {
 	size_t ntags;
 	const struct broker_claim_alloc *allocs;
 	size_t nallocs;
-	const uint64_t *held;      /* handles the client holds */
+	const uint64_t *held; /* handles the client holds */
 	size_t nheld;
 };
 
 /* What both sides forget after a rejoin; malloc'd arrays owned by the caller. */
 struct broker_rejoin_result {
-	uint64_t *cleared;         /* allocations whose last lend is cleared */
+	uint64_t *cleared; /* allocations whose last lend is cleared */
 	size_t ncleared;
-	uint64_t *drop;            /* held chunks the client must drop */
+	uint64_t *drop; /* held chunks the client must drop */
 	size_t ndrop;
 };
 
@@ -251,8 +254,8 @@ int broker_restore_tag(struct bclient *c, const char *name, int mode, bool pause
  * and @t not paused; else it is restored paused).
  * Return: 0, -EINVAL (id 0 or taken, bad device or size), -ENOMEM.
  */
-int broker_restore_alloc(struct broker *br, struct bclient *c, struct btag *t, uint64_t id,
-			 int dev, uint64_t size, bool active, struct chunk **chunks, uint32_t n);
+int broker_restore_alloc(struct broker *br, struct bclient *c, struct btag *t, uint64_t id, int dev,
+			 uint64_t size, bool active, struct chunk **chunks, uint32_t n);
 /**
  * broker_rejoin() - orphan @c is back with @claim: check it (same
  * allocations, devices, sizes and tags; a mapped allocation over exactly its
@@ -284,16 +287,14 @@ void broker_reclaim(struct broker *br, struct bclient *c, const char *why);
  */
 
 /* @group ("" or NULL: none) is copied, truncated to WIRE_MAX_NAME. */
-void broker_client_set_arb(struct bclient *c, const char *group, int priority,
-			   bool preemptible);
+void broker_client_set_arb(struct bclient *c, const char *group, int priority, bool preemptible);
 /**
  * broker_select() - the clients @sel names: one client (id, pid or unique
  * name, as broker_client_find()), else every client of group @sel ("@NAME"
  * names a group only). At most @max go to @out (the broker's).
  * Return: how many (>= 1); -ENOENT, -ENOTUNIQ or -E2BIG with @err saying why.
  */
-int broker_select(struct broker *br, const char *sel, struct bclient **out, size_t max,
-		  char *err);
+int broker_select(struct broker *br, const char *sel, struct bclient **out, size_t max, char *err);
 
 /* What a switch lent TO: straight from FROM's chunks, and newly made. */
 struct broker_handover_stats {
@@ -310,25 +311,26 @@ struct broker_handover_stats {
  * Return: 0; -EBUSY (a client is in another switch) or -ENOMEM, with @err.
  */
 int broker_handover_begin(struct broker *br, struct bclient *const *from, size_t nfrom,
-			  struct bclient *const *to, size_t nto, struct bhandover **out,
-			  char *err);
+			  struct bclient *const *to, size_t nto, struct bhandover **out, char *err);
 /* The switch is over: reservations end (the keep limit applies again),
  * @st (may be NULL) gets its figures, @h is freed. */
-void broker_handover_end(struct broker *br, struct bhandover *h,
-			 struct broker_handover_stats *st);
+void broker_handover_end(struct broker *br, struct bhandover *h, struct broker_handover_stats *st);
 
-enum { BROKER_WAIT_ALLOC = 1, BROKER_WAIT_RESUME = 2 };
+enum {
+	BROKER_WAIT_ALLOC = 1,
+	BROKER_WAIT_RESUME = 2
+};
 
 /* A request waiting for memory; owned by the caller, linked by the broker. */
 struct bwaiter {
 	struct bclient *client;
-	int kind;                  /* BROKER_WAIT_* */
-	int dev;                   /* the device it is short of */
+	int kind; /* BROKER_WAIT_* */
+	int dev;  /* the device it is short of */
 	char tag[WIRE_MAX_NAME + 1];
-	uint64_t need;             /* bytes missing at the last try */
-	uint64_t since, deadline;  /* the caller's millisecond clock */
-	bool preempt_asked;        /* its preemption was tried already */
-	void *owner;               /* the caller's */
+	uint64_t need;		  /* bytes missing at the last try */
+	uint64_t since, deadline; /* the caller's millisecond clock */
+	bool preempt_asked;	  /* its preemption was tried already */
+	void *owner;		  /* the caller's */
 	/* The broker's: */
 	uint64_t seq;
 	bool linked;

@@ -15,55 +15,58 @@
 #include <sys/types.h>
 
 enum event_kind {
-	EVENT_SUBSCRIBED,   /* a watcher's first event: gmbd's version and pid */
-	EVENT_CONNECTED,    /* a client (not a tool) said hello */
-	EVENT_GONE,         /* it disconnected; bytes: what returned */
+	EVENT_SUBSCRIBED, /* a watcher's first event: gmbd's version and pid */
+	EVENT_CONNECTED,  /* a client (not a tool) said hello */
+	EVENT_GONE,	  /* it disconnected; bytes: what returned */
 	EVENT_ALLOC,
 	EVENT_FREE,
-	EVENT_PAUSE,        /* bytes unlent; duration: request to reply */
-	EVENT_RESUME,       /* bytes lent again */
-	EVENT_REFUSED,      /* a request failed; reason, status, detail */
-	EVENT_DROP,         /* gmbd asked a client to drop cached handles */
-	EVENT_TRIM,         /* free chunks went back to the driver */
-	EVENT_CONTROL,      /* an operator's pause/resume of another client, answered */
-	EVENT_DROPPED,      /* this watcher fell behind and is disconnected */
+	EVENT_PAUSE,   /* bytes unlent; duration: request to reply */
+	EVENT_RESUME,  /* bytes lent again */
+	EVENT_REFUSED, /* a request failed; reason, status, detail */
+	EVENT_DROP,    /* gmbd asked a client to drop cached handles */
+	EVENT_TRIM,    /* free chunks went back to the driver */
+	EVENT_CONTROL, /* an operator's pause/resume of another client, answered */
+	EVENT_DROPPED, /* this watcher fell behind and is disconnected */
 	EVENT_NKINDS
 };
 
 /* Refusal reasons, for logs and the metrics' labels. */
 enum event_reason {
-	EVENT_REASON_BUDGET,       /* -ENOMEM: over the budget or out of memory */
-	EVENT_REASON_PERMISSION,   /* -EPERM, -EACCES */
-	EVENT_REASON_NO_CONTROL,   /* -EOPNOTSUPP: the target has no control handler */
-	EVENT_REASON_NOT_FOUND,    /* -ENOENT, -ENODEV: no such client, device, allocation */
-	EVENT_REASON_BUSY,         /* -EBUSY, -EAGAIN */
-	EVENT_REASON_TIMEOUT,      /* -ETIMEDOUT */
-	EVENT_REASON_INVALID,      /* -EINVAL and other malformed requests */
+	EVENT_REASON_BUDGET,	 /* -ENOMEM: over the budget or out of memory */
+	EVENT_REASON_PERMISSION, /* -EPERM, -EACCES */
+	EVENT_REASON_NO_CONTROL, /* -EOPNOTSUPP: the target has no control handler */
+	EVENT_REASON_NOT_FOUND,	 /* -ENOENT, -ENODEV: no such client, device, allocation */
+	EVENT_REASON_BUSY,	 /* -EBUSY, -EAGAIN */
+	EVENT_REASON_TIMEOUT,	 /* -ETIMEDOUT */
+	EVENT_REASON_INVALID,	 /* -EINVAL and other malformed requests */
 	EVENT_REASON_OTHER,
 	EVENT_NREASONS
 };
 
 struct event {
 	enum event_kind kind;
-	uint64_t time_ns;          /* CLOCK_REALTIME; 0: filled in when emitted */
-	uint64_t client_id;        /* 0: no client */
-	const char *client;        /* name; NULL: none */
+	uint64_t time_ns;   /* CLOCK_REALTIME; 0: filled in when emitted */
+	uint64_t client_id; /* 0: no client */
+	const char *client; /* name; NULL: none */
 	pid_t pid;
 	uid_t uid;
-	const char *tag;           /* NULL: none; "" with pause/resume: every tag */
-	int device;                /* -1: none */
+	const char *tag; /* NULL: none; "" with pause/resume: every tag */
+	int device;	 /* -1: none */
 	uint64_t bytes;
 	uint64_t duration_ns;
-	uint64_t to_host_bytes;    /* pause: copied device -> host by the client */
-	uint64_t from_host_bytes;  /* resume: PRESERVE bytes the client copies back */
-	enum event_reason reason;  /* EVENT_REFUSED */
-	int status;                /* EVENT_REFUSED, EVENT_CONTROL: 0 or -errno */
-	const char *request;       /* EVENT_REFUSED, EVENT_CONTROL: "alloc", "pause", ... */
-	const char *detail;        /* a sentence; NULL: none */
-	const char *actor;         /* EVENT_CONTROL, EVENT_TRIM: who asked */
+	uint64_t to_host_bytes;	  /* pause: copied device -> host by the client */
+	uint64_t from_host_bytes; /* resume: PRESERVE bytes the client copies back */
+	enum event_reason reason; /* EVENT_REFUSED */
+	int status;		  /* EVENT_REFUSED, EVENT_CONTROL: 0 or -errno */
+	const char *request;	  /* EVENT_REFUSED, EVENT_CONTROL: "alloc", "pause", ... */
+	const char *detail;	  /* a sentence; NULL: none */
+	const char *actor;	  /* EVENT_CONTROL, EVENT_TRIM: who asked */
 };
 
-#define EVENT_INIT(k) { .kind = (k), .device = -1 }
+#define EVENT_INIT(k)                     \
+	{                                 \
+		.kind = (k), .device = -1 \
+	}
 
 /* "connected", "pause", ...; "unknown" past the table. */
 const char *event_kind_name(enum event_kind k);

@@ -22,10 +22,10 @@
 /* One allocation's progress through a request, for commit or rollback. */
 struct lend_step {
 	struct balloc *a;
-	struct pool_take t;   /* the new chunks (none when exact) */
-	uint32_t nheld;       /* of t.chunks, how many pool_hold()s were made */
-	bool exact;           /* its last lend, taken back as it is */
-	bool done;            /* t holds an acquired lend */
+	struct pool_take t;    /* the new chunks (none when exact) */
+	uint32_t nheld;	       /* of t.chunks, how many pool_hold()s were made */
+	bool exact;	       /* its last lend, taken back as it is */
+	bool done;	       /* t holds an acquired lend */
 	uint64_t handed_bytes; /* of t.chunks, those a switch reserved for it */
 	uint32_t handed_chunks;
 };
@@ -56,13 +56,13 @@ static void lend_msg_holders(const struct broker *br, int dev, char *err)
 		if (n == 0)
 			continue;
 		err_append(err, "%s%s (pid %d, uid %u) %s", sep, c->name, (int)c->pid,
-				(unsigned)c->uid, size_str(n, b));
+			   (unsigned)c->uid, size_str(n, b));
 		sep = ", ";
 	}
 	err_append(err, "; free in pool %s", size_str(p->free_bytes, b));
 	if (p->pending_bytes)
 		err_append(err, "; %s waiting for clients to drop handles",
-				size_str(p->pending_bytes, b));
+			   size_str(p->pending_bytes, b));
 }
 
 /* Bytes of @dev's free and releasing chunks that @c holds handles to. */
@@ -92,7 +92,7 @@ static void lend_msg_away(const struct broker *br, int dev, char *err)
 		if (n == 0)
 			continue;
 		err_append(err, "%s%s (pid %d, uid %u) %s", sep, c->name, (int)c->pid,
-				(unsigned)c->uid, size_str(n, b));
+			   (unsigned)c->uid, size_str(n, b));
 		sep = ", ";
 	}
 }
@@ -105,8 +105,7 @@ void broker__take_error(const struct broker *br, int dev, int rc, const struct p
 
 	if (rc == -ENOMEM && t->shortfall) {
 		err_append(err, "device %d: budget %s exhausted: need %s more", dev,
-				size_str(p->budget, b1),
-				size_str(t->shortfall, b2));
+			   size_str(p->budget, b1), size_str(t->shortfall, b2));
 		lend_msg_holders(br, dev, err);
 		lend_msg_away(br, dev, err);
 	} else if (rc == -ENOMEM) {
@@ -115,10 +114,10 @@ void broker__take_error(const struct broker *br, int dev, int rc, const struct p
 		lend_msg_holders(br, dev, err);
 	} else if (rc == -EAGAIN) {
 		err_append(err, "device %d: waiting for clients to drop handles to %s", dev,
-				size_str(p->pending_bytes, b1));
+			   size_str(p->pending_bytes, b1));
 	} else {
 		err_append(err, "device %d: creating a chunk failed: %s", dev,
-				backend_last_error());
+			   backend_last_error());
 	}
 }
 
@@ -170,8 +169,9 @@ static int lend_acquire(struct broker *br, struct bclient *c, struct lend_step *
 	struct pool *p = &br->pools[s->a->dev];
 	int rc;
 
-	s->t = (struct pool_take){ .size = s->a->size, .uid = c->uid, .prefer = c,
-				   .handover = broker__handover_id(c) };
+	s->t = (struct pool_take){
+		.size = s->a->size, .uid = c->uid, .prefer = c, .handover = broker__handover_id(c)
+	};
 	rc = pool_take(p, &s->t);
 	if (rc < 0) {
 		broker__take_error(br, s->a->dev, rc, &s->t, err);
@@ -216,16 +216,15 @@ static int lend_check_alloc(const struct broker *br, const struct bclient *c, in
 
 	if (dev < 0 || dev >= br->ndevices)
 		return err_fmt(err, -ENODEV, "device %d does not exist (%d devices)", dev,
-				    br->ndevices);
+			       br->ndevices);
 	if (size == 0)
 		return err_fmt(err, -EINVAL, "allocation size must be positive");
 	if (size > br->pools[dev].budget)
 		return err_fmt(err, -ENOMEM, "allocation of %s exceeds device %d's budget of %s",
-				    size_str(size, b1), dev,
-				    size_str(br->pools[dev].budget, b2));
+			       size_str(size, b1), dev, size_str(br->pools[dev].budget, b2));
 	if (c->allocs.count >= BROKER_MAX_ALLOCS)
 		return err_fmt(err, -ENOSPC, "client '%s' already has %d allocations, the limit",
-				    c->name, BROKER_MAX_ALLOCS);
+			       c->name, BROKER_MAX_ALLOCS);
 	return 0;
 }
 
@@ -247,7 +246,7 @@ int broker_alloc(struct broker *br, struct bclient *c, int dev, uint64_t size, c
 		return rc;
 	if (t->paused) {
 		rc = err_fmt(err, -EBUSY, "tag '%s' is paused: resume it before allocating in it",
-				  t->name);
+			     t->name);
 		goto err_tag;
 	}
 	s.a = calloc(1, sizeof(*s.a));
@@ -256,10 +255,11 @@ int broker_alloc(struct broker *br, struct bclient *c, int dev, uint64_t size, c
 		rc = err_fmt(err, -ENOMEM, "out of memory recording an allocation");
 		goto err_mem;
 	}
-	*s.a = (struct balloc){ .id = br->next_alloc_id++, .dev = dev, .tag = t,
+	*s.a = (struct balloc){ .id = br->next_alloc_id++,
+				.dev = dev,
+				.tag = t,
 				.size = backend_round_up(size, br->pools[dev].granularity) };
-	err_fmt(err, 0, "cannot allocate %s in tag '%s': ",
-		     size_str(s.a->size, b), t->name);
+	err_fmt(err, 0, "cannot allocate %s in tag '%s': ", size_str(s.a->size, b), t->name);
 	rc = lend_acquire(br, c, &s, res, err);
 	if (rc < 0)
 		goto err_mem;
@@ -278,8 +278,8 @@ int broker_alloc(struct broker *br, struct bclient *c, int dev, uint64_t size, c
 	if (err)
 		err[0] = '\0';
 	log_debug("alloc client=%s id=%llu tag=%s dev=%d size=%llu chunks=%u new=%u send=%zu",
-		  c->name, (unsigned long long)s.a->id, t->name, dev,
-		  (unsigned long long)s.a->size, s.t.nchunks, s.t.ncreated, res->nsend);
+		  c->name, (unsigned long long)s.a->id, t->name, dev, (unsigned long long)s.a->size,
+		  s.t.nchunks, s.t.ncreated, res->nsend);
 	return 0;
 
 err_acquire:
@@ -300,10 +300,10 @@ int broker_free_alloc(struct broker *br, struct bclient *c, uint64_t alloc_id, c
 
 	if (!a)
 		return err_fmt(err, -ENOENT, "allocation %llu does not exist",
-				    (unsigned long long)alloc_id);
+			       (unsigned long long)alloc_id);
 	dev = a->dev;
-	log_debug("free client=%s id=%llu dev=%d size=%llu", c->name,
-		  (unsigned long long)alloc_id, dev, (unsigned long long)a->size);
+	log_debug("free client=%s id=%llu dev=%d size=%llu", c->name, (unsigned long long)alloc_id,
+		  dev, (unsigned long long)a->size);
 	broker__alloc_destroy(br, c, a);
 	pool_shrink(&br->pools[dev], br->opts.pool_keep, NULL);
 	return 0;
@@ -470,8 +470,8 @@ static int lend_resume_steps(struct broker *br, struct bclient *c, struct lend_s
 	return 0;
 }
 
-int broker_resume(struct broker *br, struct bclient *c, const char *tag,
-		  struct broker_result *res, char *err)
+int broker_resume(struct broker *br, struct bclient *c, const char *tag, struct broker_result *res,
+		  char *err)
 {
 	struct lend_step *steps = NULL;
 	struct btag *only = NULL;

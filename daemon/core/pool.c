@@ -227,8 +227,8 @@ static uint64_t pool_pieces(const struct pool *p, uint64_t n)
  * is skipped: a small warm chunk saves a create but costs every later cycle
  * a mapping (GPU-FACTS.md), and small mappings slow the worker's kernels.
  */
-static struct chunk *pool_pick_free(const struct pool *p, const struct pool_take *t,
-				    uint64_t rest, bool compact)
+static struct chunk *pool_pick_free(const struct pool *p, const struct pool_take *t, uint64_t rest,
+				    bool compact)
 {
 	struct chunk *best = NULL;
 	int best_rank = -1;
@@ -285,8 +285,7 @@ static bool pool_stuck(const struct pool *p, const struct chunk *c)
 }
 
 /* Free bytes @handover may release, with no holder (@idle) and with holders (@held). */
-static void pool_free_split(const struct pool *p, uint64_t handover, uint64_t *idle,
-			    uint64_t *held)
+static void pool_free_split(const struct pool *p, uint64_t handover, uint64_t *idle, uint64_t *held)
 {
 	*idle = *held = 0;
 	for (const struct chunk *c = p->free_head; c; c = c->next)

@@ -42,25 +42,25 @@ struct balloc;
 
 struct chunk_holder {
 	struct bclient *client;
-	uint32_t refs;   /* allocations of that client whose last lend has it */
-	bool drop_sent;  /* a DropRequest is on its way */
+	uint32_t refs;	/* allocations of that client whose last lend has it */
+	bool drop_sent; /* a DropRequest is on its way */
 };
 
 struct chunk {
 	uint64_t id;
 	int dev;
 	uint64_t size;
-	uint64_t handle;          /* backend handle, owned by the pool */
+	uint64_t handle; /* backend handle, owned by the pool */
 	uid_t uid;
 	bool uid_set;
-	struct balloc *lent_to;   /* NULL: not lent */
-	bool releasing;           /* release once the last holder drops */
+	struct balloc *lent_to; /* NULL: not lent */
+	bool releasing;		/* release once the last holder drops */
 	struct chunk_holder *holders;
 	uint32_t nholders, cap_holders;
 	struct chunk *prev, *next; /* free list, or pending list if releasing */
-	bool free;                /* on the free list */
-	bool acked;               /* scratch flag of broker_dropped() */
-	uint64_t handover;        /* free and reserved for this switch; 0: not */
+	bool free;		   /* on the free list */
+	bool acked;		   /* scratch flag of broker_dropped() */
+	uint64_t handover;	   /* free and reserved for this switch; 0: not */
 };
 
 /*
@@ -76,10 +76,10 @@ struct pool_hooks {
 };
 
 struct pool_cfg {
-	uint64_t budget;    /* 0: the device's total */
-	uint64_t max_chunk; /* rounded down to the granularity */
-	uint64_t keep;      /* free bytes kept warm; UINT64_MAX: all */
-	struct idmap *registry; /* optional id -> chunk map, owned by the caller */
+	uint64_t budget;		/* 0: the device's total */
+	uint64_t max_chunk;		/* rounded down to the granularity */
+	uint64_t keep;			/* free bytes kept warm; UINT64_MAX: all */
+	struct idmap *registry;		/* optional id -> chunk map, owned by the caller */
 	const struct pool_hooks *hooks; /* optional, not owned */
 };
 
@@ -88,12 +88,12 @@ struct pool {
 	int dev;
 	uint64_t granularity, total, budget, max_chunk, keep;
 	uint64_t held_bytes, lent_bytes, free_bytes;
-	uint64_t *next_id;        /* shared id counter, owned by the broker */
-	struct chunk *free_head;  /* largest first */
+	uint64_t *next_id;	 /* shared id counter, owned by the broker */
+	struct chunk *free_head; /* largest first */
 	uint32_t nchunks;
 	struct chunk *pending_head; /* releasing, waiting for drops */
 	uint64_t pending_bytes;
-	struct idmap *registry;   /* not owned; NULL: none */
+	struct idmap *registry;		/* not owned; NULL: none */
 	const struct pool_hooks *hooks; /* not owned; NULL: none */
 	/* A holder that cannot be asked to drop now (no live session); NULL: none. */
 	bool (*holder_away)(const struct bclient *c);
@@ -104,14 +104,14 @@ struct pool {
 
 /* What pool_take() needs to decide and what it hands back. */
 struct pool_take {
-	uint64_t size;              /* granularity multiple */
+	uint64_t size; /* granularity multiple */
 	uid_t uid;
-	struct bclient *prefer;     /* prefer chunks this client holds */
-	uint64_t handover;          /* a switch's take: may use chunks it reserved */
-	struct chunk **chunks;      /* out: malloc'd, owned by the caller */
+	struct bclient *prefer; /* prefer chunks this client holds */
+	uint64_t handover;	/* a switch's take: may use chunks it reserved */
+	struct chunk **chunks;	/* out: malloc'd, owned by the caller */
 	uint32_t nchunks;
-	uint32_t ncreated;          /* how many of them are new */
-	uint64_t shortfall;         /* on -ENOMEM/-EAGAIN: bytes missing */
+	uint32_t ncreated;  /* how many of them are new */
+	uint64_t shortfall; /* on -ENOMEM/-EAGAIN: bytes missing */
 };
 
 int pool_init(struct pool *p, struct backend *b, int dev, const struct pool_cfg *cfg,

@@ -35,8 +35,10 @@ uint64_t proc_start_time(pid_t pid, int *err)
 	buf[n] = '\0';
 	p = strrchr(buf, ')');
 	/* ") S ppid ... starttime": the state, then 19 fields up to field 22. */
-	if (!p || sscanf(p + 2, "%*c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s"
-			 " %*s %*s %*s %*s %llu", &st) != 1)
+	if (!p || sscanf(p + 2,
+			 "%*c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s"
+			 " %*s %*s %*s %*s %llu",
+			 &st) != 1)
 		e = -EINVAL;
 	else if (p[2] == 'Z' || p[2] == 'X')
 		e = -ESRCH;

@@ -97,8 +97,8 @@ int broker_restore_tag(struct bclient *c, const char *name, int mode, bool pause
 	return 0;
 }
 
-int broker_restore_alloc(struct broker *br, struct bclient *c, struct btag *t, uint64_t id,
-			 int dev, uint64_t size, bool active, struct chunk **chunks, uint32_t n)
+int broker_restore_alloc(struct broker *br, struct bclient *c, struct btag *t, uint64_t id, int dev,
+			 uint64_t size, bool active, struct chunk **chunks, uint32_t n)
 {
 	struct balloc *a;
 	int rc;
@@ -119,7 +119,8 @@ int broker_restore_alloc(struct broker *br, struct bclient *c, struct btag *t, u
 	a->active = active && !t->paused && rejoin_restore_can_lend(a);
 	if (active && !a->active)
 		log_warn("restored allocation cannot be lent again, restored paused client=%s"
-			 " alloc=%llu", c->name, (unsigned long long)id);
+			 " alloc=%llu",
+			 c->name, (unsigned long long)id);
 	rc = idmap_put(&c->allocs, id, a);
 	if (rc < 0)
 		goto err_free;
@@ -147,8 +148,8 @@ struct rejoin {
 	struct bclient *c;
 	const struct broker_claim *cl;
 	char *err;
-	struct idmap claimed;     /* alloc id -> its broker_claim_alloc */
-	struct idmap mapped;      /* chunk id -> chunk, of mapped claims */
+	struct idmap claimed; /* alloc id -> its broker_claim_alloc */
+	struct idmap mapped;  /* chunk id -> chunk, of mapped claims */
 };
 
 static const struct broker_claim_tag *rejoin_claim_tag(const struct broker_claim *cl,
@@ -177,14 +178,15 @@ static int rejoin_check_tags(struct rejoin *rj)
 
 	if (cl->ntags > BROKER_MAX_TAGS)
 		return err_fmt(rj->err, -EPROTO, "claims %zu tags (at most %d)", cl->ntags,
-				    BROKER_MAX_TAGS);
+			       BROKER_MAX_TAGS);
 	for (size_t i = 0; i < cl->ntags; i++) {
 		const struct broker_claim_tag *t = &cl->tags[i];
 
-		if (!t->name[0] || strlen(t->name) > WIRE_MAX_NAME ||
-		    t->mode < GMB_MODE_DISCARD || t->mode > GMB_MODE_PRESERVE)
-			return err_fmt(rj->err, -EPROTO, "claims a tag without a valid name"
-					    " or mode");
+		if (!t->name[0] || strlen(t->name) > WIRE_MAX_NAME || t->mode < GMB_MODE_DISCARD ||
+		    t->mode > GMB_MODE_PRESERVE)
+			return err_fmt(rj->err, -EPROTO,
+				       "claims a tag without a valid name"
+				       " or mode");
 		if (rejoin_claim_tag(cl, t->name) != t)
 			return err_fmt(rj->err, -EPROTO, "claims tag '%s' twice", t->name);
 	}
@@ -196,21 +198,27 @@ static int rejoin_check_mapped(struct rejoin *rj, const struct balloc *a,
 			       const struct broker_claim_alloc *ca)
 {
 	if (!rejoin_same_lend(a, ca))
-		return err_fmt(rj->err, -EPERM, "maps allocation %llu over chunks gmbd did"
-				    " not lend it", (unsigned long long)a->id);
+		return err_fmt(rj->err, -EPERM,
+			       "maps allocation %llu over chunks gmbd did"
+			       " not lend it",
+			       (unsigned long long)a->id);
 	for (uint32_t i = 0; i < a->nchunks; i++) {
 		struct chunk *ch = a->chunks[i];
 		int rc;
 
 		if (!ch)
-			return err_fmt(rj->err, -EPROTO, "maps allocation %llu with a dropped"
-					    " chunk", (unsigned long long)a->id);
+			return err_fmt(rj->err, -EPROTO,
+				       "maps allocation %llu with a dropped"
+				       " chunk",
+				       (unsigned long long)a->id);
 		if (ch->lent_to != a && !ch->free)
-			return err_fmt(rj->err, -EPERM, "maps chunk %llu, which gmbd lent to"
-					    " another allocation", (unsigned long long)ch->id);
+			return err_fmt(rj->err, -EPERM,
+				       "maps chunk %llu, which gmbd lent to"
+				       " another allocation",
+				       (unsigned long long)ch->id);
 		if (idmap_get(&rj->mapped, ch->id))
 			return err_fmt(rj->err, -EPERM, "maps chunk %llu twice",
-					    (unsigned long long)ch->id);
+				       (unsigned long long)ch->id);
 		rc = idmap_put(&rj->mapped, ch->id, ch);
 		if (rc < 0)
 			return err_fmt(rj->err, rc, "out of memory checking the claim");
@@ -225,23 +233,28 @@ static int rejoin_check_alloc(struct rejoin *rj, const struct broker_claim_alloc
 	int rc;
 
 	if (!ct)
-		return err_fmt(rj->err, -EPROTO, "claims allocation %llu in tag '%s', which"
-				    " it does not claim", (unsigned long long)ca->id, ca->tag);
+		return err_fmt(rj->err, -EPROTO,
+			       "claims allocation %llu in tag '%s', which"
+			       " it does not claim",
+			       (unsigned long long)ca->id, ca->tag);
 	if (ca->mapped && ct->paused)
 		return err_fmt(rj->err, -EPROTO, "maps allocation %llu of paused tag '%s'",
-				    (unsigned long long)ca->id, ca->tag);
+			       (unsigned long long)ca->id, ca->tag);
 	if (!a)
-		return err_fmt(rj->err, -EPERM, "claims allocation %llu, which gmbd did not"
-				    " lend it", (unsigned long long)ca->id);
+		return err_fmt(rj->err, -EPERM,
+			       "claims allocation %llu, which gmbd did not"
+			       " lend it",
+			       (unsigned long long)ca->id);
 	if (a->dev != ca->dev || a->size != ca->size || strcmp(a->tag->name, ca->tag) != 0)
-		return err_fmt(rj->err, -EPERM, "claims allocation %llu as %llu bytes on"
-				    " device %d in tag '%s'; gmbd lent %llu bytes on device %d in"
-				    " tag '%s'", (unsigned long long)ca->id,
-				    (unsigned long long)ca->size, ca->dev, ca->tag,
-				    (unsigned long long)a->size, a->dev, a->tag->name);
+		return err_fmt(rj->err, -EPERM,
+			       "claims allocation %llu as %llu bytes on"
+			       " device %d in tag '%s'; gmbd lent %llu bytes on device %d in"
+			       " tag '%s'",
+			       (unsigned long long)ca->id, (unsigned long long)ca->size, ca->dev,
+			       ca->tag, (unsigned long long)a->size, a->dev, a->tag->name);
 	if (idmap_get(&rj->claimed, ca->id))
 		return err_fmt(rj->err, -EPROTO, "claims allocation %llu twice",
-				    (unsigned long long)ca->id);
+			       (unsigned long long)ca->id);
 	rc = idmap_put(&rj->claimed, ca->id, (void *)ca);
 	if (rc < 0)
 		return err_fmt(rj->err, rc, "out of memory checking the claim");
@@ -254,7 +267,7 @@ static int rejoin_check(struct rejoin *rj)
 
 	if (!rj->c->orphan)
 		return err_fmt(rj->err, -EPERM, "client %llu is not waiting to rejoin",
-				    (unsigned long long)rj->c->id);
+			       (unsigned long long)rj->c->id);
 	rc = rejoin_check_tags(rj);
 	for (size_t i = 0; rc == 0 && i < rj->cl->nallocs; i++)
 		rc = rejoin_check_alloc(rj, &rj->cl->allocs[i]);
@@ -274,8 +287,9 @@ static int rejoin_make_tags(struct rejoin *rj, uint8_t *created)
 		if (rc < 0) {
 			for (size_t j = 0; j < i; j++)
 				if (created[j])
-					broker__tag_remove(rj->c, broker__tag_find(rj->c,
-								rj->cl->tags[j].name));
+					broker__tag_remove(rj->c,
+							   broker__tag_find(rj->c,
+									    rj->cl->tags[j].name));
 			return rc;
 		}
 		created[i] = made;
@@ -397,8 +411,12 @@ static void rejoin_apply(struct rejoin *rj, struct broker_rejoin_result *res)
 int broker_rejoin(struct broker *br, struct bclient *c, const struct broker_claim *claim,
 		  struct broker_rejoin_result *res, char *err)
 {
-	struct rejoin rj = { .br = br, .c = c, .cl = claim, .err = err,
-			     .claimed = IDMAP_INIT, .mapped = IDMAP_INIT };
+	struct rejoin rj = { .br = br,
+			     .c = c,
+			     .cl = claim,
+			     .err = err,
+			     .claimed = IDMAP_INIT,
+			     .mapped = IDMAP_INIT };
 	uint8_t *created = NULL;
 	int rc;
 
@@ -453,7 +471,7 @@ void broker_reclaim(struct broker *br, struct bclient *c, const char *why)
 		allocs += t->nallocs;
 	}
 	log_notice("client reclaimed client=%s id=%" PRIu64 " pid=%d uid=%u"
-		   " allocations=%u returned=%s reason=\"%s\"", c->name, c->id, (int)c->pid,
-		   (unsigned)c->uid, allocs, size_str(bytes, b), why);
+		   " allocations=%u returned=%s reason=\"%s\"",
+		   c->name, c->id, (int)c->pid, (unsigned)c->uid, allocs, size_str(bytes, b), why);
 	broker_client_remove(br, c);
 }

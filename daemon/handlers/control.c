@@ -45,8 +45,10 @@ void handlers__dreqs_fail(struct handlers *h, struct sess *s)
 		struct hdreq *d = v;
 
 		if (d->fwd)
-			handlers_fwd_done(d->fwd, -ECONNRESET, "client '%s' disconnected before it"
-					  " answered", sess_name(s));
+			handlers_fwd_done(d->fwd, -ECONNRESET,
+					  "client '%s' disconnected before it"
+					  " answered",
+					  sess_name(s));
 		if (d->kind == HDREQ_SWITCH)
 			handlers__switch_lane_lost(h, d, sess_name(s));
 		handlers__dreq_free(d);
@@ -89,8 +91,10 @@ int handlers__control(struct hreq *rq)
 				      target->name);
 	ts = handlers__conn_client(rq->h, target);
 	if (hconn_of(ts)->ctl_in)
-		return handlers__fail(rq, -EBUSY, "client '%s' is still carrying out another"
-				      " control request", target->name);
+		return handlers__fail(rq, -EBUSY,
+				      "client '%s' is still carrying out another"
+				      " control request",
+				      target->name);
 	return handlers_ctl_forward(rq, target);
 }
 
@@ -110,8 +114,10 @@ static int handlers_ctl_target(struct hreq *rq, const char *sel, struct bclient 
 		if (!o->tool && strcmp(o->name, sel) == 0)
 			same++;
 	if (same > 1)
-		return handlers__fail(rq, -ENOTUNIQ, "%d clients are named '%s': name one by id"
-				      " (#N) or pid", same, sel);
+		return handlers__fail(rq, -ENOTUNIQ,
+				      "%d clients are named '%s': name one by id"
+				      " (#N) or pid",
+				      same, sel);
 	return handlers__fail(rq, -ENOENT, "no client matches '%s'", sel);
 }
 
@@ -135,15 +141,21 @@ static int handlers_ctl_forward(struct hreq *rq, struct bclient *target)
 	if (r < 0)
 		goto err_free;
 	/* What status shows as "pausing"/"resuming" until the target answers. */
-	*d = (struct hdreq){ .kind = HDREQ_CONTROL, .fwd = f, .op = m->op,
-			     .tag = strdup(m->tag ? m->tag : "") };
+	*d = (struct hdreq){
+		.kind = HDREQ_CONTROL, .fwd = f, .op = m->op, .tag = strdup(m->tag ? m->tag : "")
+	};
 	if (!d->tag) {
 		idmap_del(&hconn_of(ts)->dreqs, id);
 		r = -ENOMEM;
 		goto err_free;
 	}
-	*f = (struct hfwd){ .h = rq->h, .actor = sess_ref(rq->s), .actor_req = rq->env->id,
-			    .target = ts, .dreq = d, .op = m->op, .start_ns = rq->start_ns };
+	*f = (struct hfwd){ .h = rq->h,
+			    .actor = sess_ref(rq->s),
+			    .actor_req = rq->env->id,
+			    .target = ts,
+			    .dreq = d,
+			    .op = m->op,
+			    .start_ns = rq->start_ns };
 	snprintf(f->tag, sizeof(f->tag), "%s", m->tag ? m->tag : "");
 	snprintf(f->target_name, sizeof(f->target_name), "%s", target->name);
 	/* Timer init cannot fail; from here the forward is freed on close. */
@@ -151,7 +163,8 @@ static int handlers_ctl_forward(struct hreq *rq, struct bclient *target)
 	f->timer.data = f;
 	/* A resume that may wait for memory gets that long on top. */
 	uv_timer_start(&f->timer, handlers_on_fwd_timer,
-		       rq->h->control_timeout_ms + (m->op == GMB__OP__OP_RESUME ? m->wait_ms : 0), 0);
+		       rq->h->control_timeout_ms + (m->op == GMB__OP__OP_RESUME ? m->wait_ms : 0),
+		       0);
 	hconn_of(ts)->ctl_in = f;
 	hconn_of(rq->s)->inflight++;
 	log_info("control forwarded " SESS_FMT " target=%s target_id=%" PRIu64 " op=%s tag=%s",
@@ -203,9 +216,11 @@ static void handlers_on_fwd_timer(uv_timer_t *timer)
 	char t[WIRE_MAX_NAME + 8];
 
 	/* The command cannot be taken back: say that it may still be carried out. */
-	handlers_fwd_done(f, -ETIMEDOUT, "client '%s' did not %s %s within %g s; it has the"
+	handlers_fwd_done(f, -ETIMEDOUT,
+			  "client '%s' did not %s %s within %g s; it has the"
 			  " command and may still carry it out (gmbctl status shows \"%s\" until"
-			  " it answers)", f->target_name, handlers_op_verb(f->op),
+			  " it answers)",
+			  f->target_name, handlers_op_verb(f->op),
 			  handlers_tag_text(f->tag, t, sizeof(t)),
 			  (double)f->h->control_timeout_ms / 1000,
 			  f->op == GMB__OP__OP_PAUSE ? "pausing" : "resuming");
@@ -233,10 +248,9 @@ static void handlers_fwd_done(struct hfwd *f, int status, const char *fmt, ...)
 	hconn_of(f->actor)->inflight--;
 	if (f->actor->state == SESS_OPEN)
 		handlers__reply_status(f->actor, f->actor_req, status, msg);
-	log_info("control done " SESS_FMT " target=%s op=%s status=%d%s%s",
-		 SESS_ARGS(f->actor), log_quote(f->target_name, qt, sizeof(qt)),
-		 handlers_op_verb(f->op), status, status ? " error=" : "",
-		 status ? log_quote(msg, qm, sizeof(qm)) : "");
+	log_info("control done " SESS_FMT " target=%s op=%s status=%d%s%s", SESS_ARGS(f->actor),
+		 log_quote(f->target_name, qt, sizeof(qt)), handlers_op_verb(f->op), status,
+		 status ? " error=" : "", status ? log_quote(msg, qm, sizeof(qm)) : "");
 	ev.client = f->target_name;
 	ev.client_id = f->target->client_id;
 	ev.pid = f->target->pid;

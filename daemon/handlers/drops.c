@@ -113,7 +113,8 @@ bool handlers__drop_acked(struct handlers *h, struct sess *s, struct hdreq *d, i
 		/* Its handles stay, so the memory is not back: it returns when
 		 * the client goes. */
 		log_warn("client refused to drop handles " SESS_FMT " chunks=%zu status=%d"
-			 " error=\"%s\"", SESS_ARGS(s), d->nids, status, error ? error : "");
+			 " error=\"%s\"",
+			 SESS_ARGS(s), d->nids, status, error ? error : "");
 		return false;
 	}
 	broker_dropped(h->broker, hconn_of(s)->client, d->ids, d->nids);
@@ -146,8 +147,8 @@ int handlers__send_command(struct sess *s, struct hdreq *d, int op, const char *
 	return 0;
 }
 
-void handlers__send_preempt(struct handlers *h, struct bclient *victim,
-			    const struct bclient *for_c, int dev, uint64_t need)
+void handlers__send_preempt(struct handlers *h, struct bclient *victim, const struct bclient *for_c,
+			    int dev, uint64_t need)
 {
 	struct sess *s = handlers__conn_client(h, victim);
 	struct hdreq *d = calloc(1, sizeof(*d));
@@ -158,9 +159,9 @@ void handlers__send_preempt(struct handlers *h, struct bclient *victim,
 	if (handlers__send_command(s, d, GMB__OP__OP_PAUSE, "", 0) < 0)
 		goto err_undo;
 	log_notice("client preempted " SESS_FMT " for=%s for_id=%llu for_priority=%d"
-		   " priority=%d device=%d need=%llu", SESS_ARGS(s), for_c->name,
-		   (unsigned long long)for_c->id, for_c->priority, victim->priority, dev,
-		   (unsigned long long)need);
+		   " priority=%d device=%d need=%llu",
+		   SESS_ARGS(s), for_c->name, (unsigned long long)for_c->id, for_c->priority,
+		   victim->priority, dev, (unsigned long long)need);
 	return;
 
 err_undo:
@@ -168,8 +169,8 @@ err_undo:
 	broker_preempt_done(victim);
 }
 
-void handlers__preempt_answered(struct handlers *h, struct sess *s, struct hdreq *d,
-				int status, const char *error)
+void handlers__preempt_answered(struct handlers *h, struct sess *s, struct hdreq *d, int status,
+				const char *error)
 {
 	struct bclient *c = hconn_of(s)->client;
 
@@ -180,6 +181,7 @@ void handlers__preempt_answered(struct handlers *h, struct sess *s, struct hdreq
 			 (unsigned long long)d->for_client);
 	else
 		log_warn("client refused preemption " SESS_FMT " for_id=%llu status=%d"
-			 " error=\"%s\"", SESS_ARGS(s), (unsigned long long)d->for_client, status,
+			 " error=\"%s\"",
+			 SESS_ARGS(s), (unsigned long long)d->for_client, status,
 			 error ? error : "");
 }

@@ -25,13 +25,13 @@
 #include "include/gmb.h"
 
 /* Handler flags. */
-#define H_SETTLE 0x1    /* may free memory or queue drops: settle afterwards */
-#define H_INFLIGHT 0x2  /* may be parked or forwarded: counts in flight */
-#define H_STATE 0x4     /* may change the broker's record */
+#define H_SETTLE   0x1 /* may free memory or queue drops: settle afterwards */
+#define H_INFLIGHT 0x2 /* may be parked or forwarded: counts in flight */
+#define H_STATE	   0x4 /* may change the broker's record */
 
 struct handler {
 	const char *name;
-	handlers_fn fn;              /* NULL: not a body a client may send */
+	handlers_fn fn; /* NULL: not a body a client may send */
 	unsigned flags;
 };
 
@@ -93,7 +93,8 @@ int handlers_init(struct handlers *h, uv_loop_t *loop, struct broker *br,
 {
 	int r;
 
-	*h = (struct handlers){ .loop = loop, .broker = br,
+	*h = (struct handlers){ .loop = loop,
+				.broker = br,
 				.control_timeout_ms = control_timeout_ms,
 				.park_timeout_ms = HANDLERS_PARK_TIMEOUT_MS };
 	r = uv_timer_init(loop, &h->park_timer);
@@ -322,8 +323,8 @@ static void handlers_gone(void *arg, struct sess *s)
 	if (h->handover)
 		log_debug("client left for the next gmbd " SESS_FMT, SESS_ARGS(s));
 	else
-		log_at(hc->client->tool ? LOG_LVL_DEBUG : LOG_LVL_INFO, "client disconnected "
-		       SESS_FMT " returned=%s chunks=%" PRIu64, SESS_ARGS(s),
+		log_at(hc->client->tool ? LOG_LVL_DEBUG : LOG_LVL_INFO,
+		       "client disconnected " SESS_FMT " returned=%s chunks=%" PRIu64, SESS_ARGS(s),
 		       size_str(bytes, b), chunks);
 	if (!hc->client->tool && !h->handover) {
 		handlers__event_client(&ev, s, hc->client);

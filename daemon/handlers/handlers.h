@@ -31,16 +31,16 @@
 #include "proto/gmb.pb-c.h"
 #include "daemon/transport/sess.h"
 
-#define HANDLERS_PARK_TIMEOUT_MS 5000
+#define HANDLERS_PARK_TIMEOUT_MS   5000
 /* A client that leaves this many daemon requests unanswered is dropped. */
-#define HANDLERS_MAX_DREQS 4096
+#define HANDLERS_MAX_DREQS	   4096
 /* Watch subscribers at once, and what one may have queued before it is
  * dropped (well under the session's own SESS_OUT_MAX_*). */
-#define HANDLERS_MAX_WATCHERS 64
+#define HANDLERS_MAX_WATCHERS	   64
 #define HANDLERS_WATCH_MAX_PACKETS 1024
-#define HANDLERS_WATCH_MAX_BYTES (256u << 10)
+#define HANDLERS_WATCH_MAX_BYTES   (256u << 10)
 /* Chunk ids per DropRequest; keeps the packet well under WIRE_MAX_MSG. */
-#define HANDLERS_DROP_BATCH 2048
+#define HANDLERS_DROP_BATCH	   2048
 
 struct bclient;
 struct broker;
@@ -51,17 +51,17 @@ struct hswitch;
 
 struct handlers {
 	uv_loop_t *loop;
-	struct broker *broker;          /* not owned */
+	struct broker *broker; /* not owned */
 	uint64_t control_timeout_ms;
 	uint64_t park_timeout_ms;
-	uint32_t nparked;               /* in the broker's waiting queue */
-	uv_timer_t park_timer;          /* the earliest parked request's deadline */
-	struct hswitch *switches;       /* switches in progress (switch.c) */
+	uint32_t nparked;	  /* in the broker's waiting queue */
+	uv_timer_t park_timer;	  /* the earliest parked request's deadline */
+	struct hswitch *switches; /* switches in progress (switch.c) */
 	/* Called after anything that changes the broker's record (gmbd: the
 	 * fd store's state and STATUS=); NULL: nobody cares. */
 	void (*changed)(void *arg);
 	void *changed_arg;
-	struct idmap conns;             /* client id -> struct sess: connected or rejoining */
+	struct idmap conns; /* client id -> struct sess: connected or rejoining */
 	/* Who hears of every event besides the watchers (gmbd: the metrics);
 	 * NULL: nobody. Called on the loop, @ev valid during the call. */
 	void (*on_event)(void *arg, const struct event *ev);
@@ -73,13 +73,13 @@ struct handlers {
 	/* limits.c: 0 turns either off; set after handlers_init(). */
 	uint64_t hello_timeout_ms;
 	uint32_t max_conns_per_uid;
-	struct idmap uid_conns;         /* uid + 1 -> connections open */
-	struct hconn *hconns;           /* every connection, newest first */
+	struct idmap uid_conns; /* uid + 1 -> connections open */
+	struct hconn *hconns;	/* every connection, newest first */
 	uv_timer_t hello_timer;
 	bool hello_logged, limit_logged;
-	bool retrying;                  /* guards against nested retries */
+	bool retrying; /* guards against nested retries */
 	bool closed;
-	bool handover;                  /* stopping, the clients' state kept for the next
+	bool handover; /* stopping, the clients' state kept for the next
 					   gmbd: disconnects return nothing */
 };
 

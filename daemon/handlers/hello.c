@@ -30,8 +30,8 @@
 #include "daemon/transport/sess.h"
 #include "include/gmb.h"
 
-#define HREJOIN_MAX_PARTS 1024
-#define HREJOIN_MAX_HELD (1u << 20)
+#define HREJOIN_MAX_PARTS    1024
+#define HREJOIN_MAX_HELD     (1u << 20)
 #define HREJOIN_IDS_PER_PART 4096
 
 static int handlers_rejoin_hello(struct hreq *rq, bool control);
@@ -39,14 +39,14 @@ static int handlers_send_hello_reply(struct hreq *rq, const struct bclient *c, b
 
 /* A claim on its way in. */
 struct hrejoin {
-	struct bclient *c;          /* the orphan; handlers->conns names the session */
+	struct bclient *c; /* the orphan; handlers->conns names the session */
 	bool control;
 	char group[WIRE_MAX_NAME + 1]; /* the hello's, given to the client at the end */
 	int priority;
 	bool preemptible;
-	Gmb__Envelope **parts;      /* owned */
+	Gmb__Envelope **parts; /* owned */
 	size_t nparts;
-	uint64_t *ids;              /* the claim's chunk ids, pieces joined; owned */
+	uint64_t *ids; /* the claim's chunk ids, pieces joined; owned */
 	size_t ntags, nallocs, nheld;
 };
 
@@ -81,8 +81,11 @@ int handlers__hello(struct hreq *rq)
 	const Gmb__Hello *m = rq->env->hello;
 	struct sess *s = rq->s;
 	const char *given = m->name ? m->name : "";
-	struct broker_peer peer = { .pid = s->pid, .uid = s->uid, .gid = s->gid,
-				    .groups = s->groups, .ngroups = s->ngroups,
+	struct broker_peer peer = { .pid = s->pid,
+				    .uid = s->uid,
+				    .gid = s->gid,
+				    .groups = s->groups,
+				    .ngroups = s->ngroups,
 				    .start_time = proc_start_time(s->pid, NULL) };
 	char name[WIRE_MAX_NAME + 1];
 	struct bclient *c;
@@ -102,7 +105,8 @@ int handlers__hello(struct hreq *rq)
 		return r;
 	/* A tool holds no memory (memory.c), so it has none to claim back. */
 	if (m->rejoin_id && m->tool)
-		return handlers__fail(rq, -EPERM, "a tool may not rejoin: it holds no memory to"
+		return handlers__fail(rq, -EPERM,
+				      "a tool may not rejoin: it holds no memory to"
 				      " claim back");
 	if (m->rejoin_id)
 		return handlers_rejoin_hello(rq, m->control);
@@ -120,9 +124,10 @@ int handlers__hello(struct hreq *rq)
 	}
 	broker_client_set_arb(c, m->group, m->priority, m->preemptible);
 	/* Tools come and go all the time (gmbctl status): not worth a line. */
-	log_at(m->tool ? LOG_LVL_DEBUG : LOG_LVL_INFO, "client connected " SESS_FMT
-	       " control=%d tool=%d group=%s priority=%d preemptible=%d", SESS_ARGS(s),
-	       m->control ? 1 : 0, m->tool ? 1 : 0, c->group, c->priority,
+	log_at(m->tool ? LOG_LVL_DEBUG : LOG_LVL_INFO,
+	       "client connected " SESS_FMT
+	       " control=%d tool=%d group=%s priority=%d preemptible=%d",
+	       SESS_ARGS(s), m->control ? 1 : 0, m->tool ? 1 : 0, c->group, c->priority,
 	       c->preemptible ? 1 : 0);
 	r = handlers_send_hello_reply(rq, c, false);
 	if (!m->tool) {
@@ -157,32 +162,41 @@ static int handlers_rejoin_check_peer(struct hreq *rq, const struct bclient *c)
 	uint64_t st = proc_start_time(s->pid, NULL);
 
 	if (c->uid != s->uid || c->pid != s->pid || (c->start_time && st && c->start_time != st))
-		return handlers__fail(rq, -EPERM, "client %" PRIu64 " was pid %d uid %u; this is"
-				      " pid %d uid %u", c->id, (int)c->pid, (unsigned)c->uid,
-				      (int)s->pid, (unsigned)s->uid);
+		return handlers__fail(rq, -EPERM,
+				      "client %" PRIu64 " was pid %d uid %u; this is"
+				      " pid %d uid %u",
+				      c->id, (int)c->pid, (unsigned)c->uid, (int)s->pid,
+				      (unsigned)s->uid);
 	if (!c->orphan)
 		return handlers__fail(rq, -EALREADY, "client %" PRIu64 " is connected already",
 				      c->id);
 	if (handlers_sess_of(rq->h, c))
-		return handlers__fail(rq, -EBUSY, "client %" PRIu64 " is rejoining on another"
-				      " connection", c->id);
+		return handlers__fail(rq, -EBUSY,
+				      "client %" PRIu64 " is rejoining on another"
+				      " connection",
+				      c->id);
 	return 0;
 }
 
 static int handlers_rejoin_hello(struct hreq *rq, bool control)
 {
 	struct sess *s = rq->s;
-	struct broker_peer peer = { .pid = s->pid, .uid = s->uid, .gid = s->gid,
-				    .groups = s->groups, .ngroups = s->ngroups };
+	struct broker_peer peer = { .pid = s->pid,
+				    .uid = s->uid,
+				    .gid = s->gid,
+				    .groups = s->groups,
+				    .ngroups = s->ngroups };
 	uint64_t id = rq->env->hello->rejoin_id;
 	struct bclient *c = broker_client_get(rq->h->broker, id);
 	struct hrejoin *r;
 	int rc;
 
 	if (!c)
-		return handlers__fail(rq, -ESTALE, "gmbd has no record of client %" PRIu64 ": it"
+		return handlers__fail(rq, -ESTALE,
+				      "gmbd has no record of client %" PRIu64 ": it"
 				      " was restarted without its state, or reclaimed the client's"
-				      " memory", id);
+				      " memory",
+				      id);
 	rc = handlers_rejoin_check_peer(rq, c);
 	if (rc < 0)
 		return rc;
@@ -193,7 +207,9 @@ static int handlers_rejoin_hello(struct hreq *rq, bool control)
 		free(r);
 		return handlers__fail(rq, -ENOMEM, "out of memory for a rejoin");
 	}
-	*r = (struct hrejoin){ .c = c, .control = control, .priority = rq->env->hello->priority,
+	*r = (struct hrejoin){ .c = c,
+			       .control = control,
+			       .priority = rq->env->hello->priority,
 			       .preemptible = rq->env->hello->preemptible };
 	snprintf(r->group, sizeof(r->group), "%s",
 		 rq->env->hello->group ? rq->env->hello->group : "");
@@ -230,9 +246,10 @@ static int handlers_rejoin_keep(struct hreq *rq, struct hrejoin *r)
 	r->nheld += m->n_held_chunk_ids;
 	if (r->nparts >= HREJOIN_MAX_PARTS || r->ntags > BROKER_MAX_TAGS ||
 	    r->nallocs > BROKER_MAX_ALLOCS || r->nheld > HREJOIN_MAX_HELD) {
-		sess_protocol_error(rq->s, "a rejoin claim over the limits (%zu parts, %zu tags,"
-				    " %zu allocations, %zu handles)", r->nparts + 1, r->ntags,
-				    r->nallocs, r->nheld);
+		sess_protocol_error(rq->s,
+				    "a rejoin claim over the limits (%zu parts, %zu tags,"
+				    " %zu allocations, %zu handles)",
+				    r->nparts + 1, r->ntags, r->nallocs, r->nheld);
 		return -EPROTO;
 	}
 	v = realloc(r->parts, (r->nparts + 1) * sizeof(*v));
@@ -280,15 +297,22 @@ static int handlers_rejoin_alloc(struct hreq *rq, struct hrejoin *r, struct brok
 	if (a->n_chunk_ids)
 		memcpy(at, a->chunk_ids, a->n_chunk_ids * sizeof(*at));
 	if (a->first_chunk == 0) {
-		allocs[cl->nallocs++] = (struct broker_claim_alloc){
-			.id = a->alloc_id, .tag = a->tag ? a->tag : "",
-			.dev = a->device > INT32_MAX ? -1 : (int)a->device, .size = a->size,
-			.mapped = a->mapped, .chunk_ids = at, .nchunks = a->n_chunk_ids };
+		allocs[cl->nallocs++] = (struct broker_claim_alloc){ .id = a->alloc_id,
+								     .tag = a->tag ? a->tag : "",
+								     .dev = a->device > INT32_MAX ?
+										    -1 :
+										    (int)a->device,
+								     .size = a->size,
+								     .mapped = a->mapped,
+								     .chunk_ids = at,
+								     .nchunks = a->n_chunk_ids };
 		return 0;
 	}
 	if (!prev || prev->id != a->alloc_id || prev->nchunks != a->first_chunk) {
-		return handlers__fail(rq, -EPROTO, "claims a piece of allocation %" PRIu64
-				      " from chunk %u out of order", a->alloc_id, a->first_chunk);
+		return handlers__fail(rq, -EPROTO,
+				      "claims a piece of allocation %" PRIu64
+				      " from chunk %u out of order",
+				      a->alloc_id, a->first_chunk);
 	}
 	prev->nchunks += a->n_chunk_ids;
 	return 0;
@@ -311,7 +335,9 @@ static int handlers_rejoin_claim(struct hreq *rq, struct hrejoin *r, struct brok
 		for (size_t i = 0; i < m->n_tags; i++)
 			tags[cl->ntags++] = (struct broker_claim_tag){
 				.name = m->tags[i]->name ? m->tags[i]->name : "",
-				.mode = (int)m->tags[i]->mode, .paused = m->tags[i]->paused };
+				.mode = (int)m->tags[i]->mode,
+				.paused = m->tags[i]->paused
+			};
 		for (size_t i = 0; i < m->n_allocs; i++)
 			if (handlers_rejoin_alloc(rq, r, cl, allocs, m->allocs[i]) < 0)
 				return -EPROTO; /* rq->err says why */
@@ -371,8 +397,8 @@ static void handlers_rejoin_attach(struct hreq *rq, struct hrejoin *r,
 	for (const struct btag *t = c->tags; t; t = t->next)
 		bytes += t->bytes;
 	log_info("client rejoined " SESS_FMT " allocations=%zu bytes=%s cleared=%zu dropped=%zu",
-		 SESS_ARGS(rq->s), (size_t)c->allocs.count, size_str(bytes, b),
-		 res->ncleared, res->ndrop);
+		 SESS_ARGS(rq->s), (size_t)c->allocs.count, size_str(bytes, b), res->ncleared,
+		 res->ndrop);
 }
 
 /* The last part: check and apply the whole claim, or reclaim and hang up. */

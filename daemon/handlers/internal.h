@@ -40,18 +40,18 @@ struct hrejoin;
 /* The handlers' state of one connection (sess->data, made by sess_ops.open,
  * freed with the session's last reference). */
 struct hconn {
-	struct bclient *client;   /* NULL until hello; owned by the broker */
-	uint64_t next_req_id;     /* ids of daemon -> client requests */
-	struct idmap dreqs;       /* id -> struct hdreq: daemon requests unanswered */
-	uint32_t inflight;        /* parked + forwarded requests of this client */
-	struct hfwd *ctl_in;      /* the control request this client carries out */
-	struct hrejoin *rejoin;   /* between a rejoin hello and the end of its claim */
+	struct bclient *client; /* NULL until hello; owned by the broker */
+	uint64_t next_req_id;	/* ids of daemon -> client requests */
+	struct idmap dreqs;	/* id -> struct hdreq: daemon requests unanswered */
+	uint32_t inflight;	/* parked + forwarded requests of this client */
+	struct hfwd *ctl_in;	/* the control request this client carries out */
+	struct hrejoin *rejoin; /* between a rejoin hello and the end of its claim */
 	bool watching;		/* in handlers->watchers */
 	/* limits.c: on handlers->hconns from open to free. */
 	struct handlers *h;
-	struct sess *sess;        /* not a reference: the session owns this */
+	struct sess *sess; /* not a reference: the session owns this */
 	uid_t uid;
-	uint64_t opened_ms;       /* uv_now() at accept */
+	uint64_t opened_ms; /* uv_now() at accept */
 	struct hconn *prev, *next;
 };
 
@@ -64,17 +64,17 @@ static inline struct hconn *hconn_of(const struct sess *s)
 struct hreq {
 	struct handlers *h;
 	struct sess *s;
-	Gmb__Envelope *env;       /* the caller's (dispatch or a parked request) */
+	Gmb__Envelope *env;    /* the caller's (dispatch or a parked request) */
 	uint64_t start_ns;     /* uv_hrtime() when the request arrived */
-	char err[ERR_MSG_MAX];    /* the sentence of a negative return */
+	char err[ERR_MSG_MAX]; /* the sentence of a negative return */
 	/* Set by a handler that returns HANDLERS_PARK (park.c reads them). */
-	bool retry;               /* set by park.c: a parked request tried again */
-	int short_dev;            /* the device it is short of; -1: unknown */
+	bool retry;    /* set by park.c: a parked request tried again */
+	int short_dev; /* the device it is short of; -1: unknown */
 	uint64_t short_bytes;
-	uint32_t wait_ms;         /* the caller's wait; 0: only for drops */
-	bool drops;               /* short until clients drop handles (-EAGAIN) */
-	int wait_kind;            /* BROKER_WAIT_* */
-	const char *wait_tag;     /* in env */
+	uint32_t wait_ms;     /* the caller's wait; 0: only for drops */
+	bool drops;	      /* short until clients drop handles (-EAGAIN) */
+	int wait_kind;	      /* BROKER_WAIT_* */
+	const char *wait_tag; /* in env */
 };
 
 /* A handler's return besides 0 (replied or will reply) and -errno (the
@@ -85,31 +85,36 @@ struct hreq {
 
 typedef int (*handlers_fn)(struct hreq *rq);
 
-enum hdreq_kind { HDREQ_DROP, HDREQ_CONTROL, HDREQ_SWITCH, HDREQ_PREEMPT };
+enum hdreq_kind {
+	HDREQ_DROP,
+	HDREQ_CONTROL,
+	HDREQ_SWITCH,
+	HDREQ_PREEMPT
+};
 
 struct hswitch_lane;
 
 /* A daemon -> client request waiting for its reply, in hconn->dreqs. */
 struct hdreq {
 	enum hdreq_kind kind;
-	uint64_t *ids;            /* DROP: the chunks asked for, owned */
+	uint64_t *ids; /* DROP: the chunks asked for, owned */
 	size_t nids;
-	struct hfwd *fwd;         /* CONTROL: NULL once the operator was answered */
+	struct hfwd *fwd;	   /* CONTROL: NULL once the operator was answered */
 	struct hswitch_lane *lane; /* SWITCH: NULL once the switch gave up on it */
-	uint64_t for_client;      /* PREEMPT: the client it pauses for */
-	int op;                   /* CONTROL: what the client was told to do */
-	char *tag;                /* CONTROL: of which tag ("": every), owned */
+	uint64_t for_client;	   /* PREEMPT: the client it pauses for */
+	int op;			   /* CONTROL: what the client was told to do */
+	char *tag;		   /* CONTROL: of which tag ("": every), owned */
 };
 
 /* A control request forwarded from an operator (actor) to a target. */
 struct hfwd {
-	uv_timer_t timer;         /* --control-timeout; frees the struct on close */
+	uv_timer_t timer; /* --control-timeout; frees the struct on close */
 	struct handlers *h;
-	struct sess *actor;       /* reference held until the timer is closed */
-	uint64_t actor_req;       /* the ControlRequest's id */
-	struct sess *target;      /* no reference: done before the target goes */
-	struct hdreq *dreq;       /* the target's ControlCommand entry */
-	int op;                   /* GMB__OP__PAUSE or GMB__OP__RESUME */
+	struct sess *actor;  /* reference held until the timer is closed */
+	uint64_t actor_req;  /* the ControlRequest's id */
+	struct sess *target; /* no reference: done before the target goes */
+	struct hdreq *dreq;  /* the target's ControlCommand entry */
+	int op;		     /* GMB__OP__PAUSE or GMB__OP__RESUME */
 	bool done;
 	uint64_t start_ns; /* uv_hrtime() when the operator asked */
 	char tag[WIRE_MAX_NAME + 1];
@@ -168,11 +173,11 @@ void handlers__dreq_free(struct hdreq *d);
 int handlers__send_command(struct sess *s, struct hdreq *d, int op, const char *tag,
 			   uint32_t wait_ms);
 /* Asks @victim to pause every tag so that @for_c may be served (logged). */
-void handlers__send_preempt(struct handlers *h, struct bclient *victim,
-			    const struct bclient *for_c, int dev, uint64_t need);
+void handlers__send_preempt(struct handlers *h, struct bclient *victim, const struct bclient *for_c,
+			    int dev, uint64_t need);
 /* @victim's answer to a preemption (logged; its mark cleared). */
-void handlers__preempt_answered(struct handlers *h, struct sess *s, struct hdreq *d,
-				int status, const char *error);
+void handlers__preempt_answered(struct handlers *h, struct sess *s, struct hdreq *d, int status,
+				const char *error);
 /* broker_drop_cb: DropRequests to @c, HANDLERS_DROP_BATCH ids a packet. */
 void handlers__send_drops(void *arg, struct bclient *c, const uint64_t *ids, size_t n);
 /* The client's answer to DropRequest @d. Return: true when the memory is

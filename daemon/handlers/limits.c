@@ -42,8 +42,9 @@ int handlers__limits_open(struct handlers *h, struct sess *s, struct hconn *hc)
 	r = idmap_put(&h->uid_conns, (uint64_t)s->uid + 1, (void *)(n + 1));
 	if (r < 0)
 		return r;
-	*hc = (struct hconn){ .dreqs = IDMAP_INIT, .h = h, .uid = s->uid, .sess = s,
-			      .opened_ms = uv_now(h->loop) };
+	*hc = (struct hconn){
+		.dreqs = IDMAP_INIT, .h = h, .uid = s->uid, .sess = s, .opened_ms = uv_now(h->loop)
+	};
 	DLIST_PUSH(h->hconns, hc);
 	if (h->hello_timeout_ms && !uv_is_active((uv_handle_t *)&h->hello_timer))
 		uv_timer_start(&h->hello_timer, handlers_on_hello_timer, HLIMITS_TICK_MS,

@@ -31,8 +31,8 @@ static int handlers_send_result(struct hreq *rq, const struct broker_result *res
 static int handlers_send_fds(struct sess *s, uint64_t reply_to, const struct broker_result *res);
 static int handlers_send_lends(struct sess *s, uint64_t reply_to, Gmb__Lend *lends, size_t n,
 			       bool resume);
-static int handlers_send_lend_part(struct sess *s, uint64_t reply_to, Gmb__Lend **lends,
-				   size_t n, bool resume, bool last);
+static int handlers_send_lend_part(struct sess *s, uint64_t reply_to, Gmb__Lend **lends, size_t n,
+				   bool resume, bool last);
 
 /* Says why and how long @rq waits (park.c reads it) and asks to park it. */
 static int handlers_wait(struct hreq *rq, uint32_t wait_ms, bool drops, int dev, uint64_t bytes,
@@ -74,8 +74,10 @@ static int handlers_not_tool(struct hreq *rq, const char *what)
 {
 	if (!hconn_of(rq->s)->client->tool)
 		return 0;
-	return handlers__fail(rq, -EPERM, "a tool may not %s: connect without the tool flag"
-			      " to hold memory", what);
+	return handlers__fail(rq, -EPERM,
+			      "a tool may not %s: connect without the tool flag"
+			      " to hold memory",
+			      what);
 }
 
 int handlers__alloc(struct hreq *rq)
@@ -99,8 +101,10 @@ int handlers__alloc(struct hreq *rq)
 	/* A request that may wait queues behind those that wait already. */
 	if (m->wait_ms && !rq->retry &&
 	    broker_wait_ahead(br, hconn_of(rq->s)->client, (int)m->device)) {
-		handlers__fail(rq, -ENOMEM, "device %u: requests of the same or higher priority"
-			       " wait already", m->device);
+		handlers__fail(rq, -ENOMEM,
+			       "device %u: requests of the same or higher priority"
+			       " wait already",
+			       m->device);
 		return handlers_wait(rq, m->wait_ms, false, (int)m->device, 0, BROKER_WAIT_ALLOC,
 				     tag);
 	}
@@ -174,8 +178,7 @@ int handlers__pause(struct hreq *rq)
 		return r;
 	if (chunks)
 		log_info("tag paused " SESS_FMT " tag=%s bytes=%s chunks=%" PRIu64,
-			 SESS_ARGS(rq->s), handlers__tag_log(tag, q), size_str(bytes, b),
-			 chunks);
+			 SESS_ARGS(rq->s), handlers__tag_log(tag, q), size_str(bytes, b), chunks);
 	env.reply_to = rq->env->id;
 	env.body_case = GMB__ENVELOPE__BODY_PAUSE_REPLY;
 	env.pause_reply = &pr;
@@ -217,8 +220,8 @@ int handlers__resume(struct hreq *rq)
 	}
 	if (res.nallocs)
 		log_info("tag resumed " SESS_FMT " tag=%s bytes=%s chunks=%" PRIu64 " fds=%zu",
-			 SESS_ARGS(rq->s), handlers__tag_log(tag, q), size_str(bytes, b),
-			 chunks, res.nsend);
+			 SESS_ARGS(rq->s), handlers__tag_log(tag, q), size_str(bytes, b), chunks,
+			 res.nsend);
 	handlers_send_result(rq, &res, true);
 	broker_result_deinit(&res);
 	if (chunks) {
@@ -246,8 +249,7 @@ int handlers__trim(struct hreq *rq)
 	if (r < 0)
 		return r;
 	log_info("pools trimmed " SESS_FMT " device=%d released=%s pending=%s", SESS_ARGS(rq->s),
-		 m->device, size_str(tr.released_bytes, b1),
-		 size_str(tr.pending_bytes, b2));
+		 m->device, size_str(tr.released_bytes, b1), size_str(tr.pending_bytes, b2));
 	env.reply_to = rq->env->id;
 	env.body_case = GMB__ENVELOPE__BODY_TRIM_REPLY;
 	env.trim_reply = &tr;
@@ -302,8 +304,8 @@ static int handlers_send_result(struct hreq *rq, const struct broker_result *res
 			l->device = (uint32_t)a->dev;
 			l->size = a->size;
 			l->first_chunk = first;
-			l->n_chunk_ids = l->n_chunk_sizes = n < HANDLERS_LEND_PIECE ? n
-						: HANDLERS_LEND_PIECE;
+			l->n_chunk_ids = l->n_chunk_sizes =
+				n < HANDLERS_LEND_PIECE ? n : HANDLERS_LEND_PIECE;
 			l->chunk_ids = vals + off + first;
 			l->chunk_sizes = vals + total + off + first;
 		}
@@ -379,8 +381,8 @@ out_free:
 	return r;
 }
 
-static int handlers_send_lend_part(struct sess *s, uint64_t reply_to, Gmb__Lend **lends,
-				   size_t n, bool resume, bool last)
+static int handlers_send_lend_part(struct sess *s, uint64_t reply_to, Gmb__Lend **lends, size_t n,
+				   bool resume, bool last)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__AllocReply ar = GMB__ALLOC_REPLY__INIT;

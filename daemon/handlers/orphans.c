@@ -43,7 +43,8 @@ static void handlers_orphans_check(struct handlers *h)
 			continue;
 		if (s) {
 			handlers__rejoin_gone(h, s);
-			sess_doom(s, LOG_LVL_NOTICE, "its rejoin claim did not arrive within the"
+			sess_doom(s, LOG_LVL_NOTICE,
+				  "its rejoin claim did not arrive within the"
 				  " grace period");
 		}
 		if (!proc_alive(c->pid, c->start_time))

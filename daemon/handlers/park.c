@@ -26,13 +26,13 @@
 
 /* A request waiting for memory. */
 struct hpark {
-	struct bwaiter w;            /* its place in the broker's queue; w.owner = this */
-	struct sess *s;              /* reference held */
-	Gmb__Envelope *env;          /* owned */
-	handlers_fn fn;              /* the handler that parked it, to retry it */
-	bool may_wait;               /* the caller gave a wait: -ENOMEM keeps it */
-	char why[ERR_MSG_MAX];       /* the core's latest sentence */
-	uint64_t start_ns;           /* uv_hrtime() when the request arrived */
+	struct bwaiter w;      /* its place in the broker's queue; w.owner = this */
+	struct sess *s;	       /* reference held */
+	Gmb__Envelope *env;    /* owned */
+	handlers_fn fn;	       /* the handler that parked it, to retry it */
+	bool may_wait;	       /* the caller gave a wait: -ENOMEM keeps it */
+	char why[ERR_MSG_MAX]; /* the core's latest sentence */
+	uint64_t start_ns;     /* uv_hrtime() when the request arrived */
 };
 
 static void handlers_unpark(struct handlers *h, struct hpark *p);
@@ -70,8 +70,11 @@ int handlers__park(struct hreq *rq, handlers_fn fn)
 	p->env = rq->env;
 	p->fn = fn;
 	p->may_wait = rq->wait_ms > 0;
-	p->w = (struct bwaiter){ .client = hconn_of(rq->s)->client, .kind = rq->wait_kind,
-				 .since = now, .deadline = now + wait, .owner = p };
+	p->w = (struct bwaiter){ .client = hconn_of(rq->s)->client,
+				 .kind = rq->wait_kind,
+				 .since = now,
+				 .deadline = now + wait,
+				 .owner = p };
 	snprintf(p->w.tag, sizeof(p->w.tag), "%s", rq->wait_tag ? rq->wait_tag : "");
 	handlers_park_note(p, rq);
 	broker_wait_add(h->broker, &p->w);
@@ -151,8 +154,12 @@ static void handlers_retry_parked(struct handlers *h)
 
 	for (w = h->broker->waiters; w; w = next) {
 		struct hpark *p = w->owner;
-		struct hreq rq = { .h = h, .s = p->s, .env = p->env, .retry = true,
-				   .short_dev = -1, .start_ns = p->start_ns };
+		struct hreq rq = { .h = h,
+				   .s = p->s,
+				   .env = p->env,
+				   .retry = true,
+				   .short_dev = -1,
+				   .start_ns = p->start_ns };
 		int r;
 
 		/* Only this function, the park timer and handlers__park_cancel()

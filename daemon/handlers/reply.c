@@ -46,8 +46,8 @@ int handlers__check_name(struct hreq *rq, const char *what, const char *name)
 		return handlers__fail(rq, -EINVAL, "%s is longer than %d bytes", what,
 				      WIRE_MAX_NAME);
 	if (!handlers_utf8_ok(name))
-		return handlers__fail(rq, -EINVAL, "%s is not UTF-8 text without control characters",
-				      what);
+		return handlers__fail(rq, -EINVAL,
+				      "%s is not UTF-8 text without control characters", what);
 	return 0;
 }
 

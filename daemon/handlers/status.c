@@ -23,7 +23,7 @@
 /* Waiting requests listed (the first ones in serving order). */
 #define HSTATUS_MAX_WAITERS 64
 /* Bytes of one client entry before its tags go on in another (continued). */
-#define HSTATUS_ENTRY_MAX (WIRE_MAX_MSG / 4)
+#define HSTATUS_ENTRY_MAX   (WIRE_MAX_MSG / 4)
 
 /* Everything one StatusReply points to, owned here. */
 struct hstatus {
@@ -42,7 +42,7 @@ struct hstatus {
 struct hstatus_tag {
 	uint32_t count[BACKEND_MAX_DEVICES];
 	uint64_t bytes[BACKEND_MAX_DEVICES];
-	size_t rows;              /* devices with allocations, at least 1 */
+	size_t rows; /* devices with allocations, at least 1 */
 };
 
 static void handlers_status_tag(const struct btag *t, int ndev, struct hstatus_tag *out);

@@ -32,12 +32,12 @@ static void handlers_watch_drain(struct handlers *h, struct sess *s);
  * end) may still drain; it is disconnected once it has, or after
  * HANDLERS_WATCH_DRAIN_MS. */
 struct hdrain {
-	uv_timer_t timer;         /* frees the struct on close */
-	struct sess *s;           /* reference held */
-	uint64_t deadline;        /* uv_now() ms */
+	uv_timer_t timer;  /* frees the struct on close */
+	struct sess *s;	   /* reference held */
+	uint64_t deadline; /* uv_now() ms */
 };
 
-#define HANDLERS_WATCH_DRAIN_MS 10000
+#define HANDLERS_WATCH_DRAIN_MS	     10000
 #define HANDLERS_WATCH_DRAIN_TICK_MS 50
 static void handlers_watch_remove(struct handlers *h, size_t i);
 

@@ -17,15 +17,15 @@
 #include "common/log.h"
 #include "daemon/metrics/http.h"
 
-#define MHTTP_MAX_REQ 8192
-#define MHTTP_MAX_CONNS 16
+#define MHTTP_MAX_REQ	 8192
+#define MHTTP_MAX_CONNS	 16
 #define MHTTP_TIMEOUT_MS 5000
-#define MHTTP_CTYPE "text/plain; version=0.0.4; charset=utf-8"
+#define MHTTP_CTYPE	 "text/plain; version=0.0.4; charset=utf-8"
 
 struct mhttp_conn;
 
 struct mhttp {
-	uv_tcp_t tcp;                 /* the listener; frees the server on close */
+	uv_tcp_t tcp; /* the listener; frees the server on close */
 	mhttp_render_cb render;
 	void *arg;
 	struct mhttp_conn *conns;
@@ -34,13 +34,13 @@ struct mhttp {
 };
 
 struct mhttp_conn {
-	uv_tcp_t tcp;                 /* frees the connection on close */
+	uv_tcp_t tcp; /* frees the connection on close */
 	uv_timer_t timer;
 	uv_write_t wr;
 	struct mhttp *srv;
 	char req[MHTTP_MAX_REQ];
 	size_t nreq;
-	char *resp;                   /* owned while written */
+	char *resp; /* owned while written */
 	bool responded, closing;
 	int pending_closes;
 	struct mhttp_conn *prev, *next;
@@ -105,8 +105,8 @@ int mhttp_start(uv_loop_t *loop, const char *addr, mhttp_render_cb render, void 
 		mhttp_stop(srv);
 		return r;
 	}
-	*port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
-					 : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+	*port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port) :
+					   ntohs(((struct sockaddr_in *)&ss)->sin_port);
 	*out = srv;
 	return 0;
 }
@@ -176,17 +176,19 @@ static void mhttp_respond(struct mhttp_conn *c, int code, const char *reason, co
 
 	c->responded = true;
 	uv_read_stop((uv_stream_t *)&c->tcp);
-	n = snprintf(NULL, 0, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-		     "Connection: close\r\n\r\n", code, reason,
-		     code == 200 ? MHTTP_CTYPE : "text/plain; charset=utf-8", len);
+	n = snprintf(NULL, 0,
+		     "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+		     "Connection: close\r\n\r\n",
+		     code, reason, code == 200 ? MHTTP_CTYPE : "text/plain; charset=utf-8", len);
 	c->resp = malloc((size_t)n + 1 + (head ? 0 : len));
 	if (!c->resp) {
 		mhttp_conn_close(c);
 		return;
 	}
-	snprintf(c->resp, (size_t)n + 1, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-		 "Connection: close\r\n\r\n", code, reason,
-		 code == 200 ? MHTTP_CTYPE : "text/plain; charset=utf-8", len);
+	snprintf(c->resp, (size_t)n + 1,
+		 "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+		 "Connection: close\r\n\r\n",
+		 code, reason, code == 200 ? MHTTP_CTYPE : "text/plain; charset=utf-8", len);
 	if (!head)
 		memcpy(c->resp + n, body, len);
 	buf = uv_buf_init(c->resp, (unsigned)((size_t)n + (head ? 0 : len)));
@@ -206,7 +208,8 @@ static void mhttp_answer(struct mhttp_conn *c)
 	size_t len = 0;
 
 	if (!get && !head) {
-		mhttp_respond(c, 405, "Method Not Allowed", bad_method, sizeof(bad_method) - 1, false);
+		mhttp_respond(c, 405, "Method Not Allowed", bad_method, sizeof(bad_method) - 1,
+			      false);
 		return;
 	}
 	if (strncmp(path, "/metrics", 8) != 0 || (path[8] != ' ' && path[8] != '?')) {

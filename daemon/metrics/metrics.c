@@ -144,10 +144,14 @@ static void metrics_dev_labels(struct mbuf *b, const struct broker *br, int d)
 static uint64_t metrics_pool_value(const struct pool *p, int which)
 {
 	switch (which) {
-	case 0: return p->budget;
-	case 1: return p->held_bytes;
-	case 2: return p->lent_bytes;
-	default: return p->free_bytes;
+	case 0:
+		return p->budget;
+	case 1:
+		return p->held_bytes;
+	case 2:
+		return p->lent_bytes;
+	default:
+		return p->free_bytes;
 	}
 }
 
@@ -172,7 +176,8 @@ static void metrics_devices(struct mbuf *b, const struct broker *br)
 		}
 	}
 	for (int d = 0; d < br->ndevices; d++) {
-		known[d] = be->ops->driver_mem && be->ops->driver_mem(be, d, &total[d], &used[d]) == 0;
+		known[d] = be->ops->driver_mem &&
+			   be->ops->driver_mem(be, d, &total[d], &used[d]) == 0;
 		/* As in status: the driver sees at least gmbd's own chunks. */
 		if (known[d] && used[d] < br->pools[d].held_bytes)
 			used[d] = br->pools[d].held_bytes;
@@ -237,13 +242,18 @@ static void metrics_tags(struct mbuf *b, const struct broker *br)
 
 static void metrics_counters(struct mbuf *b, const struct metrics *m)
 {
-	static const struct { enum event_kind k; const char *name, *help; } rows[] = {
-		{ EVENT_PAUSE, "gmbd_pauses_total", "Pauses of a tag (or of every tag) that unlent memory." },
+	static const struct {
+		enum event_kind k;
+		const char *name, *help;
+	} rows[] = {
+		{ EVENT_PAUSE, "gmbd_pauses_total",
+		  "Pauses of a tag (or of every tag) that unlent memory." },
 		{ EVENT_RESUME, "gmbd_resumes_total", "Resumes that lent memory again." },
 		{ EVENT_ALLOC, "gmbd_allocations_total", "Allocations lent." },
 		{ EVENT_FREE, "gmbd_frees_total", "Allocations freed." },
 		{ EVENT_CONNECTED, "gmbd_connections_total", "Clients that connected." },
-		{ EVENT_DROP, "gmbd_drop_requests_total", "Requests to clients to drop cached handles." },
+		{ EVENT_DROP, "gmbd_drop_requests_total",
+		  "Requests to clients to drop cached handles." },
 	};
 
 	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
@@ -286,12 +296,14 @@ int metrics_render(const struct metrics *m, char **out, size_t *len)
 	metrics_counters(&b, m);
 	metrics_hist(&b, "gmbd_pause_duration_seconds",
 		     "A client's pause at gmbd, from its request to the reply.", &m->pause);
-	metrics_hist(&b, "gmbd_resume_duration_seconds",
-		     "A client's resume at gmbd, from its request to the reply (waits for memory included).",
-		     &m->resume);
-	metrics_hist(&b, "gmbd_control_duration_seconds",
-		     "An operator's pause or resume of another client, from the request to the answer.",
-		     &m->control);
+	metrics_hist(
+		&b, "gmbd_resume_duration_seconds",
+		"A client's resume at gmbd, from its request to the reply (waits for memory included).",
+		&m->resume);
+	metrics_hist(
+		&b, "gmbd_control_duration_seconds",
+		"An operator's pause or resume of another client, from the request to the answer.",
+		&m->control);
 	if (b.err) {
 		free(b.buf);
 		return b.err;

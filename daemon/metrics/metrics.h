@@ -19,11 +19,11 @@ struct broker;
 struct metrics_hist {
 	uint64_t buckets[METRICS_NBUCKETS]; /* not cumulative; the last is +Inf */
 	uint64_t count;
-	double sum;                         /* seconds */
+	double sum; /* seconds */
 };
 
 struct metrics {
-	const struct broker *br;            /* not owned */
+	const struct broker *br; /* not owned */
 	uint64_t events[EVENT_NKINDS];
 	uint64_t refusals[EVENT_NREASONS];
 	uint64_t to_host_bytes, from_host_bytes;

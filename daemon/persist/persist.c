@@ -35,12 +35,16 @@
 #include "common/log.h"
 #include "daemon/core/broker.h"
 
-#define PERSIST_MAGIC "GMBDSTA1"
-#define PERSIST_HDR_SLOT 64
-#define PERSIST_DATA_OFF 4096
+#define PERSIST_MAGIC	   "GMBDSTA1"
+#define PERSIST_HDR_SLOT   64
+#define PERSIST_DATA_OFF   4096
 #define PERSIST_MAX_RECORD (256u << 20)
 
-enum persist_mode { PERSIST_UNKNOWN, PERSIST_ON, PERSIST_OFF };
+enum persist_mode {
+	PERSIST_UNKNOWN,
+	PERSIST_ON,
+	PERSIST_OFF
+};
 
 struct persist_hdr {
 	char magic[8];
@@ -48,19 +52,19 @@ struct persist_hdr {
 	uint64_t off;
 	uint64_t len;
 	uint32_t crc;
-	uint32_t hcrc;    /* of the bytes before it */
+	uint32_t hcrc; /* of the bytes before it */
 };
 
 struct persist {
 	struct backend *be;
-	struct broker *br;          /* what the record describes; not owned */
+	struct broker *br; /* what the record describes; not owned */
 	struct pool_hooks hooks;
 	unsigned fdstore_max;
-	unsigned nstored;           /* chunk fds in the store */
+	unsigned nstored; /* chunk fds in the store */
 	enum persist_mode mode;
 	bool dirty, frozen;
-	int fd;                     /* the state memfd; -1 until attached */
-	struct persist_hdr cur;     /* the record in force (len 0: none) */
+	int fd;			/* the state memfd; -1 until attached */
+	struct persist_hdr cur; /* the record in force (len 0: none) */
 };
 
 static int persist_on_created(void *arg, const struct chunk *c);
@@ -101,7 +105,8 @@ int persist_new(struct backend *be, unsigned fdstore_max, struct persist **out)
 	p->fdstore_max = fdstore_max;
 	p->mode = fdstore_max >= 2 && sd_glue_has_manager() ? PERSIST_UNKNOWN : PERSIST_OFF;
 	p->hooks = (struct pool_hooks){ .created = persist_on_created,
-					.destroyed = persist_on_destroyed, .arg = p };
+					.destroyed = persist_on_destroyed,
+					.arg = p };
 	*out = p;
 	return 0;
 }
@@ -145,7 +150,8 @@ static void persist_attach(struct persist *p)
 	p->mode = PERSIST_ON;
 	p->dirty = true;
 	log_info("fd store in use: a restart of gmbd keeps every chunk and client"
-		 " fdstore_max=%u", p->fdstore_max);
+		 " fdstore_max=%u",
+		 p->fdstore_max);
 }
 
 bool persist_active(struct persist *p)
@@ -172,9 +178,11 @@ static int persist_on_created(void *arg, const struct chunk *c)
 	if (!persist_active(p) || p->frozen)
 		return 0;
 	if (p->nstored + 1 >= p->fdstore_max)
-		return backend_fail(-ENOSPC, "the fd store holds %u chunks and the state, its limit"
+		return backend_fail(-ENOSPC,
+				    "the fd store holds %u chunks and the state, its limit"
 				    " (--fdstore-max %u = FileDescriptorStoreMax=): raise both, or"
-				    " use fewer, larger chunks", p->nstored, p->fdstore_max);
+				    " use fewer, larger chunks",
+				    p->nstored, p->fdstore_max);
 	r = p->be->ops->chunk_export(p->be, c->handle, &fd);
 	if (r < 0)
 		return r;
@@ -182,8 +190,10 @@ static int persist_on_created(void *arg, const struct chunk *c)
 	r = sd_glue_fdstore(fd, name);
 	close(fd);
 	if (r <= 0)
-		return backend_fail(r < 0 ? r : -EIO, "cannot keep chunk %" PRIu64 " in the fd"
-				    " store: %s", c->id, r < 0 ? strerror(-r) : "no manager");
+		return backend_fail(r < 0 ? r : -EIO,
+				    "cannot keep chunk %" PRIu64 " in the fd"
+				    " store: %s",
+				    c->id, r < 0 ? strerror(-r) : "no manager");
 	p->nstored++;
 	return 0;
 }
@@ -378,7 +388,8 @@ static void persist_load(struct persist *p, struct broker *br, struct state_fd *
 	if (p->cur.len == 0) {
 		if (n)
 			log_warn("the fd store holds chunks but no readable state, releasing them"
-				 " chunks=%zu", n);
+				 " chunks=%zu",
+				 n);
 		return;
 	}
 	buf = malloc(p->cur.len);

@@ -108,8 +108,8 @@ static void state_enc_chunks(const struct broker *br, struct state_enc *e)
 }
 
 /* @t's allocations from e->allocs[*na], chunk ids from e->ids[*ni]. */
-static void state_enc_tag(const struct btag *t, struct state_enc *e, Gmb__StateTag *st,
-			  size_t *na, size_t *ni)
+static void state_enc_tag(const struct btag *t, struct state_enc *e, Gmb__StateTag *st, size_t *na,
+			  size_t *ni)
 {
 	gmb__state_tag__init(st);
 	st->name = (char *)t->name;
@@ -222,8 +222,8 @@ static struct state_fd *state_fd_find(struct state_fd *fds, size_t n, uint64_t i
 }
 
 /* One recorded chunk back from its fd; 0, or why it stays lost. */
-static int state_restore_chunk(struct broker *br, const Gmb__StateChunk *sc,
-			       struct state_fd *fds, size_t nfds)
+static int state_restore_chunk(struct broker *br, const Gmb__StateChunk *sc, struct state_fd *fds,
+			       size_t nfds)
 {
 	struct backend *be = br->backend;
 	struct state_fd *f = state_fd_find(fds, nfds, sc->id);
@@ -264,10 +264,11 @@ static void state_restore_chunks(struct broker *br, const Gmb__State *st, struct
 			continue;
 		}
 		out->lost++;
-		log_warn("chunk not restored chunk=%llu device=%u size=%llu err=\"%s\" reason=\"%s\"",
-			 (unsigned long long)st->chunks[i]->id, st->chunks[i]->device,
-			 (unsigned long long)st->chunks[i]->size,
-			 rc == -ENOENT ? "no fd in the store" : strerror(-rc), backend_last_error());
+		log_warn(
+			"chunk not restored chunk=%llu device=%u size=%llu err=\"%s\" reason=\"%s\"",
+			(unsigned long long)st->chunks[i]->id, st->chunks[i]->device,
+			(unsigned long long)st->chunks[i]->size,
+			rc == -ENOENT ? "no fd in the store" : strerror(-rc), backend_last_error());
 	}
 }
 
@@ -285,7 +286,8 @@ static int state_restore_alloc(struct broker *br, struct bclient *c, struct btag
 	if (!chunks)
 		return -ENOMEM;
 	for (size_t i = 0; i < sa->n_chunk_ids; i++) {
-		struct chunk *ch = sa->chunk_ids[i] ? idmap_get(&br->chunks, sa->chunk_ids[i]) : NULL;
+		struct chunk *ch = sa->chunk_ids[i] ? idmap_get(&br->chunks, sa->chunk_ids[i]) :
+						      NULL;
 
 		chunks[i] = ch && ch->dev == (int)sa->device ? ch : NULL;
 	}
@@ -315,8 +317,9 @@ static int state_restore_tag(struct broker *br, struct bclient *c, const Gmb__St
 
 static int state_restore_client(struct broker *br, const Gmb__StateClient *sc)
 {
-	struct broker_peer peer = { .pid = sc->pid, .uid = sc->uid, .gid = sc->gid,
-				    .start_time = sc->start_time };
+	struct broker_peer peer = {
+		.pid = sc->pid, .uid = sc->uid, .gid = sc->gid, .start_time = sc->start_time
+	};
 	gid_t *groups = NULL; /* owned here; the client keeps a copy */
 	struct bclient *c;
 	int rc;
@@ -398,7 +401,8 @@ int state_restore(struct broker *br, const uint8_t *buf, size_t len, struct stat
 		struct pool *p = &br->pools[d];
 
 		p->chunks_created += (size_t)d < st->n_chunks_created ? st->chunks_created[d] : 0;
-		p->chunks_released += (size_t)d < st->n_chunks_released ? st->chunks_released[d] : 0;
+		p->chunks_released += (size_t)d < st->n_chunks_released ? st->chunks_released[d] :
+									  0;
 		p->chunks_handed_over +=
 			(size_t)d < st->n_chunks_handed_over ? st->chunks_handed_over[d] : 0;
 		pool_shrink(p, br->opts.pool_keep, NULL);

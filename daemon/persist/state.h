@@ -18,15 +18,15 @@ struct state_fd {
 	uint64_t id;
 	int dev;
 	uint64_t size;
-	int fd;                    /* the caller's; state_restore() never closes it */
-	bool used;                 /* out: a chunk was restored from it */
+	int fd;	   /* the caller's; state_restore() never closes it */
+	bool used; /* out: a chunk was restored from it */
 };
 
 struct state_stats {
-	uint32_t clients;          /* restored as orphans */
-	uint32_t chunks;           /* back in the pools */
-	uint32_t lost;             /* recorded chunks without a usable fd */
-	uint64_t bytes;            /* of the chunks back */
+	uint32_t clients; /* restored as orphans */
+	uint32_t chunks;  /* back in the pools */
+	uint32_t lost;	  /* recorded chunks without a usable fd */
+	uint64_t bytes;	  /* of the chunks back */
 };
 
 /**

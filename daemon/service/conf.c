@@ -52,7 +52,8 @@ static int conf_read(const char *path, char **out, char *err, size_t errlen)
 	rc = ferror(f) ? -EIO : 0;
 	fclose(f);
 	if (rc == 0 && n > CONF_MAX_BYTES)
-		rc = conf_fail(err, errlen, -EFBIG, "%s: larger than %u bytes", path, CONF_MAX_BYTES);
+		rc = conf_fail(err, errlen, -EFBIG, "%s: larger than %u bytes", path,
+			       CONF_MAX_BYTES);
 	else if (rc < 0)
 		conf_fail(err, errlen, rc, "%s: read error", path);
 	if (rc < 0) {

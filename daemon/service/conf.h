@@ -9,8 +9,7 @@
 #include <stddef.h>
 
 /* Applies one setting; on failure writes one sentence to @err (@len bytes). */
-typedef int (*conf_set_fn)(void *arg, const char *name, const char *value, char *err,
-			   size_t len);
+typedef int (*conf_set_fn)(void *arg, const char *name, const char *value, char *err, size_t len);
 
 /**
  * conf_load() - read @path and call @set for each setting, in file order.

@@ -42,8 +42,8 @@
 struct gmbd {
 	const struct gmbd_opts *opts;
 	uv_loop_t loop;
-	struct sd_fds fds;          /* what the service manager passed */
-	bool activated;             /* the listening socket is the manager's */
+	struct sd_fds fds; /* what the service manager passed */
+	bool activated;	   /* the listening socket is the manager's */
 	struct backend *backend;
 	struct persist *persist;
 	struct broker *broker;
@@ -163,7 +163,8 @@ err_loop:
 static int gmbd_open_backend(struct gmbd *g)
 {
 	const struct gmbd_opts *o = g->opts;
-	struct backend_host_opts host = { .ndevices = o->host_devices, .memory = o->host_memory,
+	struct backend_host_opts host = { .ndevices = o->host_devices,
+					  .memory = o->host_memory,
 					  .granularity = o->host_granularity,
 					  .outside = o->host_outside };
 	int r;
@@ -192,8 +193,7 @@ static void gmbd_log_backend(const struct gmbd *g)
 	for (int d = 0; d < b->ndevices; d++)
 		total += b->devices[d].total_bytes;
 	log_info("backend ready backend=%s devices=%d total=%s granularity=%s", b->ops->name,
-		 b->ndevices, size_str(total, b1),
-		 size_str(b->devices[0].granularity, b2));
+		 b->ndevices, size_str(total, b1), size_str(b->devices[0].granularity, b2));
 }
 
 /* Sizes that only make sense once the devices are known. */
@@ -213,8 +213,7 @@ static int gmbd_check_sizes(const struct gmbd *g, uint64_t reserve)
 		}
 		if (!g->opts->budget && reserve >= dev->total_bytes) {
 			log_err("--reserve %s leaves no memory on device %d (total %s)",
-				size_str(reserve, b1), d,
-				size_str(dev->total_bytes, b2));
+				size_str(reserve, b1), d, size_str(dev->total_bytes, b2));
 			return -EINVAL;
 		}
 	}
@@ -229,7 +228,9 @@ static int gmbd_open_broker(struct gmbd *g)
 		.max_chunk = o->max_chunk,
 		.pool_keep = o->pool_keep,
 		.budget = o->budget,
-		.reserve = o->reserve_set ? o->reserve : cuda ? OPTS_RESERVE_CUDA : 0,
+		.reserve = o->reserve_set ? o->reserve :
+			   cuda		  ? OPTS_RESERVE_CUDA :
+					    0,
 		.daemon_uid = geteuid(),
 		.hooks = persist_hooks(g->persist),
 	};
@@ -247,8 +248,7 @@ static int gmbd_open_broker(struct gmbd *g)
 	}
 	for (int d = 0; d < g->broker->ndevices; d++)
 		log_info("device ready device=%d name=\"%s\" budget=%s max_chunk=%s", d,
-			 g->backend->devices[d].name,
-			 size_str(g->broker->pools[d].budget, b1),
+			 g->backend->devices[d].name, size_str(g->broker->pools[d].budget, b1),
 			 size_str(g->broker->pools[d].max_chunk, b2));
 	return 0;
 }
@@ -267,8 +267,7 @@ static int gmbd_restore(struct gmbd *g)
 	}
 	if (st.clients || st.chunks || st.lost)
 		log_notice("restored after a restart clients=%u chunks=%u bytes=%s lost_chunks=%u",
-			   st.clients, st.chunks, size_str(st.bytes, b),
-			   st.lost);
+			   st.clients, st.chunks, size_str(st.bytes, b), st.lost);
 	return 0;
 }
 
@@ -409,8 +408,9 @@ static int gmbd_socket_access(const struct gmbd_opts *o, const char *path)
 		}
 		if (chown(path, (uid_t)-1, res->gr_gid) < 0) {
 			r = -errno;
-			log_errno(LOG_LVL_ERR, r, "cannot give the socket to its group path=%s group=%s",
-				  path, o->socket_group);
+			log_errno(LOG_LVL_ERR, r,
+				  "cannot give the socket to its group path=%s group=%s", path,
+				  o->socket_group);
 			return r;
 		}
 	}
@@ -450,8 +450,7 @@ static void gmbd_status(void *arg, char *buf, size_t len)
 		held += br->pools[d].held_bytes;
 	}
 	n = snprintf(buf, len, "%u client%s, %s lent of %s held on %d device%s (%s)", clients,
-		     clients == 1 ? "" : "s", size_str(lent, b1),
-		     size_str(held, b2), br->ndevices,
+		     clients == 1 ? "" : "s", size_str(lent, b1), size_str(held, b2), br->ndevices,
 		     br->ndevices == 1 ? "" : "s", g->backend->ops->name);
 	if (orphans && n > 0 && (size_t)n < len)
 		snprintf(buf + n, len - (size_t)n, ", %u restored client%s not back yet", orphans,
@@ -478,7 +477,8 @@ static int gmbd_make_dir(const char *path)
 		if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
 			int r = -errno;
 
-			log_errno(LOG_LVL_ERR, r, "cannot create the socket's directory path=%s", dir);
+			log_errno(LOG_LVL_ERR, r, "cannot create the socket's directory path=%s",
+				  dir);
 			return r;
 		}
 		*p = c;
@@ -517,8 +517,8 @@ static void gmbd_on_signal(uv_signal_t *sig, int signum)
 			 signum == SIGINT ? "SIGINT" : "SIGTERM", g->broker->nclients);
 		g->handlers.handover = true;
 	} else {
-		log_info("shutting down signal=%s clients=%u", signum == SIGINT ? "SIGINT" : "SIGTERM",
-			 g->broker->nclients);
+		log_info("shutting down signal=%s clients=%u",
+			 signum == SIGINT ? "SIGINT" : "SIGTERM", g->broker->nclients);
 		handlers_goodbye(&g->handlers, g->server, "gmbd stopped and kept no state");
 	}
 	mhttp_stop(g->mhttp);

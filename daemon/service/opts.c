@@ -24,13 +24,13 @@
 #include "daemon/service/opts.h"
 #include "include/gmb.h"
 
-#define OPTS_HELP_COL 32
+#define OPTS_HELP_COL	 32
 #define OPTS_MAX_TIMEOUT 86400
 #define OPTS_MAX_FDSTORE (1u << 20)
 
 struct opts_entry {
 	const char *name;
-	int short_name;   /* 0: long only */
+	int short_name;	  /* 0: long only */
 	const char *arg;  /* argument name; NULL: takes none */
 	const char *def;  /* default as --help shows it; NULL: none */
 	const char *help; /* '\n' starts an indented continuation line */
@@ -39,29 +39,22 @@ struct opts_entry {
 
 static int opts_set_socket(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 static int opts_set_backend(struct gmbd_opts *o, const char *name, const char *arg, char *err);
-static int opts_set_socket_mode(struct gmbd_opts *o, const char *name, const char *arg,
-				char *err);
-static int opts_set_socket_group(struct gmbd_opts *o, const char *name, const char *arg,
-				 char *err);
-static int opts_set_host_devices(struct gmbd_opts *o, const char *name, const char *arg,
-				 char *err);
-static int opts_set_host_memory(struct gmbd_opts *o, const char *name, const char *arg,
-				char *err);
+static int opts_set_socket_mode(struct gmbd_opts *o, const char *name, const char *arg, char *err);
+static int opts_set_socket_group(struct gmbd_opts *o, const char *name, const char *arg, char *err);
+static int opts_set_host_devices(struct gmbd_opts *o, const char *name, const char *arg, char *err);
+static int opts_set_host_memory(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 static int opts_set_host_granularity(struct gmbd_opts *o, const char *name, const char *arg,
 				     char *err);
 static int opts_set_max_chunk(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 static int opts_set_pool_keep(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 static int opts_set_budget(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 static int opts_set_reserve(struct gmbd_opts *o, const char *name, const char *arg, char *err);
-static int opts_set_admin_group(struct gmbd_opts *o, const char *name, const char *arg,
-				char *err);
+static int opts_set_admin_group(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 static int opts_set_control_timeout(struct gmbd_opts *o, const char *name, const char *arg,
 				    char *err);
 static int opts_set_log_level(struct gmbd_opts *o, const char *name, const char *arg, char *err);
-static int opts_set_fdstore_max(struct gmbd_opts *o, const char *name, const char *arg,
-				char *err);
-static int opts_set_rejoin_grace(struct gmbd_opts *o, const char *name, const char *arg,
-				 char *err);
+static int opts_set_fdstore_max(struct gmbd_opts *o, const char *name, const char *arg, char *err);
+static int opts_set_rejoin_grace(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 static int opts_set_config(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 static int opts_set_hello_timeout(struct gmbd_opts *o, const char *name, const char *arg,
 				  char *err);
@@ -181,7 +174,7 @@ static const struct opts_entry opts_table[] = {
 	{ "version", 'V', NULL, NULL, "print the version and exit", opts_set_version },
 };
 
-#define OPTS_N (sizeof(opts_table) / sizeof(opts_table[0]))
+#define OPTS_N		 (sizeof(opts_table) / sizeof(opts_table[0]))
 /* getopt_long() val of a long-only option: past every char. */
 #define OPTS_LONG_VAL(i) (0x100 + (int)(i))
 
@@ -203,8 +196,8 @@ int opts_size_parse(const char *s, uint64_t *out)
 		const char *suffix;
 		unsigned shift;
 	} units[] = {
-		{ "", 0 },	   { "K", 10 },	 { "KiB", 10 }, { "M", 20 }, { "MiB", 20 },
-		{ "G", 30 },	   { "GiB", 30 }, { "T", 40 },	 { "TiB", 40 },
+		{ "", 0 },   { "K", 10 },   { "KiB", 10 }, { "M", 20 },	  { "MiB", 20 },
+		{ "G", 30 }, { "GiB", 30 }, { "T", 40 },   { "TiB", 40 },
 	};
 	unsigned long long v;
 	char *end;
@@ -228,14 +221,13 @@ int opts_size_parse(const char *s, uint64_t *out)
 }
 
 /* A size option: a positive size unless @zero_ok. */
-static int opts_size_arg(const char *name, const char *arg, bool zero_ok, uint64_t *out,
-			 char *err)
+static int opts_size_arg(const char *name, const char *arg, bool zero_ok, uint64_t *out, char *err)
 {
 	int r = opts_size_parse(arg, out);
 
 	if (r == -ERANGE)
-		return opts_fail(err, "--%s: '%s' is too large (the most is 2^64 - 1 bytes)",
-				 name, arg);
+		return opts_fail(err, "--%s: '%s' is too large (the most is 2^64 - 1 bytes)", name,
+				 arg);
 	if (r < 0)
 		return opts_fail(err, "--%s: '%s' is not a size (for example 8GiB, 512M or 4096)",
 				 name, arg);
@@ -253,8 +245,8 @@ static int opts_uint_arg(const char *name, const char *arg, unsigned long min, u
 	errno = 0;
 	v = isdigit((unsigned char)arg[0]) ? strtoul(arg, &end, 10) : 0;
 	if (!isdigit((unsigned char)arg[0]) || *end || errno == ERANGE || v < min || v > max)
-		return opts_fail(err, "--%s: '%s' is not a whole number from %lu to %lu", name,
-				 arg, min, max);
+		return opts_fail(err, "--%s: '%s' is not a whole number from %lu to %lu", name, arg,
+				 min, max);
 	*out = v;
 	return 0;
 }
@@ -272,8 +264,7 @@ static int opts_set_socket(struct gmbd_opts *o, const char *name, const char *ar
 	return 0;
 }
 
-static int opts_set_hello_timeout(struct gmbd_opts *o, const char *name, const char *arg,
-				  char *err)
+static int opts_set_hello_timeout(struct gmbd_opts *o, const char *name, const char *arg, char *err)
 {
 	unsigned long v;
 
@@ -304,14 +295,12 @@ static int opts_set_socket_mode(struct gmbd_opts *o, const char *name, const cha
 	if (!arg[0] || *end || errno || v > 0777 || arg[0] == '-' || arg[0] == '+')
 		return opts_fail(err, "--%s: '%s' is not an octal mode from 0 to 0777", name, arg);
 	if (!(v & 0600))
-		return opts_fail(err, "--%s: %04lo lets not even gmbd's own user connect", name,
-				 v);
+		return opts_fail(err, "--%s: %04lo lets not even gmbd's own user connect", name, v);
 	o->socket_mode = (unsigned)v;
 	return 0;
 }
 
-static int opts_set_socket_group(struct gmbd_opts *o, const char *name, const char *arg,
-				 char *err)
+static int opts_set_socket_group(struct gmbd_opts *o, const char *name, const char *arg, char *err)
 {
 	if (!arg[0])
 		return opts_fail(err, "--%s: the group name is empty", name);
@@ -424,14 +413,13 @@ static int opts_set_log_level(struct gmbd_opts *o, const char *name, const char 
 	int lvl = log_parse_level(arg);
 
 	if (lvl < 0)
-		return opts_fail(err, "--%s: '%s' is not err, warning, notice, info or debug",
-				 name, arg);
+		return opts_fail(err, "--%s: '%s' is not err, warning, notice, info or debug", name,
+				 arg);
 	o->log_level = lvl;
 	return 0;
 }
 
-static int opts_set_fdstore_max(struct gmbd_opts *o, const char *name, const char *arg,
-				char *err)
+static int opts_set_fdstore_max(struct gmbd_opts *o, const char *name, const char *arg, char *err)
 {
 	unsigned long v;
 	int r = opts_uint_arg(name, arg, 0, OPTS_MAX_FDSTORE, &v, err);
@@ -441,8 +429,7 @@ static int opts_set_fdstore_max(struct gmbd_opts *o, const char *name, const cha
 	return r;
 }
 
-static int opts_set_rejoin_grace(struct gmbd_opts *o, const char *name, const char *arg,
-				 char *err)
+static int opts_set_rejoin_grace(struct gmbd_opts *o, const char *name, const char *arg, char *err)
 {
 	unsigned long v;
 	int r = opts_uint_arg(name, arg, 0, OPTS_MAX_TIMEOUT, &v, err);
@@ -502,8 +489,7 @@ static void opts_build(struct option *lopts, char *sopts)
 	for (size_t i = 0; i < OPTS_N; i++) {
 		const struct opts_entry *e = &opts_table[i];
 
-		lopts[i] = (struct option){ e->name, e->arg ? required_argument : no_argument,
-					    NULL,
+		lopts[i] = (struct option){ e->name, e->arg ? required_argument : no_argument, NULL,
 					    e->short_name ? e->short_name : OPTS_LONG_VAL(i) };
 		if (e->short_name) {
 			sopts[n++] = (char)e->short_name;
@@ -518,8 +504,8 @@ static void opts_build(struct option *lopts, char *sopts)
 static const struct opts_entry *opts_find(int val)
 {
 	for (size_t i = 0; i < OPTS_N; i++) {
-		if (opts_table[i].short_name ? opts_table[i].short_name == val
-					     : OPTS_LONG_VAL(i) == val)
+		if (opts_table[i].short_name ? opts_table[i].short_name == val :
+					       OPTS_LONG_VAL(i) == val)
 			return &opts_table[i];
 	}
 	return NULL;
@@ -552,8 +538,10 @@ static int opts_conf_set(void *arg, const char *name, const char *value, char *m
 		if (strcmp(opts_table[i].name, name) == 0)
 			e = &opts_table[i];
 	if (!e || !e->arg || e->set == opts_set_config) {
-		snprintf(msg, len, "'%s' is not a setting (the settings are gmbd's long options"
-			 " that take a value, but config)", name);
+		snprintf(msg, len,
+			 "'%s' is not a setting (the settings are gmbd's long options"
+			 " that take a value, but config)",
+			 name);
 		return -EINVAL;
 	}
 	r = e->set(o, e->name, value, err);
@@ -591,8 +579,8 @@ static const char *opts_find_config(int argc, char **argv, const struct option *
 	return path;
 }
 
-static int opts_load_config(struct gmbd_opts *o, int argc, char **argv,
-			    const struct option *lopts, const char *sopts, char *err)
+static int opts_load_config(struct gmbd_opts *o, int argc, char **argv, const struct option *lopts,
+			    const char *sopts, char *err)
 {
 	bool explicit, moot;
 	const char *path = opts_find_config(argc, argv, lopts, sopts, &explicit, &moot);

@@ -21,35 +21,35 @@ enum opts_action {
 	OPTS_VERSION = 2,
 };
 
-#define OPTS_RESERVE_CUDA (2ULL << 30) /* --reserve default on cuda */
-#define OPTS_ERR_MAX 256
+#define OPTS_RESERVE_CUDA   (2ULL << 30) /* --reserve default on cuda */
+#define OPTS_ERR_MAX	    256
 #define OPTS_DEFAULT_CONFIG "/etc/gmbd/gmbd.conf"
-#define OPTS_FDSTORE_MAX 16384        /* the shipped unit's FileDescriptorStoreMax= */
+#define OPTS_FDSTORE_MAX    16384 /* the shipped unit's FileDescriptorStoreMax= */
 
 struct gmbd_opts {
-	const char *socket;         /* argv or wire_default_socket(); not owned */
-	unsigned socket_mode;       /* of the socket gmbd creates (not an activated one) */
-	const char *socket_group;   /* its group by name; NULL: gmbd's own */
-	const char *backend;        /* "auto", "cuda" or "host" */
+	const char *socket;	  /* argv or wire_default_socket(); not owned */
+	unsigned socket_mode;	  /* of the socket gmbd creates (not an activated one) */
+	const char *socket_group; /* its group by name; NULL: gmbd's own */
+	const char *backend;	  /* "auto", "cuda" or "host" */
 	int host_devices;
-	uint64_t host_memory;       /* bytes per simulated device */
+	uint64_t host_memory; /* bytes per simulated device */
 	uint64_t host_granularity;
 	uint64_t host_outside;	    /* simulated use by other processes, per device */
 	const char *metrics_listen; /* "ADDR:PORT" or NULL: no metrics server */
 	uint64_t max_chunk;
-	uint64_t pool_keep;         /* UINT64_MAX: keep every free chunk */
-	uint64_t budget;            /* 0: device total minus reserve */
+	uint64_t pool_keep; /* UINT64_MAX: keep every free chunk */
+	uint64_t budget;    /* 0: device total minus reserve */
 	uint64_t reserve;
-	bool reserve_set;           /* else: OPTS_RESERVE_CUDA on cuda, 0 on host */
+	bool reserve_set; /* else: OPTS_RESERVE_CUDA on cuda, 0 on host */
 	const char *admin_group;
 	unsigned control_timeout;   /* seconds */
-	int log_level;              /* LOG_LVL_* */
-	unsigned fdstore_max;       /* the unit's FileDescriptorStoreMax=; 0: no fd store */
-	unsigned rejoin_grace;      /* seconds a restored client has to come back */
-	unsigned hello_timeout;     /* seconds a connection may stay without hello; 0: any */
+	int log_level;		    /* LOG_LVL_* */
+	unsigned fdstore_max;	    /* the unit's FileDescriptorStoreMax=; 0: no fd store */
+	unsigned rejoin_grace;	    /* seconds a restored client has to come back */
+	unsigned hello_timeout;	    /* seconds a connection may stay without hello; 0: any */
 	unsigned max_conns_per_uid; /* connections one uid may hold open; 0: any number */
-	const char *config;         /* the file read, or NULL */
-	char *storage;              /* the file's text (values point into it); owned */
+	const char *config;	    /* the file read, or NULL */
+	char *storage;		    /* the file's text (values point into it); owned */
 };
 
 /**
@@ -74,6 +74,5 @@ void opts_print_help(FILE *f);
  * Return: 0, -EINVAL (not a size), -ERANGE (over 2^64 - 1).
  */
 int opts_size_parse(const char *s, uint64_t *out);
-
 
 #endif

@@ -39,13 +39,15 @@ static void sd_glue_sort_fd(struct sd_fds *out, int fd, const char *name)
 			return;
 		}
 		log_warn("closing an extra listening socket passed by the service manager fd=%d"
-			 " name=%s", fd, name);
+			 " name=%s",
+			 fd, name);
 		close(fd);
 		return;
 	}
 	if (sd_is_socket(fd, AF_UNSPEC, 0, -1) > 0) {
 		log_warn("closing a socket gmbd cannot serve (not AF_UNIX SOCK_SEQPACKET"
-			 " listening) fd=%d name=%s", fd, name);
+			 " listening) fd=%d name=%s",
+			 fd, name);
 		close(fd);
 		return;
 	}
@@ -71,7 +73,8 @@ int sd_glue_take_fds(struct sd_fds *out)
 	n = sd_listen_fds_with_names(1, &names);
 	if (n <= 0) {
 		if (n < 0)
-			log_errno(LOG_LVL_WARNING, n, "cannot read the fds passed by the service"
+			log_errno(LOG_LVL_WARNING, n,
+				  "cannot read the fds passed by the service"
 				  " manager");
 		return 0;
 	}
@@ -151,8 +154,7 @@ int sd_glue_start(struct sd_glue *g, uv_loop_t *loop, sd_status_fn fn, void *arg
 		return 0;
 	g->watchdog_usec = usec;
 	/* Half the interval, as sd_watchdog_enabled(3) asks; at least 1 ms. */
-	r = uv_timer_start(&g->watchdog, sd_glue_on_watchdog, 0,
-			   usec / 2000 ? usec / 2000 : 1);
+	r = uv_timer_start(&g->watchdog, sd_glue_on_watchdog, 0, usec / 2000 ? usec / 2000 : 1);
 	if (r < 0)
 		return r;
 	log_info("watchdog armed interval_ms=%llu", (unsigned long long)(usec / 1000));

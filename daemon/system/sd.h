@@ -23,16 +23,16 @@
 #include <uv.h>
 
 #define SD_STATUS_MIN_MS 1000 /* STATUS= at most this often */
-#define SD_FDNAME_MAX 256
+#define SD_FDNAME_MAX	 256
 
 struct sd_named_fd {
-	int fd;                   /* owned by the holder of the array; -1 once taken */
+	int fd; /* owned by the holder of the array; -1 once taken */
 	char name[SD_FDNAME_MAX];
 };
 
 /* What the service manager passed at start. */
 struct sd_fds {
-	int listen_fd;            /* -1: none; non-blocking, CLOEXEC; the caller's */
+	int listen_fd;		   /* -1: none; non-blocking, CLOEXEC; the caller's */
 	struct sd_named_fd *named; /* every other fd (the fd store), malloc'd */
 	size_t nnamed;
 };
@@ -69,9 +69,9 @@ struct sd_glue {
 	uv_timer_t status_timer;
 	sd_status_fn status_fn;
 	void *status_arg;
-	uint64_t status_sent_ms;   /* uv_now() of the last STATUS= */
-	uint64_t watchdog_usec;    /* 0: no watchdog */
-	char status[256];          /* the last line sent */
+	uint64_t status_sent_ms; /* uv_now() of the last STATUS= */
+	uint64_t watchdog_usec;	 /* 0: no watchdog */
+	char status[256];	 /* the last line sent */
 	bool started;
 };
 

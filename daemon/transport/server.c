@@ -37,9 +37,11 @@ int server_start(uv_loop_t *loop, int listen_fd, const struct sess_ops *ops, voi
 		r = -ENOMEM;
 		goto err_close_fd;
 	}
-	*srv = (struct server){ .loop = loop, .listen_fd = -1,
-				.host = { .loop = loop, .ops = ops, .arg = arg,
-					  .reap_later = server_reap_later } };
+	*srv = (struct server){
+		.loop = loop,
+		.listen_fd = -1,
+		.host = { .loop = loop, .ops = ops, .arg = arg, .reap_later = server_reap_later }
+	};
 	/* Timer init cannot fail; the handles count from here on. */
 	uv_timer_init(loop, &srv->emfile_timer);
 	uv_timer_init(loop, &srv->reap_timer);
@@ -82,8 +84,8 @@ int server_adopt(struct server *srv, int fd)
 	r = sess_new(&srv->host, fd, &s);
 	if (r < 0)
 		return r;
-	log_debug("connection accepted pid=%d uid=%u gid=%u fd=%d", (int)s->pid,
-		  (unsigned)s->uid, (unsigned)s->gid, fd);
+	log_debug("connection accepted pid=%d uid=%u gid=%u fd=%d", (int)s->pid, (unsigned)s->uid,
+		  (unsigned)s->gid, fd);
 	return 0;
 }
 
@@ -129,12 +131,15 @@ static void server_accept_failed(struct server *srv, int err)
 		/* The connection stays queued and the listener readable: polling
 		 * on would spin. Pause, and try again after a while. */
 		if (!srv->emfile_logged)
-			log_errno(LOG_LVL_WARNING, err, "out of file descriptors, accepting paused"
-				  " retry_ms=%d", SERVER_EMFILE_RETRY_MS);
+			log_errno(LOG_LVL_WARNING, err,
+				  "out of file descriptors, accepting paused"
+				  " retry_ms=%d",
+				  SERVER_EMFILE_RETRY_MS);
 		srv->emfile_logged = true;
 		srv->emfile_paused = true;
 		uv_poll_stop(&srv->listen);
-		uv_timer_start(&srv->emfile_timer, server_on_emfile_timer, SERVER_EMFILE_RETRY_MS, 0);
+		uv_timer_start(&srv->emfile_timer, server_on_emfile_timer, SERVER_EMFILE_RETRY_MS,
+			       0);
 		return;
 	default:
 		log_errno(LOG_LVL_WARNING, err, "accept failed");

@@ -18,22 +18,22 @@
 
 #include "daemon/transport/sess.h"
 
-#define SERVER_ACCEPT_BATCH 32
+#define SERVER_ACCEPT_BATCH    32
 #define SERVER_EMFILE_RETRY_MS 100
 
 struct server {
 	uv_loop_t *loop;
-	struct sess_host host;      /* the sessions and the layer above them */
-	int listen_fd;              /* owned; -1: none */
-	uv_poll_t listen;           /* initialized iff listen_fd >= 0 */
-	uv_timer_t emfile_timer;    /* accepting again after EMFILE/ENFILE */
-	uv_timer_t reap_timer;      /* disconnects doomed sessions */
-	unsigned open_handles;      /* the server is freed when this reaches 0 */
+	struct sess_host host;	 /* the sessions and the layer above them */
+	int listen_fd;		 /* owned; -1: none */
+	uv_poll_t listen;	 /* initialized iff listen_fd >= 0 */
+	uv_timer_t emfile_timer; /* accepting again after EMFILE/ENFILE */
+	uv_timer_t reap_timer;	 /* disconnects doomed sessions */
+	unsigned open_handles;	 /* the server is freed when this reaches 0 */
 	bool emfile_paused;
-	bool emfile_logged;         /* said so once; said again when it ends */
+	bool emfile_logged; /* said so once; said again when it ends */
 	bool stopping;
 	/* Corked: packets wait until the end of the loop turn, after cork_cb. */
-	uv_check_t uncork;          /* initialized iff cork_cb != NULL */
+	uv_check_t uncork; /* initialized iff cork_cb != NULL */
 	void (*cork_cb)(void *arg);
 	void *cork_arg;
 };

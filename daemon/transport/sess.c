@@ -29,7 +29,7 @@
 #define SO_PEERGROUPS 59
 #endif
 
-#define sess_of(handle) ((struct sess *)((char *)(handle) - offsetof(struct sess, poll)))
+#define sess_of(handle) ((struct sess *)((char *)(handle)-offsetof(struct sess, poll)))
 
 /* One queued packet: packed bytes and the chunks whose fds ride with it. */
 struct sess_out {
@@ -65,7 +65,13 @@ int sess_new(struct sess_host *host, int fd, struct sess **out)
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
-	*s = (struct sess){ .host = host, .free_data = host->ops->free_data, .fd = fd, .refs = 1, .state = SESS_OPEN, .name = "-", .log_name = "-" };
+	*s = (struct sess){ .host = host,
+			    .free_data = host->ops->free_data,
+			    .fd = fd,
+			    .refs = 1,
+			    .state = SESS_OPEN,
+			    .name = "-",
+			    .log_name = "-" };
 	r = sess_read_creds(s);
 	if (r < 0)
 		goto err_free;
@@ -270,7 +276,8 @@ static void sess_read(struct sess *s)
 		if (nfds > 0) {
 			wire_close_fds(fds, nfds);
 			gmb__envelope__free_unpacked(env, NULL);
-			sess_protocol_error(s, "a client may not send file descriptors (got %d)", nfds);
+			sess_protocol_error(s, "a client may not send file descriptors (got %d)",
+					    nfds);
 			break;
 		}
 		sess_log_env(s, "recv", env);
@@ -301,8 +308,8 @@ static void sess_log_env(const struct sess *s, const char *dir, const Gmb__Envel
 {
 	log_debug("%s " SESS_FMT " type=%s req=%" PRIu64 " reply_to=%" PRIu64
 		  " status=%d more=%d fds=%zu",
-		  dir, SESS_ARGS(s), s->host->ops->body_name(env->body_case), env->id, env->reply_to,
-		  env->status, env->more ? 1 : 0, env->n_fd_chunks);
+		  dir, SESS_ARGS(s), s->host->ops->body_name(env->body_case), env->id,
+		  env->reply_to, env->status, env->more ? 1 : 0, env->n_fd_chunks);
 }
 
 int sess_send(struct sess *s, const Gmb__Envelope *env)
@@ -313,7 +320,8 @@ int sess_send(struct sess *s, const Gmb__Envelope *env)
 	if (s->state != SESS_OPEN)
 		return -EPIPE;
 	if (env->n_fd_chunks > WIRE_MAX_FDS || env->n_fd_sizes != env->n_fd_chunks) {
-		sess_doom(s, LOG_LVL_ERR, "internal error: a reply names %zu fds", env->n_fd_chunks);
+		sess_doom(s, LOG_LVL_ERR, "internal error: a reply names %zu fds",
+			  env->n_fd_chunks);
 		return -EMSGSIZE;
 	}
 	r = sess_out_new(env, &o);

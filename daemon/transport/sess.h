@@ -38,14 +38,14 @@
 #include "common/wire.h"
 #include "proto/gmb.pb-c.h"
 
-#define SESS_READ_BATCH 32          /* packets per wake-up, then yield */
-#define SESS_OUT_MAX_BYTES (4u << 20) /* queued bytes before we give up */
+#define SESS_READ_BATCH	     32		/* packets per wake-up, then yield */
+#define SESS_OUT_MAX_BYTES   (4u << 20) /* queued bytes before we give up */
 #define SESS_OUT_MAX_PACKETS 4096
 
 enum sess_state {
 	SESS_OPEN,
-	SESS_DOOMED,  /* reason logged, waiting for the server's reaper */
-	SESS_CLOSED,  /* disconnected; only references keep it alive */
+	SESS_DOOMED, /* reason logged, waiting for the server's reaper */
+	SESS_CLOSED, /* disconnected; only references keep it alive */
 };
 
 struct sess;
@@ -76,9 +76,9 @@ struct sess_host {
 	uv_loop_t *loop;
 	const struct sess_ops *ops;
 	void *arg;
-	bool corked;              /* packets leave at the end of the loop turn */
+	bool corked;				    /* packets leave at the end of the loop turn */
 	void (*reap_later)(struct sess_host *host); /* doomed: disconnect next turn */
-	struct sess *sessions;    /* every session not yet disconnected */
+	struct sess *sessions;			    /* every session not yet disconnected */
 	unsigned nsessions;
 };
 
@@ -87,9 +87,9 @@ struct sess {
 	 * at shutdown): what the unref needs is copied here. */
 	struct sess_host *host;
 	void (*free_data)(void *data);
-	int fd;                   /* owned; -1 once closed */
-	uv_poll_t poll;           /* embedded; memory lives until its close cb */
-	int poll_events;          /* events the poll is started with now */
+	int fd;		 /* owned; -1 once closed */
+	uv_poll_t poll;	 /* embedded; memory lives until its close cb */
+	int poll_events; /* events the poll is started with now */
 	unsigned refs;
 	enum sess_state state;
 	/* Why it ended: gmbd doomed it (a limit, bad input) while the peer may
@@ -101,7 +101,7 @@ struct sess {
 	pid_t pid;
 	uid_t uid;
 	gid_t gid;
-	gid_t *groups;            /* SO_PEERGROUPS; NULL when the kernel said no */
+	gid_t *groups; /* SO_PEERGROUPS; NULL when the kernel said no */
 	int ngroups;
 
 	/* For logs: the client's name and id, set by the layer above; log_name
@@ -109,7 +109,7 @@ struct sess {
 	char name[WIRE_MAX_NAME + 1];
 	char log_name[LOG_QUOTE_MAX];
 	uint64_t client_id;
-	void *data;               /* the layer above's (sess_ops.open) */
+	void *data; /* the layer above's (sess_ops.open) */
 
 	struct sess_out *out_head, *out_tail;
 	size_t out_bytes;
@@ -119,7 +119,7 @@ struct sess {
 };
 
 /* Names the session in a log line: SESS_FMT's four facts. */
-#define SESS_FMT "client=%s id=%" PRIu64 " pid=%d uid=%u"
+#define SESS_FMT     "client=%s id=%" PRIu64 " pid=%d uid=%u"
 #define SESS_ARGS(s) (s)->log_name, (s)->client_id, (int)(s)->pid, (unsigned)(s)->uid
 
 /**

@@ -36,13 +36,17 @@
 #include "common/backend/backend.h"
 #include "common/backend/cuda.h"
 
-#define SMOKE_DEV 0
+#define SMOKE_DEV	0
 #define SMOKE_TIMEOUT_S 300
-#define SMOKE_MIB ((uint64_t)1 << 20)
+#define SMOKE_MIB	((uint64_t)1 << 20)
 /* Memory still in use after every release: page tables, the stream. */
-#define SMOKE_SLACK (128 * SMOKE_MIB)
+#define SMOKE_SLACK	(128 * SMOKE_MIB)
 
-enum { SMOKE_A, SMOKE_B, SMOKE_N };
+enum {
+	SMOKE_A,
+	SMOKE_B,
+	SMOKE_N
+};
 
 /* What the parent sends with the two fds. */
 struct smoke_msg {
@@ -133,9 +137,10 @@ static bool smoke_verify(const void *buf, uint64_t size, uint64_t seed, const ch
 
 	for (uint64_t i = 0; i < size / 8; i++)
 		if (w[i] != smoke_word(seed, i))
-			return smoke_true(false, "%s: word %" PRIu64 " is 0x%016" PRIx64
-					  ", want 0x%016" PRIx64, what, i, w[i],
-					  smoke_word(seed, i));
+			return smoke_true(false,
+					  "%s: word %" PRIu64 " is 0x%016" PRIx64
+					  ", want 0x%016" PRIx64,
+					  what, i, w[i], smoke_word(seed, i));
 	return smoke_true(true, "%s: %" PRIu64 " MiB as expected", what, size / SMOKE_MIB);
 }
 
@@ -150,7 +155,9 @@ static int smoke_send_fds(int sock, const int *fds, const struct smoke_msg *m)
 {
 	struct iovec iov = { .iov_base = (void *)m, .iov_len = sizeof(*m) };
 	union smoke_ctl ctl;
-	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+	struct msghdr msg = { .msg_iov = &iov,
+			      .msg_iovlen = 1,
+			      .msg_control = ctl.buf,
 			      .msg_controllen = sizeof(ctl.buf) };
 	struct cmsghdr *c;
 
@@ -167,7 +174,9 @@ static int smoke_recv_fds(int sock, int *fds, struct smoke_msg *m)
 {
 	struct iovec iov = { .iov_base = m, .iov_len = sizeof(*m) };
 	union smoke_ctl ctl;
-	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+	struct msghdr msg = { .msg_iov = &iov,
+			      .msg_iovlen = 1,
+			      .msg_control = ctl.buf,
 			      .msg_controllen = sizeof(ctl.buf) };
 	struct cmsghdr *c;
 	ssize_t n;
@@ -186,8 +195,7 @@ static int smoke_recv_fds(int sock, int *fds, struct smoke_msg *m)
 /* Shared steps. */
 
 /* Reserves one VA range for the chunks and maps them back to back, one set_access. */
-static int smoke_map_all(struct backend *b, const uint64_t *h, const uint64_t *size,
-			 uintptr_t *va)
+static int smoke_map_all(struct backend *b, const uint64_t *h, const uint64_t *size, uintptr_t *va)
 {
 	uint64_t total = size[SMOKE_A] + size[SMOKE_B];
 
@@ -219,8 +227,8 @@ static void smoke_unmap_all(struct backend *b, uintptr_t va, const uint64_t *siz
 static double smoke_copy(struct backend *b, bool to_host, void *buf, uintptr_t va, uint64_t size)
 {
 	double t = smoke_now();
-	int rc = to_host ? b->ops->copy_to_host(b, SMOKE_DEV, buf, va, size)
-			 : b->ops->copy_from_host(b, SMOKE_DEV, va, buf, size);
+	int rc = to_host ? b->ops->copy_to_host(b, SMOKE_DEV, buf, va, size) :
+			   b->ops->copy_from_host(b, SMOKE_DEV, va, buf, size);
 
 	if (!smoke_ok(rc, "%s %" PRIu64 " MiB", to_host ? "copy_to_host" : "copy_from_host",
 		      size / SMOKE_MIB))
@@ -513,7 +521,8 @@ static void smoke_parent(int sock, pid_t pid)
 			smoke_ok(b->ops->chunk_release(b, h[i]), "release chunk %c", 'A' + i);
 	if (smoke_ok(backend_cuda_mem_info(b, SMOKE_DEV, &free1, &total), "mem_info after")) {
 		smoke_info("free before %" PRIu64 " MiB, after %" PRIu64 " MiB, total %" PRIu64
-			   " MiB", free0 / SMOKE_MIB, free1 / SMOKE_MIB, total / SMOKE_MIB);
+			   " MiB",
+			   free0 / SMOKE_MIB, free1 / SMOKE_MIB, total / SMOKE_MIB);
 		smoke_true(free1 + SMOKE_SLACK >= free0, "released memory is back with the driver");
 	}
 	smoke_probe_va_free_mapped(b);

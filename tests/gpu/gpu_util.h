@@ -35,8 +35,8 @@
 
 extern char **environ;
 
-#define GiB (1ULL << 30)
-#define MiB (1ULL << 20)
+#define GiB	  (1ULL << 30)
+#define MiB	  (1ULL << 20)
 #define EXIT_SKIP 77
 
 static const char *g_test_name = "gpu-test";
@@ -75,37 +75,37 @@ __attribute__((noreturn, format(printf, 1, 2))) static inline void gu_fail(const
 	exit(1);
 }
 
-#define CUDA_CK(call)                                                                      \
-	do {                                                                               \
-		cudaError_t e_ = (call);                                                   \
-		if (e_ != cudaSuccess)                                                     \
-			gu_fail("%s:%d %s: %s (%s)", __FILE__, __LINE__, #call,            \
-				cudaGetErrorName(e_), cudaGetErrorString(e_));             \
+#define CUDA_CK(call)                                                           \
+	do {                                                                    \
+		cudaError_t e_ = (call);                                        \
+		if (e_ != cudaSuccess)                                          \
+			gu_fail("%s:%d %s: %s (%s)", __FILE__, __LINE__, #call, \
+				cudaGetErrorName(e_), cudaGetErrorString(e_));  \
 	} while (0)
 
-#define CU_CK(call)                                                                        \
-	do {                                                                               \
-		CUresult r_ = (call);                                                      \
-		if (r_ != CUDA_SUCCESS) {                                                  \
-			const char *n_ = "?";                                              \
-			cuGetErrorName(r_, &n_);                                           \
-			gu_fail("%s:%d %s: %s", __FILE__, __LINE__, #call, n_);            \
-		}                                                                          \
+#define CU_CK(call)                                                             \
+	do {                                                                    \
+		CUresult r_ = (call);                                           \
+		if (r_ != CUDA_SUCCESS) {                                       \
+			const char *n_ = "?";                                   \
+			cuGetErrorName(r_, &n_);                                \
+			gu_fail("%s:%d %s: %s", __FILE__, __LINE__, #call, n_); \
+		}                                                               \
 	} while (0)
 
 /* A libgmb call that must succeed; @c is the client whose message explains it. */
-#define GMB_CK(c, call)                                                                    \
-	do {                                                                               \
-		int g_ = (call);                                                           \
-		if (g_ != 0)                                                               \
-			gu_fail("%s:%d %s = %d (%s): %s", __FILE__, __LINE__, #call, g_,   \
-				gmb_strerror(g_), (c) ? gmb_last_error(c) : "");           \
+#define GMB_CK(c, call)                                                                  \
+	do {                                                                             \
+		int g_ = (call);                                                         \
+		if (g_ != 0)                                                             \
+			gu_fail("%s:%d %s = %d (%s): %s", __FILE__, __LINE__, #call, g_, \
+				gmb_strerror(g_), (c) ? gmb_last_error(c) : "");         \
 	} while (0)
 
-#define CHECK(cond, ...)                                                                   \
-	do {                                                                               \
-		if (!(cond))                                                               \
-			gu_fail(__VA_ARGS__);                                              \
+#define CHECK(cond, ...)                      \
+	do {                                  \
+		if (!(cond))                  \
+			gu_fail(__VA_ARGS__); \
 	} while (0)
 
 static inline double gu_now(void)
@@ -398,7 +398,7 @@ __global__ static void gu_count_kernel(const uint64_t *p, size_t n, uint64_t v, 
 		atomicAdd(cnt, k);
 }
 
-#define GU_GRID 1056 /* 8 blocks per SM of the H200's 132 */
+#define GU_GRID	 1056 /* 8 blocks per SM of the H200's 132 */
 #define GU_BLOCK 256
 
 /* A counter in ordinary (non-broker) memory of the current device. */

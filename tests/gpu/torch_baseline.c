@@ -38,15 +38,15 @@ static int nallocs;
 static CUdevice dev;
 static size_t gran;
 
-#define CK(call)                                                                        \
-	do {                                                                            \
-		CUresult r_ = (call);                                                   \
-		if (r_ != CUDA_SUCCESS) {                                               \
-			const char *n_ = "?";                                           \
-			cuGetErrorName(r_, &n_);                                        \
-			fprintf(stderr, "torch_baseline: %s: %s\n", #call, n_);         \
-			return 1;                                                       \
-		}                                                                       \
+#define CK(call)                                                                \
+	do {                                                                    \
+		CUresult r_ = (call);                                           \
+		if (r_ != CUDA_SUCCESS) {                                       \
+			const char *n_ = "?";                                   \
+			cuGetErrorName(r_, &n_);                                \
+			fprintf(stderr, "torch_baseline: %s: %s\n", #call, n_); \
+			return 1;                                               \
+		}                                                               \
 	} while (0)
 
 static double now_ms(void)
@@ -204,8 +204,8 @@ int main(int argc, char **argv)
 			CK(cuCtxSynchronize());
 			t[k][r] = now_ms() - t0;
 		}
-		printf("BASELINE round=%d pause_A=%.2f resume_B=%.2f pause_B=%.2f resume_A=%.2f\n", r,
-		       t[0][r], t[1][r], t[2][r], t[3][r]);
+		printf("BASELINE round=%d pause_A=%.2f resume_B=%.2f pause_B=%.2f resume_A=%.2f\n",
+		       r, t[0][r], t[1][r], t[2][r], t[3][r]);
 	}
 	printf("BASELINE median pause_A=%.2f resume_B=%.2f pause_B=%.2f resume_A=%.2f\n",
 	       median(t[0], rounds), median(t[1], rounds), median(t[2], rounds),

@@ -57,8 +57,10 @@ static int api_wait_env(struct gmb_client *c, char *err)
 	errno = 0;
 	v = strtoul(s, &end, 10);
 	if (errno || *end || s[0] == '-' || v > UINT32_MAX)
-		return err_fmt(err, -EINVAL, "GMB_WAIT_MS=\"%.32s\" is not a number of"
-			       " milliseconds", s);
+		return err_fmt(err, -EINVAL,
+			       "GMB_WAIT_MS=\"%.32s\" is not a number of"
+			       " milliseconds",
+			       s);
 	c->mem.wait_ms = (uint32_t)v;
 	return 0;
 }
@@ -341,8 +343,8 @@ static void api_control_run(void *arg, const struct gmb__job *job)
 	char err[ERR_MSG_MAX] = "";
 	int rc;
 
-	rc = api_control_do(c, (int)cmd->op, cmd->tag && *cmd->tag ? cmd->tag : NULL,
-			    cmd->wait_ms, err);
+	rc = api_control_do(c, (int)cmd->op, cmd->tag && *cmd->tag ? cmd->tag : NULL, cmd->wait_ms,
+			    err);
 	gmb__send_reply(&c->conn, job->gen, job->env->id, rc, rc < 0 ? err : "");
 }
 
@@ -374,8 +376,8 @@ GMB_API int gmb_poll(gmb_client *c, int timeout_ms)
 	rc = api_poll_wait(c, timeout_ms);
 	if (rc > 0)
 		c->conn.handled = 0;
-	snprintf(msg, sizeof(msg), "%s", c->conn.lost_msg[0] ? c->conn.lost_msg
-		 : "the connection to gmbd is lost");
+	snprintf(msg, sizeof(msg), "%s",
+		 c->conn.lost_msg[0] ? c->conn.lost_msg : "the connection to gmbd is lost");
 	pthread_mutex_unlock(&c->conn.lock);
 	return api_done(c, rc, msg);
 }
@@ -501,8 +503,10 @@ static int api_status_join(const struct gmb__reply *rep, struct api_status_joine
 				continue;
 			}
 			if (k == 0 || !j->clients[k - 1] || j->clients[k - 1]->id != ci->id)
-				return err_fmt(err, -EPROTO, "gmbd's status continues client %" PRIu64
-					       " out of order", ci->id);
+				return err_fmt(err, -EPROTO,
+					       "gmbd's status continues client %" PRIu64
+					       " out of order",
+					       ci->id);
 			if (api_status_continue(j, &j->clients[k - 1], ci) < 0)
 				return err_fmt(err, -ENOMEM, "out of memory reading gmbd's status");
 		}
@@ -580,8 +584,10 @@ int gmb__status_device(struct gmb_client *c, uint32_t index, uint64_t *budget, u
 	rc = api_query(c, &env, GMB__ENVELOPE__BODY_STATUS_REPLY, &rep, &last, err);
 	if (rc == 0) {
 		/* The devices come in the first part. */
-		d = api_status_find(rep.parts[0]->body_case == GMB__ENVELOPE__BODY_STATUS_REPLY
-				    ? rep.parts[0]->status_reply : NULL, index);
+		d = api_status_find(rep.parts[0]->body_case == GMB__ENVELOPE__BODY_STATUS_REPLY ?
+					    rep.parts[0]->status_reply :
+					    NULL,
+				    index);
 		rc = d ? 0 : -ENODEV;
 		*budget = d ? d->budget_bytes : 0;
 		*used = d ? d->used_bytes : 0;
@@ -685,10 +691,12 @@ static char *api_switch_report(const Gmb__SwitchReply *sr)
 		else
 			snprintf(what, sizeof(what), "every tag");
 		fprintf(f, "%s%-6s %s (#%" PRIu64 ") %s: %.3f ms%s%s\n", st->undo ? "undo " : "",
-			st->op == GMB__OP__OP_PAUSE ? "pause" : "resume", st->client ? st->client : "",
-			st->client_id, what, st->ms, st->status ? ": failed: " : "",
-			st->status ? (st->error && *st->error ? st->error : gmb_strerror(st->status))
-				   : "");
+			st->op == GMB__OP__OP_PAUSE ? "pause" : "resume",
+			st->client ? st->client : "", st->client_id, what, st->ms,
+			st->status ? ": failed: " : "",
+			st->status ?
+				(st->error && *st->error ? st->error : gmb_strerror(st->status)) :
+				"");
 	}
 	fprintf(f, "total %.3f ms; handed over %s, created %s\n", sr->total_ms,
 		size_str(sr->handed_over_bytes, b1), size_str(sr->created_bytes, b2));
@@ -699,8 +707,8 @@ static char *api_switch_report(const Gmb__SwitchReply *sr)
 	return text;
 }
 
-GMB_API int gmb_switch(gmb_client *c, const char *from, const char *to,
-		       const char *const *tags, size_t ntags, char **report)
+GMB_API int gmb_switch(gmb_client *c, const char *from, const char *to, const char *const *tags,
+		       size_t ntags, char **report)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__SwitchRequest req = GMB__SWITCH_REQUEST__INIT;

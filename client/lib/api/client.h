@@ -17,7 +17,7 @@
 #include "gmb.h"
 
 struct gmb_client {
-	struct gmb__conn conn;       /* first: the locks every layer shares */
+	struct gmb__conn conn; /* first: the locks every layer shares */
 	struct gmb__mem mem;
 	/* Under conn.lock. */
 	gmb_control_fn control_fn;

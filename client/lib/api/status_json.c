@@ -26,7 +26,7 @@
 #include "common/size.h"
 #include "proto/gmb.pb-c.h"
 
-#define SBUF_MIN_CAP 256
+#define SBUF_MIN_CAP   256
 #define TABLE_MAX_COLS 10
 
 /* A growable NUL-terminated string; err is sticky (0 or -ENOMEM). */
@@ -37,7 +37,10 @@ struct sbuf {
 	int err;
 };
 
-#define SBUF_INIT { NULL, 0, 0, 0 }
+#define SBUF_INIT             \
+	{                     \
+		NULL, 0, 0, 0 \
+	}
 
 struct table_col {
 	const char *title;
@@ -72,20 +75,19 @@ static const char *const status_mode_names[] = {
  * not as full.
  */
 static const struct table_col status_dev_cols[] = {
-	{ "DEV", true },     { "NAME", false },  { "TOTAL", true }, { "USED", true },
+	{ "DEV", true },     { "NAME", false },	 { "TOTAL", true }, { "USED", true },
 	{ "OUTSIDE", true }, { "BUDGET", true }, { "HELD", true },  { "LENT", true },
 	{ "IDLE", true },    { "AVAIL", true },
 };
 
 static const struct table_col status_client_cols[] = {
-	{ "CLIENT", false }, { "NAME", false }, { "PID", true },
-	{ "UID", true },     { "GID", true },   { "CONTROL", false },
-	{ "GROUP", false },  { "PRIO", true },
+	{ "CLIENT", false }, { "NAME", false },	   { "PID", true },    { "UID", true },
+	{ "GID", true },     { "CONTROL", false }, { "GROUP", false }, { "PRIO", true },
 };
 
 static const struct table_col status_wait_cols[] = {
-	{ "WAITING", false }, { "DEV", true },   { "KIND", false }, { "TAG", false },
-	{ "NEED", true },     { "PRIO", true },  { "WAITED", true }, { "LEFT", true },
+	{ "WAITING", false }, { "DEV", true },	{ "KIND", false },  { "TAG", false },
+	{ "NEED", true },     { "PRIO", true }, { "WAITED", true }, { "LEFT", true },
 };
 
 static const struct table_col status_tag_cols[] = {
@@ -271,22 +273,24 @@ static void json_put_device(struct sbuf *b, const Gmb__DeviceInfo *d)
 		    ",\"used_bytes\":%" PRIu64 ",\"free_bytes\":%" PRIu64
 		    ",\"chunks_created\":%" PRIu64 ",\"chunks_released\":%" PRIu64
 		    ",\"chunks_handed_over\":%" PRIu64,
-		    d->total_bytes, d->budget_bytes, d->granularity, d->pool_bytes,
-		    d->used_bytes, d->free_bytes, d->chunks_created, d->chunks_released,
-		    d->chunks_handed_over);
+		    d->total_bytes, d->budget_bytes, d->granularity, d->pool_bytes, d->used_bytes,
+		    d->free_bytes, d->chunks_created, d->chunks_released, d->chunks_handed_over);
 	/* The same facts under plain names, and the driver's view (null: unknown). */
-	sbuf_printf(b, ",\"held_bytes\":%" PRIu64 ",\"lent_bytes\":%" PRIu64
-		       ",\"idle_bytes\":%" PRIu64 ",\"available_bytes\":%" PRIu64,
+	sbuf_printf(b,
+		    ",\"held_bytes\":%" PRIu64 ",\"lent_bytes\":%" PRIu64 ",\"idle_bytes\":%" PRIu64
+		    ",\"available_bytes\":%" PRIu64,
 		    d->pool_bytes, d->used_bytes, d->free_bytes,
 		    d->budget_bytes > d->used_bytes ? d->budget_bytes - d->used_bytes : 0);
 	if (d->driver_known) {
 		sbuf_printf(b, ",\"driver\":{\"source\":");
 		json_put_str(b, d->driver_source);
-		sbuf_printf(b, ",\"total_bytes\":%" PRIu64 ",\"used_bytes\":%" PRIu64
-			       ",\"free_bytes\":%" PRIu64 "},\"outside_bytes\":%" PRIu64 "}",
+		sbuf_printf(b,
+			    ",\"total_bytes\":%" PRIu64 ",\"used_bytes\":%" PRIu64
+			    ",\"free_bytes\":%" PRIu64 "},\"outside_bytes\":%" PRIu64 "}",
 			    d->driver_total_bytes, d->driver_used_bytes,
-			    d->driver_total_bytes > d->driver_used_bytes
-				    ? d->driver_total_bytes - d->driver_used_bytes : 0,
+			    d->driver_total_bytes > d->driver_used_bytes ?
+				    d->driver_total_bytes - d->driver_used_bytes :
+				    0,
 			    d->outside_bytes);
 	} else {
 		sbuf_puts(b, ",\"driver\":null,\"outside_bytes\":null}");
@@ -311,8 +315,9 @@ static void json_put_client(struct sbuf *b, const Gmb__ClientInfo *c)
 
 	sbuf_printf(b, "{\"id\":%" PRIu64 ",\"name\":", c->id);
 	json_put_str(b, c->name);
-	sbuf_printf(b, ",\"pid\":%" PRId32 ",\"uid\":%" PRIu32 ",\"gid\":%" PRIu32
-		       ",\"control\":%s,\"group\":",
+	sbuf_printf(b,
+		    ",\"pid\":%" PRId32 ",\"uid\":%" PRIu32 ",\"gid\":%" PRIu32
+		    ",\"control\":%s,\"group\":",
 		    c->pid, c->uid, c->gid, c->control ? "true" : "false");
 	json_put_str(b, c->group);
 	sbuf_printf(b, ",\"priority\":%" PRId32 ",\"preemptible\":%s,\"tags\":[", c->priority,
@@ -335,8 +340,9 @@ static void json_put_waiter(struct sbuf *b, const Gmb__WaiterInfo *w)
 	json_put_str(b, w->kind);
 	sbuf_puts(b, ",\"tag\":");
 	json_put_str(b, w->tag);
-	sbuf_printf(b, ",\"bytes\":%" PRIu64 ",\"priority\":%" PRId32 ",\"waited_ms\":%" PRIu64
-		       ",\"left_ms\":%" PRIu64 "}",
+	sbuf_printf(b,
+		    ",\"bytes\":%" PRIu64 ",\"priority\":%" PRId32 ",\"waited_ms\":%" PRIu64
+		    ",\"left_ms\":%" PRIu64 "}",
 		    w->bytes, w->priority, w->waited_ms, w->left_ms);
 }
 
@@ -428,7 +434,6 @@ static size_t term_width(const char *s)
 		w += ((unsigned char)*s & 0xc0) != 0x80;
 	return w;
 }
-
 
 static void table_init(struct table *t, const struct table_col *cols, size_t ncols)
 {

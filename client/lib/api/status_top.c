@@ -41,7 +41,8 @@ static uint64_t top_paused(const Gmb__StatusReply *st, uint32_t dev)
 		for (size_t j = 0; st->clients[i] && j < st->clients[i]->n_tags; j++) {
 			const Gmb__TagInfo *t = st->clients[i]->tags[j];
 
-			if (t && t->device == (int32_t)dev && t->state && !strcmp(t->state, "paused"))
+			if (t && t->device == (int32_t)dev && t->state &&
+			    !strcmp(t->state, "paused"))
 				sum += t->bytes;
 		}
 	return sum;
@@ -92,7 +93,8 @@ static void top_device(FILE *f, const Gmb__StatusReply *st, const Gmb__DeviceInf
 	fprintf(f, "   lent %s  paused %s  idle %s  outside %s  avail %s\n",
 		size_str(d->used_bytes, b2), size_str(paused, b3), size_str(d->free_bytes, b4),
 		d->driver_known ? size_str(d->outside_bytes, b5) : "?",
-		size_str(d->budget_bytes > d->used_bytes ? d->budget_bytes - d->used_bytes : 0, b6));
+		size_str(d->budget_bytes > d->used_bytes ? d->budget_bytes - d->used_bytes : 0,
+			 b6));
 }
 
 static void top_clients(FILE *f, const Gmb__StatusReply *st, int width)
@@ -138,7 +140,9 @@ int gmb__status_to_top(const Gmb__StatusReply *st, int width, char **out)
 
 	if (!st || !out)
 		return -EINVAL;
-	width = width < TOP_MIN_WIDTH ? TOP_MIN_WIDTH : width > TOP_MAX_WIDTH ? TOP_MAX_WIDTH : width;
+	width = width < TOP_MIN_WIDTH ? TOP_MIN_WIDTH :
+		width > TOP_MAX_WIDTH ? TOP_MAX_WIDTH :
+					width;
 	f = open_memstream(&buf, &len);
 	if (!f)
 		return -ENOMEM;

@@ -83,16 +83,19 @@ static int lend_check_chunks(const struct gmb__cache *m, const uint64_t *ids, co
 
 		if (!e)
 			return err_fmt(err, -EPROTO,
-				       "gmbd lent chunk %" PRIu64 " without sending it",
-				       ids[i]);
+				       "gmbd lent chunk %" PRIu64 " without sending it", ids[i]);
 		if (e->size != sizes[i] || sizes[i] > UINT64_MAX - total)
-			return err_fmt(err, -EPROTO, "gmbd lent chunk %" PRIu64 " as 0x%" PRIx64
-				       " bytes, it holds 0x%" PRIx64, ids[i], sizes[i], e->size);
+			return err_fmt(err, -EPROTO,
+				       "gmbd lent chunk %" PRIu64 " as 0x%" PRIx64
+				       " bytes, it holds 0x%" PRIx64,
+				       ids[i], sizes[i], e->size);
 		total += sizes[i];
 	}
 	if (total != want)
-		return err_fmt(err, -EPROTO, "gmbd lent chunks of 0x%" PRIx64 " bytes in all for an"
-			       " allocation of 0x%" PRIx64, total, want);
+		return err_fmt(err, -EPROTO,
+			       "gmbd lent chunks of 0x%" PRIx64 " bytes in all for an"
+			       " allocation of 0x%" PRIx64,
+			       total, want);
 	return 0;
 }
 
@@ -104,8 +107,10 @@ static int lends_append(Gmb__Lend *j, const Gmb__Lend *l, char *err)
 
 	if (l->alloc_id != j->alloc_id || l->first_chunk != j->n_chunk_ids ||
 	    l->n_chunk_ids != l->n_chunk_sizes || n > UINT32_MAX)
-		return err_fmt(err, -EPROTO, "gmbd sent a piece of the lend of allocation %"
-			       PRIu64 " from chunk %u out of order", l->alloc_id, l->first_chunk);
+		return err_fmt(err, -EPROTO,
+			       "gmbd sent a piece of the lend of allocation %" PRIu64
+			       " from chunk %u out of order",
+			       l->alloc_id, l->first_chunk);
 	ids = realloc(j->chunk_ids, n * sizeof(*ids));
 	if (ids)
 		j->chunk_ids = ids;
@@ -129,8 +134,10 @@ static int lends_join_one(const Gmb__Lend *const *in, size_t n, size_t i, struct
 	int rc = 0;
 
 	if (in[i]->first_chunk != 0)
-		return err_fmt(err, -EPROTO, "gmbd sent a piece of the lend of allocation %"
-			       PRIu64 " without its start", in[i]->alloc_id);
+		return err_fmt(err, -EPROTO,
+			       "gmbd sent a piece of the lend of allocation %" PRIu64
+			       " without its start",
+			       in[i]->alloc_id);
 	while (k < n && in[k]->first_chunk != 0)
 		k++;
 	*next = k;
@@ -187,9 +194,11 @@ int gmb__lend_check(const struct gmb__cache *m, const struct gmb__alloc *a, cons
 	if (!l)
 		return err_fmt(err, -EPROTO, "gmbd's reply lacks the lend");
 	if (l->alloc_id != a->id || l->device != (uint32_t)a->dev || l->size != a->size)
-		return err_fmt(err, -EPROTO, "gmbd lent allocation %" PRIu64 " (device %u, 0x%"
-			       PRIx64 " bytes) for allocation %" PRIu64 " (device %d, 0x%" PRIx64
-			       " bytes)", l->alloc_id, l->device, l->size, a->id, a->dev, a->size);
+		return err_fmt(err, -EPROTO,
+			       "gmbd lent allocation %" PRIu64 " (device %u, 0x%" PRIx64
+			       " bytes) for allocation %" PRIu64 " (device %d, 0x%" PRIx64
+			       " bytes)",
+			       l->alloc_id, l->device, l->size, a->id, a->dev, a->size);
 	if (l->n_chunk_ids == 0 || l->n_chunk_ids != l->n_chunk_sizes ||
 	    l->n_chunk_ids > UINT32_MAX)
 		return err_fmt(err, -EPROTO, "gmbd lent %zu chunk ids with %zu sizes",
@@ -401,8 +410,9 @@ int gmb__lend_handles(const struct gmb__cache *m, const struct gmb__alloc *a, ui
 		const struct gmb__handle *e = idmap_get(&m->cache, a->chunk_ids[i]);
 
 		if (!e)
-			return err_fmt(err, -EPROTO, "chunk %u of allocation %" PRIu64
-				       " was dropped while lent", i, a->id);
+			return err_fmt(err, -EPROTO,
+				       "chunk %u of allocation %" PRIu64 " was dropped while lent",
+				       i, a->id);
 		handles[i] = e->handle;
 	}
 	return 0;

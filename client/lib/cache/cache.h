@@ -22,57 +22,62 @@
 
 /* One imported chunk. refs = allocations of this client whose last lend has it. */
 struct gmb__handle {
-	uint64_t id;                 /* the daemon's chunk id */
-	uint64_t handle;             /* backend handle, owned by the cache */
+	uint64_t id;	 /* the daemon's chunk id */
+	uint64_t handle; /* backend handle, owned by the cache */
 	uint64_t size;
 	uint32_t refs;
-	bool dropping;               /* scratch of gmb__cache_drop() */
-	struct gmb__handle *next;    /* on a release list once out of the cache */
+	bool dropping;		  /* scratch of gmb__cache_drop() */
+	struct gmb__handle *next; /* on a release list once out of the cache */
 };
 
 struct gmb__tag;
 
 /* How a host copy's memory was made (client/lib/mem/backup.c). */
-enum { GMB__COPY_NONE, GMB__COPY_PINNED, GMB__COPY_PAGEABLE, GMB__COPY_FILE };
+enum {
+	GMB__COPY_NONE,
+	GMB__COPY_PINNED,
+	GMB__COPY_PAGEABLE,
+	GMB__COPY_FILE
+};
 
 /* One allocation's host copy; all of it under op_lock. */
 struct gmb__hostcopy {
-	int how;                     /* GMB__COPY_* */
-	void *p;                     /* PINNED, PAGEABLE: size bytes, owned */
-	bool registered;             /* PAGEABLE: registered with the backend */
-	int fd;                      /* FILE: the open file, owned; else -1 */
-	char *path;                  /* FILE: malloc'd, unlinked when the copy goes */
+	int how;	 /* GMB__COPY_* */
+	void *p;	 /* PINNED, PAGEABLE: size bytes, owned */
+	bool registered; /* PAGEABLE: registered with the backend */
+	int fd;		 /* FILE: the open file, owned; else -1 */
+	char *path;	 /* FILE: malloc'd, unlinked when the copy goes */
 };
 
 struct gmb__alloc {
 	/* Set at malloc, then read-only until free. */
-	uint64_t id;                 /* the daemon's allocation id */
+	uint64_t id; /* the daemon's allocation id */
 	int dev;
-	uint64_t peers;              /* gmbd's indexes of the devices given access besides dev */
-	uint64_t size;               /* granularity multiple */
-	uintptr_t va;                /* reserved for the allocation's whole life */
+	uint64_t peers; /* gmbd's indexes of the devices given access besides dev */
+	uint64_t size;	/* granularity multiple */
+	uintptr_t va;	/* reserved for the allocation's whole life */
 	struct gmb__tag *tag;
-	bool own_mode;               /* mode and backup are its own, not the tag's */
-	int mode;                    /* own_mode: GMB_MODE_* */
-	int backup;                  /* GMB_BACKUP_PINNED, _MMAP or _DISK (resolved) */
+	bool own_mode; /* mode and backup are its own, not the tag's */
+	int mode;      /* own_mode: GMB_MODE_* */
+	int backup;    /* GMB_BACKUP_PINNED, _MMAP or _DISK (resolved) */
 	/* Under the state lock: the last lend, mapping order; id 0 = dropped. */
 	uint64_t *chunk_ids;
 	uint64_t *chunk_sizes;
 	uint32_t nchunks;
-	bool freeing;                /* a FreeRequest is on its way: not re-announced */
-	bool in_use;                 /* mapped or being mapped: its chunks are not dropped */
+	bool freeing; /* a FreeRequest is on its way: not re-announced */
+	bool in_use;  /* mapped or being mapped: its chunks are not dropped */
 	/* Under op_lock. */
 	bool mapped;
-	bool saved;                  /* copy holds the bytes of the last pause */
-	bool marked;                 /* scratch: got its lend in the resume at hand */
-	struct gmb__hostcopy copy;   /* PRESERVE: made at the first pause */
+	bool saved;			/* copy holds the bytes of the last pause */
+	bool marked;			/* scratch: got its lend in the resume at hand */
+	struct gmb__hostcopy copy;	/* PRESERVE: made at the first pause */
 	struct gmb__alloc *prev, *next; /* in the tag */
 };
 
 /* Under op_lock (the re-announcement reads them while every operation is still). */
 struct gmb__tag {
 	char name[WIRE_MAX_NAME + 1];
-	int mode;                    /* GMB_MODE_* */
+	int mode; /* GMB_MODE_* */
 	bool paused;
 	struct gmb__alloc *allocs;
 	uint32_t nallocs;
@@ -81,9 +86,9 @@ struct gmb__tag {
 
 /* The tables the reader thread touches too: all under the state lock. */
 struct gmb__cache {
-	struct idmap cache;          /* chunk id -> struct gmb__handle */
-	struct idmap by_id;          /* alloc id -> struct gmb__alloc */
-	struct idmap by_va;          /* base address -> struct gmb__alloc */
+	struct idmap cache; /* chunk id -> struct gmb__handle */
+	struct idmap by_id; /* alloc id -> struct gmb__alloc */
+	struct idmap by_va; /* base address -> struct gmb__alloc */
 };
 
 /* The caller holds the state lock (or owns @m alone). */
@@ -115,8 +120,8 @@ int gmb__cache_adopt(struct gmb__cache *m, struct gmb__alloc *a, const Gmb__Lend
 void gmb__cache_forget(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel);
 void gmb__lend_clear(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel);
 void gmb__lend_let_go(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel);
-int gmb__cache_drop(struct gmb__cache *m, const uint64_t *ids, size_t n,
-		    struct gmb__handle **rel, char *err);
+int gmb__cache_drop(struct gmb__cache *m, const uint64_t *ids, size_t n, struct gmb__handle **rel,
+		    char *err);
 void gmb__cache_sweep(struct gmb__cache *m, struct gmb__handle **rel);
 void gmb__cache_clear(struct gmb__cache *m, struct gmb__handle **rel);
 int gmb__lend_handles(const struct gmb__cache *m, const struct gmb__alloc *a, uint64_t *handles,

@@ -56,8 +56,9 @@ static int conn_take_devices(struct gmb__conn *c, const Gmb__HelloReply *hr, cha
 		uint64_t g = hr->devices[i]->granularity;
 
 		if (g == 0 || (g & (g - 1)))
-			return err_fmt(err, -EPROTO, "gmbd reported granularity 0x%" PRIx64
-				       " for device %zu", g, i);
+			return err_fmt(err, -EPROTO,
+				       "gmbd reported granularity 0x%" PRIx64 " for device %zu", g,
+				       i);
 		c->devs.granularity[i] = g;
 		memset(c->devs.uuid[i], 0, sizeof(c->devs.uuid[i]));
 		if (hr->devices[i]->uuid.len == sizeof(c->devs.uuid[i]))
@@ -68,8 +69,7 @@ static int conn_take_devices(struct gmb__conn *c, const Gmb__HelloReply *hr, cha
 	return 0;
 }
 
-static int conn_take_hello(struct gmb__conn *c, const Gmb__Envelope *rep, uint64_t id,
-			   char *err)
+static int conn_take_hello(struct gmb__conn *c, const Gmb__Envelope *rep, uint64_t id, char *err)
 {
 	const Gmb__HelloReply *hr = rep->hello_reply;
 
@@ -390,11 +390,13 @@ static int conn_wait_ready(struct gmb__conn *c, uint64_t dead, bool *crossed, ch
 	if (mine)
 		c->op_parked = false;
 	if (c->gone)
-		return err_fmt(err, -ENOTCONN, "%s", c->lost_msg[0] ? c->lost_msg
-			       : "the connection to gmbd is lost");
+		return err_fmt(err, -ENOTCONN, "%s",
+			       c->lost_msg[0] ? c->lost_msg : "the connection to gmbd is lost");
 	if (!c->connected || c->gen == dead)
-		return err_fmt(err, -ENOTCONN, "gmbd has been unreachable for %u ms; libgmb keeps"
-			       " reconnecting", c->reconnect_wait_ms);
+		return err_fmt(err, -ENOTCONN,
+			       "gmbd has been unreachable for %u ms; libgmb keeps"
+			       " reconnecting",
+			       c->reconnect_wait_ms);
 	return 0;
 }
 
@@ -627,8 +629,8 @@ static void conn_on_bye(struct gmb__conn *c, Gmb__Envelope *env)
 {
 	pthread_mutex_lock(&c->lock);
 	c->bye = true;
-	err_fmt(c->lost_msg, -ENOTCONN, "gmbd stopped: %s", env->bye->reason ? env->bye->reason
-		: "");
+	err_fmt(c->lost_msg, -ENOTCONN, "gmbd stopped: %s",
+		env->bye->reason ? env->bye->reason : "");
 	pthread_mutex_unlock(&c->lock);
 	gmb__envelope__free_unpacked(env, NULL);
 }

@@ -48,29 +48,32 @@
 struct gmb__reply {
 	Gmb__Envelope **parts;
 	size_t nparts, cap;
-	int status;                  /* the last part's status, or a transport error */
-	char error[ERR_MSG_MAX];     /* the daemon's message or the transport's */
-	int import_err;              /* first failure importing this reply's fds */
+	int status;		 /* the last part's status, or a transport error */
+	char error[ERR_MSG_MAX]; /* the daemon's message or the transport's */
+	int import_err;		 /* first failure importing this reply's fds */
 	char import_msg[ERR_MSG_MAX];
-	bool resent;                 /* sent on a later connection than the first
+	bool resent; /* sent on a later connection than the first
 					try, after a re-announcement: it may have been
 					carried out (or undone) already */
 };
 
-#define GMB__REPLY_INIT { 0 }
+#define GMB__REPLY_INIT \
+	{               \
+		0       \
+	}
 
 struct gmb__pending {
 	uint64_t id;
 	bool done;
-	bool lost;                   /* done because the connection was lost */
+	bool lost; /* done because the connection was lost */
 	struct gmb__reply reply;
 	struct gmb__pending *next;
 };
 
 /* A daemon request waiting for the worker. */
 struct gmb__job {
-	Gmb__Envelope *env;          /* owned by the job */
-	uint64_t gen;                /* the connection it came on; answered only there */
+	Gmb__Envelope *env; /* owned by the job */
+	uint64_t gen;	    /* the connection it came on; answered only there */
 	struct gmb__job *next;
 };
 
@@ -80,8 +83,8 @@ struct gmb__devices {
 	int ndevices;
 	uint64_t granularity[BACKEND_MAX_DEVICES];
 	uint8_t uuid[BACKEND_MAX_DEVICES][16]; /* gmbd's devices, by which the backend orders ours */
-	uint64_t device_bytes;       /* device 0's total, for the host backend */
-	bool release_on_pause;       /* gmbd gives paused memory back: let go of its handles */
+	uint64_t device_bytes;		       /* device 0's total, for the host backend */
+	bool release_on_pause; /* gmbd gives paused memory back: let go of its handles */
 };
 
 struct gmb__conn;
@@ -114,48 +117,48 @@ struct gmb__conn_cbs {
 
 struct gmb__conn {
 	/* Set by gmb__conn_open() before the threads start, then read-only. */
-	unsigned flags;              /* GMB_CONNECT_* */
-	uint64_t id;                 /* from HelloReply; kept across reconnects */
-	char *path;                  /* gmbd's socket, for reconnecting (owned) */
+	unsigned flags; /* GMB_CONNECT_* */
+	uint64_t id;	/* from HelloReply; kept across reconnects */
+	char *path;	/* gmbd's socket, for reconnecting (owned) */
 	char name[WIRE_MAX_NAME + 1];
 	char group[WIRE_MAX_NAME + 1]; /* $GMB_GROUP; "" none */
-	int priority;                /* $GMB_PRIORITY */
-	bool preemptible;            /* $GMB_PREEMPTIBLE=1 */
+	int priority;		       /* $GMB_PRIORITY */
+	bool preemptible;	       /* $GMB_PREEMPTIBLE=1 */
 	struct gmb__devices devs;
-	bool reconnect;              /* reconnect after a loss (not tools, not GMB_RECONNECT=0) */
-	unsigned reconnect_wait_ms;  /* how long a call waits for the connection */
+	bool reconnect;		    /* reconnect after a loss (not tools, not GMB_RECONNECT=0) */
+	unsigned reconnect_wait_ms; /* how long a call waits for the connection */
 	struct gmb__conn_cbs cbs;
 
 	pthread_mutex_t op_lock;
 	pthread_mutex_t lock;
 	pthread_mutex_t send_lock;
-	pthread_cond_t reply_cond;   /* a pending request completed */
-	pthread_cond_t work_cond;    /* a job was queued, or the connection ended */
-	pthread_cond_t poll_cond;    /* a daemon request was handled (CLOCK_MONOTONIC) */
-	pthread_cond_t conn_cond;    /* connection, rejoin or op state changed (MONOTONIC) */
+	pthread_cond_t reply_cond; /* a pending request completed */
+	pthread_cond_t work_cond;  /* a job was queued, or the connection ended */
+	pthread_cond_t poll_cond;  /* a daemon request was handled (CLOCK_MONOTONIC) */
+	pthread_cond_t conn_cond;  /* connection, rejoin or op state changed (MONOTONIC) */
 	/* Started by gmb__conn_start(), joined by gmb__conn_stop(). */
 	pthread_t reader, worker;
 	bool reader_started, worker_started;
 
 	/* Written under lock and send_lock (on reconnect), read under either. */
 	int sock;
-	uint64_t gen;                /* connection generation, 1 for the first */
+	uint64_t gen; /* connection generation, 1 for the first */
 
 	/* Under lock. */
 	bool connected;
-	bool closing;                /* gmb_close() began: no reconnecting */
-	bool gone;                   /* for good: closing, a tool, gmbd's Bye or refusal */
-	bool bye;                    /* gmbd said it keeps nothing: do not come back */
-	bool rejoining;              /* the reader re-announces: no operation starts */
-	bool op_running;             /* an operation holds op_lock ... */
-	bool op_parked;              /* ... and waits in gmb__request() for the connection */
+	bool closing;	 /* gmb_close() began: no reconnecting */
+	bool gone;	 /* for good: closing, a tool, gmbd's Bye or refusal */
+	bool bye;	 /* gmbd said it keeps nothing: do not come back */
+	bool rejoining;	 /* the reader re-announces: no operation starts */
+	bool op_running; /* an operation holds op_lock ... */
+	bool op_parked;	 /* ... and waits in gmb__request() for the connection */
 	pthread_t op_owner;
-	int sock_next;               /* a reconnect's socket before it is sock; -1 */
-	char lost_msg[ERR_MSG_MAX];  /* why the connection is gone */
+	int sock_next;		    /* a reconnect's socket before it is sock; -1 */
+	char lost_msg[ERR_MSG_MAX]; /* why the connection is gone */
 	uint64_t next_id;
 	struct gmb__pending *pending;
 	struct gmb__job *jobs, **jobs_tail;
-	unsigned handled;            /* daemon requests handled since the last poll */
+	unsigned handled; /* daemon requests handled since the last poll */
 	bool control;	  /* a control handler is installed (hello says so) */
 	/* WatchEvents gmbd pushed, oldest first, read by gmb_watch_next(). */
 	struct gmb__job *events, **events_tail;

@@ -32,12 +32,12 @@
 #include "client/lib/conn/reconnect.h"
 #include "common/deadline.h"
 
-#define RECONNECT_FIRST_MS 50
-#define RECONNECT_MAX_MS 2000
+#define RECONNECT_FIRST_MS    50
+#define RECONNECT_MAX_MS      2000
 #define RECONNECT_HANDSHAKE_S 10
-#define RECONNECT_WAIT_S 30         /* GMB_RECONNECT_TIMEOUT's default */
-#define RECONNECT_PART_BYTES (WIRE_MAX_MSG / 2)
-#define RECONNECT_RETRY 1           /* an attempt's "try again later" */
+#define RECONNECT_WAIT_S      30 /* GMB_RECONNECT_TIMEOUT's default */
+#define RECONNECT_PART_BYTES  (WIRE_MAX_MSG / 2)
+#define RECONNECT_RETRY	      1 /* an attempt's "try again later" */
 
 void gmb__reconnect_config(struct gmb__conn *c)
 {
@@ -175,12 +175,15 @@ static int reconnect_hello(struct gmb__conn *c, int fd, uint64_t *next_id)
 		return RECONNECT_RETRY;
 	hr = rep->body_case == GMB__ENVELOPE__BODY_HELLO_REPLY ? rep->hello_reply : NULL;
 	if (rep->status < 0)
-		rc = reconnect_refused(c, rep->status, "gmbd refused this client back after the connection was lost: %s",
-				       rep->error ? rep->error : "");
+		rc = reconnect_refused(
+			c, rep->status,
+			"gmbd refused this client back after the connection was lost: %s",
+			rep->error ? rep->error : "");
 	else if (!hr || !hr->rejoined || hr->client_id != c->id)
 		rc = reconnect_refused(c, -EPROTO, "%s", "gmbd answered the rejoin out of turn");
 	else if (!reconnect_same_devices(c, hr))
-		rc = reconnect_refused(c, -ENODEV, "%s", "gmbd came back with other devices than"
+		rc = reconnect_refused(c, -ENODEV, "%s",
+				       "gmbd came back with other devices than"
 				       " the ones this client's memory is on");
 	else /* every operation waits for the rejoin: none reads it now */
 		c->devs.release_on_pause = hr->release_on_pause;
@@ -206,17 +209,19 @@ static void reconnect_part(const struct gmb__claim *cl, size_t *t, size_t *a, si
 	size_t bytes = 64;
 
 	req->tags = cl->ptags + *t;
-	while (*t < cl->ntags && (req->n_tags == 0 ||
-	       bytes + gmb__rejoin_tag__get_packed_size(cl->ptags[*t]) + 8 < RECONNECT_PART_BYTES)) {
+	while (*t < cl->ntags &&
+	       (req->n_tags == 0 || bytes + gmb__rejoin_tag__get_packed_size(cl->ptags[*t]) + 8 <
+					    RECONNECT_PART_BYTES)) {
 		bytes += gmb__rejoin_tag__get_packed_size(cl->ptags[(*t)++]) + 8;
 		req->n_tags++;
 	}
 	/* Every part makes progress: a tag, or else an allocation even if it
 	 * is larger than a part should be (it goes alone, as gmbd lent it). */
 	req->allocs = cl->pallocs + *a;
-	while (*a < cl->nallocs && ((req->n_allocs == 0 && req->n_tags == 0) ||
-	       bytes + gmb__rejoin_alloc__get_packed_size(cl->pallocs[*a]) + 8 <
-	       RECONNECT_PART_BYTES)) {
+	while (*a < cl->nallocs &&
+	       ((req->n_allocs == 0 && req->n_tags == 0) ||
+		bytes + gmb__rejoin_alloc__get_packed_size(cl->pallocs[*a]) + 8 <
+			RECONNECT_PART_BYTES)) {
 		bytes += gmb__rejoin_alloc__get_packed_size(cl->pallocs[(*a)++]) + 8;
 		req->n_allocs++;
 	}
@@ -255,8 +260,10 @@ static int reconnect_read_answer(struct gmb__conn *c, int fd, Gmb__Envelope *rep
 		bool more = rep->more;
 
 		if (rep->status < 0)
-			rc = reconnect_refused(c, rep->status, "gmbd refused this client's claim"
-					       " after its restart: %s", rep->error ? rep->error : "");
+			rc = reconnect_refused(c, rep->status,
+					       "gmbd refused this client's claim"
+					       " after its restart: %s",
+					       rep->error ? rep->error : "");
 		else if (rep->body_case != GMB__ENVELOPE__BODY_REJOIN_REPLY)
 			rc = RECONNECT_RETRY;
 		else if (reconnect_answer_add(&ans->cleared, &ans->ncleared, rr->cleared_alloc_ids,
@@ -296,7 +303,8 @@ static int reconnect_send_claim(struct gmb__conn *c, int fd, const struct gmb__c
 		if (req.last)
 			return reconnect_read_answer(c, fd, rep, id, ans);
 		if (rep->status < 0) {
-			int rc = reconnect_refused(c, rep->status, "gmbd refused this client's claim"
+			int rc = reconnect_refused(c, rep->status,
+						   "gmbd refused this client's claim"
 						   " after its restart: %s",
 						   rep->error ? rep->error : "");
 

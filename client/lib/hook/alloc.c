@@ -41,17 +41,18 @@ static int hook_margin_check(struct gmb_client *c, size_t size, int dev)
 	rc = gmb__status_device(c, (uint32_t)dev, &budget, &used);
 	if (rc == -ENODEV)
 		return err_fmt(gmb__hook_err(), -EPROTO,
-			       "memory margin: gmbd's status lacks device %d",
-			       dev);
+			       "memory margin: gmbd's status lacks device %d", dev);
 	if (rc < 0)
 		return gmb__hook_fail_client(rc, c, "memory margin: reading gmbd's status");
 	need = backend_round_up(size, c->conn.devs.granularity[dev]);
 	if (used <= budget && (uint64_t)(budget - used) >= need &&
 	    (uint64_t)(budget - used) - need >= margin)
 		return 0;
-	return err_fmt(gmb__hook_err(), -ENOMEM, "memory margin: device %d has %" PRIu64 " bytes of"
+	return err_fmt(gmb__hook_err(), -ENOMEM,
+		       "memory margin: device %d has %" PRIu64 " bytes of"
 		       " its budget unlent; %" PRIu64 " requested plus a margin of %" PRIu64
-		       " do not fit", dev, budget > used ? budget - used : 0, need, margin);
+		       " do not fit",
+		       dev, budget > used ? budget - used : 0, need, margin);
 }
 
 /* Makes @tag's mode at least @want (DISCARD < ZERO, PRESERVE); ZERO vs PRESERVE: -EINVAL. */
@@ -71,8 +72,8 @@ static int hook_tag_mode(struct gmb_client *c, const char *tag, int want)
 		return 0;
 	if (have != GMB_MODE_DISCARD)
 		return err_fmt(gmb__hook_err(), -EINVAL,
-			       "tag \"%s\" is in mode %s; a region asks for %s",
-			       tag, gmb__mode_name(have), gmb__mode_name(want));
+			       "tag \"%s\" is in mode %s; a region asks for %s", tag,
+			       gmb__mode_name(have), gmb__mode_name(want));
 	rc = gmb_tag_set_mode(c, tag, want);
 	if (rc < 0)
 		return gmb__hook_fail_client(rc, c, "setting the region's mode");

@@ -62,8 +62,7 @@ static int hook_connect(const char *path, const char *name, struct gmb_client **
 
 	if (ctl && *ctl && strcmp(ctl, "accept") != 0)
 		return err_fmt(gmb__hook_err(), -EINVAL,
-			       "GMB_CONTROL=\"%.64s\": the only value is accept",
-			       ctl);
+			       "GMB_CONTROL=\"%.64s\": the only value is accept", ctl);
 	if (!name)
 		name = getenv("GMB_CLIENT_NAME");
 	if (!name || !*name) {
@@ -79,8 +78,7 @@ static int hook_connect(const char *path, const char *name, struct gmb_client **
 	return 0;
 }
 
-GMB_API int gmb_default_client(const char *socket_path, const char *client_name,
-			       gmb_client **out)
+GMB_API int gmb_default_client(const char *socket_path, const char *client_name, gmb_client **out)
 {
 	struct gmb_client *c = atomic_load_explicit(&hook_client, memory_order_acquire);
 	int rc = 1;

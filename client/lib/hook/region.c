@@ -123,9 +123,8 @@ static int region_check_tag(const char *tag)
 		return err_fmt(region_error, -EINVAL,
 			       "a region needs a non-empty tag (NULL: plain)");
 	if (n > WIRE_MAX_NAME)
-		return err_fmt(region_error, -ENAMETOOLONG,
-			       "region tag of %zu bytes (at most %d)", n,
-			       WIRE_MAX_NAME);
+		return err_fmt(region_error, -ENAMETOOLONG, "region tag of %zu bytes (at most %d)",
+			       n, WIRE_MAX_NAME);
 	return 0;
 }
 

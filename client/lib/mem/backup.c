@@ -43,11 +43,11 @@
 #define BACKUP_DISK_CHUNK_DEFAULT 256ULL
 
 struct backup_cfg {
-	atomic_int retain;  /* 0 or 1 */
+	atomic_int retain;	   /* 0 or 1 */
 	atomic_bool retain_chosen; /* by $TMS_RETAIN_CPU_BACKUP or a setter */
-	atomic_int dflt;    /* GMB_BACKUP_PINNED, _MMAP, or -EINVAL (bad environment) */
-	char bad_kind[64];  /* the malformed $TMS_INIT_CPU_BACKUP_BACKEND */
-	char dir[PATH_MAX]; /* under backup_lock */
+	atomic_int dflt;	   /* GMB_BACKUP_PINNED, _MMAP, or -EINVAL (bad environment) */
+	char bad_kind[64];	   /* the malformed $TMS_INIT_CPU_BACKUP_BACKEND */
+	char dir[PATH_MAX];	   /* under backup_lock */
 };
 
 static struct backup_cfg backup_cfg;
@@ -417,8 +417,7 @@ static int backup_ring_save(struct gmb__mem *m, struct gmb__alloc *a, char *dst,
 }
 
 /* @src -> device through the ring: the threads fill one piece while the other is in flight. */
-static int backup_ring_restore(struct gmb__mem *m, struct gmb__alloc *a, const char *src,
-			       char *err)
+static int backup_ring_restore(struct gmb__mem *m, struct gmb__alloc *a, const char *src, char *err)
 {
 	struct backend *be = m->be;
 	uint64_t off = 0;

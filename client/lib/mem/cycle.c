@@ -68,8 +68,8 @@ static int cycle_wait(struct gmb__mem *m, uint64_t mask, char *err)
 }
 
 /* Prepares @a's copy; a pinned one is queued now, *@slow says the rest waits for later. */
-static int cycle_save_queue(struct gmb__mem *m, struct gmb__alloc *a, uint64_t *queued,
-			    bool *slow, char *err)
+static int cycle_save_queue(struct gmb__mem *m, struct gmb__alloc *a, uint64_t *queued, bool *slow,
+			    char *err)
 {
 	struct backend *be = m->be;
 	int rc = gmb__backup_prepare(m, a, err);
@@ -160,8 +160,7 @@ static void cycle_remap(struct gmb__mem *m, const struct gmb__tag *only)
 	}
 }
 
-static int cycle_unmap_tags(struct gmb__mem *m, const struct gmb__tag *only, bool paused,
-			    char *err)
+static int cycle_unmap_tags(struct gmb__mem *m, const struct gmb__tag *only, bool paused, char *err)
 {
 	for (struct gmb__tag *t = m->tags; t; t = t->next) {
 		if (!cycle_tag_in(t, only, paused))
@@ -293,11 +292,14 @@ static int cycle_check_lends(struct gmb__mem *m, const struct gmb__tag *only,
 			a->marked = false;
 	pthread_mutex_lock(&m->conn->lock);
 	for (size_t i = 0; i < n && rc == 0; i++) {
-		struct gmb__alloc *a = lends[i] ? idmap_get(&m->tab.by_id, lends[i]->alloc_id) : NULL;
+		struct gmb__alloc *a = lends[i] ? idmap_get(&m->tab.by_id, lends[i]->alloc_id) :
+						  NULL;
 
 		if (!a || a->marked || !cycle_tag_in(a->tag, only, true))
-			rc = err_fmt(err, -EPROTO, "gmbd lent allocation %" PRIu64 " in a resume"
-				     " that does not cover it", lends[i] ? lends[i]->alloc_id : 0);
+			rc = err_fmt(err, -EPROTO,
+				     "gmbd lent allocation %" PRIu64 " in a resume"
+				     " that does not cover it",
+				     lends[i] ? lends[i]->alloc_id : 0);
 		else
 			rc = gmb__lend_check(&m->tab, a, lends[i], err);
 		if (a)
@@ -307,8 +309,10 @@ static int cycle_check_lends(struct gmb__mem *m, const struct gmb__tag *only,
 	for (struct gmb__tag *t = m->tags; t && rc == 0; t = t->next)
 		for (struct gmb__alloc *a = t->allocs; a && rc == 0; a = a->next)
 			if (cycle_tag_in(t, only, true) && !a->marked)
-				rc = err_fmt(err, -EPROTO, "gmbd's resume left allocation %" PRIu64
-					     " of tag \"%s\" without memory", a->id, t->name);
+				rc = err_fmt(err, -EPROTO,
+					     "gmbd's resume left allocation %" PRIu64
+					     " of tag \"%s\" without memory",
+					     a->id, t->name);
 	return rc;
 }
 

@@ -29,8 +29,8 @@
 
 int gmb__mem_be_fail(char *err, int rc, const char *what)
 {
-	return err_fmt(err, rc, "%s: %s", what, *backend_last_error() ? backend_last_error()
-		       : strerror(-rc));
+	return err_fmt(err, rc, "%s: %s", what,
+		       *backend_last_error() ? backend_last_error() : strerror(-rc));
 }
 
 static int mem_check_name(const char *name, char *err)
@@ -101,8 +101,8 @@ struct gmb__tag *gmb__mem_tag_find(struct gmb__mem *m, const char *name)
 }
 
 /* The tag named @name, created (DISCARD, active) if new; *@created says which. */
-static int mem_tag_get(struct gmb__mem *m, const char *name, struct gmb__tag **out,
-		       bool *created, char *err)
+static int mem_tag_get(struct gmb__mem *m, const char *name, struct gmb__tag **out, bool *created,
+		       char *err)
 {
 	struct gmb__tag *t = gmb__mem_tag_find(m, name);
 
@@ -410,7 +410,8 @@ static int mem_alloc_lend_map(struct gmb__mem *m, struct gmb__alloc *a, char *er
 	l = mem_alloc_lend(&rep, &ls, why);
 	a->id = l ? l->alloc_id : mem_alloc_lend_id(&rep);
 	if (rc == 0 && !l)
-		rc = err_fmt(err, -EPROTO, "%s", why[0] ? why : "gmbd's allocation reply lacks a lend");
+		rc = err_fmt(err, -EPROTO, "%s",
+			     why[0] ? why : "gmbd's allocation reply lacks a lend");
 	if (rc == 0 && !a->id)
 		rc = err_fmt(err, -EPROTO, "gmbd's allocation reply lacks an allocation id");
 	if (rc == 0)
@@ -430,16 +431,16 @@ out_rep:
 	return rc;
 }
 
-static int mem_malloc_check(struct gmb__mem *m, void **ptr, size_t size, int dev,
-			    const char *tag, char *err)
+static int mem_malloc_check(struct gmb__mem *m, void **ptr, size_t size, int dev, const char *tag,
+			    char *err)
 {
 	if (!ptr)
 		return err_fmt(err, -EINVAL, "no place for the pointer");
 	if (size == 0)
 		return err_fmt(err, -EINVAL, "allocation of 0 bytes");
 	if (dev < 0 || dev >= m->devs->ndevices)
-		return err_fmt(err, -ENODEV,
-			       "no device %d: gmbd manages %d", dev, m->devs->ndevices);
+		return err_fmt(err, -ENODEV, "no device %d: gmbd manages %d", dev,
+			       m->devs->ndevices);
 	if ((uint64_t)size > UINT64_MAX - m->devs->granularity[dev])
 		return err_fmt(err, -ENOMEM, "allocation of %zu bytes is too large", size);
 	return mem_check_name(tag, err);
@@ -449,8 +450,7 @@ static int mem_malloc_check(struct gmb__mem *m, void **ptr, size_t size, int dev
  * gmbd's indexes of the peers named by this process's ordinals in @peers
  * (the owner @dev's own bit dropped: it has access anyway).
  */
-static int mem_peer_indexes(struct gmb__mem *m, uint64_t peers, int dev, uint64_t *out,
-			    char *err)
+static int mem_peer_indexes(struct gmb__mem *m, uint64_t peers, int dev, uint64_t *out, char *err)
 {
 	*out = 0;
 	for (int o = 0; o < BACKEND_MAX_DEVICES; o++) {

@@ -28,15 +28,15 @@ struct gmb__mem {
 	struct gmb__conn *conn;
 	const struct gmb__devices *devs;
 	/* Written under op_lock and the state lock; op_lock holders read it freely. */
-	struct backend *be;          /* NULL until needed (tools never map) */
+	struct backend *be; /* NULL until needed (tools never map) */
 	/* Under the state lock. */
 	struct gmb__cache tab;
 	/* Under op_lock only. */
 	struct gmb__tag *tags;
-	void *ring[2];               /* backup.c's pinned pieces; NULL until first used */
-	void *disk_stage;            /* backup.c's pinned disk buffer, disk_stage_size bytes */
+	void *ring[2];	  /* backup.c's pinned pieces; NULL until first used */
+	void *disk_stage; /* backup.c's pinned disk buffer, disk_stage_size bytes */
 	uint64_t disk_stage_size;
-	uint32_t wait_ms;            /* how long malloc and resume may wait for memory;
+	uint32_t wait_ms; /* how long malloc and resume may wait for memory;
 					written under the state lock too */
 };
 

@@ -114,4 +114,3 @@ void gmb__rejoin_claim_apply(void *arg, const struct gmb__claim_answer *ans)
 	pthread_mutex_unlock(&m->conn->lock);
 	gmb__release_run(m->be, rel);
 }
-
