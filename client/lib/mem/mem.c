@@ -27,12 +27,6 @@
 #include "common/list.h"
 #include "client/lib/mem/mem.h"
 
-int gmb__mem_be_fail(char *err, int rc, const char *what)
-{
-	return err_fmt(err, rc, "%s: %s", what,
-		       *backend_last_error() ? backend_last_error() : strerror(-rc));
-}
-
 static int mem_check_name(const char *name, char *err)
 {
 	size_t n = strlen(name);

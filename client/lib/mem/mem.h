@@ -16,8 +16,11 @@
 #ifndef GMB_CLIENT_MEM_H
 #define GMB_CLIENT_MEM_H
 
+#include <string.h>
+
 #include "client/lib/cache/cache.h"
 #include "client/lib/conn/conn.h"
+#include "common/err.h"
 #include "gmb.h"
 
 /* Devices as a bit mask: BACKEND_MAX_DEVICES is 64. */
@@ -64,8 +67,18 @@ int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const 
 int gmb__mem_free(struct gmb__mem *m, void *ptr, char *err);
 int gmb__mem_set_mode(struct gmb__mem *m, const char *tag, int mode, char *err);
 struct gmb__tag *gmb__mem_tag_find(struct gmb__mem *m, const char *name);
+/*
+ * @what failed in the backend: its own sentence (the driver's error name),
+ * else strerror. Return: @rc. Inline: mem.c, cycle.c and backup.c all say
+ * it, and none of them should call into another for a sentence.
+ */
+static inline int gmb__mem_be_fail(char *err, int rc, const char *what)
+{
+	return err_fmt(err, rc, "%s: %s", what,
+		       *backend_last_error() ? backend_last_error() : strerror(-rc));
+}
+
 /* Helpers shared with cycle.c. */
-int gmb__mem_be_fail(char *err, int rc, const char *what);
 int gmb__mem_map(struct gmb__mem *m, struct gmb__alloc *a, char *err);
 int gmb__mem_unmap(struct gmb__mem *m, struct gmb__alloc *a, char *err);
 int gmb__mem_sync(struct gmb__mem *m, uint64_t dev_mask, char *err);
