@@ -42,7 +42,7 @@ LIB_LIBS := -lprotobuf-c -ldl -lpthread
 LIBS := -luv -lsystemd $(LIB_LIBS)
 TEST_LIBS := -lcriterion
 
-COMMON_SRC := common/err.c common/deadline.c common/log.c common/wire.c common/idmap.c common/size.c \
+COMMON_SRC := common/env.c common/err.c common/deadline.c common/log.c common/wire.c common/idmap.c common/size.c \
 	common/backend/error.c common/backend/open.c common/backend/host.c common/backend/cuda.c \
 	common/backend/cuda_error.c common/backend/cuda_contents.c common/backend/nvml.c
 PROTO_SRC := proto/gmb.pb-c.c
@@ -67,7 +67,7 @@ LIB_SRC := client/lib/api/api.c client/lib/api/status_json.c client/lib/api/stat
 	client/lib/hook/torch.c client/lib/hook/libpath.c client/lib/hook/tms.c \
 	client/lib/mem/mem.c client/lib/mem/cycle.c client/lib/mem/rejoin.c client/lib/mem/backup.c \
 	client/lib/cache/cache.c client/lib/conn/conn.c client/lib/conn/reconnect.c
-PRELOAD_SRC := client/preload/preload.c common/err.c
+PRELOAD_SRC := client/preload/preload.c common/env.c common/err.c
 CTL_SRC := client/gmbctl/gmbctl.c client/gmbctl/live.c
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_HELPER_SRC := tests/util.c tests/loadgen.c

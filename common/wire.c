@@ -292,6 +292,18 @@ static int wire_bind(int fd, const struct sockaddr_un *addr)
 	return 0;
 }
 
+/* A new AF_UNIX socket of @type (with flags) for @path, whose address goes
+ * to @addr. Return: the fd, the caller's to close, or a negative errno. */
+static int wire_socket(const char *path, int type, struct sockaddr_un *addr)
+{
+	int s, rc = wire_fill_addr(path, addr);
+
+	if (rc < 0)
+		return rc;
+	s = socket(AF_UNIX, type, 0);
+	return s < 0 ? -errno : s;
+}
+
 int wire_listen(const char *path, int *fd)
 {
 	struct sockaddr_un addr;
@@ -299,12 +311,9 @@ int wire_listen(const char *path, int *fd)
 
 	if (!fd)
 		return -EINVAL;
-	rc = wire_fill_addr(path, &addr);
-	if (rc < 0)
-		return rc;
-	s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	s = wire_socket(path, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, &addr);
 	if (s < 0)
-		return -errno;
+		return s;
 	rc = wire_bind(s, &addr);
 	if (rc < 0)
 		goto out_socket;
@@ -327,12 +336,9 @@ int wire_connect(const char *path, int *fd)
 
 	if (!fd)
 		return -EINVAL;
-	rc = wire_fill_addr(path, &addr);
-	if (rc < 0)
-		return rc;
-	s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	s = wire_socket(path, SOCK_SEQPACKET | SOCK_CLOEXEC, &addr);
 	if (s < 0)
-		return -errno;
+		return s;
 	/* An AF_UNIX connect interrupted while waiting for backlog room never completed. */
 	do
 		rc = connect(s, (const struct sockaddr *)&addr, sizeof(addr));
@@ -357,12 +363,9 @@ int wire_connect_timed(const char *path, unsigned timeout_s, int *fd)
 
 	if (!fd)
 		return -EINVAL;
-	rc = wire_fill_addr(path, &addr);
-	if (rc < 0)
-		return rc;
-	s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	s = wire_socket(path, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, &addr);
 	if (s < 0)
-		return -errno;
+		return s;
 	/* Non-blocking: with a full backlog connect() fails (EAGAIN) instead of
 	 * hanging where the caller's shutdown() could not reach it. */
 	if (connect(s, (const struct sockaddr *)&addr, sizeof(addr)) < 0 ||

@@ -49,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/env.h"
 #include "common/err.h"
 #include "gmb.h"
 
@@ -167,18 +168,6 @@ typedef cudaError_t (*shim_is_capturing_fn)(cudaStream_t, enum cudaStreamCapture
 
 /* libgmb. */
 
-/* torch_memory_saver's boolean variables (its get_bool_env_var). */
-static bool shim_env_true(const char *name)
-{
-	static const char *const yes[] = { "1", "true", "TRUE", "yes", "YES" };
-	const char *v = getenv(name);
-
-	for (size_t i = 0; v && i < sizeof(yes) / sizeof(yes[0]); i++)
-		if (strcmp(v, yes[i]) == 0)
-			return true;
-	return false;
-}
-
 /* Broker memory from the first allocation: load libgmb if nobody did. */
 static bool shim_default_tag(void)
 {
@@ -188,7 +177,7 @@ static bool shim_default_tag(void)
 	if (set >= 0)
 		return set;
 	t = getenv("GMB_DEFAULT_TAG");
-	set = (t && *t) || shim_env_true("TMS_INIT_ENABLE");
+	set = (t && *t) || env_true("TMS_INIT_ENABLE");
 	atomic_store_explicit(&shim_default_tag_set, set, memory_order_relaxed);
 	return set;
 }

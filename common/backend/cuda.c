@@ -357,20 +357,27 @@ static int cuda_va_reserve(struct backend *b, uint64_t size, uint64_t align, uin
 	return 0;
 }
 
-static int cuda_va_free(struct backend *b, uintptr_t va, uint64_t size)
+/* @fn (named @sym) on [va, va+size), after the range is checked as @op's. */
+static int cuda_range_call(struct cuda_priv *c, const char *op, PFN_cuMemUnmap_v10020 fn,
+			   const char *sym, uintptr_t va, uint64_t size)
 {
-	struct cuda_priv *c = b->priv;
 	CUresult r;
 	int rc;
 
-	rc = cuda_check_range(c, "va_free", -1, va, size);
+	rc = cuda_check_range(c, op, -1, va, size);
 	if (rc < 0)
 		return rc;
-	r = CUDA_RELAXED(c, c->api.MemAddressFree(va, size));
+	r = CUDA_RELAXED(c, fn(va, size));
 	if (r != CUDA_SUCCESS)
-		return cuda__fail(c, r, "cuMemAddressFree", "va=0x%" PRIxPTR " size=0x%" PRIx64, va,
-				  size);
+		return cuda__fail(c, r, sym, "va=0x%" PRIxPTR " size=0x%" PRIx64, va, size);
 	return 0;
+}
+
+static int cuda_va_free(struct backend *b, uintptr_t va, uint64_t size)
+{
+	struct cuda_priv *c = b->priv;
+
+	return cuda_range_call(c, "va_free", c->api.MemAddressFree, "cuMemAddressFree", va, size);
 }
 
 static int cuda_map(struct backend *b, uintptr_t va, uint64_t size, uint64_t handle)
@@ -447,18 +454,9 @@ static int cuda_set_access(struct backend *b, int dev, uintptr_t va, uint64_t si
 static int cuda_unmap(struct backend *b, uintptr_t va, uint64_t size)
 {
 	struct cuda_priv *c = b->priv;
-	CUresult r;
-	int rc;
 
-	rc = cuda_check_range(c, "unmap", -1, va, size);
-	if (rc < 0)
-		return rc;
 	/* Does not wait for GPU work on the range: callers sync first. */
-	r = CUDA_RELAXED(c, c->api.MemUnmap(va, size));
-	if (r != CUDA_SUCCESS)
-		return cuda__fail(c, r, "cuMemUnmap", "va=0x%" PRIxPTR " size=0x%" PRIx64, va,
-				  size);
-	return 0;
+	return cuda_range_call(c, "unmap", c->api.MemUnmap, "cuMemUnmap", va, size);
 }
 
 /* Setup and teardown. */

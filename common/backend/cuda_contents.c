@@ -269,19 +269,27 @@ static int cuda_host_ctx(struct cuda_priv *c, CUcontext *ctx)
 				     "visible in this process (CUDA_VISIBLE_DEVICES)");
 }
 
+/* Makes some context fit for host memory current (see cuda_host_ctx). */
+static int cuda_host_enter(struct cuda_priv *c, bool *pushed)
+{
+	CUcontext ctx;
+	int rc = cuda_host_ctx(c, &ctx);
+
+	if (rc == 0)
+		rc = cuda_ctx_push(c, ctx, pushed);
+	return rc;
+}
+
 int cuda__host_alloc(struct backend *b, uint64_t size, void **p)
 {
 	struct cuda_priv *c = b->priv;
-	CUcontext ctx;
 	bool pushed;
 	CUresult r;
 	int rc;
 
 	if (size == 0 || !p)
 		return backend_fail(-EINVAL, "cuda backend: host_alloc: size 0 or no result");
-	rc = cuda_host_ctx(c, &ctx);
-	if (rc == 0)
-		rc = cuda_ctx_push(c, ctx, &pushed);
+	rc = cuda_host_enter(c, &pushed);
 	if (rc < 0)
 		return rc;
 	/* PORTABLE: pinned for every context, as copies run in each device's own. */
@@ -295,11 +303,10 @@ int cuda__host_alloc(struct backend *b, uint64_t size, void **p)
 void cuda__host_free(struct backend *b, void *p, uint64_t size)
 {
 	struct cuda_priv *c = b->priv;
-	CUcontext ctx;
 	bool pushed;
 	CUresult r;
 
-	if (!p || cuda_host_ctx(c, &ctx) < 0 || cuda_ctx_push(c, ctx, &pushed) < 0)
+	if (!p || cuda_host_enter(c, &pushed) < 0)
 		return;
 	r = CUDA_RELAXED(c, c->api.MemFreeHost(p));
 	cuda_ctx_pop(c, pushed);
@@ -356,16 +363,13 @@ void cuda__close_dev(struct cuda_priv *c, int dev)
 int cuda__host_register(struct backend *b, void *p, uint64_t size)
 {
 	struct cuda_priv *c = b->priv;
-	CUcontext ctx;
 	bool pushed;
 	CUresult r;
 	int rc;
 
 	if (size == 0 || !p)
 		return backend_fail(-EINVAL, "cuda backend: host_register: empty range");
-	rc = cuda_host_ctx(c, &ctx);
-	if (rc == 0)
-		rc = cuda_ctx_push(c, ctx, &pushed);
+	rc = cuda_host_enter(c, &pushed);
 	if (rc < 0)
 		return rc;
 	r = CUDA_RELAXED(c, c->api.MemHostRegister(p, size, CU_MEMHOSTREGISTER_PORTABLE));
@@ -378,11 +382,10 @@ int cuda__host_register(struct backend *b, void *p, uint64_t size)
 void cuda__host_unregister(struct backend *b, void *p, uint64_t size)
 {
 	struct cuda_priv *c = b->priv;
-	CUcontext ctx;
 	bool pushed;
 	CUresult r;
 
-	if (!p || cuda_host_ctx(c, &ctx) < 0 || cuda_ctx_push(c, ctx, &pushed) < 0)
+	if (!p || cuda_host_enter(c, &pushed) < 0)
 		return;
 	r = CUDA_RELAXED(c, c->api.MemHostUnregister(p));
 	cuda_ctx_pop(c, pushed);

@@ -469,15 +469,22 @@ static int host_va_free_locked(struct host_priv *p, uintptr_t va, uint64_t size)
 	return 0;
 }
 
-static int host_va_free(struct backend *b, uintptr_t va, uint64_t size)
+/* @fn on [va, va+size) under the lock of the tables. */
+static int host_range_locked(struct host_priv *p,
+			     int (*fn)(struct host_priv *, uintptr_t, uint64_t), uintptr_t va,
+			     uint64_t size)
 {
-	struct host_priv *p = b->priv;
 	int rc;
 
 	pthread_mutex_lock(&p->lock);
-	rc = host_va_free_locked(p, va, size);
+	rc = fn(p, va, size);
 	pthread_mutex_unlock(&p->lock);
 	return rc;
+}
+
+static int host_va_free(struct backend *b, uintptr_t va, uint64_t size)
+{
+	return host_range_locked(b->priv, host_va_free_locked, va, size);
 }
 
 /* Where a new mapping of [va, va+size) may go: inside one reservation, over no mapping. */
@@ -566,10 +573,7 @@ static int host_set_access_peers(struct backend *b, int dev, uint64_t peers, uin
 			rc = host_check_dev(b, "set_access (peer)", d);
 	if (rc < 0)
 		return rc;
-	pthread_mutex_lock(&p->lock);
-	rc = host_set_access_locked(p, va, size);
-	pthread_mutex_unlock(&p->lock);
-	return rc;
+	return host_range_locked(p, host_set_access_locked, va, size);
 }
 
 static int host_set_access(struct backend *b, int dev, uintptr_t va, uint64_t size)
@@ -597,13 +601,7 @@ static int host_unmap_locked(struct host_priv *p, uintptr_t va, uint64_t size)
 
 static int host_unmap(struct backend *b, uintptr_t va, uint64_t size)
 {
-	struct host_priv *p = b->priv;
-	int rc;
-
-	pthread_mutex_lock(&p->lock);
-	rc = host_unmap_locked(p, va, size);
-	pthread_mutex_unlock(&p->lock);
-	return rc;
+	return host_range_locked(b->priv, host_unmap_locked, va, size);
 }
 
 /* Contents. */

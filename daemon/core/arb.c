@@ -170,22 +170,11 @@ void broker__handover_took(struct pool *pool, struct bclient *c, const struct po
 
 /* ---- preemption ---- */
 
-static uint64_t broker_active_bytes(const struct bclient *c, int dev)
-{
-	uint64_t n = 0;
-
-	for (const struct btag *t = c->tags; t; t = t->next)
-		for (const struct balloc *a = t->allocs; a; a = a->next)
-			if (a->active && a->dev == dev)
-				n += a->size;
-	return n;
-}
-
 static bool broker_preemptible(const struct bclient *c, const struct bwaiter *w)
 {
 	return c != w->client && !c->tool && !c->orphan && c->control && c->preemptible &&
 	       !c->preempt_for && !c->handover && c->priority < w->client->priority &&
-	       broker_active_bytes(c, w->dev) > 0;
+	       broker__active_bytes(c, w->dev) > 0;
 }
 
 /* The next victim: lowest priority, then most memory on the device. */
@@ -203,7 +192,7 @@ static struct bclient *broker_preempt_next(struct broker *br, const struct bwait
 			seen |= taken[i] == c;
 		if (seen || !broker_preemptible(c, w))
 			continue;
-		bytes = broker_active_bytes(c, w->dev);
+		bytes = broker__active_bytes(c, w->dev);
 		if (!best || c->priority < best->priority ||
 		    (c->priority == best->priority && bytes > best_bytes)) {
 			best = c;
@@ -222,7 +211,7 @@ size_t broker_preempt_pick(struct broker *br, const struct bwaiter *w, struct bc
 
 	while (covered < w->need && n < max && (c = broker_preempt_next(br, w, out, n))) {
 		out[n++] = c;
-		covered += broker_active_bytes(c, w->dev);
+		covered += broker__active_bytes(c, w->dev);
 	}
 	if (covered < w->need)
 		return 0; /* pausing them all would not serve it: pause nobody */

@@ -322,6 +322,17 @@ struct btag *broker__tag_find(const struct bclient *c, const char *name)
 	return NULL;
 }
 
+uint64_t broker__active_bytes(const struct bclient *c, int dev)
+{
+	uint64_t n = 0;
+
+	for (const struct btag *t = c->tags; t; t = t->next)
+		for (const struct balloc *a = t->allocs; a; a = a->next)
+			if (a->active && a->dev == dev)
+				n += a->size;
+	return n;
+}
+
 int broker__tag_get(struct bclient *c, const char *name, struct btag **out, bool *created,
 		    char *err)
 {

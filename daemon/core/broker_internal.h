@@ -12,6 +12,8 @@
  * daemon/core/lend.c (allocations, pause, resume); nothing else calls them.
  */
 struct btag *broker__tag_find(const struct bclient *c, const char *name);
+/* Bytes of @c's mapped (active) allocations on @dev. */
+uint64_t broker__active_bytes(const struct bclient *c, int dev);
 /* Finds or creates @name (checked: non-empty, <= WIRE_MAX_NAME, tag limit);
  * *@created says whether the caller must broker__tag_remove() it on failure. */
 int broker__tag_get(struct bclient *c, const char *name, struct btag **out, bool *created,

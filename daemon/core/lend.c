@@ -32,17 +32,6 @@ struct lend_step {
 
 /* ---- messages ---- */
 
-static uint64_t lend_client_bytes(const struct bclient *c, int dev)
-{
-	uint64_t n = 0;
-
-	for (const struct btag *t = c->tags; t; t = t->next)
-		for (const struct balloc *a = t->allocs; a; a = a->next)
-			if (a->active && a->dev == dev)
-				n += a->size;
-	return n;
-}
-
 /* "lent: trainer (pid 41, uid 1000) 6.0 GiB, ...; free in pool 0.5 GiB" */
 static void lend_msg_holders(const struct broker *br, int dev, char *err)
 {
@@ -51,7 +40,7 @@ static void lend_msg_holders(const struct broker *br, int dev, char *err)
 	char b[SIZE_STR_MAX];
 
 	for (const struct bclient *c = br->clients; c; c = c->next) {
-		uint64_t n = lend_client_bytes(c, dev);
+		uint64_t n = broker__active_bytes(c, dev);
 
 		if (n == 0)
 			continue;

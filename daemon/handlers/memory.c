@@ -66,14 +66,17 @@ static size_t handlers_lend_pieces(uint32_t n)
 }
 
 /*
- * A tool (hello.tool) is not listed in status, cannot be paused and is not in
- * the restart record: memory it held would be nobody's after a restart and
- * could be lent again while still mapped. So tools hold none.
+ * A request to @what memory of @tag needs a valid tag and a client that is no
+ * tool. A tool (hello.tool) is not listed in status, cannot be paused and is
+ * not in the restart record: memory it held would be nobody's after a restart
+ * and could be lent again while still mapped. So tools hold none.
  */
-static int handlers_not_tool(struct hreq *rq, const char *what)
+static int handlers_holder_tag(struct hreq *rq, const char *tag, const char *what)
 {
-	if (!hconn_of(rq->s)->client->tool)
-		return 0;
+	int r = handlers__check_name(rq, "the tag", tag);
+
+	if (r < 0 || !hconn_of(rq->s)->client->tool)
+		return r;
 	return handlers__fail(rq, -EPERM,
 			      "a tool may not %s: connect without the tool flag"
 			      " to hold memory",
@@ -89,9 +92,7 @@ int handlers__alloc(struct hreq *rq)
 	struct event ev;
 	int r;
 
-	r = handlers__check_name(rq, "the tag", tag);
-	if (r == 0)
-		r = handlers_not_tool(rq, "allocate");
+	r = handlers_holder_tag(rq, tag, "allocate");
 	if (r < 0)
 		return r;
 	/* The core takes an int: a huge uint32 must not wrap to a valid one. */
@@ -200,9 +201,7 @@ int handlers__resume(struct hreq *rq)
 	struct event ev;
 	int r;
 
-	r = handlers__check_name(rq, "the tag", tag);
-	if (r == 0)
-		r = handlers_not_tool(rq, "resume memory");
+	r = handlers_holder_tag(rq, tag, "resume memory");
 	if (r < 0)
 		return r;
 	r = broker_resume(rq->h->broker, hconn_of(rq->s)->client, tag, &res, rq->err);

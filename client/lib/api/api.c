@@ -611,13 +611,21 @@ GMB_API int gmb_status_top(gmb_client *c, int width, char **text)
 	return api_status(c, text, gmb__status_to_top, width, "a screen");
 }
 
+/* Sends @env, which names the request, and ends as api_done() does. */
+static int api_call(gmb_client *c, Gmb__Envelope *env)
+{
+	struct gmb__reply rep = GMB__REPLY_INIT;
+	char err[ERR_MSG_MAX] = "";
+	int rc = gmb__request(&c->conn, env, &rep, err);
+
+	gmb__reply_deinit(&rep);
+	return api_done(c, rc, err);
+}
+
 GMB_API int gmb_control(gmb_client *c, const char *target, int op, const char *tag)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__ControlRequest req = GMB__CONTROL_REQUEST__INIT;
-	struct gmb__reply rep = GMB__REPLY_INIT;
-	char err[ERR_MSG_MAX] = "";
-	int rc;
 
 	if (!c)
 		return -EINVAL;
@@ -631,9 +639,7 @@ GMB_API int gmb_control(gmb_client *c, const char *target, int op, const char *t
 	req.wait_ms = op == GMB_OP_RESUME ? api_wait(c) : 0;
 	env.body_case = GMB__ENVELOPE__BODY_CONTROL;
 	env.control = &req;
-	rc = gmb__request(&c->conn, &env, &rep, err);
-	gmb__reply_deinit(&rep);
-	return api_done(c, rc, err);
+	return api_call(c, &env);
 }
 
 GMB_API int gmb_trim(gmb_client *c, int device, uint64_t *released, uint64_t *pending)
@@ -747,9 +753,6 @@ GMB_API int gmb_set_priority(gmb_client *c, const char *target, int priority)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__PriorityRequest req = GMB__PRIORITY_REQUEST__INIT;
-	struct gmb__reply rep = GMB__REPLY_INIT;
-	char err[ERR_MSG_MAX] = "";
-	int rc;
 
 	if (!c)
 		return -EINVAL;
@@ -759,26 +762,19 @@ GMB_API int gmb_set_priority(gmb_client *c, const char *target, int priority)
 	req.priority = priority;
 	env.body_case = GMB__ENVELOPE__BODY_PRIORITY;
 	env.priority = &req;
-	rc = gmb__request(&c->conn, &env, &rep, err);
-	gmb__reply_deinit(&rep);
-	return api_done(c, rc, err);
+	return api_call(c, &env);
 }
 
 GMB_API int gmb_watch(gmb_client *c)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__WatchRequest req = GMB__WATCH_REQUEST__INIT;
-	struct gmb__reply rep = GMB__REPLY_INIT;
-	char err[ERR_MSG_MAX] = "";
-	int rc;
 
 	if (!c)
 		return -EINVAL;
 	env.body_case = GMB__ENVELOPE__BODY_WATCH;
 	env.watch = &req;
-	rc = gmb__request(&c->conn, &env, &rep, err);
-	gmb__reply_deinit(&rep);
-	return api_done(c, rc, err);
+	return api_call(c, &env);
 }
 
 /* The oldest event, waited for under the lock; NULL on timeout or loss. */

@@ -263,6 +263,19 @@ static void json_put_str(struct sbuf *b, const char *s)
 	sbuf_putc(b, '"');
 }
 
+/*
+ * Whether a list entry is there to print (NULL entries are skipped); puts the
+ * comma before every printed entry but the first, counted in *@n.
+ */
+static bool json_list_next(struct sbuf *b, const void *item, size_t *n)
+{
+	if (!item)
+		return false;
+	if ((*n)++)
+		sbuf_putc(b, ',');
+	return true;
+}
+
 static void json_put_device(struct sbuf *b, const Gmb__DeviceInfo *d)
 {
 	sbuf_printf(b, "{\"index\":%" PRIu32 ",\"name\":", d->index);
@@ -322,13 +335,9 @@ static void json_put_client(struct sbuf *b, const Gmb__ClientInfo *c)
 	json_put_str(b, c->group);
 	sbuf_printf(b, ",\"priority\":%" PRId32 ",\"preemptible\":%s,\"tags\":[", c->priority,
 		    c->preemptible ? "true" : "false");
-	for (i = 0; i < c->n_tags; i++) {
-		if (!c->tags[i])
-			continue;
-		if (n++)
-			sbuf_putc(b, ',');
-		json_put_tag(b, c->tags[i]);
-	}
+	for (i = 0; i < c->n_tags; i++)
+		if (json_list_next(b, c->tags[i], &n))
+			json_put_tag(b, c->tags[i]);
 	sbuf_puts(b, "]}");
 }
 
@@ -366,29 +375,17 @@ int gmb__status_to_json(const Gmb__StatusReply *st, char **out)
 	sbuf_puts(&b, ",\"version\":");
 	json_put_str(&b, st->version);
 	sbuf_puts(&b, ",\"devices\":[");
-	for (i = 0; i < st->n_devices; i++) {
-		if (!st->devices[i])
-			continue;
-		if (n++)
-			sbuf_putc(&b, ',');
-		json_put_device(&b, st->devices[i]);
-	}
+	for (i = 0; i < st->n_devices; i++)
+		if (json_list_next(&b, st->devices[i], &n))
+			json_put_device(&b, st->devices[i]);
 	sbuf_puts(&b, "],\"clients\":[");
-	for (i = 0, n = 0; i < st->n_clients; i++) {
-		if (!st->clients[i])
-			continue;
-		if (n++)
-			sbuf_putc(&b, ',');
-		json_put_client(&b, st->clients[i]);
-	}
+	for (i = 0, n = 0; i < st->n_clients; i++)
+		if (json_list_next(&b, st->clients[i], &n))
+			json_put_client(&b, st->clients[i]);
 	sbuf_puts(&b, "],\"waiters\":[");
-	for (i = 0, n = 0; i < st->n_waiters; i++) {
-		if (!st->waiters[i])
-			continue;
-		if (n++)
-			sbuf_putc(&b, ',');
-		json_put_waiter(&b, st->waiters[i]);
-	}
+	for (i = 0, n = 0; i < st->n_waiters; i++)
+		if (json_list_next(&b, st->waiters[i], &n))
+			json_put_waiter(&b, st->waiters[i]);
 	sbuf_puts(&b, "]}");
 	return sbuf_steal(&b, out);
 }

@@ -152,19 +152,34 @@ void gmb__conn_init(struct gmb__conn *c)
 
 static void conn_free_jobs(struct gmb__job *job);
 
-void gmb__conn_deinit(struct gmb__conn *c)
+/* One list of @c's condition variables, so that none is left out of a
+ * wake-up of every waiter or of the teardown. */
+static void conn_each_cond(struct gmb__conn *c, int (*fn)(pthread_cond_t *))
 {
-	conn_free_jobs(c->jobs);
+	pthread_cond_t *all[] = { &c->reply_cond, &c->work_cond, &c->poll_cond, &c->conn_cond,
+				  &c->event_cond };
+
+	for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+		fn(all[i]);
+}
+
+/* Empties the queue of commands; the list returned is the caller's to free. */
+static struct gmb__job *conn_take_jobs(struct gmb__conn *c)
+{
+	struct gmb__job *jobs = c->jobs;
+
 	c->jobs = NULL;
 	c->jobs_tail = &c->jobs;
+	return jobs;
+}
+
+void gmb__conn_deinit(struct gmb__conn *c)
+{
+	conn_free_jobs(conn_take_jobs(c));
 	conn_free_jobs(c->events);
 	c->events = NULL;
 	c->events_tail = &c->events;
-	pthread_cond_destroy(&c->event_cond);
-	pthread_cond_destroy(&c->conn_cond);
-	pthread_cond_destroy(&c->poll_cond);
-	pthread_cond_destroy(&c->work_cond);
-	pthread_cond_destroy(&c->reply_cond);
+	conn_each_cond(c, pthread_cond_destroy);
 	pthread_mutex_destroy(&c->send_lock);
 	pthread_mutex_destroy(&c->lock);
 	pthread_mutex_destroy(&c->op_lock);
@@ -716,9 +731,7 @@ static bool conn_lost(struct gmb__conn *c, int why)
 		snprintf(p->reply.error, sizeof(p->reply.error),
 			 "the connection to gmbd was lost before it answered");
 	}
-	jobs = c->jobs;
-	c->jobs = NULL;
-	c->jobs_tail = &c->jobs;
+	jobs = conn_take_jobs(c);
 	again = c->reconnect && !c->bye && !c->closing;
 	if (!again) {
 		c->gone = true;
@@ -726,11 +739,7 @@ static bool conn_lost(struct gmb__conn *c, int why)
 			err_fmt(c->lost_msg, -ENOTCONN, "the connection to gmbd is lost (%s)",
 				strerror(-why));
 	}
-	pthread_cond_broadcast(&c->reply_cond);
-	pthread_cond_broadcast(&c->work_cond);
-	pthread_cond_broadcast(&c->poll_cond);
-	pthread_cond_broadcast(&c->conn_cond);
-	pthread_cond_broadcast(&c->event_cond);
+	conn_each_cond(c, pthread_cond_broadcast);
 	pthread_mutex_unlock(&c->lock);
 	conn_free_jobs(jobs);
 	return again;
@@ -741,11 +750,7 @@ static void conn_gone(struct gmb__conn *c)
 	pthread_mutex_lock(&c->lock);
 	c->connected = false;
 	c->gone = true;
-	pthread_cond_broadcast(&c->reply_cond);
-	pthread_cond_broadcast(&c->work_cond);
-	pthread_cond_broadcast(&c->poll_cond);
-	pthread_cond_broadcast(&c->conn_cond);
-	pthread_cond_broadcast(&c->event_cond);
+	conn_each_cond(c, pthread_cond_broadcast);
 	pthread_mutex_unlock(&c->lock);
 }
 
@@ -787,9 +792,7 @@ static void conn_drop_jobs(struct gmb__conn *c)
 	struct gmb__job *job;
 
 	pthread_mutex_lock(&c->lock);
-	job = c->jobs;
-	c->jobs = NULL;
-	c->jobs_tail = &c->jobs;
+	job = conn_take_jobs(c);
 	pthread_mutex_unlock(&c->lock);
 	conn_free_jobs(job);
 }

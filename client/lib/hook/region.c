@@ -22,6 +22,7 @@
 
 #include "client/lib/api/client.h"
 #include "client/lib/hook/hook.h"
+#include "common/env.h"
 #include "common/err.h"
 #include "common/wire.h"
 
@@ -161,9 +162,9 @@ static void region_env_load(void)
 
 static void region_tms_load(void)
 {
-	region_tms_env.enable = gmb__env_true("TMS_INIT_ENABLE");
-	region_tms_env.cpu = gmb__env_true("TMS_INIT_ENABLE_CPU_BACKUP");
-	region_tms_env.disk = gmb__env_true("TMS_INIT_ENABLE_DISK_BACKUP");
+	region_tms_env.enable = env_true("TMS_INIT_ENABLE");
+	region_tms_env.cpu = env_true("TMS_INIT_ENABLE_CPU_BACKUP");
+	region_tms_env.disk = env_true("TMS_INIT_ENABLE_DISK_BACKUP");
 }
 
 static struct region_base *region_base_get(void)

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "client/lib/mem/mem.h"
+#include "common/env.h"
 
 /* Two pieces: one in flight on the link while the threads copy the other. */
 #define BACKUP_RING_PIECE	  (64ULL << 20)
@@ -55,17 +56,6 @@ static pthread_mutex_t backup_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t backup_once = PTHREAD_ONCE_INIT;
 
 /* Settings. */
-
-bool gmb__env_true(const char *name)
-{
-	static const char *const yes[] = { "1", "true", "TRUE", "yes", "YES" };
-	const char *v = getenv(name);
-
-	for (size_t i = 0; v && i < sizeof(yes) / sizeof(yes[0]); i++)
-		if (strcmp(v, yes[i]) == 0)
-			return true;
-	return false;
-}
 
 /* "pinned" | "mmap" ("" or NULL: pinned) -> GMB_BACKUP_*, else -EINVAL. */
 int gmb__backup_parse(const char *name)
@@ -93,10 +83,10 @@ static void backup_env_load(void)
 	 * peer's default instead, retain off.
 	 */
 	if (retain) {
-		atomic_store(&backup_cfg.retain, gmb__env_true("TMS_RETAIN_CPU_BACKUP"));
+		atomic_store(&backup_cfg.retain, env_true("TMS_RETAIN_CPU_BACKUP"));
 		atomic_store(&backup_cfg.retain_chosen, true);
 	} else {
-		atomic_store(&backup_cfg.retain, gmb__env_true("TMS_INIT_ENABLE") ? 0 : 1);
+		atomic_store(&backup_cfg.retain, env_true("TMS_INIT_ENABLE") ? 0 : 1);
 	}
 	atomic_store(&backup_cfg.dflt, k);
 	if (k < 0)

@@ -90,7 +90,6 @@ void gmb__mem_sweep(struct gmb__mem *m);
  * backup.c: host copies (the caller holds op_lock) and the process's
  * settings for them (any thread).
  */
-bool gmb__env_true(const char *name);
 int gmb__backup_parse(const char *name);
 int gmb__backup_retain(void);
 void gmb__backup_set_retain(int on);
