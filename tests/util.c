@@ -4,6 +4,7 @@
 #include "tests/util.h"
 
 #include "common/backend/backend.h"
+#include "common/wire.h"
 
 /* LeakSanitizer's interface exists in sanitizer builds only. */
 #if defined(__SANITIZE_ADDRESS__)
@@ -723,4 +724,98 @@ int gmbd_wait(struct gmbd_proc *d)
 		return -1;
 	d->pid = 0;
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int sd_gmbd_open(struct sd_gmbd *f, const char *tmpl, bool listen)
+{
+	int rc;
+
+	memset(f, 0, sizeof(*f));
+	f->listen_fd = -1;
+	snprintf(f->dir, sizeof(f->dir), "%s", tmpl);
+	if (!mkdtemp(f->dir))
+		return -errno;
+	snprintf(f->notify, sizeof(f->notify), "%s/notify", f->dir);
+	snprintf(f->gmbd.dir, sizeof(f->gmbd.dir), "%s", f->dir);
+	snprintf(f->gmbd.sock, sizeof(f->gmbd.sock), "%s/gmbd.sock", f->dir);
+	rc = fake_sd_open(&f->sd, f->notify);
+	if (rc < 0 || !listen)
+		return rc;
+	return wire_listen(f->gmbd.sock, &f->listen_fd);
+}
+
+int sd_gmbd_up(struct sd_gmbd *f, const char *const *args, int ms)
+{
+	static struct sd_pass pass[FAKE_SD_MAX_FDS + 1];
+	int n = 0, rc;
+
+	if (f->listen_fd >= 0)
+		pass[n++] = (struct sd_pass){ .fd = f->listen_fd, .name = "gmbd.socket" };
+	n += fake_sd_pass(&f->sd, pass + n, FAKE_SD_MAX_FDS);
+	rc = gmbd_spawn(&f->gmbd, f->notify, pass, n, args);
+	if (rc < 0)
+		return rc;
+	f->starts++;
+	return fake_sd_wait_count(&f->sd, &f->sd.ready, f->starts, ms);
+}
+
+int sd_gmbd_kill(struct sd_gmbd *f)
+{
+	pid_t pid = f->gmbd.pid;
+
+	kill(pid, SIGKILL);
+	f->gmbd.pid = 0;
+	if (waitpid(pid, NULL, 0) != pid)
+		return -ECHILD;
+	return fake_sd_sync(&f->sd);
+}
+
+void sd_gmbd_close(struct sd_gmbd *f, int sig)
+{
+	if (f->gmbd.pid > 0) {
+		kill(f->gmbd.pid, sig);
+		waitpid(f->gmbd.pid, NULL, 0);
+	}
+	f->gmbd.pid = 0;
+	fake_sd_close(&f->sd);
+	if (f->listen_fd >= 0)
+		close(f->listen_fd);
+	f->listen_fd = -1;
+	gmbd_stop(&f->gmbd); /* removes the folder */
+}
+
+void test_fill(unsigned char *p, size_t n, unsigned seed)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (unsigned char)(i * 31 + seed);
+}
+
+bool test_holds(const unsigned char *p, size_t n, unsigned seed)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i] != (unsigned char)(i * 31 + seed))
+			return false;
+	return true;
+}
+
+int gmbctl_vrun(const char *const *pre, const char *sock, char *out, char *err, size_t cap,
+		va_list ap)
+{
+	char bin[256];
+	char *argv[24];
+	const char *a;
+	int n = 0;
+
+	snprintf(bin, sizeof(bin), "%s/gmbctl", test_build_dir());
+	for (; pre && *pre && n < 8; pre++)
+		argv[n++] = (char *)*pre;
+	argv[n++] = bin;
+	if (sock) {
+		argv[n++] = "-s";
+		argv[n++] = (char *)sock;
+	}
+	while ((a = va_arg(ap, const char *)) && n < 23)
+		argv[n++] = (char *)a;
+	argv[n] = NULL;
+	return run_capture(argv, NULL, out, err, cap);
 }
