@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tests/util.h"
@@ -27,10 +26,7 @@ static void start(void)
 	static const char *const args[] = { "--host-memory", "1GiB",	"--pool-keep", "unlimited",
 					    "--log-level",   "warning", NULL };
 
-	cr_assert(eq(i32, gmbd_start(&gmbd, args), 0), "gmbd did not start");
-	/* Let another uid reach the socket, as gmbd.socket's group would. */
-	chmod(gmbd.dir, 0711);
-	chmod(gmbd.sock, 0666);
+	cr_assert(eq(i32, gmbd_start_shared(&gmbd, args), 0), "gmbd did not start");
 }
 
 static void stop(void)

@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tests/util.h"
@@ -35,9 +34,7 @@ static void start(void)
 					    "--pool-keep",	 "0",	  "--log-level", "info",
 					    "--control-timeout", "10",	  NULL };
 
-	cr_assert(eq(i32, gmbd_start(&gmbd, args), 0), "gmbd did not start");
-	chmod(gmbd.dir, 0711);
-	chmod(gmbd.sock, 0666);
+	cr_assert(eq(i32, gmbd_start_shared(&gmbd, args), 0), "gmbd did not start");
 }
 
 static void stop(void)

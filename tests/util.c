@@ -30,6 +30,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -139,6 +140,17 @@ out:
 	close(nfd);
 	unlink(notify);
 	return err;
+}
+
+int gmbd_start_shared(struct gmbd_proc *d, const char *const *args)
+{
+	int rc = gmbd_start(d, args);
+
+	if (rc < 0)
+		return rc;
+	if (chmod(d->dir, 0711) < 0 || chmod(d->sock, 0666) < 0)
+		return -errno;
+	return 0;
 }
 
 int gmbd_stop(struct gmbd_proc *d)

@@ -31,6 +31,9 @@ const char *test_build_dir(void);
  * test (PR_SET_PDEATHSIG). Return: 0 or a negative errno.
  */
 int gmbd_start(struct gmbd_proc *d, const char *const *args);
+/* gmbd_start(), then the folder and the socket open to every uid (as
+ * gmbd.socket's group opens them to its members), for tests as nobody. */
+int gmbd_start_shared(struct gmbd_proc *d, const char *const *args);
 /* SIGTERM, wait; returns gmbd's exit status (or -1 if killed by a signal). */
 int gmbd_stop(struct gmbd_proc *d);
 /* Waits for gmbd to exit (signalled already); its exit status, -1 for a signal. */

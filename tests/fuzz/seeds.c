@@ -398,7 +398,8 @@ static Gmb__Lend c_lend(uint64_t *ids, uint64_t *sizes)
 	return l;
 }
 
-static void c_alloc(struct seed *s)
+/* An AllocReply lending two chunks with their fds; @flags added to the item's. */
+static void c_alloc(struct seed *s, unsigned flags)
 {
 	uint64_t ids[2], sizes[2];
 	Gmb__Lend l = c_lend(ids, sizes);
@@ -408,7 +409,7 @@ static void c_alloc(struct seed *s)
 	ar.lend = &l;
 	env.body_case = GMB__ENVELOPE__BODY_ALLOC_REPLY, env.alloc_reply = &ar;
 	env.n_fd_chunks = 2, env.fd_chunks = ids, env.n_fd_sizes = 2, env.fd_sizes = sizes;
-	c_item(s, C_REPLY | C_FDS, &env);
+	c_item(s, C_REPLY | C_FDS | flags, &env);
 }
 
 static void c_pause(struct seed *s)
@@ -493,7 +494,7 @@ static void seeds_client(void)
 	s.len = 0; /* every call answered as gmbd answers it */
 	c_hello(&s, false);
 	c_status(&s, 0); /* tag mode */
-	c_alloc(&s);
+	c_alloc(&s, 0);
 	c_pause(&s);
 	c_resume(&s, false);
 	c_status_reply(&s);
@@ -503,7 +504,7 @@ static void seeds_client(void)
 	s.len = 0; /* gmbd asks for drops and pauses it from outside */
 	c_hello(&s, false);
 	c_status(&s, 0);
-	c_alloc(&s);
+	c_alloc(&s, 0);
 	c_drop(&s, 12);
 	c_control(&s, GMB__OP__OP_PAUSE);
 	c_pause(&s);
@@ -516,17 +517,7 @@ static void seeds_client(void)
 	s.len = 0; /* gmbd restarts after the alloc: rejoin, then on */
 	c_hello(&s, false);
 	c_status(&s, 0);
-	{
-		uint64_t ids[2], sizes[2];
-		Gmb__Lend l = c_lend(ids, sizes);
-		Gmb__AllocReply ar = GMB__ALLOC_REPLY__INIT;
-		Gmb__Envelope env = GMB__ENVELOPE__INIT;
-
-		ar.lend = &l;
-		env.body_case = GMB__ENVELOPE__BODY_ALLOC_REPLY, env.alloc_reply = &ar;
-		env.n_fd_chunks = 2, env.fd_chunks = ids, env.n_fd_sizes = 2, env.fd_sizes = sizes;
-		c_item(&s, C_REPLY | C_FDS | C_HANG_UP, &env);
-	}
+	c_alloc(&s, C_HANG_UP);
 	c_hello(&s, true);
 	c_rejoin_reply(&s);
 	c_pause(&s);
@@ -538,7 +529,7 @@ static void seeds_client(void)
 	s.len = 0; /* gmbd says Bye in the middle */
 	c_hello(&s, false);
 	c_status(&s, 0);
-	c_alloc(&s);
+	c_alloc(&s, 0);
 	{
 		Gmb__Bye bye = GMB__BYE__INIT;
 		Gmb__Envelope env = GMB__ENVELOPE__INIT;
