@@ -126,6 +126,9 @@ struct fake_sd {
 	int overflow; /* FDSTOREs beyond FAKE_SD_MAX_FDS */
 };
 
+/* A datagram socket bound at @path, as a NOTIFY_SOCKET (close-on-exec; the
+ * caller's). The fd or -errno. */
+int test_notify_socket(const char *path);
 /* Binds @path and starts reading. 0 or -errno. */
 int fake_sd_open(struct fake_sd *m, const char *path);
 void fake_sd_close(struct fake_sd *m);
