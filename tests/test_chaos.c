@@ -5,7 +5,7 @@
  * gmbd: four preserve-mode workers (tests/prog_worker) get a batch of
  * alloc/fill/check/pause/resume/free commands each, and gmbd is killed a
  * random few milliseconds later, in the middle of them, then started again
- * with its stored fds as systemd would (the fake manager of tests/util.c,
+ * with its stored fds as systemd would (the fake manager of tests/fake_sd.c,
  * as in test_restart.c). After every round: every command succeeded (the
  * library waited for gmbd and carried on), every active allocation has its
  * bytes and its first address, and status shows each tag's bytes and state

@@ -1,6 +1,6 @@
 /*
  * test_restart.c - restart without loss through the fd-store protocol. The
- * test plays systemd (tests/util.c's fake manager): it holds gmbd's
+ * test plays systemd (tests/fake_sd.c's fake manager): it holds gmbd's
  * listening socket, keeps what gmbd stores with FDSTORE=1 (a memfd per
  * chunk on the host backend, and the state), kills gmbd with SIGKILL while
  * real client processes (tests/prog_worker) hold memory, and starts it

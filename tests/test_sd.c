@@ -1,7 +1,7 @@
 /*
  * test_sd.c - gmbd as a systemd service, without systemd as PID 1: started
  * by systemd-socket-activate(1) on a SOCK_SEQPACKET socket with
- * NOTIFY_SOCKET pointing at the test's fake manager (tests/util.c), it must
+ * NOTIFY_SOCKET pointing at the test's fake manager (tests/fake_sd.c), it must
  * serve on the passed socket, say READY=1 before its first answer, keep
  * sending WATCHDOG=1, show its clients in STATUS= and say STOPPING=1; a
  * passed socket of another kind is refused. And its configuration file:
