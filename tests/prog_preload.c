@@ -252,7 +252,8 @@ static void *prog_tms_sym(const char *fmt, const char *what)
 {
 	char name[64];
 
-	snprintf(name, sizeof(name), fmt, what);
+	if (snprintf(name, sizeof(name), fmt, what) >= (int)sizeof(name))
+		return NULL; /* no such entry point */
 	return dlsym(RTLD_DEFAULT, name);
 }
 
