@@ -252,20 +252,36 @@ static void *prog_tms_sym(const char *fmt, const char *what)
 {
 	char name[64];
 
-	snprintf(name, sizeof(name), fmt, what);
+	if (snprintf(name, sizeof(name), fmt, what) >= (int)sizeof(name))
+		return NULL; /* no such entry point */
 	return dlsym(RTLD_DEFAULT, name);
+}
+
+/* tms_@verb_ of the setting @what: tag, interesting, backend, cpu, disk,
+ * dir, or X for X_cpu_backup. */
+static void *prog_tms_prop(const char *verb, const char *what)
+{
+	static const char *const names[][2] = {
+		{ "tag", "current_tag" },
+		{ "interesting", "interesting_region" },
+		{ "backend", "cpu_backup_backend" },
+		{ "cpu", "enable_cpu_backup" },
+		{ "disk", "enable_disk_backup" },
+		{ "dir", "disk_backup_dir" },
+	};
+	char fmt[64];
+
+	snprintf(fmt, sizeof(fmt), "tms_%s_%%s_cpu_backup", verb);
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (!strcmp(what, names[i][0]))
+			snprintf(fmt, sizeof(fmt), "tms_%s_%s", verb, names[i][1]);
+	return prog_tms_sym(fmt, what);
 }
 
 static int prog_tms_get(const char *what, char *out, size_t cap)
 {
 	bool text = !strcmp(what, "tag") || !strcmp(what, "backend");
-	void *sym = prog_tms_sym(!strcmp(what, "tag")	      ? "tms_get_current_tag" :
-				 !strcmp(what, "interesting") ? "tms_get_interesting_region" :
-				 !strcmp(what, "backend")     ? "tms_get_cpu_backup_backend" :
-				 !strcmp(what, "cpu")	      ? "tms_get_enable_cpu_backup" :
-				 !strcmp(what, "disk")	      ? "tms_get_enable_disk_backup" :
-								"tms_get_%s_cpu_backup",
-				 what);
+	void *sym = prog_tms_prop("get", what);
 	const char *(*ftext)(void);
 	bool (*fbool)(void);
 
@@ -284,14 +300,7 @@ static int prog_tms_get(const char *what, char *out, size_t cap)
 static int prog_tms_set(const char *what, const char *v)
 {
 	bool text = !strcmp(what, "tag") || !strcmp(what, "backend") || !strcmp(what, "dir");
-	void *sym = prog_tms_sym(!strcmp(what, "tag")	      ? "tms_set_current_tag" :
-				 !strcmp(what, "interesting") ? "tms_set_interesting_region" :
-				 !strcmp(what, "backend")     ? "tms_set_cpu_backup_backend" :
-				 !strcmp(what, "cpu")	      ? "tms_set_enable_cpu_backup" :
-				 !strcmp(what, "disk")	      ? "tms_set_enable_disk_backup" :
-				 !strcmp(what, "dir")	      ? "tms_set_disk_backup_dir" :
-								"tms_set_%s_cpu_backup",
-				 what);
+	void *sym = prog_tms_prop("set", what);
 	void (*ftext)(const char *);
 	void (*fbool)(bool);
 

@@ -20,6 +20,7 @@
 
 #include "common/err.h"
 #include "tests/util.h"
+#include "tests/broker_refs.h"
 #include "daemon/core/broker_internal.h"
 #include "gmb.h"
 
@@ -56,18 +57,6 @@ static void check_pool(const struct pool *p)
 	cr_assert(eq(u64, p->pending_bytes, pend_sum));
 	cr_assert(eq(u64, p->held_bytes, p->lent_bytes + p->free_bytes + p->pending_bytes));
 	cr_assert(le(u64, p->held_bytes, p->budget));
-}
-
-/* How many allocations of @c have @ch in their last lend. */
-static uint32_t count_refs(const struct bclient *c, const struct chunk *ch)
-{
-	uint32_t n = 0;
-
-	for (const struct btag *t = c->tags; t; t = t->next)
-		for (const struct balloc *a = t->allocs; a; a = a->next)
-			for (uint32_t i = 0; i < a->nchunks; i++)
-				n += a->chunks[i] == ch;
-	return n;
 }
 
 static void check_alloc(const struct bclient *c, const struct balloc *a, uint64_t *lent)
@@ -135,8 +124,8 @@ static void check_holders(void)
 		for (uint32_t i = 0; i < ch->nholders; i++) {
 			const struct chunk_holder *h = &ch->holders[i];
 
-			cr_assert(eq(u32, h->refs, count_refs(h->client, ch)), "chunk %llu refs",
-				  (unsigned long long)ch->id);
+			cr_assert(eq(u32, h->refs, test_count_refs(h->client, ch)),
+				  "chunk %llu refs", (unsigned long long)ch->id);
 			cr_assert(h->refs > 0 || h->drop_sent);
 			cr_assert(ch->releasing || h->drop_sent == false);
 		}
@@ -899,17 +888,23 @@ Test(broker, preemption_picks_low_priority_opted_in_clients_that_cover_the_need)
 	cr_assert(eq(ptr, (void *)out[0], b));
 }
 
+/* 2 GiB: a trainer holding 1 GiB of a tag it paused, and another client. */
+static void trainer_and_other(struct bclient **a, struct bclient **c)
+{
+	open_broker(2 * GiB, UINT64_MAX);
+	*a = client("trainer", 41, 1000);
+	*c = client("other", 50, 2000);
+	alloc_ok(*a, 0, 1 * GiB, "w", 1, 1);
+	pause_ok(*a, "w");
+}
+
 /* Handles of a client without a session are not asked for: no wait for them. */
 Test(broker, memory_an_orphan_holds_is_refused_at_once_with_its_name)
 {
 	struct bclient *a, *c;
 	char err[ERR_MSG_MAX] = "";
 
-	open_broker(2 * GiB, UINT64_MAX);
-	a = client("trainer", 41, 1000);
-	c = client("other", 50, 2000);
-	alloc_ok(a, 0, 1 * GiB, "w", 1, 1);
-	pause_ok(a, "w");
+	trainer_and_other(&a, &c);
 	broker_orphan(br, a);
 	cr_assert(eq(i32, alloc_rc(c, 0, 2 * GiB, "kv", err), -ENOMEM),
 		  "a request waited for a drop nobody can send: %s", err);
@@ -925,11 +920,7 @@ Test(broker, a_wait_for_a_holder_that_went_ends_at_once)
 	struct bclient *a, *c;
 	char err[ERR_MSG_MAX] = "";
 
-	open_broker(2 * GiB, UINT64_MAX);
-	a = client("trainer", 41, 1000);
-	c = client("other", 50, 2000);
-	alloc_ok(a, 0, 1 * GiB, "w", 1, 1);
-	pause_ok(a, "w");
+	trainer_and_other(&a, &c);
 	cr_assert(eq(i32, alloc_rc(c, 0, 2 * GiB, "kv", err), -EAGAIN));
 	broker_orphan(br, a);
 	err[0] = 0;

@@ -5,7 +5,7 @@
  * gmbd: four preserve-mode workers (tests/prog_worker) get a batch of
  * alloc/fill/check/pause/resume/free commands each, and gmbd is killed a
  * random few milliseconds later, in the middle of them, then started again
- * with its stored fds as systemd would (the fake manager of tests/util.c,
+ * with its stored fds as systemd would (the fake manager of tests/fake_sd.c,
  * as in test_restart.c). After every round: every command succeeded (the
  * library waited for gmbd and carried on), every active allocation has its
  * bytes and its first address, and status shows each tag's bytes and state
@@ -90,14 +90,7 @@ static int w_answer(struct worker *w, char *text, size_t cap)
 
 /* ---- gmbd killed ---- */
 
-static struct {
-	char dir[256];
-	char notify[300];
-	struct fake_sd sd;
-	struct gmbd_proc gmbd;
-	int listen_fd;
-	unsigned starts;
-} fx;
+static struct sd_gmbd fx;
 
 static const char *const restart_args[] = {
 	"--host-memory", "256MiB", "--max-chunk", "4MiB", "--rejoin-grace", "30",
@@ -106,48 +99,23 @@ static const char *const restart_args[] = {
 
 static void gmbd_up(void)
 {
-	static struct sd_pass pass[FAKE_SD_MAX_FDS + 1];
-	int n;
-
-	pass[0] = (struct sd_pass){ .fd = fx.listen_fd, .name = "gmbd.socket" };
-	n = 1 + fake_sd_pass(&fx.sd, pass + 1, FAKE_SD_MAX_FDS);
-	cr_assert(eq(i32, gmbd_spawn(&fx.gmbd, fx.notify, pass, n, restart_args), 0));
-	fx.starts++;
-	cr_assert(eq(i32, fake_sd_wait_count(&fx.sd, &fx.sd.ready, fx.starts, WAIT_MS), 0),
-		  "gmbd did not say READY=1");
+	cr_assert(eq(i32, sd_gmbd_up(&fx, restart_args, WAIT_MS), 0), "gmbd did not say READY=1");
 }
 
 static void gmbd_kill(void)
 {
-	kill(fx.gmbd.pid, SIGKILL);
-	cr_assert(eq(i32, waitpid(fx.gmbd.pid, NULL, 0), fx.gmbd.pid));
-	fx.gmbd.pid = 0;
-	cr_assert(eq(i32, fake_sd_sync(&fx.sd), 0));
+	cr_assert(eq(i32, sd_gmbd_kill(&fx), 0));
 }
 
 static void restart_setup(void)
 {
-	memset(&fx, 0, sizeof(fx));
-	snprintf(fx.dir, sizeof(fx.dir), "/tmp/gmbchaos.XXXXXX");
-	cr_assert(not(eq(ptr, mkdtemp(fx.dir), NULL)));
-	snprintf(fx.notify, sizeof(fx.notify), "%s/notify", fx.dir);
-	snprintf(fx.gmbd.dir, sizeof(fx.gmbd.dir), "%s", fx.dir);
-	snprintf(fx.gmbd.sock, sizeof(fx.gmbd.sock), "%s/gmbd.sock", fx.dir);
-	cr_assert(eq(i32, fake_sd_open(&fx.sd, fx.notify), 0));
-	cr_assert(eq(i32, wire_listen(fx.gmbd.sock, &fx.listen_fd), 0));
+	cr_assert(eq(i32, sd_gmbd_open(&fx, "/tmp/gmbchaos.XXXXXX", true), 0));
 	gmbd_up();
 }
 
 static void restart_teardown(void)
 {
-	if (fx.gmbd.pid > 0) {
-		kill(fx.gmbd.pid, SIGTERM);
-		waitpid(fx.gmbd.pid, NULL, 0);
-	}
-	fx.gmbd.pid = 0;
-	fake_sd_close(&fx.sd);
-	close(fx.listen_fd);
-	gmbd_stop(&fx.gmbd); /* removes the folder */
+	sd_gmbd_close(&fx, SIGTERM);
 }
 
 /* What one worker holds, as the test knows it. */

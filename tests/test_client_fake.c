@@ -64,6 +64,20 @@ static int fake_send_lend(Gmb__Envelope *env, Gmb__Lend *l, uint64_t *size)
 	return rc;
 }
 
+/* gmbd's DropRequest for @chunk, sent unasked. */
+static void fake_drop(uint64_t chunk)
+{
+	Gmb__Envelope d = GMB__ENVELOPE__INIT;
+	Gmb__DropRequest dr = GMB__DROP_REQUEST__INIT;
+
+	d.id = 1000;
+	d.body_case = GMB__ENVELOPE__BODY_DROP;
+	d.drop = &dr;
+	dr.n_chunk_ids = 1;
+	dr.chunk_ids = &chunk;
+	cr_assert(eq(i32, wire_send(fk.fd, &d, NULL, 0), 0));
+}
+
 static int fake_answer(const Gmb__Envelope *req)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
@@ -106,15 +120,7 @@ static int fake_answer(const Gmb__Envelope *req)
 	case GMB__ENVELOPE__BODY_PAUSE:
 		if (fk.drop_on_pause && fk.pauses++ == 0) {
 			/* The drop goes first; its answer reaches this loop later. */
-			Gmb__Envelope d = GMB__ENVELOPE__INIT;
-			Gmb__DropRequest dr = GMB__DROP_REQUEST__INIT;
-
-			d.id = 1000;
-			d.body_case = GMB__ENVELOPE__BODY_DROP;
-			d.drop = &dr;
-			dr.n_chunk_ids = 1;
-			dr.chunk_ids = &fk.chunk;
-			cr_assert(eq(i32, wire_send(fk.fd, &d, NULL, 0), 0));
+			fake_drop(fk.chunk);
 			env.status = -EIO;
 			env.error = "the fake gmbd refuses this pause";
 			break;
@@ -197,19 +203,6 @@ static int fake_drop_status(void)
 	st = fk.drop_status;
 	pthread_mutex_unlock(&fk.lock);
 	return st;
-}
-
-static void fake_drop(uint64_t chunk)
-{
-	Gmb__Envelope d = GMB__ENVELOPE__INIT;
-	Gmb__DropRequest dr = GMB__DROP_REQUEST__INIT;
-
-	d.id = 1000;
-	d.body_case = GMB__ENVELOPE__BODY_DROP;
-	d.drop = &dr;
-	dr.n_chunk_ids = 1;
-	dr.chunk_ids = &chunk;
-	cr_assert(eq(i32, wire_send(fk.fd, &d, NULL, 0), 0));
 }
 
 Test(client_fake, a_drop_of_a_mapped_chunk_is_refused)

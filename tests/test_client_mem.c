@@ -363,20 +363,6 @@ static int64_t status_i64(gmb_client *c, const char *key)
 	return v;
 }
 
-static void fill(unsigned char *p, size_t n, unsigned seed)
-{
-	for (size_t i = 0; i < n; i++)
-		p[i] = (unsigned char)(i * 31 + seed);
-}
-
-static bool holds(const unsigned char *p, size_t n, unsigned seed)
-{
-	for (size_t i = 0; i < n; i++)
-		if (p[i] != (unsigned char)(i * 31 + seed))
-			return false;
-	return true;
-}
-
 static bool all_zero(const unsigned char *p, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
@@ -398,7 +384,7 @@ Test(client_daemon, three_modes_keep_addresses_over_cycles_of_several_chunks)
 	cr_assert(eq(i32, gmb_malloc(c, (void **)&z, size, 0, "z"), 0));
 	cr_assert(eq(i32, gmb_malloc(c, (void **)&d, size, 0, "d"), 0));
 	cr_assert(eq(i64, status_i64(c, "used_bytes"), (int64_t)(36 * MiB)));
-	fill(p, size, 1);
+	test_fill(p, size, 1);
 	for (unsigned round = 0; round < 20; round++) {
 		unsigned char *was[3] = { p, z, d };
 
@@ -408,11 +394,11 @@ Test(client_daemon, three_modes_keep_addresses_over_cycles_of_several_chunks)
 		cr_assert(eq(i64, status_i64(c, "used_bytes"), 0),
 			  "paused memory is back in the pool");
 		cr_assert(eq(i32, gmb_resume(c, NULL), 0), "%u: %s", round, gmb_last_error(c));
-		cr_assert(holds(p, size, round + 1), "round %u: preserved bytes", round);
+		cr_assert(test_holds(p, size, round + 1), "round %u: preserved bytes", round);
 		cr_assert(all_zero(z, size), "round %u: zero tag reads zero", round);
 		d[size - 1] = 1; /* discard: undefined but mapped and writable */
 		cr_assert(was[0] == p && was[1] == z && was[2] == d);
-		fill(p, size, round + 2);
+		test_fill(p, size, round + 2);
 	}
 	cr_assert(eq(i32, gmb_free(c, p), 0));
 	cr_assert(eq(i32, gmb_free(c, z), 0));
@@ -431,7 +417,7 @@ Test(client_daemon, trim_of_a_paused_tag_drops_handles_and_resume_brings_new_one
 	cr_assert(eq(i32, gmb_connect(gmbd.sock, "trimmed", &c), 0));
 	cr_assert(eq(i32, gmb_tag_set_mode(c, "w", GMB_MODE_PRESERVE), 0));
 	cr_assert(eq(i32, gmb_malloc(c, (void **)&p, 8 * MiB, 0, "w"), 0));
-	fill(p, 8 * MiB, 7);
+	test_fill(p, 8 * MiB, 7);
 	fds_active = proc_count_fds(getpid());
 	cr_assert(eq(i32, gmb_pause(c, "w"), 0));
 	cr_assert(eq(i32, proc_count_fds(getpid()), fds_active), "paused: handles kept for resume");
@@ -443,7 +429,7 @@ Test(client_daemon, trim_of_a_paused_tag_drops_handles_and_resume_brings_new_one
 	cr_assert(eq(i64, status_i64(c, "pool_bytes"), 0), "the chunks went back to the driver");
 	cr_assert(eq(i32, proc_count_fds(getpid()), fds_active - 2), "both chunk handles dropped");
 	cr_assert(eq(i32, gmb_resume(c, "w"), 0), "%s", gmb_last_error(c));
-	cr_assert(holds(p, 8 * MiB, 7), "preserved across new chunks");
+	cr_assert(test_holds(p, 8 * MiB, 7), "preserved across new chunks");
 	cr_assert(eq(i32, proc_count_fds(getpid()), fds_active), "new chunks imported, fds closed");
 	cr_assert(eq(i32, gmb_free(c, p), 0));
 	cr_assert(eq(i32, proc_count_fds(getpid()), fds_active - 2));
@@ -551,11 +537,11 @@ static void *churn_cycle(void *arg)
 		t->failures++;
 		return NULL;
 	}
-	fill(p, 6 * MiB, 3);
+	test_fill(p, 6 * MiB, 3);
 	for (int i = 0; i < 20; i++) {
 		t->failures += gmb_pause(t->c, "cyc") != 0;
 		t->failures += gmb_resume(t->c, "cyc") != 0;
-		t->failures += !holds(p, 6 * MiB, 3);
+		t->failures += !test_holds(p, 6 * MiB, 3);
 	}
 	t->failures += gmb_free(t->c, p) != 0;
 	return NULL;
@@ -592,12 +578,12 @@ Test(client_daemon, a_lost_connection_fails_requests_but_keeps_memory_usable)
 	cr_assert(eq(i32, gmb_connect(gmbd.sock, "orphan", &c), 0));
 	cr_assert(eq(i32, gmb_tag_set_mode(c, "w", GMB_MODE_PRESERVE), 0));
 	cr_assert(eq(i32, gmb_malloc(c, (void **)&p, 4 * MiB, 0, "w"), 0));
-	fill(p, 4 * MiB, 9);
+	test_fill(p, 4 * MiB, 9);
 	cr_assert(eq(i32, gmbd_stop(&gmbd), 0));
 	cr_assert(eq(i32, gmb_poll(c, 10000), -ENOTCONN));
 	cr_assert(eq(i32, gmb_malloc(c, &q, 2 * MiB, 0, "w"), -ENOTCONN));
 	cr_assert(eq(i32, gmb_pause(c, "w"), -ENOTCONN));
-	cr_assert(holds(p, 4 * MiB, 9), "a failed pause leaves the tag mapped, bytes intact");
+	cr_assert(test_holds(p, 4 * MiB, 9), "a failed pause leaves the tag mapped, bytes intact");
 	cr_assert(eq(i32, gmb_free(c, p), 0), "free still releases what this side holds");
 	gmb_close(c);
 }
@@ -644,9 +630,9 @@ Test(client_daemon, preserve_set_while_paused_resumes_zero_filled)
 	cr_assert(eq(i32, gmb_tag_set_mode(c, "w", GMB_MODE_PRESERVE), 0));
 	cr_assert(eq(i32, gmb_resume(c, "w"), 0));
 	cr_assert(all_zero(p, 4 * MiB), "nothing was saved at the pause");
-	fill(p, 4 * MiB, 5);
+	test_fill(p, 4 * MiB, 5);
 	cr_assert(eq(i32, gmb_pause(c, "w"), 0));
 	cr_assert(eq(i32, gmb_resume(c, "w"), 0));
-	cr_assert(holds(p, 4 * MiB, 5), "from the next pause on, bytes are kept");
+	cr_assert(test_holds(p, 4 * MiB, 5), "from the next pause on, bytes are kept");
 	gmb_close(c);
 }

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tests/util.h"
@@ -27,10 +26,7 @@ static void start(void)
 	static const char *const args[] = { "--host-memory", "1GiB",	"--pool-keep", "unlimited",
 					    "--log-level",   "warning", NULL };
 
-	cr_assert(eq(i32, gmbd_start(&gmbd, args), 0), "gmbd did not start");
-	/* Let another uid reach the socket, as gmbd.socket's group would. */
-	chmod(gmbd.dir, 0711);
-	chmod(gmbd.sock, 0666);
+	cr_assert(eq(i32, gmbd_start_shared(&gmbd, args), 0), "gmbd did not start");
 }
 
 static void stop(void)
@@ -43,28 +39,15 @@ TestSuite(gmbctl, .init = start, .fini = stop, .timeout = 60);
 /* Runs gmbctl -s SOCK ARGS... (NULL-terminated), as nobody when @uid is set. */
 static int ctl_v(const char *uid, ...)
 {
-	char bin[256];
-	char *argv[16];
-	const char *a;
+	static const char *const nobody[] = { "/usr/bin/setpriv", "--reuid=" NOBODY,
+					      "--regid=" NOBODY, "--clear-groups", NULL };
 	va_list ap;
-	int n = 0;
+	int rc;
 
-	snprintf(bin, sizeof(bin), "%s/gmbctl", test_build_dir());
-	if (uid) {
-		argv[n++] = "/usr/bin/setpriv";
-		argv[n++] = "--reuid=" NOBODY;
-		argv[n++] = "--regid=" NOBODY;
-		argv[n++] = "--clear-groups";
-	}
-	argv[n++] = bin;
-	argv[n++] = "-s";
-	argv[n++] = gmbd.sock;
 	va_start(ap, uid);
-	while ((a = va_arg(ap, const char *)) && n < 15)
-		argv[n++] = (char *)a;
+	rc = gmbctl_vrun(uid ? nobody : NULL, gmbd.sock, out, err, CAP, ap);
 	va_end(ap);
-	argv[n] = NULL;
-	return run_capture(argv, NULL, out, err, CAP);
+	return rc;
 }
 
 #define ctl(...)	 ctl_v(NULL, __VA_ARGS__, (char *)NULL)

@@ -57,20 +57,13 @@ TestSuite(observe, .init = start, .fini = stop, .timeout = 90);
 
 static int ctl_v(int dummy, ...)
 {
-	char bin[256];
-	char *argv[16];
-	const char *a;
 	va_list ap;
-	int n = 0;
+	int rc;
 
-	snprintf(bin, sizeof(bin), "%s/gmbctl", test_build_dir());
-	argv[n++] = bin;
 	va_start(ap, dummy);
-	while ((a = va_arg(ap, const char *)) && n < 15)
-		argv[n++] = (char *)a;
+	rc = gmbctl_vrun(NULL, NULL, out, err, CAP, ap);
 	va_end(ap);
-	argv[n] = NULL;
-	return run_capture(argv, NULL, out, err, CAP);
+	return rc;
 }
 
 #define ctl(...) ctl_v(0, __VA_ARGS__, (char *)NULL)

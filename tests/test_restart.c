@@ -1,6 +1,6 @@
 /*
  * test_restart.c - restart without loss through the fd-store protocol. The
- * test plays systemd (tests/util.c's fake manager): it holds gmbd's
+ * test plays systemd (tests/fake_sd.c's fake manager): it holds gmbd's
  * listening socket, keeps what gmbd stores with FDSTORE=1 (a memfd per
  * chunk on the host backend, and the state), kills gmbd with SIGKILL while
  * real client processes (tests/prog_worker) hold memory, and starts it
@@ -32,14 +32,7 @@
 #define MiB	(1024ULL * 1024)
 #define WAIT_MS 10000
 
-static struct {
-	char dir[256];
-	char notify[300];
-	struct fake_sd sd;
-	struct gmbd_proc gmbd;
-	int listen_fd;
-	unsigned starts;
-} fx;
+static struct sd_gmbd fx;
 
 static const char *const gmbd_args[] = { "--host-memory", "64MiB",	    "--max-chunk",
 					 "4MiB",	  "--rejoin-grace", "2",
@@ -48,48 +41,24 @@ static const char *const gmbd_args[] = { "--host-memory", "64MiB",	    "--max-ch
 /* Starts gmbd with the listening socket and everything in the store. */
 static void gmbd_up(void)
 {
-	struct sd_pass pass[FAKE_SD_MAX_FDS + 1] = { { .fd = fx.listen_fd,
-						       .name = "gmbd.socket" } };
-	int n = 1 + fake_sd_pass(&fx.sd, pass + 1, FAKE_SD_MAX_FDS);
-
-	cr_assert(eq(i32, gmbd_spawn(&fx.gmbd, fx.notify, pass, n, gmbd_args), 0));
-	fx.starts++;
-	cr_assert(eq(i32, fake_sd_wait_count(&fx.sd, &fx.sd.ready, fx.starts, WAIT_MS), 0),
-		  "gmbd did not say READY=1");
+	cr_assert(eq(i32, sd_gmbd_up(&fx, gmbd_args, WAIT_MS), 0), "gmbd did not say READY=1");
 }
 
 /* SIGKILL, then every datagram it sent is read: the store is what it left. */
 static void gmbd_kill(void)
 {
-	kill(fx.gmbd.pid, SIGKILL);
-	cr_assert(eq(i32, waitpid(fx.gmbd.pid, NULL, 0), fx.gmbd.pid));
-	fx.gmbd.pid = 0;
-	cr_assert(eq(i32, fake_sd_sync(&fx.sd), 0));
+	cr_assert(eq(i32, sd_gmbd_kill(&fx), 0));
 }
 
 static void setup(void)
 {
-	memset(&fx, 0, sizeof(fx));
-	snprintf(fx.dir, sizeof(fx.dir), "/tmp/gmbrestart.XXXXXX");
-	cr_assert(not(eq(ptr, mkdtemp(fx.dir), NULL)));
-	snprintf(fx.notify, sizeof(fx.notify), "%s/notify", fx.dir);
-	snprintf(fx.gmbd.dir, sizeof(fx.gmbd.dir), "%s", fx.dir);
-	snprintf(fx.gmbd.sock, sizeof(fx.gmbd.sock), "%s/gmbd.sock", fx.dir);
-	cr_assert(eq(i32, fake_sd_open(&fx.sd, fx.notify), 0));
-	cr_assert(eq(i32, wire_listen(fx.gmbd.sock, &fx.listen_fd), 0));
+	cr_assert(eq(i32, sd_gmbd_open(&fx, "/tmp/gmbrestart.XXXXXX", true), 0));
 	gmbd_up();
 }
 
 static void teardown(void)
 {
-	if (fx.gmbd.pid > 0) {
-		kill(fx.gmbd.pid, SIGTERM);
-		waitpid(fx.gmbd.pid, NULL, 0);
-	}
-	fx.gmbd.pid = 0;
-	fake_sd_close(&fx.sd);
-	close(fx.listen_fd);
-	gmbd_stop(&fx.gmbd); /* removes the folder */
+	sd_gmbd_close(&fx, SIGTERM);
 }
 
 TestSuite(restart, .init = setup, .fini = teardown, .timeout = 90);

@@ -443,6 +443,40 @@ static struct balloc *restored_alloc(struct broker *br, uint64_t cid, uint64_t i
 	return idmap_get(&c->allocs, id);
 }
 
+/* fx.br's state as a record to change (the caller frees it). */
+static Gmb__State *state_now(void)
+{
+	Gmb__State *rec;
+	uint8_t *buf;
+	size_t len;
+
+	cr_assert(eq(i32, state_encode(fx.br, &buf, &len), 0));
+	rec = gmb__state__unpack(NULL, len, buf);
+	cr_assert(not(eq(ptr, rec, NULL)));
+	free(buf);
+	return rec;
+}
+
+/* @rec packed into a buffer of *@len bytes (the caller frees it). */
+static uint8_t *state_pack(const Gmb__State *rec, size_t *len)
+{
+	uint8_t *buf;
+
+	*len = gmb__state__get_packed_size(rec);
+	buf = malloc(*len);
+	cr_assert(not(eq(ptr, buf, NULL)));
+	gmb__state__pack(rec, buf);
+	return buf;
+}
+
+/* fx.br's chunks handed over, then @buf restored into a fresh fx.br2. */
+static void restore_second(const uint8_t *buf, size_t len, struct state_stats *st)
+{
+	export_all(fx.br);
+	fx.br2 = new_broker(NULL);
+	cr_assert(eq(i32, state_restore(fx.br2, buf, len, fx.fds, fx.nfds, st), 0));
+}
+
 /*
  * A record whose active lend does not cover its allocation exactly (sizes
  * that do not add up, a chunk named twice) is not lent again: the pool
@@ -457,10 +491,7 @@ Test(state, an_active_lend_that_does_not_add_up_is_restored_paused)
 	uint8_t *buf;
 	size_t len;
 
-	cr_assert(eq(i32, state_encode(fx.br, &buf, &len), 0));
-	rec = gmb__state__unpack(NULL, len, buf);
-	cr_assert(not(eq(ptr, rec, NULL)));
-	free(buf);
+	rec = state_now();
 	for (size_t i = 0; i < rec->n_clients; i++)
 		for (size_t j = 0; j < rec->clients[i]->n_tags; j++) {
 			Gmb__StateTag *t = rec->clients[i]->tags[j];
@@ -473,12 +504,8 @@ Test(state, an_active_lend_that_does_not_add_up_is_restored_paused)
 	cr_assert(w && act && w->active && act->active && w->n_chunk_ids == 2);
 	act->size = 4 * MiB;		   /* its chunk holds 2 MiB */
 	w->chunk_ids[0] = w->chunk_ids[1]; /* 2 + 2 MiB: named twice, and short */
-	len = gmb__state__get_packed_size(rec);
-	buf = malloc(len);
-	gmb__state__pack(rec, buf);
-	export_all(fx.br);
-	fx.br2 = new_broker(NULL);
-	cr_assert(eq(i32, state_restore(fx.br2, buf, len, fx.fds, fx.nfds, &st), 0));
+	buf = state_pack(rec, &len);
+	restore_second(buf, len, &st);
 	cr_assert(not(restored_alloc(fx.br2, fx.a->id, w->id)->active));
 	cr_assert(not(restored_alloc(fx.br2, fx.b->id, act->id)->active));
 	cr_assert(eq(u64, fx.br2->pools[0].lent_bytes, 0), "bytes lent over a wrong lend");
@@ -500,10 +527,7 @@ Test(state, a_paused_tag_lends_nothing_and_a_tag_comes_back_once)
 	uint8_t *buf;
 	size_t len;
 
-	cr_assert(eq(i32, state_encode(fx.br, &buf, &len), 0));
-	rec = gmb__state__unpack(NULL, len, buf);
-	cr_assert(not(eq(ptr, rec, NULL)));
-	free(buf);
+	rec = state_now();
 	for (size_t i = 0; i < rec->n_clients; i++)
 		if (rec->clients[i]->id == fx.a->id)
 			cl = rec->clients[i];
@@ -516,13 +540,9 @@ Test(state, a_paused_tag_lends_nothing_and_a_tag_comes_back_once)
 	twice[0] = cl->tags[0], twice[1] = cl->tags[1], twice[2] = w;
 	tags = cl->tags;
 	cl->tags = twice, cl->n_tags = 3; /* and weights once more */
-	len = gmb__state__get_packed_size(rec);
-	buf = malloc(len);
-	gmb__state__pack(rec, buf);
+	buf = state_pack(rec, &len);
 	cl->tags = tags, cl->n_tags = 2; /* rec's own, freed with it */
-	export_all(fx.br);
-	fx.br2 = new_broker(NULL);
-	cr_assert(eq(i32, state_restore(fx.br2, buf, len, fx.fds, fx.nfds, &st), 0));
+	restore_second(buf, len, &st);
 	{
 		struct bclient *c = client_by_id(fx.br2, fx.a->id);
 		struct balloc *a = idmap_get(&c->allocs, w->allocs[0]->id);

@@ -1,7 +1,7 @@
 /*
  * test_sd.c - gmbd as a systemd service, without systemd as PID 1: started
  * by systemd-socket-activate(1) on a SOCK_SEQPACKET socket with
- * NOTIFY_SOCKET pointing at the test's fake manager (tests/util.c), it must
+ * NOTIFY_SOCKET pointing at the test's fake manager (tests/fake_sd.c), it must
  * serve on the passed socket, say READY=1 before its first answer, keep
  * sending WATCHDOG=1, show its clients in STATUS= and say STOPPING=1; a
  * passed socket of another kind is refused. And its configuration file:
@@ -34,33 +34,16 @@
 #define WAIT_MS		10000
 #define SOCKET_ACTIVATE "/usr/bin/systemd-socket-activate"
 
-static struct {
-	char dir[256];
-	char notify[300];
-	struct fake_sd sd;
-	struct gmbd_proc gmbd;
-} fx;
+static struct sd_gmbd fx;
 
 static void setup(void)
 {
-	memset(&fx, 0, sizeof(fx));
-	snprintf(fx.dir, sizeof(fx.dir), "/tmp/gmbsd.XXXXXX");
-	cr_assert(not(eq(ptr, mkdtemp(fx.dir), NULL)));
-	snprintf(fx.notify, sizeof(fx.notify), "%s/notify", fx.dir);
-	snprintf(fx.gmbd.dir, sizeof(fx.gmbd.dir), "%s", fx.dir);
-	snprintf(fx.gmbd.sock, sizeof(fx.gmbd.sock), "%s/gmbd.sock", fx.dir);
-	cr_assert(eq(i32, fake_sd_open(&fx.sd, fx.notify), 0));
+	cr_assert(eq(i32, sd_gmbd_open(&fx, "/tmp/gmbsd.XXXXXX", false), 0));
 }
 
 static void teardown(void)
 {
-	if (fx.gmbd.pid > 0) {
-		kill(fx.gmbd.pid, SIGKILL);
-		waitpid(fx.gmbd.pid, NULL, 0);
-		fx.gmbd.pid = 0;
-	}
-	fake_sd_close(&fx.sd);
-	gmbd_stop(&fx.gmbd);
+	sd_gmbd_close(&fx, SIGKILL);
 }
 
 TestSuite(sd, .init = setup, .fini = teardown, .timeout = 60);

@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tests/util.h"
@@ -35,9 +34,7 @@ static void start(void)
 					    "--pool-keep",	 "0",	  "--log-level", "info",
 					    "--control-timeout", "10",	  NULL };
 
-	cr_assert(eq(i32, gmbd_start(&gmbd, args), 0), "gmbd did not start");
-	chmod(gmbd.dir, 0711);
-	chmod(gmbd.sock, 0666);
+	cr_assert(eq(i32, gmbd_start_shared(&gmbd, args), 0), "gmbd did not start");
 }
 
 static void stop(void)
@@ -48,27 +45,18 @@ static void stop(void)
 TestSuite(switch, .init = start, .fini = stop, .timeout = 60);
 
 /* gmbctl -s SOCK ARGS... (NULL-terminated) into out/err; its exit status. */
-static int ctl_v(const char *first, ...)
+static int ctl_v(int dummy, ...)
 {
-	char bin[256];
-	char *argv[20];
-	const char *a = first;
 	va_list ap;
-	int n = 0;
+	int rc;
 
-	snprintf(bin, sizeof(bin), "%s/gmbctl", test_build_dir());
-	argv[n++] = bin;
-	argv[n++] = "-s";
-	argv[n++] = gmbd.sock;
-	va_start(ap, first);
-	for (; a && n < 19; a = va_arg(ap, const char *))
-		argv[n++] = (char *)a;
+	va_start(ap, dummy);
+	rc = gmbctl_vrun(NULL, gmbd.sock, out, err, CAP, ap);
 	va_end(ap);
-	argv[n] = NULL;
-	return run_capture(argv, NULL, out, err, CAP);
+	return rc;
 }
 
-#define ctl(...) ctl_v(__VA_ARGS__, (char *)NULL)
+#define ctl(...) ctl_v(0, __VA_ARGS__, (char *)NULL)
 
 /* The status document in out. */
 static void status(void)
@@ -362,22 +350,30 @@ static void holder(struct worker *h)
 		w_ok(h, "malloc h%d %llu", i, 16 * MiB);
 }
 
+/* @a (named @na) asks for 32 MiB, then @b (@nb) for 16 MiB; both in line, in that order. */
+static void queue_two(struct worker *a, const char *na, struct worker *b, const char *nb)
+{
+	char line[128];
+
+	up(a, na, NULL, NULL);
+	up(b, nb, NULL, NULL);
+	w_ok(a, "wait 20000");
+	w_ok(b, "wait 20000");
+	snprintf(line, sizeof(line), "malloc a %llu", 32 * MiB);
+	w_send(a, line);
+	await_waiters(1);
+	snprintf(line, sizeof(line), "malloc b %llu", 16 * MiB);
+	w_send(b, line);
+	await_waiters(2);
+}
+
 Test(switch, waits_are_served_in_order)
 {
 	struct worker h, w1, w2;
-	char line[128], text[1024];
+	char text[1024];
 
 	holder(&h);
-	up(&w1, "first", NULL, NULL);
-	up(&w2, "second", NULL, NULL);
-	w_ok(&w1, "wait 20000");
-	w_ok(&w2, "wait 20000");
-	snprintf(line, sizeof(line), "malloc a %llu", 32 * MiB);
-	w_send(&w1, line);
-	await_waiters(1);
-	snprintf(line, sizeof(line), "malloc b %llu", 16 * MiB);
-	w_send(&w2, line);
-	await_waiters(2);
+	queue_two(&w1, "first", &w2, "second");
 	cr_assert(lt(ptr, strstr(out, "\"client\":\"first\""),
 		     strstr(out, "\"client\":\"second\"")),
 		  "first come first: %s", out);
@@ -424,19 +420,10 @@ Test(switch, a_wait_fails_at_its_deadline_naming_the_holders)
 Test(switch, a_killed_waiter_leaves_the_queue)
 {
 	struct worker h, w, w2;
-	char line[128], text[1024];
+	char text[1024];
 
 	holder(&h);
-	up(&w, "doomed", NULL, NULL);
-	up(&w2, "patient", NULL, NULL);
-	w_ok(&w, "wait 20000");
-	w_ok(&w2, "wait 20000");
-	snprintf(line, sizeof(line), "malloc a %llu", 32 * MiB);
-	w_send(&w, line);
-	await_waiters(1);
-	snprintf(line, sizeof(line), "malloc b %llu", 16 * MiB);
-	w_send(&w2, line);
-	await_waiters(2);
+	queue_two(&w, "doomed", &w2, "patient");
 	worker_kill(&w);
 	await_waiters(1);
 	cr_assert(not(eq(ptr, strstr(out, "\"client\":\"patient\""), NULL)));

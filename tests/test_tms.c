@@ -66,20 +66,6 @@ static void stop(void)
 TestSuite(tms, .init = start, .fini = stop, .timeout = 60);
 TestSuite(tms_warm, .timeout = 60);
 
-static void fill(unsigned char *p, size_t n, unsigned seed)
-{
-	for (size_t i = 0; i < n; i++)
-		p[i] = (unsigned char)(i * 31 + seed);
-}
-
-static bool holds(const unsigned char *p, size_t n, unsigned seed)
-{
-	for (size_t i = 0; i < n; i++)
-		if (p[i] != (unsigned char)(i * 31 + seed))
-			return false;
-	return true;
-}
-
 /* One allocation of @size in a region of its own mode and backup; the default client. */
 static unsigned char *alloc_ex(const char *tag, int mode, int backup, size_t size)
 {
@@ -157,14 +143,14 @@ Test(tms, allocations_in_one_tag_keep_their_own_modes)
 	unsigned char *lose = alloc_ex("default", GMB_MODE_DISCARD, GMB_BACKUP_DEFAULT, n);
 	unsigned char *mm = alloc_ex("default", GMB_MODE_PRESERVE, GMB_BACKUP_MMAP, n);
 
-	fill(keep, n, 1);
-	fill(lose, n, 2);
-	fill(mm, n, 3);
+	test_fill(keep, n, 1);
+	test_fill(lose, n, 2);
+	test_fill(mm, n, 3);
 	cr_assert(eq(i32, gmb_pause(client(), "default"), 0), "%s", gmb_last_error(client()));
 	cr_assert(eq(i32, gmb_resume(client(), "default"), 0), "%s", gmb_last_error(client()));
-	cr_assert(holds(keep, n, 1), "the preserve allocation keeps its bytes");
-	cr_assert(holds(mm, n, 3), "the mmap one too");
-	cr_assert(not(holds(lose, n, 2)), "the discard one in the same tag does not");
+	cr_assert(test_holds(keep, n, 1), "the preserve allocation keeps its bytes");
+	cr_assert(test_holds(mm, n, 3), "the mmap one too");
+	cr_assert(not(test_holds(lose, n, 2)), "the discard one in the same tag does not");
 }
 
 /* @cycles pauses and resumes of one allocation of @backup, new bytes each time. */
@@ -173,11 +159,11 @@ static void cycle_exact(int backup, size_t n, int cycles)
 	unsigned char *p = alloc_ex("w", GMB_MODE_PRESERVE, backup, n);
 
 	for (int i = 0; i < cycles; i++) {
-		fill(p, n, 10 + (unsigned)i);
+		test_fill(p, n, 10 + (unsigned)i);
 		cr_assert(eq(i32, gmb_pause(client(), "w"), 0), "%s", gmb_last_error(client()));
 		cr_assert(eq(i32, gmb_resume(client(), "w"), 0), "%s", gmb_last_error(client()));
-		cr_assert(holds(p, n, 10 + (unsigned)i), "cycle %d of kind %d: bytes differ", i,
-			  backup);
+		cr_assert(test_holds(p, n, 10 + (unsigned)i), "cycle %d of kind %d: bytes differ",
+			  i, backup);
 	}
 	cr_assert(eq(i32, gmb_free(client(), p), 0));
 }
@@ -212,16 +198,16 @@ Test(tms, without_retain_a_copy_is_freed_after_resume)
 	cr_assert(eq(i32, gmb_get_retain_host_copy(), 1), "libgmb's default keeps copies");
 	cr_assert(not(tms_get_retain_cpu_backup()), "the peer's entry points: off by default");
 	cr_assert(eq(i32, gmb_get_retain_host_copy(), 0), "and so for the process");
-	fill(pin, n, 4);
+	test_fill(pin, n, 4);
 	cr_assert(eq(i32, gmb_pause(client(), "a"), 0));
 	cr_assert(eq(i32, gmb_host_copy(NULL, pin, n, &h), 0));
 	cr_assert(not(eq(ptr, h, NULL)), "paused: the copy is there");
-	cr_assert(holds(h, n, 4));
+	cr_assert(test_holds(h, n, 4));
 	cr_assert(eq(i32, gmb_resume(client(), "a"), 0));
 	cr_assert(eq(i32, gmb_host_copy(NULL, pin, n, &h), 0));
 	cr_assert(eq(ptr, h, NULL), "resumed without retain: no copy any more");
 
-	fill(mm, n, 5);
+	test_fill(mm, n, 5);
 	before = rss_anon();
 	cr_assert(eq(i32, gmb_pause(client(), "b"), 0));
 	paused = rss_anon();
@@ -230,7 +216,7 @@ Test(tms, without_retain_a_copy_is_freed_after_resume)
 	cr_assert(eq(i32, gmb_resume(client(), "b"), 0));
 	cr_assert(ge(i64, paused - rss_anon(), (int64_t)(n * 3 / 4)),
 		  "and its pages are given back");
-	cr_assert(holds(mm, n, 5));
+	cr_assert(test_holds(mm, n, 5));
 
 	cr_assert(eq(i32, gmb_set_disk_dir(disk_dir), 0));
 	cr_assert(eq(i32, gmb_pause(client(), "c"), 0));
@@ -253,24 +239,24 @@ Test(tms, with_retain_the_copy_stays_at_the_same_address)
 	cr_assert(eq(i32, gmb_get_retain_host_copy(), 1));
 	cr_assert(eq(i32, gmb_set_retain_host_copy(2), -EINVAL));
 	cr_assert(eq(i32, gmb_set_disk_dir(disk_dir), 0));
-	fill(p, n, 6);
+	test_fill(p, n, 6);
 	cr_assert(eq(i32, gmb_pause(client(), "r"), 0));
 	cr_assert(eq(i32, gmb_host_copy(NULL, p + 100, 10, &h1), 0));
 	cr_assert(eq(i32, gmb_resume(client(), "r"), 0));
 	cr_assert(eq(i32, gmb_host_copy(NULL, p + 100, 10, &h2), 0));
 	cr_assert(eq(ptr, h2, h1), "active and retained: the same copy");
-	fill(p, n, 7);
+	test_fill(p, n, 7);
 	cr_assert(eq(i32, gmb_pause(client(), "r"), 0));
 	cr_assert(eq(i32, gmb_host_copy(NULL, p + 100, 10, &h3), 0));
 	cr_assert(eq(ptr, h3, h1), "the next pause rewrites it in place");
-	cr_assert(holds((unsigned char *)h3 - 100, n, 7));
+	cr_assert(test_holds((unsigned char *)h3 - 100, n, 7));
 	cr_assert(eq(i32, count_files(disk_dir, &fsize), 1));
 	cr_assert(eq(i32, gmb_resume(client(), "r"), 0));
 	cr_assert(eq(i32, count_files(disk_dir, &fsize), 1), "a retained disk copy stays");
 	cr_assert(eq(i64, (int64_t)fsize, (int64_t)n), "and does not grow");
 	cr_assert(eq(i32, gmb_free(client(), d), 0));
 	cr_assert(eq(i32, count_files(disk_dir, NULL), 0), "freeing removes it");
-	cr_assert(holds(p, n, 7));
+	cr_assert(test_holds(p, n, 7));
 }
 
 Test(tms, host_copy_answers_per_kind_and_state)
@@ -319,10 +305,10 @@ Test(tms, the_environment_sets_the_base_region_and_the_defaults)
 	/* No region opened: the whole thread is one from the first allocation. */
 	cr_assert(eq(i32, gmb_region_malloc(NULL, (void **)&p, 1 * MiB, 0), 0), "%s",
 		  gmb_region_last_error());
-	fill(p, 1 * MiB, 8);
+	test_fill(p, 1 * MiB, 8);
 	cr_assert(eq(i32, tms_pause(NULL), 0));
 	cr_assert(eq(i32, tms_resume(NULL), 0));
-	cr_assert(holds(p, 1 * MiB, 8));
+	cr_assert(test_holds(p, 1 * MiB, 8));
 	cr_assert(eq(i32, gmb_region_begin(NULL, GMB_MODE_DISCARD), 0));
 	cr_assert(eq(i32, gmb_region_current(NULL, 0, NULL), 0), "a plain region opts out");
 	cr_assert(eq(i32, gmb_region_end(), 0));
@@ -367,7 +353,7 @@ Test(tms, the_entry_points_edit_and_report_the_base_region)
 	cr_assert(eq(i32, backup, GMB_BACKUP_MMAP));
 	p = tms_torch_malloc(1 * MiB, 0, NULL);
 	cr_assert(not(eq(ptr, p, NULL)), "%s", gmb_region_last_error());
-	fill(p, 1 * MiB, 9);
+	test_fill(p, 1 * MiB, 9);
 	/* A region of the drop-in's own is what the getters report while open. */
 	cr_assert(eq(i32, gmb_region_begin_ex("kv", GMB_MODE_PRESERVE, GMB_BACKUP_DISK), 0));
 	cr_assert(eq(str, (char *)tms_get_current_tag(), "kv"));
@@ -376,13 +362,13 @@ Test(tms, the_entry_points_edit_and_report_the_base_region)
 	cr_assert(eq(i32, gmb_region_end(), 0));
 	tms_set_enable_cpu_backup(false);
 	q = tms_torch_malloc(1 * MiB, 0, NULL);
-	fill(q, 1 * MiB, 10);
+	test_fill(q, 1 * MiB, 10);
 	cr_assert(eq(i32, tms_pause("weights"), 0));
 	cr_assert(not(eq(ptr, tms_get_cpu_backup_pointer(p, 16), NULL)), "mmap copy while paused");
 	cr_assert(eq(ptr, tms_get_cpu_backup_pointer(q, 16), NULL), "the discard one has none");
 	cr_assert(eq(i32, tms_pause("nosuchtag"), 0), "an unknown tag is no failure");
 	cr_assert(eq(i32, tms_resume("weights"), 0));
-	cr_assert(holds(p, 1 * MiB, 9));
+	cr_assert(test_holds(p, 1 * MiB, 9));
 	cr_assert(not(tms_get_retain_cpu_backup()));
 	tms_set_retain_cpu_backup(true);
 	cr_assert(tms_get_retain_cpu_backup());
@@ -403,7 +389,7 @@ static void pause_and_measure(int64_t *pool_paused, int *fds_drop, int *my_fds_d
 	unsigned char *p = alloc_ex("kv", GMB_MODE_PRESERVE, GMB_BACKUP_PINNED, n);
 	int fds, mine;
 
-	fill(p, n, 11);
+	test_fill(p, n, 11);
 	fds = proc_count_fds(gmbd.pid);
 	mine = proc_count_fds(getpid());
 	cr_assert(eq(i32, gmb_pause(client(), "kv"), 0), "%s", gmb_last_error(client()));
@@ -412,7 +398,7 @@ static void pause_and_measure(int64_t *pool_paused, int *fds_drop, int *my_fds_d
 	*my_fds_drop = mine - proc_count_fds(getpid());
 	*pool_paused = status_i64("pool_bytes");
 	cr_assert(eq(i32, gmb_resume(client(), "kv"), 0), "%s", gmb_last_error(client()));
-	cr_assert(holds(p, n, 11), "bytes back on new chunks");
+	cr_assert(test_holds(p, n, 11), "bytes back on new chunks");
 	cr_assert(eq(i64, status_i64("pool_bytes"), (int64_t)n));
 }
 

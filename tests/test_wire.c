@@ -367,18 +367,25 @@ static void temp_socket_path(char *path, size_t len)
 	snprintf(path, len, "%s/gmbd.sock", dir);
 }
 
+/* @lfd accepts @c's waiting connection, and a message with @id crosses it. */
+static void expect_link(int lfd, int c, uint64_t id)
+{
+	int a = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+
+	cr_assert(ge(i32, a, 0));
+	send_id(c, id);
+	expect_id(a, id);
+	close(a);
+}
+
 /* Connects to @path and checks that @lfd accepts that connection. */
 static void expect_accepts(int lfd, const char *path)
 {
-	int c = -1, a;
+	int c = -1;
 
 	cr_assert(eq(i32, wire_connect(path, &c), 0));
 	cr_assert(eq(i32, fcntl(c, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC));
-	a = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-	cr_assert(ge(i32, a, 0));
-	send_id(c, 77);
-	expect_id(a, 77);
-	close(a);
+	expect_link(lfd, c, 77);
 	close(c);
 }
 
@@ -474,7 +481,7 @@ Test(wire, connect_timed_sets_timeouts_and_never_waits_for_backlog_room)
 	struct sockaddr_un addr = { .sun_family = AF_UNIX };
 	struct timeval tv = { 0 };
 	socklen_t len = sizeof(tv);
-	int lfd, first = -1, second = -1, a;
+	int lfd, first = -1, second = -1;
 	char path[108];
 
 	temp_socket_path(path, sizeof(path));
@@ -492,11 +499,7 @@ Test(wire, connect_timed_sets_timeouts_and_never_waits_for_backlog_room)
 	cr_assert(eq(i64, (int64_t)tv.tv_sec, 7));
 	cr_assert(eq(i32, wire_connect_timed(path, 7, &second), -EAGAIN));
 	cr_assert(eq(i32, second, -1));
-	a = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-	cr_assert(ge(i32, a, 0));
-	send_id(first, 78);
-	expect_id(a, 78);
-	close(a);
+	expect_link(lfd, first, 78);
 	close(first);
 	close(lfd);
 	cr_assert(eq(i32, wire_connect_timed(path, 7, &second), -ECONNREFUSED));

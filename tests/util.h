@@ -6,6 +6,8 @@
 #ifndef GMB_TEST_UTIL_H
 #define GMB_TEST_UTIL_H
 
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,6 +31,9 @@ const char *test_build_dir(void);
  * test (PR_SET_PDEATHSIG). Return: 0 or a negative errno.
  */
 int gmbd_start(struct gmbd_proc *d, const char *const *args);
+/* gmbd_start(), then the folder and the socket open to every uid (as
+ * gmbd.socket's group opens them to its members), for tests as nobody. */
+int gmbd_start_shared(struct gmbd_proc *d, const char *const *args);
 /* SIGTERM, wait; returns gmbd's exit status (or -1 if killed by a signal). */
 int gmbd_stop(struct gmbd_proc *d);
 /* Waits for gmbd to exit (signalled already); its exit status, -1 for a signal. */
@@ -121,6 +126,9 @@ struct fake_sd {
 	int overflow; /* FDSTOREs beyond FAKE_SD_MAX_FDS */
 };
 
+/* A datagram socket bound at @path, as a NOTIFY_SOCKET (close-on-exec; the
+ * caller's). The fd or -errno. */
+int test_notify_socket(const char *path);
 /* Binds @path and starts reading. 0 or -errno. */
 int fake_sd_open(struct fake_sd *m, const char *path);
 void fake_sd_close(struct fake_sd *m);
@@ -150,5 +158,42 @@ int gmbd_spawn(struct gmbd_proc *d, const char *notify, const struct sd_pass *fd
 
 /* Every fd of @m's store, with its name, for gmbd_spawn() (@out: @max entries). */
 int fake_sd_pass(struct fake_sd *m, struct sd_pass *out, int max);
+
+/*
+ * gmbd run as systemd runs it: a folder of its own, the fake manager on
+ * dir/notify, and a listening socket that outlives each gmbd (as
+ * gmbd.socket does; -1 when not asked for), plus how often it started.
+ */
+struct sd_gmbd {
+	char dir[256]; /* removed by sd_gmbd_close */
+	char notify[300];
+	struct fake_sd sd;
+	struct gmbd_proc gmbd;
+	int listen_fd;
+	unsigned starts;
+};
+
+/* Makes a folder from @tmpl (mkdtemp), opens the manager there and, when
+ * @listen, gmbd's socket; starts no gmbd. 0 or -errno. */
+int sd_gmbd_open(struct sd_gmbd *f, const char *tmpl, bool listen);
+/* Starts gmbd with @args, the socket and the whole store; waits @ms for its READY=1. */
+int sd_gmbd_up(struct sd_gmbd *f, const char *const *args, int ms);
+/* SIGKILL, reaped, then every datagram it sent read: the store is what it left. */
+int sd_gmbd_kill(struct sd_gmbd *f);
+/* Ends a running gmbd with @sig, closes the manager and the socket, removes the folder. */
+void sd_gmbd_close(struct sd_gmbd *f, int sig);
+
+/* Fills @p with a pattern of @seed; test_holds() says whether it is still there. */
+void test_fill(unsigned char *p, size_t n, unsigned seed);
+bool test_holds(const unsigned char *p, size_t n, unsigned seed);
+
+/*
+ * gmbctl_vrun() - run BUILD/gmbctl -s @sock and the NULL-ended arguments in
+ * @ap, after the NULL-ended @pre (a program it runs under, e.g. setpriv;
+ * may be NULL); @sock NULL leaves -s out. stdout and stderr into @out and
+ * @err (@cap bytes each). Return: its exit status, or -1.
+ */
+int gmbctl_vrun(const char *const *pre, const char *sock, char *out, char *err, size_t cap,
+		va_list ap);
 
 #endif

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "daemon/core/broker.h"
+#include "tests/broker_refs.h"
 #include "tests/fuzz/fuzz.h"
 
 void fuzz_fail(const char *fmt, ...)
@@ -75,17 +76,6 @@ static void fuzz_check_pool(const struct pool *p, int over_budget)
 	if (!over_budget && p->held_bytes > p->budget)
 		fuzz_fail("dev %d: held %llu over the budget %llu", p->dev,
 			  (unsigned long long)p->held_bytes, (unsigned long long)p->budget);
-}
-
-static uint32_t fuzz_count_refs(const struct bclient *c, const struct chunk *ch)
-{
-	uint32_t n = 0;
-
-	for (const struct btag *t = c->tags; t; t = t->next)
-		for (const struct balloc *a = t->allocs; a; a = a->next)
-			for (uint32_t i = 0; i < a->nchunks; i++)
-				n += a->chunks[i] == ch;
-	return n;
 }
 
 static void fuzz_check_alloc(const struct bclient *c, const struct balloc *a, uint64_t *lent)
@@ -172,11 +162,11 @@ static void fuzz_check_holders(const struct broker *br)
 		for (uint32_t i = 0; i < ch->nholders; i++) {
 			const struct chunk_holder *h = &ch->holders[i];
 
-			if (h->refs != fuzz_count_refs(h->client, ch))
+			if (h->refs != test_count_refs(h->client, ch))
 				fuzz_fail("chunk %llu: holder %llu has %u refs, lends say %u",
 					  (unsigned long long)ch->id,
 					  (unsigned long long)h->client->id, h->refs,
-					  fuzz_count_refs(h->client, ch));
+					  test_count_refs(h->client, ch));
 			if ((h->refs == 0 && !h->drop_sent) || (h->drop_sent && !ch->releasing))
 				fuzz_fail("chunk %llu: holder entry without reason",
 					  (unsigned long long)ch->id);

@@ -86,79 +86,78 @@ static Gmb__Envelope seeds_req(Gmb__Envelope__BodyCase bc, void *body)
 	return env;
 }
 
+/* One request with @body (a message of case @bc) on socket @sock. */
+static void seeds_send(struct seed *s, int sock, Gmb__Envelope__BodyCase bc, void *body)
+{
+	Gmb__Envelope env = seeds_req(bc, body);
+
+	seeds_env(s, (unsigned)sock << 3, &env);
+}
+
 static void d_hello(struct seed *s, int sock, const char *name, uint64_t rejoin, bool tool)
 {
 	Gmb__Hello h = GMB__HELLO__INIT;
-	Gmb__Envelope env = seeds_req(GMB__ENVELOPE__BODY_HELLO, &h);
 
 	h.version = GMB_PROTOCOL_VERSION, h.name = (char *)name, h.control = !tool;
 	h.tool = tool, h.rejoin_id = rejoin;
-	seeds_env(s, (unsigned)sock << 3, &env);
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_HELLO, &h);
 }
 
 static void d_alloc(struct seed *s, int sock, uint32_t dev, uint64_t size, const char *tag)
 {
 	Gmb__AllocRequest a = GMB__ALLOC_REQUEST__INIT;
-	Gmb__Envelope env = seeds_req(GMB__ENVELOPE__BODY_ALLOC, &a);
 
 	a.device = dev, a.size = size, a.tag = (char *)tag;
-	seeds_env(s, (unsigned)sock << 3, &env);
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_ALLOC, &a);
 }
 
 static void d_free(struct seed *s, int sock, uint64_t id)
 {
 	Gmb__FreeRequest f = GMB__FREE_REQUEST__INIT;
-	Gmb__Envelope env = seeds_req(GMB__ENVELOPE__BODY_FREE, &f);
 
 	f.alloc_id = id;
-	seeds_env(s, (unsigned)sock << 3, &env);
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_FREE, &f);
 }
 
 static void d_mode(struct seed *s, int sock, const char *tag, Gmb__Mode mode)
 {
 	Gmb__TagModeRequest m = GMB__TAG_MODE_REQUEST__INIT;
-	Gmb__Envelope env = seeds_req(GMB__ENVELOPE__BODY_TAG_MODE, &m);
 
 	m.tag = (char *)tag, m.mode = mode;
-	seeds_env(s, (unsigned)sock << 3, &env);
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_TAG_MODE, &m);
 }
 
 static void d_cycle(struct seed *s, int sock, const char *tag)
 {
 	Gmb__PauseRequest p = GMB__PAUSE_REQUEST__INIT;
 	Gmb__ResumeRequest r = GMB__RESUME_REQUEST__INIT;
-	Gmb__Envelope env = seeds_req(GMB__ENVELOPE__BODY_PAUSE, &p);
 
 	p.tag = (char *)tag, r.tag = (char *)tag;
-	seeds_env(s, (unsigned)sock << 3, &env);
-	env = seeds_req(GMB__ENVELOPE__BODY_RESUME, &r);
-	seeds_env(s, (unsigned)sock << 3, &env);
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_PAUSE, &p);
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_RESUME, &r);
 }
 
 static void d_status(struct seed *s, int sock)
 {
 	Gmb__StatusRequest st = GMB__STATUS_REQUEST__INIT;
-	Gmb__Envelope env = seeds_req(GMB__ENVELOPE__BODY_STATUS_REQ, &st);
 
-	seeds_env(s, (unsigned)sock << 3, &env);
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_STATUS_REQ, &st);
 }
 
 static void d_trim(struct seed *s, int sock, int dev)
 {
 	Gmb__TrimRequest t = GMB__TRIM_REQUEST__INIT;
-	Gmb__Envelope env = seeds_req(GMB__ENVELOPE__BODY_TRIM, &t);
 
 	t.device = dev;
-	seeds_env(s, (unsigned)sock << 3, &env);
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_TRIM, &t);
 }
 
 static void d_control(struct seed *s, int sock, const char *target, Gmb__Op op, const char *tag)
 {
 	Gmb__ControlRequest c = GMB__CONTROL_REQUEST__INIT;
-	Gmb__Envelope env = seeds_req(GMB__ENVELOPE__BODY_CONTROL, &c);
 
 	c.target = (char *)target, c.op = op, c.tag = (char *)tag;
-	seeds_env(s, (unsigned)sock << 3, &env);
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_CONTROL, &c);
 }
 
 /* The claim of the orphan fuzz_daemon.c restores (client 7). */
@@ -170,7 +169,6 @@ static void d_rejoin(struct seed *s, int sock, bool honest)
 	Gmb__RejoinAlloc *allocs[] = { &a5, &a6 };
 	Gmb__RejoinRequest r = GMB__REJOIN_REQUEST__INIT;
 	uint64_t ids5[] = { 1, 2 }, ids6[] = { honest ? 3 : 4 }, held[] = { 1, 2, 3 };
-	Gmb__Envelope env;
 
 	d_hello(s, sock, "orphan", 7, false);
 	tw.name = "w", tw.mode = GMB__MODE__MODE_PRESERVE;
@@ -180,8 +178,7 @@ static void d_rejoin(struct seed *s, int sock, bool honest)
 	a6.alloc_id = 6, a6.tag = "kv", a6.size = 2 * MiB, a6.n_chunk_ids = 1, a6.chunk_ids = ids6;
 	r.n_tags = 2, r.tags = tags, r.n_allocs = 2, r.allocs = allocs;
 	r.n_held_chunk_ids = 3, r.held_chunk_ids = held, r.last = true;
-	env = seeds_req(GMB__ENVELOPE__BODY_REJOIN, &r);
-	seeds_env(s, (unsigned)sock << 3, &env);
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_REJOIN, &r);
 }
 
 static void seeds_daemon(void)
@@ -342,7 +339,7 @@ static void seeds_state_real(void)
 			     NULL);
 		broker_result_deinit(&res);
 	}
-	broker_pause(br, c, "kv", NULL);
+	broker_pause(br, c, "kv", false, NULL);
 	broker_free_alloc(br, c, 1, NULL);
 	if (state_encode(br, &buf, &len) < 0)
 		exit(1);
@@ -401,7 +398,8 @@ static Gmb__Lend c_lend(uint64_t *ids, uint64_t *sizes)
 	return l;
 }
 
-static void c_alloc(struct seed *s)
+/* An AllocReply lending two chunks with their fds; @flags added to the item's. */
+static void c_alloc(struct seed *s, unsigned flags)
 {
 	uint64_t ids[2], sizes[2];
 	Gmb__Lend l = c_lend(ids, sizes);
@@ -411,7 +409,7 @@ static void c_alloc(struct seed *s)
 	ar.lend = &l;
 	env.body_case = GMB__ENVELOPE__BODY_ALLOC_REPLY, env.alloc_reply = &ar;
 	env.n_fd_chunks = 2, env.fd_chunks = ids, env.n_fd_sizes = 2, env.fd_sizes = sizes;
-	c_item(s, C_REPLY | C_FDS, &env);
+	c_item(s, C_REPLY | C_FDS | flags, &env);
 }
 
 static void c_pause(struct seed *s)
@@ -496,7 +494,7 @@ static void seeds_client(void)
 	s.len = 0; /* every call answered as gmbd answers it */
 	c_hello(&s, false);
 	c_status(&s, 0); /* tag mode */
-	c_alloc(&s);
+	c_alloc(&s, 0);
 	c_pause(&s);
 	c_resume(&s, false);
 	c_status_reply(&s);
@@ -506,7 +504,7 @@ static void seeds_client(void)
 	s.len = 0; /* gmbd asks for drops and pauses it from outside */
 	c_hello(&s, false);
 	c_status(&s, 0);
-	c_alloc(&s);
+	c_alloc(&s, 0);
 	c_drop(&s, 12);
 	c_control(&s, GMB__OP__OP_PAUSE);
 	c_pause(&s);
@@ -519,17 +517,7 @@ static void seeds_client(void)
 	s.len = 0; /* gmbd restarts after the alloc: rejoin, then on */
 	c_hello(&s, false);
 	c_status(&s, 0);
-	{
-		uint64_t ids[2], sizes[2];
-		Gmb__Lend l = c_lend(ids, sizes);
-		Gmb__AllocReply ar = GMB__ALLOC_REPLY__INIT;
-		Gmb__Envelope env = GMB__ENVELOPE__INIT;
-
-		ar.lend = &l;
-		env.body_case = GMB__ENVELOPE__BODY_ALLOC_REPLY, env.alloc_reply = &ar;
-		env.n_fd_chunks = 2, env.fd_chunks = ids, env.n_fd_sizes = 2, env.fd_sizes = sizes;
-		c_item(&s, C_REPLY | C_FDS | C_HANG_UP, &env);
-	}
+	c_alloc(&s, C_HANG_UP);
 	c_hello(&s, true);
 	c_rejoin_reply(&s);
 	c_pause(&s);
@@ -541,7 +529,7 @@ static void seeds_client(void)
 	s.len = 0; /* gmbd says Bye in the middle */
 	c_hello(&s, false);
 	c_status(&s, 0);
-	c_alloc(&s);
+	c_alloc(&s, 0);
 	{
 		Gmb__Bye bye = GMB__BYE__INIT;
 		Gmb__Envelope env = GMB__ENVELOPE__INIT;
