@@ -306,10 +306,34 @@ int gmb__region_how(char *tag, size_t cap, struct gmb__mem_how *how)
 	return 1;
 }
 
+/*
+ * region_lookup's answer without its copy: the preload shim asks this on
+ * every cudaMalloc, so it reads only flags (each thread-local read in a
+ * dlopen'd library is a call).
+ */
+static int region_in_force(void)
+{
+	int depth = region_depth;
+
+	if (depth)
+		return !region_stack[depth - 1].plain;
+	if (region_base_get()->on)
+		return 1;
+	pthread_once(&region_env_once, region_env_load);
+	if (region_env.err < 0)
+		return err_fmt(region_error, region_env.err, "%s", region_env.msg);
+	return region_env.set;
+}
+
 GMB_API int gmb_region_current(char *tag, size_t cap, int *mode)
 {
-	struct region r = { .mode = GMB_MODE_DISCARD };
-	int rc = region_lookup(&r);
+	struct region r;
+	int rc;
+
+	if (!tag && !mode)
+		return region_in_force();
+	r = (struct region){ .mode = GMB_MODE_DISCARD };
+	rc = region_lookup(&r);
 
 	if (rc <= 0)
 		return rc;
