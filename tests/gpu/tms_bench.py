@@ -9,8 +9,15 @@ and against the stand-in package (client/python-tms on gmbd, $GMB_SOCKET):
 captured over them (preload mode), then pause/resume, medians of --reps
 cycles after one warm-up, for: discard; CPU backup with retain off; CPU
 backup with retain on. Bytes are checked after every resume of a backup
-mode and the graph replayed. Prints every figure and every ratio
-(peer / gmbd: above 1 means gmbd is faster), then
+mode and the graph replayed. gmbd runs twice: with its default (a pause
+gives memory to the driver; $GMB_SOCKET) and, when $GMB_SOCKET_WARM names
+one (tests/gpu/tms_suite.sh starts it), on a gmbd with --pool-keep
+unlimited (free memory kept warm). For the default gmbd it also prints
+what it spends per chunk beyond the peer (its pause and resume less the
+peer's, over the chunks that each cycle released and created, from gmbd's
+counters): the export, import and fd transfer that lending costs. Prints
+every figure and every ratio (peer / gmbd: above 1 means gmbd is faster),
+then
 "RESULT: PASS|MISS|FAIL - ...": MISS when gmbd's pause with retain off is
 less than 5x the peer's or a retained cycle is over 1.25x the peer's.
 """
@@ -56,6 +63,16 @@ def child(mode, reps):
         for t in big + small:
             t.add_(0)  # reads and writes every tensor, keeps the bytes
     torch.cuda.synchronize()
+
+    def counters():
+        try:
+            import gmb
+            d = gmb.default_client().status()["devices"][0]
+            return d.get("chunks_created", 0), d.get("chunks_released", 0)
+        except Exception:  # the peer: no gmbd
+            return 0, 0
+
+    c0 = counters()
     pauses, resumes, ok = [], [], True
     for _ in range(reps + 1):
         torch.cuda.synchronize()
@@ -73,8 +90,11 @@ def child(mode, reps):
             ok &= all(int(t[:: 1 << 24].min()) == i + 1 == int(t[:: 1 << 24].max())
                       for i, t in enumerate(big))
             ok &= all(int(t[0]) == i % 251 for i, t in list(enumerate(small))[::97])
+    c1 = counters()
     print("BENCH " + json.dumps({"pause_s": statistics.median(pauses[1:]),
                                  "resume_s": statistics.median(resumes[1:]), "bytes_ok": ok,
+                                 "created_per_cycle": (c1[0] - c0[0]) / (reps + 1),
+                                 "released_per_cycle": (c1[1] - c0[1]) / (reps + 1),
                                  "tms": tms.__class__.__module__}), flush=True)
 
 
@@ -122,37 +142,79 @@ def main():
         peer_so = [f for f in os.listdir(peer_dir) if f.startswith("torch_memory_saver_hook_mode_preload")
                    and f.endswith(".so")]
         gmb_pp = f"{ROOT}/client/python-tms:{ROOT}/client/python"
+        warm = os.environ.get("GMB_SOCKET_WARM")
         res = {}
         for mode in MODES:
             res[("peer", mode)] = run_child(py, "peer", mode, a.reps, peer_dir,
                                             os.path.join(peer_dir, peer_so[0]), {})
             res[("gmbd", mode)] = run_child(py, "gmbd", mode, a.reps, gmb_pp,
                                             os.environ["GMB_PRELOAD_LIB"], {})
+            if warm:
+                res[("warm", mode)] = run_child(py, "gmbd warm", mode, a.reps, gmb_pp,
+                                                os.environ["GMB_PRELOAD_LIB"],
+                                                {"GMB_SOCKET": warm})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"\n{'mode':<20} {'peer pause':>11} {'gmbd pause':>11} {'ratio':>6}   "
-          f"{'peer resume':>11} {'gmbd resume':>11} {'ratio':>6}  bytes")
+    return report(res, a, bool(warm))
+
+
+def ratio(p, g, key):
+    return p[key] / g[key] if g and g[key] > 0 else float("nan")
+
+
+def report(res, a, warm):
+    """The table, the per-chunk cost, the verdict."""
+    print("\ngmbd: its default (a pause gives memory to the driver); warm: gmbd --pool-keep "
+          "unlimited; ratio = peer / gmbd (above 1: gmbd faster)")
+    hdr = f"{'mode':<18} {'':>7} {'peer':>10} {'gmbd':>10} {'ratio':>6}"
+    if warm:
+        hdr += f" {'warm':>10} {'ratio':>6}"
+    print(hdr + "  bytes ok (peer/gmbd/warm)")
     misses, fails, rows = [], [], {}
     for mode in MODES:
-        p, g = res[("peer", mode)], res[("gmbd", mode)]
-        if not p or not g:
-            fails.append(f"{mode}: {'peer' if not p else 'gmbd'} run failed")
+        p, g, w = res[("peer", mode)], res[("gmbd", mode)], res.get(("warm", mode))
+        if not p or not g or (warm and not w):
+            fails.append(f"{mode}: {'peer' if not p else 'gmbd' if not g else 'warm gmbd'} run failed")
             continue
-        rp, rr = p["pause_s"] / g["pause_s"], p["resume_s"] / g["resume_s"]
-        rows[mode] = {"peer": p, "gmbd": g, "pause_ratio": rp, "resume_ratio": rr}
-        print(f"{mode:<20} {p['pause_s'] * 1e3:>9.1f}ms {g['pause_s'] * 1e3:>9.1f}ms {rp:>6.2f}   "
-              f"{p['resume_s'] * 1e3:>9.1f}ms {g['resume_s'] * 1e3:>9.1f}ms {rr:>6.2f}  "
-              f"peer {p['bytes_ok']} gmbd {g['bytes_ok']}")
-        if not g["bytes_ok"]:
-            fails.append(f"{mode}: gmbd lost bytes")
-        if mode == "backup_retain_off" and rp < 5:
-            misses.append(f"retain-off pause {rp:.2f}x the peer's (goal 5x)")
-        if mode == "backup_retain_on" and (rp < 0.8 or rr < 0.8):
-            misses.append(f"retained cycle {rp:.2f}x / {rr:.2f}x the peer's (goal: at the pinned limit)")
+        rows[mode] = {"peer": p, "gmbd": g, "pause_ratio": ratio(p, g, "pause_s"),
+                      "resume_ratio": ratio(p, g, "resume_s")}
+        if warm:
+            rows[mode].update(warm=w, warm_pause_ratio=ratio(p, w, "pause_s"),
+                              warm_resume_ratio=ratio(p, w, "resume_s"))
+        for what in ("pause", "resume"):
+            key = what + "_s"
+            line = (f"{mode if what == 'pause' else '':<18} {what:>7} {p[key] * 1e3:>8.1f}ms "
+                    f"{g[key] * 1e3:>8.1f}ms {ratio(p, g, key):>6.2f}")
+            if warm:
+                line += f" {w[key] * 1e3:>8.1f}ms {ratio(p, w, key):>6.2f}"
+            if what == "pause":
+                line += f"  {p['bytes_ok']}/{g['bytes_ok']}/{w['bytes_ok'] if warm else '-'}"
+            print(line)
+        for name, r in (("gmbd", g), ("warm gmbd", w)):
+            if r and not r["bytes_ok"]:
+                fails.append(f"{mode}: {name} lost bytes")
+        if mode == "backup_retain_off" and rows[mode]["pause_ratio"] < 5:
+            misses.append(f"retain-off pause {rows[mode]['pause_ratio']:.2f}x the peer's (goal 5x)")
+        if mode == "backup_retain_on" and (rows[mode]["pause_ratio"] < 0.8 or
+                                           rows[mode]["resume_ratio"] < 0.8):
+            misses.append(f"retained cycle {rows[mode]['pause_ratio']:.2f}x / "
+                          f"{rows[mode]['resume_ratio']:.2f}x the peer's (goal: at the pinned limit)")
+    d = rows.get("discard")
+    if d:
+        g, p = d["gmbd"], d["peer"]
+        rel, cre = g["released_per_cycle"], g["created_per_cycle"]
+        print(f"\ndiscard, gmbd's default, per chunk beyond the peer: pause "
+              f"{(g['pause_s'] - p['pause_s']) / max(rel, 1) * 1e6:+.1f} us over {rel:.0f} chunks "
+              f"released, resume {(g['resume_s'] - p['resume_s']) / max(cre, 1) * 1e6:+.1f} us over "
+              f"{cre:.0f} chunks created per cycle")
+        d.update(extra_pause_us_per_chunk=(g["pause_s"] - p["pause_s"]) / max(rel, 1) * 1e6,
+                 extra_resume_us_per_chunk=(g["resume_s"] - p["resume_s"]) / max(cre, 1) * 1e6)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({m: r for m, r in rows.items()}, f, indent=1)
     summary = "; ".join(f"{m} pause x{r['pause_ratio']:.2f} resume x{r['resume_ratio']:.2f}"
+                        + (f" (warm x{r['warm_pause_ratio']:.2f} / x{r['warm_resume_ratio']:.2f})"
+                           if "warm" in r else "")
                         for m, r in rows.items())
     if fails:
         print(f"RESULT: FAIL - {'; '.join(fails)}; {summary}")

@@ -92,6 +92,14 @@ GPID=$GMBD_STARTED_PID
 export GMB_SOCKET=$SOCK
 
 if [ -n "$SCRIPT" ]; then
+	# A second gmbd that keeps free memory warm (--pool-keep unlimited), for
+	# scripts that compare both ways ($GMB_SOCKET_WARM; tms_bench.py does).
+	SOCKW=$TMPD/gmbd-warm.sock
+	if gmbd_start "$SOCKW" "$TMPD/gmbd-warm.log" --pool-keep unlimited; then
+		export GMB_SOCKET_WARM=$SOCKW
+	else
+		append_daemon_log "gmbd (warm) log" "$TMPD/gmbd-warm.log"
+	fi
 	echo "==== $PY $SCRIPT $*" >>"$LOG"
 	timeout -k 10 900 "$PY" "$SCRIPT" "$@" 2>&1 | tee -a "$LOG"
 	rc=${PIPESTATUS[0]}

@@ -39,7 +39,7 @@
 /* Two pieces: one in flight on the link while the threads copy the other. */
 #define BACKUP_RING_PIECE	  (64ULL << 20)
 /* Threads for the host side of a piece, each at least this many bytes. */
-#define BACKUP_PAR_MAX		  8
+#define BACKUP_PAR_MAX		  16
 #define BACKUP_PAR_MIN		  (4ULL << 20)
 #define BACKUP_DISK_CHUNK_DEFAULT 256ULL
 
@@ -259,6 +259,39 @@ static void backup_par_copy(void *dst, const void *src, size_t n)
 			pthread_join(th[i], NULL);
 }
 
+/*
+ * Fresh pageable memory for a copy of @size bytes, or MAP_FAILED. It is
+ * aligned to 2 MiB and asked for transparent huge pages: a pause into new
+ * memory is bound by the faults of its first touch, and a huge page is one
+ * fault where small pages are 512 (the kernel still zeroes it). Where huge
+ * pages are off, or the alignment cannot be had, it is ordinary memory.
+ */
+static void *backup_map_pageable(uint64_t size)
+{
+	const uint64_t huge = 2ULL << 20;
+	const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+	char *p, *aligned, *end;
+	uint64_t head;
+
+	if (size < huge)
+		return mmap(NULL, size, PROT_READ | PROT_WRITE,
+			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	p = mmap(NULL, size + huge, PROT_READ | PROT_WRITE,
+		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (p == MAP_FAILED)
+		return MAP_FAILED;
+	aligned = (char *)(((uintptr_t)p + huge - 1) & ~(uintptr_t)(huge - 1));
+	head = (uint64_t)(aligned - p);
+	/* The copy is freed as [aligned, aligned + size): trim the rest now. */
+	end = (char *)(((uintptr_t)aligned + size + page - 1) & ~(page - 1));
+	if (head)
+		munmap(p, head);
+	if (end < p + size + huge)
+		munmap(end, (size_t)(p + size + huge - end));
+	(void)madvise(aligned, size, MADV_HUGEPAGE);
+	return aligned;
+}
+
 /* The ring and the disk buffer: pinned, made on first use, kept until close. */
 
 static int backup_ring(struct gmb__mem *m, char *err)
@@ -373,8 +406,7 @@ int gmb__backup_prepare(struct gmb__mem *m, struct gmb__alloc *a, char *err)
 		a->copy = (struct gmb__hostcopy){ .how = GMB__COPY_PINNED, .p = p, .fd = -1 };
 		return 0;
 	}
-	p = mmap(NULL, a->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-		 -1, 0);
+	p = backup_map_pageable(a->size);
 	if (p == MAP_FAILED)
 		return err_fmt(err, -ENOMEM, "mapping a host copy of %" PRIu64 " bytes: %s",
 			       a->size, strerror(errno));
