@@ -32,6 +32,13 @@ static void fake_sd_store(struct fake_sd *m, const char *name, int fd)
 			return;
 		}
 	}
+	if (m->limit && (unsigned)m->nstore >= m->limit) {
+		/* systemd 252 logs "Cannot store more fds than
+		 * FileDescriptorStoreMax=" in its own journal, nothing more. */
+		m->dropped++;
+		close(fd);
+		return;
+	}
 	if (m->nstore == FAKE_SD_MAX_FDS) {
 		m->overflow++;
 		close(fd);
@@ -226,6 +233,16 @@ int fake_sd_wait_status(struct fake_sd *m, const char *needle, int ms)
 	return fake_sd_wait(m, fake_sd_status_done, needle, ms);
 }
 
+static bool fake_sd_status_gone(struct fake_sd *m, const void *arg)
+{
+	return m->status[0] && strstr(m->status, arg) == NULL;
+}
+
+int fake_sd_wait_status_not(struct fake_sd *m, const char *needle, int ms)
+{
+	return fake_sd_wait(m, fake_sd_status_gone, needle, ms);
+}
+
 /* Datagrams are read in order: once ours is, every earlier one is too. */
 int fake_sd_sync(struct fake_sd *m)
 {
@@ -297,6 +314,10 @@ int sd_gmbd_up(struct sd_gmbd *f, const char *const *args, int ms)
 	if (f->listen_fd >= 0)
 		pass[n++] = (struct sd_pass){ .fd = f->listen_fd, .name = "gmbd.socket" };
 	n += fake_sd_pass(&f->sd, pass + n, FAKE_SD_MAX_FDS);
+	if (f->sd.announce)
+		snprintf(f->gmbd.fdstore, sizeof(f->gmbd.fdstore), "%u", f->sd.limit);
+	else
+		f->gmbd.fdstore[0] = '\0';
 	rc = gmbd_spawn(&f->gmbd, f->notify, pass, n, args);
 	if (rc < 0)
 		return rc;

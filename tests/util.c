@@ -106,6 +106,11 @@ static void gmbd_exec(struct gmbd_proc *d, const char *notify, const char *const
 		argv[n++] = *args;
 	argv[n] = NULL;
 	setenv("NOTIFY_SOCKET", notify, 1);
+	/* Never the limit of a unit the tests themselves may run in. */
+	if (d->fdstore[0])
+		setenv("FDSTORE", d->fdstore, 1);
+	else
+		unsetenv("FDSTORE");
 	int log = open(d->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
 
 	if (log >= 0)
@@ -119,6 +124,7 @@ int gmbd_start(struct gmbd_proc *d, const char *const *args)
 	char notify[300];
 	int nfd, err;
 
+	d->fdstore[0] = '\0';
 	snprintf(d->dir, sizeof(d->dir), "/tmp/gmbtest.XXXXXX");
 	if (!mkdtemp(d->dir))
 		return -errno;

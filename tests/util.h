@@ -18,7 +18,8 @@ struct gmbd_proc {
 	pid_t pid;
 	char dir[256]; /* temporary folder, removed by gmbd_stop */
 	char sock[300];
-	char log[300]; /* gmbd's stderr; shown by gmbd_stop when it failed */
+	char log[300];	  /* gmbd's stderr; shown by gmbd_stop when it failed */
+	char fdstore[16]; /* $FDSTORE for gmbd, as systemd 254 sets it; "": unset */
 };
 
 /* The build folder under test: $GMB_BUILD_DIR or "build". */
@@ -103,7 +104,11 @@ void worker_kill(struct worker *w);
  * read by a thread of its own (sd_notify() blocks on a full socket). It
  * keeps what systemd would: READY=1, STOPPING=1 and WATCHDOG=1 counts, the
  * last STATUS=, and the fd store (FDSTORE=1 + FDNAME=, FDSTOREREMOVE=1).
- * The store's fds are the manager's (closed by fake_sd_close()).
+ * The store's fds are the manager's (closed by fake_sd_close()). With a
+ * limit it is a unit's FileDescriptorStoreMax= and kept as systemd 252
+ * keeps it: an fd past it is closed and counted, and the sender is told
+ * nothing; with announce, sd_gmbd_up() says the limit in $FDSTORE, as
+ * systemd 254 and later do.
  */
 #define FAKE_SD_MAX_FDS 1024
 
@@ -123,7 +128,10 @@ struct fake_sd {
 	char status[512];
 	struct fake_sd_fd store[FAKE_SD_MAX_FDS];
 	int nstore;
-	int overflow; /* FDSTOREs beyond FAKE_SD_MAX_FDS */
+	int overflow;	  /* FDSTOREs beyond FAKE_SD_MAX_FDS */
+	unsigned limit;	  /* FileDescriptorStoreMax=; 0: FAKE_SD_MAX_FDS only */
+	bool announce;	  /* $FDSTORE=limit for the gmbd sd_gmbd_up() starts */
+	unsigned dropped; /* FDSTOREs closed past the limit, unannounced */
 };
 
 /* A datagram socket bound at @path, as a NOTIFY_SOCKET (close-on-exec; the
@@ -138,6 +146,8 @@ int fake_sd_sync(struct fake_sd *m);
 int fake_sd_wait_count(struct fake_sd *m, const unsigned *counter, unsigned n, int ms);
 /* Waits (at most @ms) until the last STATUS= contains @needle. */
 int fake_sd_wait_status(struct fake_sd *m, const char *needle, int ms);
+/* Waits (at most @ms) until there is a STATUS= and it lacks @needle. */
+int fake_sd_wait_status_not(struct fake_sd *m, const char *needle, int ms);
 /* How many stored fds have a name starting with @prefix. */
 int fake_sd_count(struct fake_sd *m, const char *prefix);
 

@@ -59,14 +59,18 @@ struct persist {
 	struct backend *be;
 	struct broker *br; /* what the record describes; not owned */
 	struct pool_hooks hooks;
-	unsigned fdstore_max;
-	unsigned nstored; /* chunk fds in the store */
+	unsigned opt_max;     /* --fdstore-max */
+	unsigned fdstore_max; /* kept to: the lower of opt_max and the unit's */
+	bool unit_lower;      /* the unit's FileDescriptorStoreMax= is the lower */
+	unsigned nstored;     /* chunk fds in the store */
+	unsigned failures;    /* failed writes of the record since the last stored */
 	enum persist_mode mode;
 	bool dirty, frozen;
 	int fd;			/* the state memfd; -1 until attached */
 	struct persist_hdr cur; /* the record in force (len 0: none) */
 };
 
+static void persist_check_limit(struct persist *p);
 static int persist_on_created(void *arg, const struct chunk *c);
 static void persist_on_destroyed(void *arg, const struct chunk *c);
 
@@ -102,13 +106,61 @@ int persist_new(struct backend *be, unsigned fdstore_max, struct persist **out)
 		return -ENOMEM;
 	p->be = be;
 	p->fd = -1;
-	p->fdstore_max = fdstore_max;
+	p->opt_max = p->fdstore_max = fdstore_max;
 	p->mode = fdstore_max >= 2 && sd_glue_has_manager() ? PERSIST_UNKNOWN : PERSIST_OFF;
 	p->hooks = (struct pool_hooks){ .created = persist_on_created,
 					.destroyed = persist_on_destroyed,
 					.arg = p };
+	if (p->mode == PERSIST_UNKNOWN)
+		persist_check_limit(p);
 	*out = p;
 	return 0;
+}
+
+/*
+ * The unit's FileDescriptorStoreMax=, learnt once at start. systemd closes
+ * an fd stored past it with a line in its own journal and not a word to
+ * gmbd, so a chunk past it would be lent and then lost at the next
+ * restart: gmbd keeps to the lower of the two numbers, and says so loudly
+ * when the unit's is the lower, since a client then meets ENOSPC sooner
+ * than --fdstore-max promises.
+ */
+static void persist_check_limit(struct persist *p)
+{
+	const char *how = "";
+	unsigned unit = 0;
+
+	if (sd_glue_fdstore_limit(&unit, &how) < 0) {
+		log_notice("cannot check the unit's FileDescriptorStoreMax=, so gmbd trusts"
+			   " --fdstore-max to equal it (chunks past a lower one would be lost"
+			   " at a restart) fdstore_max=%u reason=\"%s\"",
+			   p->opt_max, how);
+		return;
+	}
+	if (unit >= p->opt_max) {
+		log_info(
+			"fd store limit checked fdstore_max=%u FileDescriptorStoreMax=%u source=%s",
+			p->opt_max, unit, how);
+		return;
+	}
+	if (unit < 2) {
+		log_warn("the unit's FileDescriptorStoreMax= has no room for the state and a chunk,"
+			 " so the fd store is not used and a restart of gmbd loses the clients'"
+			 " memory: set FileDescriptorStoreMax=%u in the unit (systemctl edit gmbd),"
+			 " or fdstore-max = 0 in gmbd.conf to mean it FileDescriptorStoreMax=%u"
+			 " fdstore_max=%u source=%s",
+			 p->opt_max, unit, p->opt_max, how);
+		p->mode = PERSIST_OFF;
+		return;
+	}
+	log_warn("the unit's FileDescriptorStoreMax= is lower than --fdstore-max: gmbd keeps"
+		 " the state and at most %u chunks and refuses requests that need more"
+		 " (ENOSPC); set both to the same number (systemctl edit gmbd: [Service]"
+		 " FileDescriptorStoreMax=%u, or fdstore-max = %u in gmbd.conf)"
+		 " FileDescriptorStoreMax=%u fdstore_max=%u source=%s",
+		 unit - 1, p->opt_max, unit, unit, p->opt_max, how);
+	p->fdstore_max = unit;
+	p->unit_lower = true;
 }
 
 void persist_free(struct persist *p)
@@ -177,6 +229,13 @@ static int persist_on_created(void *arg, const struct chunk *c)
 
 	if (!persist_active(p) || p->frozen)
 		return 0;
+	if (p->nstored + 1 >= p->fdstore_max && p->unit_lower)
+		return backend_fail(
+			-ENOSPC,
+			"the fd store holds %u chunks and the state, the unit's limit"
+			" (FileDescriptorStoreMax=%u, lower than --fdstore-max %u): raise"
+			" it, or use fewer, larger chunks",
+			p->nstored, p->fdstore_max, p->opt_max);
 	if (p->nstored + 1 >= p->fdstore_max)
 		return backend_fail(-ENOSPC,
 				    "the fd store holds %u chunks and the state, its limit"
@@ -260,25 +319,74 @@ static int persist_write(struct persist *p, const uint8_t *buf, size_t len)
 	return r;
 }
 
-void persist_flush(void *arg)
+/* Which limit a failed write of the record most likely met, for people. */
+static const char *persist_write_why(int r)
+{
+	switch (r) {
+	case -E2BIG:
+		return "the record is larger than the next gmbd would read";
+	case -EFBIG:
+		return "the state memfd may not grow: the file size limit (LimitFSIZE=) is below it";
+	case -ENOMEM:
+	case -ENOSPC:
+		return "no memory for the state memfd (the unit's MemoryMax=, or the machine's)";
+	default:
+		return "the write into the state memfd failed";
+	}
+}
+
+/* Said once at error level, then at debug per try until one succeeds. */
+static void persist_write_failed(struct persist *p, int r)
+{
+	if (p->failures++ == 0)
+		log_err("cannot store the state record in the fd store: replies wait until it is"
+			" stored (tried again, said once) err=\"%s\" reason=\"%s\"",
+			strerror(-r), persist_write_why(r));
+	else
+		log_debug("still cannot store the state record attempts=%u err=\"%s\"", p->failures,
+			  strerror(-r));
+}
+
+int persist_flush(void *arg)
 {
 	struct persist *p = arg;
 	uint8_t *buf = NULL;
 	size_t len = 0;
 	int r;
 
-	if (p->mode != PERSIST_ON || !p->dirty || p->frozen || !p->br)
-		return;
+	if (p->mode != PERSIST_ON || !p->dirty || !p->br)
+		return 0;
+	/* A change after the handover record: the next gmbd will not know it. */
+	if (p->frozen)
+		return -ESTALE;
 	r = state_encode(p->br, &buf, &len);
+	if (r == 0 && len > PERSIST_MAX_RECORD)
+		r = -E2BIG;
 	if (r == 0)
 		r = persist_write(p, buf, len);
 	free(buf);
 	if (r < 0) {
-		/* dirty stays set: the next turn tries again. */
-		log_errno(LOG_LVL_ERR, r, "cannot write the state to the fd store");
-		return;
+		/* dirty stays set: the next call tries again. */
+		persist_write_failed(p, r);
+		return r;
 	}
+	if (p->failures)
+		log_notice("state record stored again, the replies held for it leave now"
+			   " attempts=%u",
+			   p->failures + 1);
+	p->failures = 0;
 	p->dirty = false;
+	return 0;
+}
+
+bool persist_failing(const struct persist *p)
+{
+	return p->failures > 0;
+}
+
+bool persist_enabled(const struct persist *p)
+{
+	return p->mode != PERSIST_OFF;
 }
 
 void persist_changed(struct persist *p)
@@ -293,7 +401,11 @@ bool persist_handover(struct persist *p)
 	if (!persist_active(p))
 		return false;
 	p->dirty = true;
-	persist_flush(p);
+	/* Failed, the record stored last stands: the replies held since were
+	 * never sent, so the next gmbd still knows all that clients were told. */
+	if (persist_flush(p) < 0)
+		log_warn("handing over the state record stored last, not this gmbd's latest:"
+			 " its unsent replies are dropped");
 	p->frozen = true;
 	log_info("state kept in the fd store for the next gmbd chunks=%u record_bytes=%" PRIu64,
 		 p->nstored, p->cur.len);

@@ -54,6 +54,7 @@ struct gmbd {
 	struct sd_glue sd;
 	uv_signal_t sigint, sigterm;
 	bool stopping;
+	bool held; /* the state record is not stored: replies wait */
 };
 
 static int gmbd_run(const struct gmbd_opts *o);
@@ -67,6 +68,7 @@ static int gmbd_socket_access(const struct gmbd_opts *o, const char *path);
 static int gmbd_serve(struct gmbd *g);
 static int gmbd_listen(struct gmbd *g, int *fd);
 static void gmbd_on_changed(void *arg);
+static int gmbd_flush(void *arg);
 static void gmbd_status(void *arg, char *buf, size_t len);
 static int gmbd_make_dir(const char *path);
 static int gmbd_signals(struct gmbd *g);
@@ -95,8 +97,10 @@ int main(int argc, char **argv)
 	}
 	log_max_level = o.log_level;
 	log_init();
-	/* A client that vanishes mid-send is an error return, not a death. */
+	/* A client that vanishes mid-send is an error return, not a death; so
+	 * is a state record past the file size limit (EFBIG, replies held). */
 	signal(SIGPIPE, SIG_IGN);
+	signal(SIGXFSZ, SIG_IGN);
 	r = gmbd_run(&o);
 	opts_deinit(&o);
 	return r < 0 ? 1 : 0;
@@ -268,6 +272,11 @@ static int gmbd_restore(struct gmbd *g)
 	if (st.clients || st.chunks || st.lost)
 		log_notice("restored after a restart clients=%u chunks=%u bytes=%s lost_chunks=%u",
 			   st.clients, st.chunks, size_str(st.bytes, b), st.lost);
+	if (st.lost)
+		log_warn("the record names chunks the service manager did not hand back; it closes"
+			 " fds stored past the unit's FileDescriptorStoreMax= unannounced: make it"
+			 " equal --fdstore-max lost_chunks=%u fdstore_max=%u",
+			 st.lost, g->opts->fdstore_max);
 	return 0;
 }
 
@@ -322,8 +331,8 @@ static int gmbd_serve(struct gmbd *g)
 	if (r < 0)
 		goto err_handlers;
 	/* With a manager to keep fds, replies wait for the record each turn. */
-	if (g->opts->fdstore_max >= 2 && sd_glue_has_manager())
-		r = server_cork(g->server, persist_flush, g->persist);
+	if (persist_enabled(g->persist))
+		r = server_cork(g->server, gmbd_flush, g);
 	if (r == 0)
 		r = sd_glue_start(&g->sd, &g->loop, gmbd_status, g);
 	if (r == 0)
@@ -433,6 +442,20 @@ static void gmbd_on_changed(void *arg)
 	sd_glue_changed(&g->sd);
 }
 
+/* The server's cork callback: the record, and STATUS= when it is held. */
+static int gmbd_flush(void *arg)
+{
+	struct gmbd *g = arg;
+	int r = persist_flush(g->persist);
+	bool held = persist_failing(g->persist);
+
+	if (held != g->held) {
+		g->held = held;
+		sd_glue_changed(&g->sd);
+	}
+	return r;
+}
+
 /* "2 clients, 1.5GiB lent of 2.0GiB held on 1 device (host)[, 1 rejoining]" */
 static void gmbd_status(void *arg, char *buf, size_t len)
 {
@@ -453,8 +476,11 @@ static void gmbd_status(void *arg, char *buf, size_t len)
 		     clients == 1 ? "" : "s", size_str(lent, b1), size_str(held, b2), br->ndevices,
 		     br->ndevices == 1 ? "" : "s", g->backend->ops->name);
 	if (orphans && n > 0 && (size_t)n < len)
-		snprintf(buf + n, len - (size_t)n, ", %u restored client%s not back yet", orphans,
-			 orphans == 1 ? "" : "s");
+		n += snprintf(buf + n, len - (size_t)n, ", %u restored client%s not back yet",
+			      orphans, orphans == 1 ? "" : "s");
+	if (g->held && n > 0 && (size_t)n < len)
+		snprintf(buf + n, len - (size_t)n,
+			 ", replies held: the state record is not stored");
 }
 
 /* mkdir -p of the socket's directory, 0755 for what it creates. */

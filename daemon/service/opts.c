@@ -137,7 +137,9 @@ static const struct opts_entry opts_table[] = {
 	  "systemd, gmbd keeps its state and up to N-1\n"
 	  "chunks in the fd store so that a restart\n"
 	  "loses no memory, and creates no chunk beyond\n"
-	  "that (ENOSPC); 0 turns the fd store off",
+	  "that (ENOSPC); a lower unit limit (read at\n"
+	  "start) is kept instead, with a warning; 0\n"
+	  "turns the fd store off",
 	  opts_set_fdstore_max },
 	{ "rejoin-grace", 0, "SECONDS", "30",
 	  "after a restart, how long a client whose\n"

@@ -13,10 +13,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <systemd/sd-bus.h>
 #include <systemd/sd-daemon.h>
+#include <systemd/sd-login.h>
 #include <unistd.h>
 
 #include "common/log.h"
+
+#define SD_BUS_TIMEOUT_USEC (2 * 1000 * 1000) /* a bus that does not answer: unknown */
 
 static void sd_glue_on_watchdog(uv_timer_t *t);
 static void sd_glue_on_status(uv_timer_t *t);
@@ -134,6 +138,95 @@ int sd_glue_fdstore(int fd, const char *name)
 int sd_glue_fdstore_remove(const char *name)
 {
 	return sd_notifyf(0, "FDSTOREREMOVE=1\nFDNAME=%s", name);
+}
+
+/* ---- the unit's FileDescriptorStoreMax= ---- */
+
+/* $FDSTORE: a decimal number, nothing else. */
+static int sd_glue_fdstore_env(unsigned *max)
+{
+	const char *e = getenv("FDSTORE");
+	unsigned long v;
+	char *end;
+
+	if (!e || !*e)
+		return -ENOENT;
+	errno = 0;
+	v = strtoul(e, &end, 10);
+	if (errno || *end || e[0] == '-' || v > UINT32_MAX)
+		return -EINVAL;
+	*max = (unsigned)v;
+	return 0;
+}
+
+static int sd_glue_bus_u32(sd_bus *bus, const char *path, const char *member, uint32_t *out)
+{
+	sd_bus_error e = SD_BUS_ERROR_NULL;
+	int r;
+
+	r = sd_bus_get_property_trivial(bus, "org.freedesktop.systemd1", path,
+					"org.freedesktop.systemd1.Service", member, &e, 'u', out);
+	sd_bus_error_free(&e);
+	return r;
+}
+
+/* The property of the service this process is the main process of. */
+static int sd_glue_fdstore_bus(unsigned *max, const char **how)
+{
+	char *unit = NULL, *path = NULL;
+	sd_bus *bus = NULL;
+	uint32_t pid = 0, v = 0;
+	size_t len;
+	int r;
+
+	r = sd_pid_get_unit(0, &unit);
+	len = r < 0 ? 0 : strlen(unit);
+	if (len < 8 || strcmp(unit + len - 8, ".service") != 0) {
+		*how = "gmbd does not run in a service unit";
+		r = -ENOENT;
+		goto free_unit;
+	}
+	r = sd_bus_path_encode("/org/freedesktop/systemd1/unit", unit, &path);
+	if (r < 0)
+		goto free_unit;
+	*how = "the system bus does not answer";
+	r = sd_bus_open_system(&bus);
+	if (r < 0)
+		goto free_path;
+	sd_bus_set_method_call_timeout(bus, SD_BUS_TIMEOUT_USEC);
+	r = sd_glue_bus_u32(bus, path, "MainPID", &pid);
+	if (r == 0 && pid != (uint32_t)getpid()) {
+		*how = "gmbd is not its unit's main process";
+		r = -ESRCH;
+	}
+	if (r >= 0)
+		r = sd_glue_bus_u32(bus, path, "FileDescriptorStoreMax", &v);
+	if (r >= 0) {
+		*max = v;
+		*how = "the unit's property";
+		r = 0;
+	}
+	sd_bus_flush_close_unref(bus);
+free_path:
+	free(path);
+free_unit:
+	free(unit);
+	return r;
+}
+
+int sd_glue_fdstore_limit(unsigned *max, const char **how)
+{
+	int r = sd_glue_fdstore_env(max);
+
+	if (r == 0) {
+		*how = "$FDSTORE";
+		return 0;
+	}
+	if (r == -EINVAL) {
+		*how = "$FDSTORE is not a number";
+		return r;
+	}
+	return sd_glue_fdstore_bus(max, how);
 }
 
 /* ---- watchdog and status on the loop ---- */

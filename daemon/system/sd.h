@@ -6,6 +6,8 @@
  *     SOCK_SEQPACKET listener, checked) and the fd store's named fds;
  *   - notifications: READY=1, STATUS=, STOPPING=1, FDSTORE=1 and
  *     FDSTOREREMOVE=1 with FDNAME=;
+ *   - the unit's FileDescriptorStoreMax=, which the manager enforces
+ *     without telling the sender (sd_glue_fdstore_limit());
  *   - from the event loop: WATCHDOG=1 from a uv_timer_t at half the
  *     interval sd_watchdog_enabled(3) gives, and STATUS= lines on changes,
  *     at most one a second.
@@ -59,6 +61,20 @@ void sd_glue_stopping(void);
 int sd_glue_fdstore(int fd, const char *name);
 /* FDSTOREREMOVE=1: the manager closes every stored fd named @name. */
 int sd_glue_fdstore_remove(const char *name);
+
+/*
+ * sd_glue_fdstore_limit() - the unit's FileDescriptorStoreMax=. systemd
+ * closes an FDSTORE=1 fd past that limit with a line in its own journal
+ * and nothing to the sender (systemd 252: service_add_fd_store_set()), so
+ * gmbd must know the number itself. From $FDSTORE (set by systemd 254 and
+ * later when the limit is not 0), else from the unit's property on the
+ * system bus (systemd 252 sets no variable), asked only when this process
+ * is the unit's MainPID: a gmbd started by a test harness that itself
+ * runs in a unit must not take that unit's limit for its own.
+ * *@how names the source for logs. Return: 0 with *@max, or a negative
+ * errno when the limit cannot be known (*@how then says why).
+ */
+int sd_glue_fdstore_limit(unsigned *max, const char **how);
 
 /* Fills @buf with the STATUS= text (without "STATUS="). */
 typedef void (*sd_status_fn)(void *arg, char *buf, size_t len);

@@ -23,6 +23,8 @@ static void server_on_emfile_timer(uv_timer_t *timer);
 static void server_on_reap(uv_timer_t *timer);
 static void server_close_handles(struct server *srv);
 static void server_on_uncork(uv_check_t *check);
+static void server_on_retry(uv_timer_t *timer);
+static int server_settle(struct sess_host *host);
 static void server_on_closed(uv_handle_t *handle);
 static void server_reap_later(struct sess_host *host);
 
@@ -158,7 +160,7 @@ static void server_on_emfile_timer(uv_timer_t *timer)
 		log_err("cannot poll the listening socket again err=\"%s\"", uv_strerror(r));
 }
 
-int server_cork(struct server *srv, void (*cb)(void *arg), void *arg)
+int server_cork(struct server *srv, int (*cb)(void *arg), void *arg)
 {
 	int r;
 
@@ -167,11 +169,15 @@ int server_cork(struct server *srv, void (*cb)(void *arg), void *arg)
 	r = uv_check_init(srv->loop, &srv->uncork);
 	if (r < 0)
 		return r;
+	/* Timer init cannot fail; both close in server_close_handles(). */
+	uv_timer_init(srv->loop, &srv->retry_timer);
 	srv->uncork.data = srv;
+	srv->retry_timer.data = srv;
 	srv->cork_cb = cb;
 	srv->cork_arg = arg;
 	srv->host.corked = true;
-	srv->open_handles++;
+	srv->host.settle = server_settle;
+	srv->open_handles += 2;
 	/* Every turn, and it keeps nothing alive on its own. */
 	uv_unref((uv_handle_t *)&srv->uncork);
 	return uv_check_start(&srv->uncork, server_on_uncork);
@@ -180,10 +186,39 @@ int server_cork(struct server *srv, void (*cb)(void *arg), void *arg)
 static void server_on_uncork(uv_check_t *check)
 {
 	struct server *srv = check->data;
+	int r = srv->cork_cb(srv->cork_arg);
 
-	srv->cork_cb(srv->cork_arg);
+	srv->host.held = r < 0;
+	if (r < 0) {
+		/* Each session drops its interest in writing (it could not). */
+		for (struct sess *s = srv->host.sessions; s; s = s->next)
+			sess_uncork(s);
+		if (!uv_is_active((uv_handle_t *)&srv->retry_timer)) {
+			srv->retry_ms = srv->retry_ms ? srv->retry_ms * 2 :
+							SERVER_CORK_RETRY_MIN_MS;
+			if (srv->retry_ms > SERVER_CORK_RETRY_MAX_MS)
+				srv->retry_ms = SERVER_CORK_RETRY_MAX_MS;
+			uv_timer_start(&srv->retry_timer, server_on_retry, srv->retry_ms, 0);
+		}
+		return;
+	}
+	srv->retry_ms = 0;
+	uv_timer_stop(&srv->retry_timer);
 	for (struct sess *s = srv->host.sessions; s; s = s->next)
 		sess_uncork(s);
+}
+
+/* Only wakes the loop: the check at the end of this turn tries again. */
+static void server_on_retry(uv_timer_t *timer)
+{
+}
+
+/* A session about to disconnect: may its queue leave now? */
+static int server_settle(struct sess_host *host)
+{
+	struct server *srv = (struct server *)((char *)host - offsetof(struct server, host));
+
+	return srv->cork_cb(srv->cork_arg);
 }
 
 /* Sessions call it when doomed: disconnect them on the next loop turn. */
@@ -227,8 +262,10 @@ static void server_close_handles(struct server *srv)
 	}
 	uv_close((uv_handle_t *)&srv->emfile_timer, server_on_closed);
 	uv_close((uv_handle_t *)&srv->reap_timer, server_on_closed);
-	if (srv->cork_cb)
+	if (srv->cork_cb) {
 		uv_close((uv_handle_t *)&srv->uncork, server_on_closed);
+		uv_close((uv_handle_t *)&srv->retry_timer, server_on_closed);
+	}
 }
 
 static void server_on_closed(uv_handle_t *handle)

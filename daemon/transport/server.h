@@ -18,8 +18,10 @@
 
 #include "daemon/transport/sess.h"
 
-#define SERVER_ACCEPT_BATCH    32
-#define SERVER_EMFILE_RETRY_MS 100
+#define SERVER_ACCEPT_BATCH	 32
+#define SERVER_EMFILE_RETRY_MS	 100
+#define SERVER_CORK_RETRY_MIN_MS 10 /* a failed cork_cb: tried again after, doubling */
+#define SERVER_CORK_RETRY_MAX_MS 1000
 
 struct server {
 	uv_loop_t *loop;
@@ -32,9 +34,12 @@ struct server {
 	bool emfile_paused;
 	bool emfile_logged; /* said so once; said again when it ends */
 	bool stopping;
-	/* Corked: packets wait until the end of the loop turn, after cork_cb. */
-	uv_check_t uncork; /* initialized iff cork_cb != NULL */
-	void (*cork_cb)(void *arg);
+	/* Corked: packets wait until the end of the loop turn, after cork_cb,
+	 * and while it fails, until a later try succeeds. */
+	uv_check_t uncork;	/* initialized iff cork_cb != NULL */
+	uv_timer_t retry_timer; /* the same; wakes the loop to try again */
+	unsigned retry_ms;	/* the last delay; 0: cork_cb succeeded */
+	int (*cork_cb)(void *arg);
 	void *cork_arg;
 };
 
@@ -65,11 +70,14 @@ void server_stop(struct server *srv);
 
 /**
  * server_cork() - from now on, what sessions send leaves at the end of the
- * loop turn, right after @cb(@arg) ran (gmbd: the state is written to the
- * fd store before any reply of the turn, so no client learns of a lend that
- * a restart would not know). Return: 0 or libuv's error.
+ * loop turn, right after @cb(@arg) returned 0 (gmbd: the state is written
+ * to the fd store before any reply of the turn, so no client learns of a
+ * lend that a restart would not know). While @cb fails, nothing leaves,
+ * not even at a disconnect: the packets wait in their queues and @cb is
+ * tried again every turn and on a timer (10 ms, doubling to 1 s), since
+ * nothing else may wake the loop. Return: 0 or libuv's error.
  */
-int server_cork(struct server *srv, void (*cb)(void *arg), void *arg);
+int server_cork(struct server *srv, int (*cb)(void *arg), void *arg);
 
 /* Every session not yet disconnected, newest first; NULL: none. */
 static inline struct sess *server_sessions(const struct server *srv)

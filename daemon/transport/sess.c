@@ -201,8 +201,11 @@ void sess_disconnect(struct sess *s)
 	s->state = SESS_CLOSED;
 	s->poll_events = 0;
 	/* Best effort: the last reply (say, a version mismatch) may still be
-	 * queued; a peer that does not take it now will not get it. */
-	(void)sess_flush(s);
+	 * queued; a peer that does not take it now will not get it. Corked,
+	 * only once the host says so: a reply must not slip out here before
+	 * the state it tells of is stored. */
+	if (!s->host->corked || s->host->settle(s->host) == 0)
+		(void)sess_flush(s);
 	while (s->out_head) {
 		struct sess_out *o = s->out_head;
 
@@ -353,7 +356,11 @@ int sess_send(struct sess *s, const Gmb__Envelope *env)
 
 void sess_uncork(struct sess *s)
 {
-	if (s->state == SESS_OPEN && s->out_head)
+	if (s->state != SESS_OPEN || !s->out_head)
+		return;
+	if (s->host->held)
+		sess_update_poll(s);
+	else
 		sess_flushed(s, sess_flush(s));
 }
 
@@ -448,7 +455,8 @@ static void sess_flushed(struct sess *s, int r)
  * writable nearly always, and polling it for nothing spins the loop. */
 static void sess_update_poll(struct sess *s)
 {
-	int want = UV_READABLE | (s->out_head ? UV_WRITABLE : 0);
+	/* Held, a writable socket would only spin the loop. */
+	int want = UV_READABLE | (s->out_head && !s->host->held ? UV_WRITABLE : 0);
 	int r;
 
 	if (s->state != SESS_OPEN || want == s->poll_events)

@@ -20,7 +20,8 @@
  * Outgoing packets are sent at once when the socket takes them, else queued
  * (bounded: a client that stops reading is disconnected). On a corked
  * server (server_cork()) they are always queued, and leave at the end of
- * the loop turn. The fds of the
+ * the loop turn, once the server says they may (held until then, even
+ * when the session disconnects). The fds of the
  * chunks a packet names in fd_chunks are exported from the chunk handles at
  * send time and closed right after sendmsg(), so at most one batch of
  * exported fds exists at a time.
@@ -77,6 +78,8 @@ struct sess_host {
 	const struct sess_ops *ops;
 	void *arg;
 	bool corked;				    /* packets leave at the end of the loop turn */
+	bool held;				    /* corked and the last try failed: none leave */
+	int (*settle)(struct sess_host *host);	    /* corked: 0 when packets may leave now */
 	void (*reap_later)(struct sess_host *host); /* doomed: disconnect next turn */
 	struct sess *sessions;			    /* every session not yet disconnected */
 	unsigned nsessions;
@@ -167,7 +170,8 @@ void sess_disconnect(struct sess *s);
  */
 int sess_send(struct sess *s, const Gmb__Envelope *env);
 
-/* Corked server: send what this session queued this turn (server.c). */
+/* Corked server: send what this session queued this turn (server.c);
+ * while the host is held, only stop asking to write. */
 void sess_uncork(struct sess *s);
 
 /* Names the session in logs from now on (NULL: "-", as before hello). */

@@ -4,7 +4,9 @@
 # gmbd.socket; a client allocates (host backend), `systemctl restart gmbd`
 # and a crash (SIGKILL, Restart=on-failure) must leave its memory with its
 # contents and addresses, `systemctl status` must show the STATUS= line and
-# the watchdog must be armed and pinged. The verdict goes to
+# the watchdog must be armed and pinged. Then a drop-in lowers the unit's
+# FileDescriptorStoreMax= below --fdstore-max: gmbd must warn, refuse what
+# does not fit and still lose nothing at a restart. The verdict goes to
 # /gmbd-scenario.result: PASS, or FAIL and why.
 set -uo pipefail
 RESULT=/gmbd-scenario.result
@@ -116,6 +118,9 @@ journalctl -b -u gmbd --no-pager -p notice | grep -q "restored after a restart c
 	fail "no 'restored after a restart' line at notice level in the journal"
 journalctl -b -u gmbd --no-pager -p info | grep -q "client rejoined client=trainer" ||
 	fail "no 'client rejoined' line in the journal"
+journalctl -b -u gmbd --no-pager -p info |
+	grep -q "fd store limit checked fdstore_max=16384 FileDescriptorStoreMax=16384 source=the unit's property" ||
+	fail "gmbd did not read the unit's FileDescriptorStoreMax= over the bus"
 wait_for "STATUS= after the restart" sh -c \
 	'systemctl status gmbd --no-pager | grep -q "Status: \"1 client, 28.0 MiB lent"'
 say "systemctl restart: pid $PID1 -> $PID2, contents, addresses and status kept"
@@ -139,6 +144,59 @@ wait "$W_PID" 2> /dev/null || true
 wait_for "STATUS= without clients" sh -c \
 	'systemctl status gmbd --no-pager | grep -q "Status: \"0 clients"'
 systemctl stop gmbd.socket gmbd || fail "systemctl stop"
+say "stopped"
+
+# ---- FileDescriptorStoreMax= lower than --fdstore-max ----
+# systemd 252 closes an fd stored past the unit's limit with a line in its
+# own journal and nothing to gmbd: gmbd must learn the limit (the unit's
+# property over the bus), warn with both numbers, and refuse what does not
+# fit, so that a restart loses nothing a client was told it holds.
+DROPIN=/run/systemd/system/gmbd.service.d
+mkdir -p "$DROPIN"
+printf '[Service]\nFileDescriptorStoreMax=4\n' > "$DROPIN/fdstore.conf"
+systemctl daemon-reload || fail "daemon-reload with the drop-in"
+[ "$(systemctl show -p FileDescriptorStoreMax --value gmbd)" = 4 ] ||
+	fail "the drop-in did not set FileDescriptorStoreMax=4"
+systemctl start gmbd.socket || fail "systemctl start gmbd.socket (small store)"
+coproc W { GMB_SOCKET=$SOCK exec "$WORKER"; }
+ok connect small
+# The state and three 8 MiB chunks (max-chunk 8MiB) fill a store of 4.
+ok malloc a 8388608
+ok malloc b 8388608
+ok malloc c 8388608
+ok fill c 0x33
+ask malloc d 8388608
+case $ANS in
+"-28 "*FileDescriptorStoreMax=4*) ;;
+*) fail "a fourth chunk past FileDescriptorStoreMax=4 answered: $ANS" ;;
+esac
+PID4=$(main_pid)
+journalctl -b _PID="$PID4" --no-pager -p warning |
+	grep "FileDescriptorStoreMax= is lower than --fdstore-max" |
+	grep -q "FileDescriptorStoreMax=4 fdstore_max=16384 source=the unit's property" ||
+	fail "no warning with both numbers in the journal"
+journalctl -b -u gmbd --no-pager | grep -q "Cannot store more fds than FileDescriptorStoreMax" &&
+	fail "systemd closed a stored fd: $(journalctl -b -u gmbd --no-pager | grep 'Cannot store more')"
+[ "$(systemctl show -p NFileDescriptorStore --value gmbd)" = 4 ] ||
+	fail "the store holds $(systemctl show -p NFileDescriptorStore --value gmbd) fds, not 4"
+ok status
+BEFORE=$ANS
+systemctl restart gmbd || fail "systemctl restart gmbd (small store)"
+PID5=$(main_pid)
+[ "$PID5" != "$PID4" ] || fail "gmbd was not restarted (small store)"
+ok status
+[ "$ANS" = "$BEFORE" ] || fail "status changed across the restart (small store): $BEFORE -> $ANS"
+ok check c 0x33
+journalctl -b _PID="$PID5" --no-pager -p notice |
+	grep -q "restored after a restart clients=1 chunks=3 .*lost_chunks=0" ||
+	fail "the restart with a small store did not restore 3 chunks and lose none"
+say "FileDescriptorStoreMax=4 < --fdstore-max 16384: warned, the 4th chunk refused (ENOSPC), restart lost nothing"
+echo quit >&"${W[1]}"
+wait "$W_PID" 2> /dev/null || true
+systemctl stop gmbd.socket gmbd || fail "systemctl stop (small store)"
+rm -rf "$DROPIN"
+systemctl daemon-reload
+
 journalctl -b -u gmbd --no-pager -o cat > /gmbd-journal.txt; say "$(grep -c . /gmbd-journal.txt) journal lines from gmbd"
 echo PASS > "$RESULT"
 say PASS

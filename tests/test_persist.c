@@ -1,0 +1,396 @@
+/*
+ * test_persist.c - what a client is told against what the fd store keeps,
+ * when the store does not take it all. gmbd runs under the fake service
+ * manager (tests/fake_sd.c) with real client processes (tests/prog_worker).
+ *
+ *   - A write of the state record that fails (the state memfd may not grow:
+ *     RLIMIT_FSIZE lowered on the running gmbd) holds the replies of the
+ *     changes it would record: the client gets no success for a lend the
+ *     record lacks, gmbd keeps serving, says so once and in STATUS=, and
+ *     sends the reply once a write succeeds. Killed meanwhile, the next
+ *     gmbd and the client agree that the lend never happened.
+ *   - A unit whose FileDescriptorStoreMax= is lower than --fdstore-max (the
+ *     fake manager closes fds past it unannounced, as systemd 252 does):
+ *     told the limit ($FDSTORE), gmbd warns with both numbers and refuses
+ *     requests past it with ENOSPC, so a restart loses nothing a client was
+ *     told it holds; not told, it says at the restart what was lost.
+ *
+ * gmbd's stderr is a FIFO read by a thread of the test: a regular file
+ * would meet the lowered file size limit too.
+ */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gmb.h"
+#include "tests/util.h"
+
+#define WAIT_MS 10000
+#define CHUNK	"4194304" /* --max-chunk: one chunk an allocation */
+
+static struct sd_gmbd fx;
+static const char *const *fx_args; /* what gmbd_up() started gmbd with */
+
+/* ---- gmbd's log through a FIFO ---- */
+
+static struct {
+	int fd;	     /* the FIFO, read and write: no EOF between two gmbds */
+	int stop[2]; /* wakes the thread at teardown */
+	pthread_t thread;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	char buf[1 << 20];
+	size_t len;
+} cap = { .fd = -1 };
+
+static void *cap_main(void *arg)
+{
+	char chunk[4096];
+
+	for (;;) {
+		struct pollfd p[2] = { { .fd = cap.fd, .events = POLLIN },
+				       { .fd = cap.stop[0], .events = POLLIN } };
+		ssize_t n;
+
+		if (poll(p, 2, -1) < 0 && errno != EINTR)
+			break;
+		if (p[1].revents)
+			break;
+		n = read(cap.fd, chunk, sizeof(chunk));
+		if (n <= 0)
+			continue;
+		/* Shown as the other tests show gmbd's stderr. */
+		fwrite(chunk, 1, (size_t)n, stderr);
+		pthread_mutex_lock(&cap.lock);
+		if (cap.len + (size_t)n < sizeof(cap.buf) - 1) {
+			memcpy(cap.buf + cap.len, chunk, (size_t)n);
+			cap.len += (size_t)n;
+			cap.buf[cap.len] = '\0';
+		}
+		pthread_cond_broadcast(&cap.cond);
+		pthread_mutex_unlock(&cap.lock);
+	}
+	return NULL;
+}
+
+static void cap_start(void)
+{
+	snprintf(fx.gmbd.log, sizeof(fx.gmbd.log), "%s/gmbd.log", fx.dir);
+	cr_assert(eq(i32, mkfifo(fx.gmbd.log, 0600), 0));
+	cap.fd = open(fx.gmbd.log, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+	cr_assert(ge(i32, cap.fd, 0));
+	cr_assert(eq(i32, pipe2(cap.stop, O_CLOEXEC), 0));
+	cap.len = 0;
+	cap.buf[0] = '\0';
+	pthread_mutex_init(&cap.lock, NULL);
+	pthread_cond_init(&cap.cond, NULL);
+	cr_assert(eq(i32, pthread_create(&cap.thread, NULL, cap_main, NULL), 0));
+}
+
+static void cap_stop(void)
+{
+	if (cap.fd < 0)
+		return;
+	if (write(cap.stop[1], "x", 1) == 1)
+		pthread_join(cap.thread, NULL);
+	close(cap.stop[0]);
+	close(cap.stop[1]);
+	close(cap.fd);
+	cap.fd = -1;
+	pthread_cond_destroy(&cap.cond);
+	pthread_mutex_destroy(&cap.lock);
+}
+
+/* Lines of the log so far that contain @needle. */
+static int cap_count_locked(const char *needle)
+{
+	int n = 0;
+
+	for (const char *p = cap.buf; (p = strstr(p, needle)); p += strlen(needle))
+		n++;
+	return n;
+}
+
+static int cap_count(const char *needle)
+{
+	int n;
+
+	pthread_mutex_lock(&cap.lock);
+	n = cap_count_locked(needle);
+	pthread_mutex_unlock(&cap.lock);
+	return n;
+}
+
+/* Waits until @needle is in the log @n times; 0 or -ETIMEDOUT. */
+static int cap_wait(const char *needle, int n, int ms)
+{
+	struct timespec until;
+	int rc = 0;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += ms / 1000;
+	pthread_mutex_lock(&cap.lock);
+	while (cap_count_locked(needle) < n && rc == 0)
+		rc = pthread_cond_timedwait(&cap.cond, &cap.lock, &until);
+	rc = cap_count_locked(needle) >= n ? 0 : -ETIMEDOUT;
+	pthread_mutex_unlock(&cap.lock);
+	return rc;
+}
+
+/* ---- gmbd and its clients ---- */
+
+static void setup(void)
+{
+	cr_assert(eq(i32, sd_gmbd_open(&fx, "/tmp/gmbpersist.XXXXXX", true), 0));
+	cap_start();
+}
+
+static void teardown(void)
+{
+	sd_gmbd_close(&fx, SIGTERM);
+	cap_stop();
+}
+
+TestSuite(persist, .init = setup, .fini = teardown, .timeout = 90);
+
+static void gmbd_up(const char *const *args)
+{
+	fx_args = args;
+	cr_assert(eq(i32, sd_gmbd_up(&fx, args, WAIT_MS), 0), "gmbd did not say READY=1");
+}
+
+static void gmbd_kill(void)
+{
+	cr_assert(eq(i32, sd_gmbd_kill(&fx), 0));
+}
+
+static void wcmd_ok(struct worker *w, char *out, size_t cap_len, const char *cmd)
+{
+	char text[512] = "";
+	int rc = worker_cmd(w, out ? out : text, out ? cap_len : sizeof(text), "%s", cmd);
+
+	cr_assert(eq(i32, rc, 0), "'%s' failed: %s", cmd, out ? out : text);
+}
+
+static void worker_up(struct worker *w, const char *name)
+{
+	char cmd[64];
+
+	cr_assert(eq(i32, worker_start(w, fx.gmbd.sock), 0));
+	snprintf(cmd, sizeof(cmd), "connect %s", name);
+	wcmd_ok(w, NULL, 0, cmd);
+}
+
+/* A command whose answer is read later (worker_answer()). */
+static void worker_send(struct worker *w, const char *cmd)
+{
+	cr_assert(ge(i32, fprintf(w->in, "%s\n", cmd), 0));
+	cr_assert(eq(i32, fflush(w->in), 0));
+}
+
+/* Whether the worker answered within @ms (a bound for what must not come). */
+static bool worker_answered(struct worker *w, int ms)
+{
+	struct pollfd p = { .fd = fileno(w->out), .events = POLLIN };
+
+	return poll(&p, 1, ms) > 0;
+}
+
+/* The answer to worker_send(): its rc, the rest in @text. */
+static int worker_answer(struct worker *w, char *text, size_t len)
+{
+	char line[1024];
+	char *sp;
+	int rc;
+
+	if (!fgets(line, sizeof(line), w->out))
+		return -EPIPE;
+	rc = (int)strtol(line, &sp, 10);
+	snprintf(text, len, "%s", sp + (*sp == ' '));
+	text[strcspn(text, "\n")] = '\0';
+	return rc;
+}
+
+/* gmbd's status as a tool sees it (malloc'd JSON). */
+static char *status_json(void)
+{
+	gmb_client *t;
+	char *json = NULL;
+
+	cr_assert(eq(i32, gmb_connect_flags(fx.gmbd.sock, "probe", GMB_CONNECT_TOOL, &t), 0));
+	cr_assert(eq(i32, gmb_status_json(t, &json), 0));
+	gmb_close(t);
+	return json;
+}
+
+/* The running gmbd's file size limit (soft; the hard one stays). */
+static void gmbd_fsize(rlim_t soft)
+{
+	struct rlimit rl;
+
+	cr_assert(eq(i32, prlimit(fx.gmbd.pid, RLIMIT_FSIZE, NULL, &rl), 0));
+	rl.rlim_cur = soft;
+	cr_assert(eq(i32, prlimit(fx.gmbd.pid, RLIMIT_FSIZE, &rl, NULL), 0));
+}
+
+/* A restart must restore exactly what @w holds: status, bytes. */
+static void restart_keeps(struct worker *w, const char *tag, const char *byte)
+{
+	char cmd[64], *before, *after;
+
+	before = status_json();
+	gmbd_kill();
+	gmbd_up(fx_args);
+	snprintf(cmd, sizeof(cmd), "check %s %s", tag, byte);
+	wcmd_ok(w, NULL, 0, cmd);
+	after = status_json();
+	cr_assert(eq(str, after, before), "status changed across the restart");
+	free(before);
+	free(after);
+}
+
+/* ---- a failed write of the record ---- */
+
+static const char *const keep_args[] = { "--host-memory", "64MiB",	 "--max-chunk",
+					 CHUNK,		  "--pool-keep", "unlimited",
+					 "--log-level",	  "debug",	 NULL };
+
+/*
+ * A client that allocated and freed a chunk, which the pool keeps: the
+ * next allocation takes it and needs no new memfd, so with the file size
+ * limit of gmbd at 4 KiB only the record's write (past 4 KiB) fails.
+ */
+static void freed_chunk_then_no_room(struct worker *w)
+{
+	gmbd_up(keep_args);
+	worker_up(w, "trainer");
+	wcmd_ok(w, NULL, 0, "malloc a " CHUNK);
+	/* Its reply came: the record with the free is stored. */
+	wcmd_ok(w, NULL, 0, "free a");
+	gmbd_fsize(4096);
+	worker_send(w, "malloc b " CHUNK);
+	/* The record is written at the end of the turn the request came in,
+	 * well within this bound on what must not come. */
+	cr_assert(not(worker_answered(w, 500)), "a reply left for a lend the record lacks");
+	cr_assert(eq(i32, kill(fx.gmbd.pid, 0), 0));
+	cr_assert(eq(i32, waitpid(fx.gmbd.pid, NULL, WNOHANG), 0),
+		  "gmbd died when it could not write the record");
+	cr_assert(eq(i32, fake_sd_wait_status(&fx.sd, "replies held", WAIT_MS), 0),
+		  "STATUS= never said the replies are held: %s", fx.sd.status);
+}
+
+Test(persist, a_lend_the_record_lacks_is_never_told_and_a_crash_agrees)
+{
+	char text[512];
+	struct worker w;
+
+	freed_chunk_then_no_room(&w);
+	/* Killed while it cannot write: the record knows nothing of b. */
+	gmbd_kill();
+	gmbd_up(keep_args);
+	/* libgmb sends the unanswered request again; the new gmbd grants it. */
+	cr_assert(eq(i32, worker_answer(&w, text, sizeof(text)), 0), "malloc b: %s", text);
+	wcmd_ok(&w, NULL, 0, "fill b 0x3c");
+	restart_keeps(&w, "b", "0x3c");
+	cr_assert(eq(i32, worker_quit(&w), 0));
+}
+
+Test(persist, a_held_reply_leaves_once_the_record_is_stored_said_once)
+{
+	char text[512];
+	struct worker w;
+	int failed;
+
+	freed_chunk_then_no_room(&w);
+	/* Nothing but gmbd's own timer tries again; each try is not logged
+	 * at error level again. */
+	cr_assert(eq(i32, cap_wait("still cannot store the state record", 3, WAIT_MS), 0));
+	failed = cap_count("cannot store the state record in the fd store");
+	cr_assert(eq(i32, failed, 1), "the failure was said %d times", failed);
+	cr_assert(not(worker_answered(&w, 0)));
+	gmbd_fsize(RLIM_INFINITY);
+	cr_assert(eq(i32, worker_answer(&w, text, sizeof(text)), 0), "malloc b: %s", text);
+	cr_assert(eq(i32, cap_wait("state record stored again", 1, WAIT_MS), 0));
+	cr_assert(eq(i32, fake_sd_wait_status_not(&fx.sd, "replies held", WAIT_MS), 0),
+		  "STATUS= says: %s", fx.sd.status);
+	cr_assert(not(eq(ptr, strstr(fx.sd.status, "1 client, 4.0 MiB lent"), NULL)), "%s",
+		  fx.sd.status);
+	wcmd_ok(&w, NULL, 0, "fill b 0x5a");
+	restart_keeps(&w, "b", "0x5a");
+	cr_assert(eq(i32, worker_quit(&w), 0));
+}
+
+/* ---- FileDescriptorStoreMax= lower than --fdstore-max ---- */
+
+static const char *const small_args[] = { "--host-memory", "64MiB", "--max-chunk", CHUNK,
+					  "--log-level",   "info",  NULL };
+
+/* The state and 3 chunks fit a unit limit of 4: three allocations. */
+static void fill_small_store(struct worker *w)
+{
+	fx.sd.limit = 4;
+	gmbd_up(small_args);
+	worker_up(w, "trainer");
+	wcmd_ok(w, NULL, 0, "malloc a " CHUNK);
+	wcmd_ok(w, NULL, 0, "malloc b " CHUNK);
+	wcmd_ok(w, NULL, 0, "malloc c " CHUNK);
+	wcmd_ok(w, NULL, 0, "fill c 0x11");
+}
+
+Test(persist, a_lower_unit_limit_is_said_at_start_and_refused_past)
+{
+	char text[512];
+	struct worker w;
+	int rc;
+
+	fx.sd.announce = true;
+	fill_small_store(&w);
+	rc = worker_cmd(&w, text, sizeof(text), "malloc d " CHUNK);
+	cr_assert(eq(i32, fake_sd_sync(&fx.sd), 0));
+	cr_assert(eq(u32, fx.sd.dropped, 0), "lent a chunk whose fd the manager closed");
+	cr_assert(eq(i32, rc, -ENOSPC), "malloc d: %d %s", rc, text);
+	cr_assert(not(eq(ptr, strstr(text, "FileDescriptorStoreMax=4"), NULL)), "%s", text);
+	/* The log comes its own way: READY=1 may overtake it. */
+	cr_assert(eq(i32,
+		     cap_wait("FileDescriptorStoreMax= is lower than --fdstore-max", 1, WAIT_MS),
+		     0));
+	cr_assert(eq(i32, cap_count("FileDescriptorStoreMax=4 fdstore_max=16384"), 1));
+	/* Still serving: with a chunk given back there is room again. */
+	wcmd_ok(&w, NULL, 0, "free a");
+	wcmd_ok(&w, NULL, 0, "malloc d " CHUNK);
+	wcmd_ok(&w, NULL, 0, "fill d 0x22");
+	restart_keeps(&w, "c", "0x11");
+	wcmd_ok(&w, NULL, 0, "check d 0x22");
+	cr_assert(eq(i32, fake_sd_sync(&fx.sd), 0));
+	cr_assert(eq(u32, fx.sd.dropped, 0));
+	cr_assert(eq(i32, worker_quit(&w), 0));
+}
+
+/* Without $FDSTORE and a bus to ask, the mismatch shows at the restart. */
+Test(persist, an_unknown_lower_limit_is_said_at_the_restart)
+{
+	struct worker w;
+
+	fill_small_store(&w);
+	cr_assert(eq(i32, cap_wait("cannot check the unit's FileDescriptorStoreMax=", 1, WAIT_MS),
+		     0));
+	wcmd_ok(&w, NULL, 0, "malloc d " CHUNK);
+	gmbd_kill();
+	cr_assert(eq(u32, fx.sd.dropped, 1), "the fake manager did not drop the fourth chunk");
+	gmbd_up(small_args);
+	cr_assert(eq(i32, cap_wait("did not hand back", 1, WAIT_MS), 0));
+	cr_assert(eq(i32, cap_count("lost_chunks=1 fdstore_max=16384"), 1));
+	worker_kill(&w);
+}
