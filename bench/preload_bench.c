@@ -111,8 +111,8 @@ static int bench_batch(const struct bench_calls *c, int n, size_t size, double *
  * straight into the runtime, batch for batch; mean ns per call into
  * @m/@f (linked) and @dm/@df (direct).
  */
-static int bench_run(const struct bench_calls *linked, const struct bench_calls *direct,
-		     long iters, size_t size, double *m, double *f, double *dm, double *df)
+static int bench_run(const struct bench_calls *linked, const struct bench_calls *direct, long iters,
+		     size_t size, double *m, double *f, double *dm, double *df)
 {
 	double tm = 0, tf = 0, dtm = 0, dtf = 0;
 	long done = 0;

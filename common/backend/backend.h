@@ -161,6 +161,12 @@ int backend_cuda_open_order(const uint8_t (*uuids)[16], int n, struct backend **
 
 /* Why the calling thread's last backend operation failed ("" if unknown). */
 const char *backend_last_error(void);
+/*
+ * backend_fail_msg() - "@what: <the backend's reason>" into @err (the
+ * driver's error name when the backend said one, else strerror(-@rc)).
+ * Return: @rc.
+ */
+int backend_fail_msg(char *err, int rc, const char *what);
 /* Implementations record their reason with this; returns @err. */
 int backend_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

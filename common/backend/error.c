@@ -8,6 +8,7 @@
  * it stays meaningful until the thread's next failure.
  */
 #include <stdarg.h>
+#include <string.h>
 
 #include "common/backend/backend.h"
 #include "common/err.h"
@@ -17,6 +18,11 @@ static __thread char backend_err[ERR_MSG_MAX];
 const char *backend_last_error(void)
 {
 	return backend_err;
+}
+
+int backend_fail_msg(char *err, int rc, const char *what)
+{
+	return err_fmt(err, rc, "%s: %s", what, *backend_err ? backend_err : strerror(-rc));
 }
 
 int backend_fail(int err, const char *fmt, ...)

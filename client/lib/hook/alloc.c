@@ -148,7 +148,7 @@ static int hook_copy_of(struct gmb_client *c, struct gmb__alloc *a, const void *
 			       "allocation %p of tag \"%s\" is paused in mode %s: no host copy",
 			       (void *)a->va, a->tag->name, gmb__mode_name(gmb__alloc_mode(a)));
 	/* Active: only a retained copy exists (the same one as while paused). */
-	rc = gmb__backup_pointer(&c->mem, a, &p, err);
+	rc = gmb__backup_pointer(c->mem.be, &c->mem.bufs, a, &p, err);
 	if (rc < 0)
 		return err_fmt(gmb__hook_err(), rc, "%s", err);
 	if (p)

@@ -33,7 +33,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "client/lib/mem/mem.h"
+#include "client/lib/mem/backup.h"
+#include "common/err.h"
+#include "gmb.h"
 #include "common/env.h"
 
 /* Two pieces: one in flight on the link while the threads copy the other. */
@@ -294,41 +296,40 @@ static void *backup_map_pageable(uint64_t size)
 
 /* The ring and the disk buffer: pinned, made on first use, kept until close. */
 
-static int backup_ring(struct gmb__mem *m, char *err)
+static int backup_ring(struct backend *be, struct gmb__backup_bufs *b, char *err)
 {
 	for (int i = 0; i < 2; i++) {
-		int rc = m->ring[i] ? 0 :
-				      m->be->ops->host_alloc(m->be, BACKUP_RING_PIECE, &m->ring[i]);
+		int rc = b->ring[i] ? 0 : be->ops->host_alloc(be, BACKUP_RING_PIECE, &b->ring[i]);
 
 		if (rc < 0)
-			return gmb__mem_be_fail(err, rc, "allocating the pinned copy ring");
+			return backend_fail_msg(err, rc, "allocating the pinned copy ring");
 	}
 	return 0;
 }
 
-static int backup_disk_stage(struct gmb__mem *m, char *err)
+static int backup_disk_stage(struct backend *be, struct gmb__backup_bufs *b, char *err)
 {
 	uint64_t want;
 	int rc;
 
-	if (m->disk_stage)
+	if (b->disk_stage)
 		return 0;
 	want = backup_disk_chunk();
-	rc = m->be->ops->host_alloc(m->be, want, &m->disk_stage);
+	rc = be->ops->host_alloc(be, want, &b->disk_stage);
 	if (rc < 0)
-		return gmb__mem_be_fail(err, rc, "allocating the pinned disk buffer");
-	m->disk_stage_size = want;
+		return backend_fail_msg(err, rc, "allocating the pinned disk buffer");
+	b->disk_stage_size = want;
 	return 0;
 }
 
-void gmb__backup_mem_deinit(struct gmb__mem *m)
+void gmb__backup_bufs_free(struct backend *be, struct gmb__backup_bufs *b)
 {
 	for (int i = 0; i < 2; i++)
-		if (m->ring[i])
-			m->be->ops->host_free(m->be, m->ring[i], BACKUP_RING_PIECE);
-	if (m->disk_stage)
-		m->be->ops->host_free(m->be, m->disk_stage, m->disk_stage_size);
-	m->ring[0] = m->ring[1] = m->disk_stage = NULL;
+		if (b->ring[i])
+			be->ops->host_free(be, b->ring[i], BACKUP_RING_PIECE);
+	if (b->disk_stage)
+		be->ops->host_free(be, b->disk_stage, b->disk_stage_size);
+	*b = (struct gmb__backup_bufs){ 0 };
 }
 
 /* Copies. */
@@ -344,15 +345,15 @@ void gmb__backup_init(struct gmb__alloc *a)
 }
 
 /** gmb__backup_free() - frees @a's copy, whatever it is (the file is removed). */
-void gmb__backup_free(struct gmb__mem *m, struct gmb__alloc *a)
+void gmb__backup_free(struct backend *be, struct gmb__backup_bufs *b, struct gmb__alloc *a)
 {
 	struct gmb__hostcopy *h = &a->copy;
 
 	if (h->how == GMB__COPY_PINNED)
-		m->be->ops->host_free(m->be, h->p, a->size);
+		be->ops->host_free(be, h->p, a->size);
 	if (h->how == GMB__COPY_PAGEABLE) {
-		if (h->registered && m->be->ops->host_unregister)
-			m->be->ops->host_unregister(m->be, h->p, a->size);
+		if (h->registered && be->ops->host_unregister)
+			be->ops->host_unregister(be, h->p, a->size);
 		munmap(h->p, a->size);
 	}
 	if (h->how == GMB__COPY_FILE) {
@@ -389,7 +390,8 @@ static int backup_file_new(struct gmb__alloc *a, char *err)
  * memory its kind and the retain setting ask for. A copy kept from an
  * earlier cycle is reused as it is (same address, same file).
  */
-int gmb__backup_prepare(struct gmb__mem *m, struct gmb__alloc *a, char *err)
+int gmb__backup_prepare(struct backend *be, struct gmb__backup_bufs *b, struct gmb__alloc *a,
+			char *err)
 {
 	void *p;
 	int rc;
@@ -399,9 +401,9 @@ int gmb__backup_prepare(struct gmb__mem *m, struct gmb__alloc *a, char *err)
 	if (a->backup == GMB_BACKUP_DISK)
 		return backup_file_new(a, err);
 	if (a->backup == GMB_BACKUP_PINNED && gmb__backup_retain()) {
-		rc = m->be->ops->host_alloc(m->be, a->size, &p);
+		rc = be->ops->host_alloc(be, a->size, &p);
 		if (rc < 0)
-			return gmb__mem_be_fail(err, rc,
+			return backend_fail_msg(err, rc,
 						"allocating the host copy of an allocation");
 		a->copy = (struct gmb__hostcopy){ .how = GMB__COPY_PINNED, .p = p, .fd = -1 };
 		return 0;
@@ -415,51 +417,51 @@ int gmb__backup_prepare(struct gmb__mem *m, struct gmb__alloc *a, char *err)
 }
 
 /* Device -> @dst through the ring: one piece in flight while the threads drain the other. */
-static int backup_ring_save(struct gmb__mem *m, struct gmb__alloc *a, char *dst, char *err)
+static int backup_ring_save(struct backend *be, struct gmb__backup_bufs *b, struct gmb__alloc *a,
+			    char *dst, char *err)
 {
-	struct backend *be = m->be;
 	uint64_t off = 0, prev_n = 0;
-	int rc = backup_ring(m, err), slot = 0;
+	int rc = backup_ring(be, b, err), slot = 0;
 
 	while (rc == 0 && (off < a->size || prev_n)) {
 		uint64_t n = a->size - off < BACKUP_RING_PIECE ? a->size - off : BACKUP_RING_PIECE;
 
 		if (n)
-			rc = be->ops->contents_queue(be, a->dev, BACKEND_TO_HOST, m->ring[slot],
+			rc = be->ops->contents_queue(be, a->dev, BACKEND_TO_HOST, b->ring[slot],
 						     a->va + off, n);
 		if (rc == 0 && prev_n)
-			backup_par_copy(dst + off - prev_n, m->ring[!slot], prev_n);
+			backup_par_copy(dst + off - prev_n, b->ring[!slot], prev_n);
 		if (rc == 0)
 			rc = be->ops->wait(be, a->dev);
 		off += n;
 		prev_n = n;
 		slot = !slot;
 	}
-	return rc < 0 ? gmb__mem_be_fail(err, rc, "copying an allocation to host") : 0;
+	return rc < 0 ? backend_fail_msg(err, rc, "copying an allocation to host") : 0;
 }
 
 /* @src -> device through the ring: the threads fill one piece while the other is in flight. */
-static int backup_ring_restore(struct gmb__mem *m, struct gmb__alloc *a, const char *src, char *err)
+static int backup_ring_restore(struct backend *be, struct gmb__backup_bufs *b, struct gmb__alloc *a,
+			       const char *src, char *err)
 {
-	struct backend *be = m->be;
 	uint64_t off = 0;
-	int rc = backup_ring(m, err), slot = 0;
+	int rc = backup_ring(be, b, err), slot = 0;
 
 	while (rc == 0 && off < a->size) {
 		uint64_t n = a->size - off < BACKUP_RING_PIECE ? a->size - off : BACKUP_RING_PIECE;
 
 		/* This piece's last copy (two back) was waited for before the one in flight. */
-		backup_par_copy(m->ring[slot], src + off, n);
+		backup_par_copy(b->ring[slot], src + off, n);
 		rc = be->ops->wait(be, a->dev);
 		if (rc == 0)
-			rc = be->ops->contents_queue(be, a->dev, BACKEND_FROM_HOST, m->ring[slot],
+			rc = be->ops->contents_queue(be, a->dev, BACKEND_FROM_HOST, b->ring[slot],
 						     a->va + off, n);
 		off += n;
 		slot = !slot;
 	}
 	if (rc == 0)
 		rc = be->ops->wait(be, a->dev);
-	return rc < 0 ? gmb__mem_be_fail(err, rc, "copying an allocation from host") : 0;
+	return rc < 0 ? backend_fail_msg(err, rc, "copying an allocation from host") : 0;
 }
 
 static int backup_file_io(struct gmb__alloc *a, void *buf, uint64_t off, uint64_t n, bool wr,
@@ -484,28 +486,28 @@ static int backup_file_io(struct gmb__alloc *a, void *buf, uint64_t off, uint64_
 }
 
 /* Device <-> file through the pinned disk buffer, piece by piece. */
-static int backup_file_copy(struct gmb__mem *m, struct gmb__alloc *a, bool save, char *err)
+static int backup_file_copy(struct backend *be, struct gmb__backup_bufs *b, struct gmb__alloc *a,
+			    bool save, char *err)
 {
-	struct backend *be = m->be;
-	int rc = backup_disk_stage(m, err);
+	int rc = backup_disk_stage(be, b, err);
 
 	for (uint64_t off = 0; rc == 0 && off < a->size;) {
-		uint64_t n = a->size - off < m->disk_stage_size ? a->size - off :
-								  m->disk_stage_size;
+		uint64_t n = a->size - off < b->disk_stage_size ? a->size - off :
+								  b->disk_stage_size;
 
 		if (!save)
-			rc = backup_file_io(a, m->disk_stage, off, n, false, err);
+			rc = backup_file_io(a, b->disk_stage, off, n, false, err);
 		if (rc == 0) {
 			rc = be->ops->contents_queue(be, a->dev,
 						     save ? BACKEND_TO_HOST : BACKEND_FROM_HOST,
-						     m->disk_stage, a->va + off, n);
+						     b->disk_stage, a->va + off, n);
 			if (rc == 0)
 				rc = be->ops->wait(be, a->dev);
 			if (rc < 0)
-				rc = gmb__mem_be_fail(err, rc, "copying through the disk buffer");
+				rc = backend_fail_msg(err, rc, "copying through the disk buffer");
 		}
 		if (rc == 0 && save)
-			rc = backup_file_io(a, m->disk_stage, off, n, true, err);
+			rc = backup_file_io(a, b->disk_stage, off, n, true, err);
 		off += n;
 	}
 	return rc;
@@ -515,22 +517,24 @@ static int backup_file_copy(struct gmb__mem *m, struct gmb__alloc *a, bool save,
  * gmb__backup_save() - @a's bytes to its prepared copy, unless it is
  * PINNED (cycle.c queues those with the others). Returns once they landed.
  */
-int gmb__backup_save(struct gmb__mem *m, struct gmb__alloc *a, char *err)
+int gmb__backup_save(struct backend *be, struct gmb__backup_bufs *b, struct gmb__alloc *a,
+		     char *err)
 {
 	if (a->copy.how == GMB__COPY_FILE)
-		return backup_file_copy(m, a, true, err);
+		return backup_file_copy(be, b, a, true, err);
 	if (a->copy.how == GMB__COPY_PAGEABLE)
-		return backup_ring_save(m, a, a->copy.p, err);
+		return backup_ring_save(be, b, a, a->copy.p, err);
 	return 0;
 }
 
 /** gmb__backup_restore() - the copy back to the mapped @a (not PINNED; see save). */
-int gmb__backup_restore(struct gmb__mem *m, struct gmb__alloc *a, char *err)
+int gmb__backup_restore(struct backend *be, struct gmb__backup_bufs *b, struct gmb__alloc *a,
+			char *err)
 {
 	if (a->copy.how == GMB__COPY_FILE)
-		return backup_file_copy(m, a, false, err);
+		return backup_file_copy(be, b, a, false, err);
 	if (a->copy.how == GMB__COPY_PAGEABLE)
-		return backup_ring_restore(m, a, a->copy.p, err);
+		return backup_ring_restore(be, b, a, a->copy.p, err);
 	return 0;
 }
 
@@ -539,7 +543,8 @@ int gmb__backup_restore(struct gmb__mem *m, struct gmb__alloc *a, char *err)
  * NULL for a file or none. A pageable PINNED copy is registered first, so
  * that it is CUDA host memory from then on (until it is freed).
  */
-int gmb__backup_pointer(struct gmb__mem *m, struct gmb__alloc *a, void **p, char *err)
+int gmb__backup_pointer(struct backend *be, struct gmb__backup_bufs *b, struct gmb__alloc *a,
+			void **p, char *err)
 {
 	struct gmb__hostcopy *h = &a->copy;
 	int rc;
@@ -548,10 +553,10 @@ int gmb__backup_pointer(struct gmb__mem *m, struct gmb__alloc *a, void **p, char
 	if (h->how != GMB__COPY_PINNED && h->how != GMB__COPY_PAGEABLE)
 		return 0;
 	if (h->how == GMB__COPY_PAGEABLE && a->backup == GMB_BACKUP_PINNED && !h->registered &&
-	    m->be->ops->host_register) {
-		rc = m->be->ops->host_register(m->be, h->p, a->size);
+	    be->ops->host_register) {
+		rc = be->ops->host_register(be, h->p, a->size);
 		if (rc < 0)
-			return gmb__mem_be_fail(err, rc, "registering a host copy");
+			return backend_fail_msg(err, rc, "registering a host copy");
 		h->registered = true;
 	}
 	*p = h->p;

@@ -62,7 +62,7 @@ static int cycle_wait(struct gmb__mem *m, uint64_t mask, char *err)
 		int rc = mask & GMB__DEV_BIT(d) ? m->be->ops->wait(m->be, d) : 0;
 
 		if (rc < 0 && first == 0)
-			first = gmb__mem_be_fail(err, rc, "waiting for the copies to host");
+			first = backend_fail_msg(err, rc, "waiting for the copies to host");
 	}
 	return first;
 }
@@ -72,7 +72,7 @@ static int cycle_save_queue(struct gmb__mem *m, struct gmb__alloc *a, uint64_t *
 			    char *err)
 {
 	struct backend *be = m->be;
-	int rc = gmb__backup_prepare(m, a, err);
+	int rc = gmb__backup_prepare(m->be, &m->bufs, a, err);
 
 	*slow = false;
 	if (rc < 0)
@@ -83,7 +83,7 @@ static int cycle_save_queue(struct gmb__mem *m, struct gmb__alloc *a, uint64_t *
 	}
 	rc = be->ops->contents_queue(be, a->dev, BACKEND_TO_HOST, a->copy.p, a->va, a->size);
 	if (rc < 0)
-		return gmb__mem_be_fail(err, rc, "saving a preserved allocation");
+		return backend_fail_msg(err, rc, "saving a preserved allocation");
 	*queued |= GMB__DEV_BIT(a->dev);
 	return 0;
 }
@@ -124,7 +124,7 @@ static int cycle_save(struct gmb__mem *m, const struct gmb__tag *only, uint64_t 
 		for (struct gmb__alloc *a = t->allocs; a && rc == 0; a = a->next) {
 			if (!a->marked)
 				continue;
-			rc = gmb__backup_save(m, a, err);
+			rc = gmb__backup_save(m->be, &m->bufs, a, err);
 			a->saved = rc == 0;
 		}
 	}
@@ -332,10 +332,10 @@ static int cycle_restore_one(struct gmb__mem *m, struct gmb__alloc *a, char *err
 		return 0;
 	/* Pageable and file copies go piece by piece through pinned memory. */
 	if (mode == GMB_MODE_PRESERVE && copy && a->copy.how != GMB__COPY_PINNED)
-		return gmb__backup_restore(m, a, err);
+		return gmb__backup_restore(m->be, &m->bufs, a, err);
 	rc = be->ops->contents_queue(be, a->dev, copy ? BACKEND_FROM_HOST : BACKEND_ZERO,
 				     copy ? a->copy.p : NULL, a->va, a->size);
-	return rc < 0 ? gmb__mem_be_fail(err, rc, "restoring an allocation's contents") : 0;
+	return rc < 0 ? backend_fail_msg(err, rc, "restoring an allocation's contents") : 0;
 }
 
 /* The lends become the allocations' last lends, then each is mapped. */
@@ -411,7 +411,7 @@ static void cycle_drop_copies(struct gmb__mem *m, const struct gmb__tag *only)
 		if (!cycle_tag_in(t, only, true))
 			continue;
 		for (struct gmb__alloc *a = t->allocs; a; a = a->next)
-			gmb__backup_free(m, a);
+			gmb__backup_free(m->be, &m->bufs, a);
 	}
 }
 

@@ -63,7 +63,7 @@ int gmb__mem_backend(struct gmb__mem *m, char *err)
 	else
 		rc = backend_open(m->devs->backend_kind, &o, &be);
 	if (rc < 0)
-		return gmb__mem_be_fail(err, rc, "opening libgmb's backend");
+		return backend_fail_msg(err, rc, "opening libgmb's backend");
 	/* The reader imports with it: publish it under the state lock. */
 	pthread_mutex_lock(&m->conn->lock);
 	m->be = be;
@@ -195,7 +195,7 @@ int gmb__mem_map(struct gmb__mem *m, struct gmb__alloc *a, char *err)
 	for (uint32_t i = 0; i < a->nchunks; i++) {
 		rc = be->ops->map(be, a->va + off, a->chunk_sizes[i], h[i]);
 		if (rc < 0) {
-			rc = gmb__mem_be_fail(err, rc, "mapping a chunk");
+			rc = backend_fail_msg(err, rc, "mapping a chunk");
 			goto out_unmap;
 		}
 		off += a->chunk_sizes[i];
@@ -203,7 +203,7 @@ int gmb__mem_map(struct gmb__mem *m, struct gmb__alloc *a, char *err)
 	/* One call for the range: the driver charges per call, not per mapping. */
 	rc = be->ops->set_access_peers(be, a->dev, a->peers, a->va, a->size);
 	if (rc < 0) {
-		rc = gmb__mem_be_fail(err, rc, "setting access");
+		rc = backend_fail_msg(err, rc, "setting access");
 		goto out_unmap;
 	}
 	a->mapped = true;
@@ -224,7 +224,7 @@ int gmb__mem_unmap(struct gmb__mem *m, struct gmb__alloc *a, char *err)
 	int rc = m->be->ops->unmap(m->be, a->va, a->size);
 
 	if (rc < 0)
-		return gmb__mem_be_fail(err, rc, "unmapping an allocation");
+		return backend_fail_msg(err, rc, "unmapping an allocation");
 	a->mapped = false;
 	mem_set_in_use(m, a, false);
 	return 0;
@@ -240,7 +240,7 @@ int gmb__mem_sync(struct gmb__mem *m, uint64_t mask, char *err)
 			continue;
 		rc = m->be->ops->sync(m->be, d);
 		if (rc < 0)
-			return gmb__mem_be_fail(err, rc, "draining the device");
+			return backend_fail_msg(err, rc, "draining the device");
 	}
 	return 0;
 }
@@ -271,7 +271,7 @@ static int mem_alloc_new(struct gmb__mem *m, struct gmb__tag *t, int dev, uint64
 	gmb__backup_init(a);
 	rc = m->be->ops->va_reserve(m->be, size, m->devs->granularity[dev], &a->va);
 	if (rc < 0) {
-		rc = gmb__mem_be_fail(err, rc, "reserving the address range");
+		rc = backend_fail_msg(err, rc, "reserving the address range");
 		free(a);
 		return rc;
 	}
@@ -285,7 +285,7 @@ static void mem_alloc_destroy(struct gmb__mem *m, struct gmb__alloc *a)
 	/* Only gmb_close() gets here mapped: the VA cannot be freed under a mapping. */
 	if (a->mapped)
 		m->be->ops->unmap(m->be, a->va, a->size);
-	gmb__backup_free(m, a);
+	gmb__backup_free(m->be, &m->bufs, a);
 	m->be->ops->va_free(m->be, a->va, a->size);
 	free(a->chunk_ids);
 	free(a->chunk_sizes);
@@ -550,7 +550,7 @@ static void mem_backup_free_tag(struct gmb__mem *m, struct gmb__tag *t)
 {
 	for (struct gmb__alloc *a = t->allocs; a; a = a->next)
 		if (!a->own_mode)
-			gmb__backup_free(m, a);
+			gmb__backup_free(m->be, &m->bufs, a);
 }
 
 static int mem_send_mode(struct gmb__mem *m, const char *name, int mode, char *err)
@@ -688,7 +688,7 @@ void gmb__mem_deinit(struct gmb__mem *m)
 		free(t);
 	}
 	if (m->be)
-		gmb__backup_mem_deinit(m);
+		gmb__backup_bufs_free(m->be, &m->bufs);
 	gmb__cache_clear(&m->tab, &rel);
 	gmb__release_run(m->be, rel);
 	idmap_deinit(&m->tab.by_id);

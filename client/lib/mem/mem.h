@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "client/lib/cache/cache.h"
+#include "client/lib/mem/backup.h"
 #include "client/lib/conn/conn.h"
 #include "common/err.h"
 #include "gmb.h"
@@ -36,10 +37,8 @@ struct gmb__mem {
 	struct gmb__cache tab;
 	/* Under op_lock only. */
 	struct gmb__tag *tags;
-	void *ring[2];	  /* backup.c's pinned pieces; NULL until first used */
-	void *disk_stage; /* backup.c's pinned disk buffer, disk_stage_size bytes */
-	uint64_t disk_stage_size;
-	uint32_t wait_ms; /* how long malloc and resume may wait for memory;
+	struct gmb__backup_bufs bufs; /* backup.c's pinned buffers */
+	uint32_t wait_ms;	      /* how long malloc and resume may wait for memory;
 					written under the state lock too */
 };
 
@@ -67,17 +66,6 @@ int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const 
 int gmb__mem_free(struct gmb__mem *m, void *ptr, char *err);
 int gmb__mem_set_mode(struct gmb__mem *m, const char *tag, int mode, char *err);
 struct gmb__tag *gmb__mem_tag_find(struct gmb__mem *m, const char *name);
-/*
- * @what failed in the backend: its own sentence (the driver's error name),
- * else strerror. Return: @rc. Inline: mem.c, cycle.c and backup.c all say
- * it, and none of them should call into another for a sentence.
- */
-static inline int gmb__mem_be_fail(char *err, int rc, const char *what)
-{
-	return err_fmt(err, rc, "%s: %s", what,
-		       *backend_last_error() ? backend_last_error() : strerror(-rc));
-}
-
 /* Helpers shared with cycle.c. */
 int gmb__mem_map(struct gmb__mem *m, struct gmb__alloc *a, char *err);
 int gmb__mem_unmap(struct gmb__mem *m, struct gmb__alloc *a, char *err);
@@ -85,29 +73,6 @@ int gmb__mem_sync(struct gmb__mem *m, uint64_t dev_mask, char *err);
 /* @copied: PRESERVE bytes saved to host before it (gmbd counts them). */
 int gmb__mem_send_pause(struct gmb__mem *m, const char *name, uint64_t copied, char *err);
 void gmb__mem_sweep(struct gmb__mem *m);
-
-/*
- * backup.c: host copies (the caller holds op_lock) and the process's
- * settings for them (any thread).
- */
-int gmb__backup_parse(const char *name);
-int gmb__backup_retain(void);
-void gmb__backup_set_retain(int on);
-/* torch_memory_saver's defaults (retain off) unless the process chose: its
- * entry points call this on first use. */
-void gmb__backup_peer_defaults(void);
-int gmb__backup_default(char *err);
-int gmb__backup_set_default(int kind);
-int gmb__backup_set_dir(const char *dir, char *err);
-int gmb__backup_get_dir(char *buf, size_t cap);
-int gmb__alloc_mode(const struct gmb__alloc *a);
-void gmb__backup_init(struct gmb__alloc *a);
-int gmb__backup_prepare(struct gmb__mem *m, struct gmb__alloc *a, char *err);
-int gmb__backup_save(struct gmb__mem *m, struct gmb__alloc *a, char *err);
-int gmb__backup_restore(struct gmb__mem *m, struct gmb__alloc *a, char *err);
-int gmb__backup_pointer(struct gmb__mem *m, struct gmb__alloc *a, void **p, char *err);
-void gmb__backup_free(struct gmb__mem *m, struct gmb__alloc *a);
-void gmb__backup_mem_deinit(struct gmb__mem *m);
 
 /* cycle.c: the caller holds op_lock. @tag NULL or "": every tag. */
 int gmb__cycle_pause(struct gmb__mem *m, const char *tag, char *err);
