@@ -2,8 +2,9 @@
  * test_client_fake.c - libgmb against a daemon that misbehaves: a fake gmbd
  * on a real socket speaks the wire protocol from a thread (hello, alloc,
  * pause, resume with memfd chunks) and sends what a buggy or hostile gmbd
- * could: a drop of a chunk that is mapped, a drop in the middle of a pause.
- * The worker's memory must stay mapped whenever libgmb says it is.
+ * could: a drop of a chunk that is mapped, a drop in the middle of a pause,
+ * a rejoin hello left unanswered. The worker's memory must stay mapped
+ * whenever libgmb says it is, and a call waiting for gmbd must sleep.
  */
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -37,6 +39,7 @@ struct fake {
 	int pauses, resumes;
 	bool drop_answered;
 	int drop_status;
+	bool stalled; /* fake_stall_main holds the rejoin hello unanswered */
 };
 
 static struct fake fk;
@@ -134,18 +137,25 @@ static int fake_answer(const Gmb__Envelope *req)
 	return wire_send(fk.fd, &env, NULL, 0);
 }
 
-static void *fake_main(void *arg)
+/* The next connection; wire_listen's socket is non-blocking (gmbd's loop). */
+static int fake_accept(void)
 {
-	(void)arg;
-	/* wire_listen's socket is non-blocking (gmbd's loop): this one blocks. */
-	fk.fd = accept4(fk.lfd, NULL, NULL, SOCK_CLOEXEC);
-	while (fk.fd < 0 && errno == EAGAIN) {
+	int fd = accept4(fk.lfd, NULL, NULL, SOCK_CLOEXEC);
+
+	while (fd < 0 && errno == EAGAIN) {
 		struct pollfd pfd = { .fd = fk.lfd, .events = POLLIN };
 
 		poll(&pfd, 1, -1);
-		fk.fd = accept4(fk.lfd, NULL, NULL, SOCK_CLOEXEC);
+		fd = accept4(fk.lfd, NULL, NULL, SOCK_CLOEXEC);
 	}
-	cr_assert(fk.fd >= 0);
+	cr_assert(fd >= 0);
+	return fd;
+}
+
+static void *fake_main(void *arg)
+{
+	(void)arg;
+	fk.fd = fake_accept();
 	for (;;) {
 		Gmb__Envelope *env = NULL;
 		int fds[WIRE_MAX_FDS], nfds = WIRE_MAX_FDS;
@@ -168,16 +178,22 @@ static void *fake_main(void *arg)
 	return NULL;
 }
 
-static void setup(void)
+static void fake_start(void *(*fn)(void *))
 {
 	memset(&fk, 0, sizeof(fk));
+	fk.fd = -1;
 	fk.next_chunk = 10;
 	pthread_mutex_init(&fk.lock, NULL);
 	pthread_cond_init(&fk.cond, NULL);
 	snprintf(fk.path, sizeof(fk.path), "/tmp/gmb-fake-%d.sock", (int)getpid());
 	unlink(fk.path);
 	cr_assert(eq(i32, wire_listen(fk.path, &fk.lfd), 0));
-	cr_assert(eq(i32, pthread_create(&fk.th, NULL, fake_main, NULL), 0));
+	cr_assert(eq(i32, pthread_create(&fk.th, NULL, fn, NULL), 0));
+}
+
+static void setup(void)
+{
+	fake_start(fake_main);
 }
 
 static void teardown(void)
@@ -185,7 +201,8 @@ static void teardown(void)
 	/* A failed test leaves its client connected: the fake would wait on forever. */
 	pthread_cancel(fk.th);
 	pthread_join(fk.th, NULL);
-	close(fk.fd);
+	if (fk.fd >= 0)
+		close(fk.fd);
 	close(fk.lfd);
 	unlink(fk.path);
 }
@@ -245,5 +262,93 @@ Test(client_fake, a_remap_that_fails_leaves_the_tag_paused)
 	pthread_mutex_unlock(&fk.lock);
 	memset(p, 0x33, FAKE_SIZE); /* mapped again: no SEGV */
 	cr_assert(eq(i32, p[0], 0x33));
+	gmb_close(c);
+}
+
+/*
+ * A re-announcement that outlasts GMB_RECONNECT_TIMEOUT: the fake answers
+ * the first hello, hangs up, takes the library's reconnection and leaves its
+ * hello unanswered for FAKE_STALL_MS, then hangs up again. A call made
+ * meanwhile waits for the re-announcement's end past its own deadline,
+ * asleep.
+ */
+#define FAKE_STALL_MS 300
+
+static void *fake_stall_main(void *arg)
+{
+	Gmb__Envelope *env = NULL;
+	int fds[WIRE_MAX_FDS], nfds = 0;
+	struct timespec stall = { .tv_sec = 0, .tv_nsec = FAKE_STALL_MS * 1000000L };
+
+	(void)arg;
+	fk.fd = fake_accept();
+	cr_assert(eq(i32, wire_recv(fk.fd, &env, fds, &nfds), 0));
+	cr_assert(eq(i32, fake_answer(env), 0));
+	gmb__envelope__free_unpacked(env, NULL);
+	close(fk.fd);
+	fk.fd = fake_accept();
+	cr_assert(eq(i32, wire_recv(fk.fd, &env, fds, &nfds), 0));
+	cr_assert(eq(i32, env->body_case, GMB__ENVELOPE__BODY_HELLO), "not the rejoin hello");
+	gmb__envelope__free_unpacked(env, NULL);
+	pthread_mutex_lock(&fk.lock);
+	fk.stalled = true;
+	pthread_cond_broadcast(&fk.cond);
+	pthread_mutex_unlock(&fk.lock);
+	nanosleep(&stall, NULL); /* the stall is the point, not a wait for something */
+	close(fk.fd);
+	fk.fd = -1;
+	return NULL;
+}
+
+static void setup_stall(void)
+{
+	fake_start(fake_stall_main);
+}
+
+static uint64_t thread_cpu_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static uint64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+Test(client_fake_rejoin, a_call_past_its_deadline_sleeps_until_the_rejoin_ends, .init = setup_stall,
+     .fini = teardown, .timeout = 30)
+{
+	uint64_t cpu, wall;
+	gmb_client *c;
+	char *json = NULL;
+	int rc;
+
+	/* 0: the call's own deadline has passed the moment it starts waiting. */
+	setenv("GMB_RECONNECT_TIMEOUT", "0", 1);
+	rc = gmb_connect(fk.path, "fake-rejoin", &c);
+	unsetenv("GMB_RECONNECT_TIMEOUT");
+	cr_assert(eq(i32, rc, 0), "%s", gmb_last_error(NULL));
+	pthread_mutex_lock(&fk.lock);
+	while (!fk.stalled)
+		pthread_cond_wait(&fk.cond, &fk.lock);
+	pthread_mutex_unlock(&fk.lock);
+	cpu = thread_cpu_ms();
+	wall = mono_ms();
+	/* A request without op_lock (a status) does not wait in gmb__op_begin(). */
+	rc = gmb_status_json(c, &json);
+	cpu = thread_cpu_ms() - cpu;
+	wall = mono_ms() - wall;
+	cr_assert(lt(i32, rc, 0), "the fake gmbd never answers");
+	cr_assert(ge(u64, wall, FAKE_STALL_MS / 2),
+		  "the call did not wait for the rejoin (%llu ms)", (unsigned long long)wall);
+	cr_assert(lt(u64, cpu, FAKE_STALL_MS / 10),
+		  "waiting %llu ms for the rejoin took %llu ms of CPU: a busy loop",
+		  (unsigned long long)wall, (unsigned long long)cpu);
 	gmb_close(c);
 }

@@ -14,8 +14,10 @@
  *        commands) with the status of the next byte (0 or a negative errno)
  *   5    a packet as 0-3, with an fd attached (clients never send fds)
  *   6    hang up that socket and connect a new one
- *   7    turn the loop 8 times more
- * Every packet gmbd sends is read (its fds closed) after each record.
+ *   7    let the loop settle once more (below)
+ * After each record the loop turns until it has nothing left to do now (8
+ * turns at most), and every packet gmbd sent is read (its fds closed) after
+ * each turn.
  *
  * After each record and at the end: the core's counters recomputed
  * (fuzz_check_broker); at the end, with every socket closed, every byte lent
@@ -23,6 +25,8 @@
  * and the process has the fds it had before the input.
  */
 #include <errno.h>
+#include <poll.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -44,9 +48,11 @@
 #define FD_MAX_DREQS 32
 #define FD_ORPHAN_ID 7
 #define FD_NCHUNKS   4
+#define FD_MAX_TURNS 8
 
 struct fd_sock {
 	int fd;			      /* the client's end; -1: none */
+	bool eof;		      /* gmbd hung up: nothing more to read */
 	uint64_t dreqs[FD_MAX_DREQS]; /* gmbd's requests not answered yet */
 	int ndreqs;
 };
@@ -79,6 +85,7 @@ static void fd_sock_open(struct fd_sock *s)
 
 	s->ndreqs = 0;
 	s->fd = -1;
+	s->eof = false;
 	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) < 0)
 		fuzz_fail("socketpair: %s", strerror(errno));
 	if (server_adopt(fx.srv, sv[1]) < 0)
@@ -92,12 +99,12 @@ static void fd_sock_drain(struct fd_sock *s)
 	Gmb__Envelope *env;
 	int fds[WIRE_MAX_FDS], nfds, r;
 
-	if (s->fd < 0)
-		return;
 	for (;;) {
 		env = NULL;
 		nfds = 0;
 		r = wire_recv(s->fd, &env, fds, &nfds);
+		if (r == -ECONNRESET)
+			s->eof = true;
 		if (r < 0)
 			break;
 		wire_close_fds(fds, nfds);
@@ -107,12 +114,46 @@ static void fd_sock_drain(struct fd_sock *s)
 	}
 }
 
-static void fd_spin(int turns)
+/* One poll(2) for the three sockets: only those with something are read. A
+ * socket gmbd hung up stays readable (EOF) until it is replaced: skipped. */
+static void fd_drain_all(void)
 {
-	for (int i = 0; i < turns; i++) {
-		uv_run(&fx.loop, UV_RUN_NOWAIT);
-		for (int k = 0; k < FD_NSOCK; k++)
-			fd_sock_drain(&fx.socks[k]);
+	struct pollfd pfd[FD_NSOCK];
+	struct fd_sock *of[FD_NSOCK];
+	nfds_t n = 0;
+
+	for (int k = 0; k < FD_NSOCK; k++) {
+		if (fx.socks[k].fd < 0 || fx.socks[k].eof)
+			continue;
+		pfd[n] = (struct pollfd){ .fd = fx.socks[k].fd, .events = POLLIN };
+		of[n++] = &fx.socks[k];
+	}
+	if (n == 0 || poll(pfd, n, 0) <= 0)
+		return;
+	for (nfds_t i = 0; i < n; i++)
+		if (pfd[i].revents)
+			fd_sock_drain(of[i]);
+}
+
+/* One turn of the loop, then what gmbd sent is read. */
+static void fd_turn(void)
+{
+	uv_run(&fx.loop, UV_RUN_NOWAIT);
+	fd_drain_all();
+}
+
+/*
+ * Turns the loop until nothing is left to do now (no callback pending, no
+ * handle closing, no timer due: uv_backend_timeout() is not 0), at least
+ * once, at most FD_MAX_TURNS times. A fixed count of turns spent most of an
+ * input turning an idle loop.
+ */
+static void fd_settle(void)
+{
+	for (int i = 0; i < FD_MAX_TURNS; i++) {
+		fd_turn();
+		if (uv_backend_timeout(&fx.loop) != 0)
+			break;
 	}
 }
 
@@ -143,7 +184,7 @@ static void fd_send(struct fd_sock *s, const uint8_t *buf, size_t len, bool with
 	}
 	/* A full socket drains as the loop turns; a closed one takes nothing. */
 	for (int i = 0; i < 64 && sendmsg(s->fd, &mh, MSG_NOSIGNAL) < 0 && errno == EAGAIN; i++)
-		fd_spin(1);
+		fd_turn();
 	if (memfd >= 0)
 		close(memfd);
 }
@@ -277,12 +318,12 @@ static void fd_record(const uint8_t **p, const uint8_t *end)
 		fd_answer(s, -(int)(fuzz_take(p, end, 1) % 40));
 	} else if (op == 6) {
 		close(s->fd);
-		fd_spin(2);
+		fd_settle();
 		fd_sock_open(s);
 	} else {
-		fd_spin(8);
+		fd_settle();
 	}
-	fd_spin(2);
+	fd_settle();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

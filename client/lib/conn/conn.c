@@ -399,7 +399,12 @@ static int conn_wait_ready(struct gmb__conn *c, uint64_t dead, bool *crossed, ch
 			c->op_parked = true;
 			pthread_cond_broadcast(&c->conn_cond);
 		}
-		if (pthread_cond_timedwait(&c->conn_cond, &c->lock, &until) == ETIMEDOUT)
+		/* Past the deadline only a re-announcement is waited for: its
+		 * end broadcasts, and a timed wait on the passed deadline would
+		 * return at once, again and again (a busy loop). */
+		if (expired)
+			pthread_cond_wait(&c->conn_cond, &c->lock);
+		else if (pthread_cond_timedwait(&c->conn_cond, &c->lock, &until) == ETIMEDOUT)
 			expired = true;
 	}
 	if (mine)
