@@ -38,9 +38,18 @@ TestSuite(fdlimit, .fini = stop, .timeout = 120);
  */
 static void start(rlim_t nofile, const char *extra1, const char *extra2)
 {
-	const char *args[] = { "--host-memory",	   "64MiB", "--host-granularity", "4KiB",
-			       "--max-chunk",	   "4KiB",  "--fdstore-max",	  "0",
-			       "--log-level",	   "info",  extra1,		  extra2,
+	const char *args[] = { "--host-memory",
+			       "64MiB",
+			       "--host-granularity",
+			       "4KiB",
+			       "--max-chunk",
+			       "4KiB",
+			       "--fdstore-max",
+			       "0",
+			       "--log-level",
+			       "info",
+			       extra1,
+			       extra2,
 			       NULL };
 	struct rlimit low = { .rlim_cur = nofile, .rlim_max = nofile };
 
@@ -144,8 +153,8 @@ Test(fdlimit, a_uid_past_its_chunk_bound_gets_enospc_and_others_are_served)
 
 	/* The bound is the uid's, over its clients: a second one is served once the first frees. */
 	up(&a2, NULL, "second");
-	cr_assert(eq(i32, worker_cmd(&a2, text, sizeof(text), "malloc u %d", CHUNK), -ENOSPC),
-		  "%s", text);
+	cr_assert(eq(i32, worker_cmd(&a2, text, sizeof(text), "malloc u %d", CHUNK), -ENOSPC), "%s",
+		  text);
 	w_ok(&a, "free t");
 	w_ok(&a2, "malloc u 4096");
 	w_ok(&a, "malloc t 4096");
@@ -234,8 +243,8 @@ Test(fdlimit, past_the_fd_headroom_a_request_gets_emfile_and_gmbd_keeps_its_spar
 	 * for the first to free, then is served. */
 	up(&b, NOBODY, "late");
 	cr_assert(status_has(&b, "\"name\":\"hog\""));
-	cr_assert(eq(i32, worker_cmd(&b, text, sizeof(text), "malloc u %d", CHUNK), -EMFILE),
-		  "%s", text);
+	cr_assert(eq(i32, worker_cmd(&b, text, sizeof(text), "malloc u %d", CHUNK), -EMFILE), "%s",
+		  text);
 	w_ok(&a, "free t");
 	w_ok(&b, "malloc u 4096");
 	w_ok(&a, "malloc t 4096");
@@ -297,8 +306,8 @@ Test(fdlimit, an_alloc_whose_fd_cannot_be_sent_is_refused_and_taken_back)
 	w_ok(&a, "malloc t 4096");
 	w_ok(&a, "free t");
 	gmbd_nofile(gmbd_room_for(0), &old);
-	cr_assert(eq(i32, worker_cmd(&a, text, sizeof(text), "malloc t %d", CHUNK), -EMFILE),
-		  "%s", text);
+	cr_assert(eq(i32, worker_cmd(&a, text, sizeof(text), "malloc t %d", CHUNK), -EMFILE), "%s",
+		  text);
 	cr_assert(not(eq(ptr, strstr(text, "could not send its chunk fds"), NULL)), "%s", text);
 	cr_assert(eq(i64, used_bytes(&a), 0), "the refused lend is still counted: %s", json);
 	gmbd_nofile(old.rlim_cur, NULL);
