@@ -6,8 +6,11 @@
  *   - A request the daemon cannot grant (budget: -ENOMEM, permission:
  *     -EPERM, unknown tag/allocation/client: -ENOENT or -EINVAL, paused tag:
  *     -EBUSY, too many requests in flight: -EAGAIN, operator timeout:
- *     -ETIMEDOUT) becomes a reply: status = the code, error = a sentence that
- *     names the client, tag and bytes concerned. The connection stays up.
+ *     -ETIMEDOUT, a count bound such as the uid's chunks: -ENOSPC, gmbd's
+ *     own open files: -EMFILE) becomes a reply: status = the code, error = a
+ *     sentence that names the client, tag and bytes concerned. The
+ *     connection stays up, also when a lend's chunk fds cannot be sent
+ *     (the lend is taken back and the request answered with the error).
  *   - A packet that breaks the protocol (undecodable, oversized, fds where
  *     none belong, a body out of place, no hello first, a reply to nothing)
  *     disconnects that client only, after one log line naming it and the

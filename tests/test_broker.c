@@ -89,6 +89,7 @@ static void check_clients(uint64_t *lent)
 
 	for (const struct bclient *c = br->clients; c; c = c->next, nclients++) {
 		size_t nallocs = 0;
+		uint64_t lent_chunks = 0;
 
 		for (const struct btag *t = c->tags; t; t = t->next) {
 			uint64_t bytes = 0;
@@ -99,12 +100,15 @@ static void check_clients(uint64_t *lent)
 				cr_assert(a->active != t->paused);
 				check_alloc(c, a, lent);
 				bytes += a->size;
+				lent_chunks += a->active ? a->nchunks : 0;
 			}
 			cr_assert(eq(u64, t->bytes, bytes));
 			cr_assert(eq(u32, t->nallocs, n));
 			nallocs += n;
 		}
 		cr_assert(eq(sz, c->allocs.count, nallocs));
+		/* The per-uid chunk bound counts what is really lent. */
+		cr_assert(eq(u64, c->lent_chunks, lent_chunks), "client %s lent chunks", c->name);
 		cr_assert(eq(sz, c->ndrops, 0));
 	}
 	cr_assert(eq(u32, br->nclients, nclients));
@@ -928,4 +932,38 @@ Test(broker, a_wait_for_a_holder_that_went_ends_at_once)
 		  "still waiting for an orphan's drop: %s", err);
 	cr_assert(not(eq(ptr, strstr(err, "trainer (pid 41, uid 1000) 1.0 GiB"), NULL)), "%s", err);
 	check_broker();
+}
+
+/* ---- the chunk bound per uid ---- */
+
+Test(broker, the_chunk_bound_is_per_uid_over_its_clients_and_devices)
+{
+	struct bclient *a = client("a", 10, 1000), *b = client("b", 11, 1000);
+	struct bclient *other = client("o", 12, 2000);
+	char err[ERR_MSG_MAX] = "", before[8192], after[8192];
+	struct balloc *big;
+
+	br->opts.max_chunks_per_uid = 4;
+	big = alloc_ok(a, 0, 2 * GiB, "t", 2, 2);
+	alloc_ok(b, 1, 1 * GiB, "t", 1, 1);
+	cr_assert(eq(u64, broker_uid_chunks(br, 1000), 3));
+	snapshot(before, sizeof(before));
+	cr_assert(eq(i32, alloc_rc(b, 0, 2 * GiB, "t", err), -ENOSPC), "%s", err);
+	cr_assert(
+		not(eq(ptr, strstr(err, "uid 1000 has 3 chunks lent and this needs 2 more"), NULL)),
+		"%s", err);
+	snapshot(after, sizeof(after));
+	cr_assert(eq(str, after, before), "a refusal changed nothing");
+	alloc_ok(other, 0, 4 * GiB, "t", 4, 4);
+
+	/* A paused allocation's chunks are not lent: they count again at resume. */
+	pause_ok(a, "t");
+	cr_assert(eq(u64, broker_uid_chunks(br, 1000), 1));
+	alloc_ok(b, 0, 2 * GiB, "u", 2, ANY);
+	cr_assert(eq(i32, resume_rc(a, "t", err), -ENOSPC), "%s", err);
+	cr_assert(a->tags->paused, "a refused resume leaves the tag paused");
+	cr_assert(not(big->active));
+	cr_assert(eq(i32, broker_free_alloc(br, b, b->tags->next->allocs->id, err), 0), "%s", err);
+	cr_assert(eq(i32, resume_rc(a, "t", err), 0), "%s", err);
+	cr_assert(eq(u64, broker_uid_chunks(br, 1000), 3));
 }

@@ -62,7 +62,23 @@ Test(opts, defaults)
 	/* A connection that never says hello, or a flood of them, is bounded. */
 	cr_assert(eq(u32, o.hello_timeout, 10));
 	cr_assert(eq(u32, o.max_conns_per_uid, 256));
+	/* The chunk bound per uid is gmbd's to derive from its open-file limit. */
+	cr_assert(not(o.max_chunks_per_uid_set));
 	cr_assert(eq(ptr, (void *)o.socket_group, NULL));
+}
+
+Test(opts, max_chunks_per_uid_takes_a_number_or_auto)
+{
+	cr_assert(eq(i32, parse("--max-chunks-per-uid", "500", NULL), OPTS_RUN), "%s", err);
+	cr_assert(o.max_chunks_per_uid_set);
+	cr_assert(eq(u64, o.max_chunks_per_uid, 500));
+	cr_assert(eq(i32, parse("--max-chunks-per-uid", "0", NULL), OPTS_RUN), "%s", err);
+	cr_assert(o.max_chunks_per_uid_set, "0 is no bound, not the derived one");
+	cr_assert(eq(u64, o.max_chunks_per_uid, 0));
+	cr_assert(eq(i32, parse("--max-chunks-per-uid", "9", "--max-chunks-per-uid=auto", NULL),
+		     OPTS_RUN),
+		  "%s", err);
+	cr_assert(not(o.max_chunks_per_uid_set));
 }
 
 Test(opts, socket_mode_and_group)
@@ -182,6 +198,8 @@ Test(opts, bad_values_name_the_option)
 		{ "--socket-group", "" },
 		{ "--hello-timeout", "3601" },
 		{ "--max-connections-per-uid", "x" },
+		{ "--max-chunks-per-uid", "-1" },
+		{ "--max-chunks-per-uid", "many" },
 	};
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -255,6 +273,8 @@ Test(opts, help_lists_every_option_and_its_default)
 		"(default: 30)",
 		"--log-level=LEVEL",
 		"(default: info)",
+		"--max-chunks-per-uid=N|auto",
+		"(default: auto (from RLIMIT_NOFILE))",
 		"-h, --help",
 		"-V, --version",
 	};

@@ -349,3 +349,47 @@ Test(pool, available_counts_room_and_usable_chunks)
 		  "a chunk held by another uid's client is not available");
 	pool_forget(&pool, CA);
 }
+
+/* The bounds a broker sets: checked before anything is taken or made. */
+Test(pool, bounds_refuse_before_touching_a_chunk)
+{
+	struct pool_take warm = take(1 * GiB, 7, CA, 0), t;
+	uint32_t created;
+
+	put_all(&warm); /* one free 1 GiB chunk of uid 7 */
+	created = (uint32_t)pool.chunks_created;
+
+	/* 3 GiB: the free chunk and 2 new ones; only 2 chunks allowed. */
+	t = (struct pool_take){
+		.size = 3 * GiB, .uid = 7, .bounded = true, .max_chunks = 2, .max_new = UINT64_MAX
+	};
+	cr_assert(eq(i32, pool_take(&pool, &t), -ENOSPC));
+	cr_assert(eq(u64, t.need_chunks, 3));
+	cr_assert(eq(u64, pool.free_bytes, 1 * GiB), "the free chunk went back");
+	cr_assert(eq(u64, pool.chunks_created, created), "nothing was made");
+	check_pool(&pool);
+
+	/* Room for the chunks, not for 2 new fds. */
+	t = (struct pool_take){
+		.size = 3 * GiB, .uid = 7, .bounded = true, .max_chunks = 3, .max_new = 1
+	};
+	cr_assert(eq(i32, pool_take(&pool, &t), -EMFILE));
+	cr_assert(eq(u64, t.need_new, 2));
+	cr_assert(eq(u64, pool.chunks_created, created));
+	check_pool(&pool);
+
+	/* No new chunk needed: the bound on new ones does not matter. */
+	t = (struct pool_take){
+		.size = 1 * GiB, .uid = 7, .bounded = true, .max_chunks = 1, .max_new = 0
+	};
+	cr_assert(eq(i32, pool_take(&pool, &t), 0));
+	cr_assert(eq(u32, t.nchunks, 1));
+	put_all(&t);
+
+	t = (struct pool_take){
+		.size = 3 * GiB, .uid = 7, .bounded = true, .max_chunks = 3, .max_new = 2
+	};
+	cr_assert(eq(i32, pool_take(&pool, &t), 0));
+	cr_assert(eq(u32, t.ncreated, 2));
+	put_all(&t);
+}

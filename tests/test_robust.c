@@ -352,13 +352,22 @@ static bool fd_limit_at_least(rlim_t want)
 }
 
 /* 15,000 chunks of 16 KiB: ids and sizes over 64 KiB packed (5 bytes a
- * chunk), within a 20,000-fd limit on each side. */
+ * chunk), within a 20,000-fd limit on each side (one uid may have all). */
 Test(robust, lend_of_15000_chunks_travels_in_pieces)
 {
-	static const char *const args[] = { "--host-memory", "256MiB",	    "--host-granularity",
-					    "16KiB",	     "--max-chunk", "16KiB",
-					    "--fdstore-max", "0",	    "--log-level",
-					    "err",	     NULL };
+	static const char *const args[] = { "--host-memory",
+					    "256MiB",
+					    "--host-granularity",
+					    "16KiB",
+					    "--max-chunk",
+					    "16KiB",
+					    "--fdstore-max",
+					    "0",
+					    "--log-level",
+					    "err",
+					    "--max-chunks-per-uid",
+					    "0",
+					    NULL };
 	const size_t n = 15000, g = 16 * KiB, size = n * g;
 	gmb_client *c;
 	unsigned char *p = NULL;

@@ -53,6 +53,9 @@ enum backend_contents {
 
 struct backend_ops {
 	const char *name; /* "host" or "cuda" */
+	/* fds this process keeps open for each live chunk (host: its memfd;
+	 * cuda: none, the handle is the driver's): gmbd's open-file budget. */
+	unsigned chunk_fds;
 	void (*close)(struct backend *b);
 
 	/* Physical memory. create: a new zeroed, exportable chunk of @size. */

@@ -525,6 +525,7 @@ out_free:
 
 static const struct backend_ops cuda_ops = {
 	.name = "cuda",
+	.chunk_fds = 0,
 	.close = cuda_close,
 	.chunk_create = cuda_chunk_create,
 	.chunk_export = cuda_chunk_export,

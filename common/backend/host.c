@@ -851,6 +851,7 @@ static int host_driver_mem(struct backend *b, int dev, uint64_t *total, uint64_t
 
 static const struct backend_ops host_ops = {
 	.name = "host",
+	.chunk_fds = 1,
 	.close = host_close,
 	.chunk_create = host_chunk_create,
 	.chunk_export = host_chunk_export,

@@ -295,6 +295,19 @@ static void broker_tag_unlink(struct btag *t, struct balloc *a)
 	t->bytes -= a->size;
 }
 
+void broker__alloc_activate(struct balloc *a, bool active)
+{
+	struct bclient *c = a->tag->client;
+
+	if (a->active == active)
+		return;
+	a->active = active;
+	if (active)
+		c->lent_chunks += a->nchunks;
+	else
+		c->lent_chunks -= a->nchunks;
+}
+
 void broker__alloc_destroy(struct broker *br, struct bclient *c, struct balloc *a)
 {
 	struct pool *p = &br->pools[a->dev];
@@ -308,6 +321,7 @@ void broker__alloc_destroy(struct broker *br, struct bclient *c, struct balloc *
 			pool_put(p, ch);
 		pool_unhold(p, ch, c, false);
 	}
+	broker__alloc_activate(a, false);
 	broker_tag_unlink(a->tag, a);
 	idmap_del(&c->allocs, a->id);
 	free(a->chunks);
@@ -581,6 +595,44 @@ void broker_client_usage(const struct bclient *c, const char *tag, uint64_t *byt
 			*chunks += a->nchunks;
 		}
 	}
+}
+
+uint64_t broker_uid_chunks(const struct broker *br, uid_t uid)
+{
+	uint64_t n = 0;
+
+	for (const struct bclient *c = br->clients; c; c = c->next)
+		if (c->uid == uid)
+			n += c->lent_chunks;
+	return n;
+}
+
+uint64_t broker_chunk_fds(const struct broker *br)
+{
+	uint64_t n = 0;
+
+	for (int d = 0; d < br->ndevices; d++)
+		n += br->pools[d].nchunks;
+	return n * br->backend->ops->chunk_fds;
+}
+
+bool broker_fds_can_open(const struct broker *br)
+{
+	if (!br->opts.fd_limit)
+		return true;
+	return br->fds_base + br->fds_conns + broker_chunk_fds(br) + 1 + BROKER_FD_SPARE <=
+	       br->opts.fd_limit;
+}
+
+uint64_t broker_fds_chunk_room(const struct broker *br)
+{
+	unsigned per = br->backend->ops->chunk_fds;
+	uint64_t conns = br->fds_conns > BROKER_FD_CONN_ROOM ? br->fds_conns : BROKER_FD_CONN_ROOM;
+	uint64_t used = br->fds_base + conns + broker_chunk_fds(br) + BROKER_FD_SPARE;
+
+	if (!br->opts.fd_limit || !per)
+		return UINT64_MAX;
+	return used < br->opts.fd_limit ? (br->opts.fd_limit - used) / per : 0;
 }
 
 int broker_export_fds(struct broker *br, const uint64_t *ids, size_t n, int *fds)

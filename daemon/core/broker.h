@@ -31,6 +31,22 @@
 #define BROKER_MAX_TAGS	  256	/* per client */
 #define BROKER_MAX_ALLOCS 65536 /* per client */
 
+/*
+ * gmbd's open files (opts.fd_limit, its RLIMIT_NOFILE). It counts its chunk
+ * fds (the backend's chunk_fds a chunk), fds_base (what it held once it
+ * served: its own, the listening socket) and fds_conns (one a connection),
+ * and keeps BROKER_FD_SPARE free at all times: for the one batch of chunk
+ * fds being sent (at most WIRE_MAX_FDS exist at once) and for what it opens
+ * for a moment (the fd store's export, the state record, metrics
+ * connections, /proc and NSS reads). A connection past that is refused at
+ * accept. New chunks leave room for BROKER_FD_CONN_ROOM connections besides
+ * (or for those open, if more), so that other clients can still connect once
+ * chunks took all they may; a lend that needs new chunk fds past that fails
+ * with -EMFILE.
+ */
+#define BROKER_FD_SPARE	    (WIRE_MAX_FDS + 48)
+#define BROKER_FD_CONN_ROOM 64
+
 struct btag;
 struct bclient;
 struct bhandover;
@@ -94,6 +110,7 @@ struct bclient {
 	uint64_t preempt_for;	       /* asked to pause for that client; 0: not */
 	struct bhandover *handover;    /* the switch it is part of; NULL: none */
 	bool handover_from;	       /* ... on the FROM side */
+	uint64_t lent_chunks;	       /* chunks of its active allocations */
 	struct bclient *prev, *next;
 };
 
@@ -106,6 +123,9 @@ struct broker_opts {
 	bool have_admin_gid;
 	uid_t daemon_uid;
 	const struct pool_hooks *hooks; /* handed to every pool; may be NULL */
+	/* Chunks one uid's clients may have lent at once (ENOSPC past it); 0: no bound. */
+	uint64_t max_chunks_per_uid;
+	uint64_t fd_limit; /* gmbd's RLIMIT_NOFILE (EMFILE past it); 0: not checked */
 };
 
 struct broker {
@@ -119,6 +139,9 @@ struct broker {
 	uint32_t nclients;
 	struct bwaiter *waiters; /* serving order: priority, then arrival */
 	uint64_t next_wait_seq, next_handover_id;
+	/* Open fds of gmbd but chunk fds: those it held once it served (set
+	 * then), and one a connection (the handlers count them). */
+	uint64_t fds_base, fds_conns;
 };
 
 /* What alloc/resume lend: send fds of send[] first, then the lends. The
@@ -159,6 +182,15 @@ struct bclient *broker_client_find(struct broker *br, const char *selector);
  */
 int broker_export_fds(struct broker *br, const uint64_t *ids, size_t n, int *fds);
 
+/* Chunks lent to the active allocations of every client of @uid. */
+uint64_t broker_uid_chunks(const struct broker *br, uid_t uid);
+/* fds gmbd holds for its chunks (the backend's chunk_fds each). */
+uint64_t broker_chunk_fds(const struct broker *br);
+/* May gmbd take one more connection and still keep BROKER_FD_SPARE free? */
+bool broker_fds_can_open(const struct broker *br);
+/* How many new chunks gmbd's open files leave room for; UINT64_MAX: no bound. */
+uint64_t broker_fds_chunk_room(const struct broker *br);
+
 /* Bytes and chunks lent to @c's active allocations in @tag ("": all). */
 void broker_client_usage(const struct bclient *c, const char *tag, uint64_t *bytes,
 			 uint64_t *chunks);
@@ -183,6 +215,13 @@ int broker_set_mode(struct broker *br, struct bclient *c, const char *tag, int m
 int broker_pause(struct broker *br, struct bclient *c, const char *tag, bool released, char *err);
 int broker_resume(struct broker *br, struct bclient *c, const char *tag, struct broker_result *res,
 		  char *err);
+/**
+ * broker_unlend() - the lends of @ids (allocations of @c a resume lent)
+ * never reached the client: each is paused again with its last lend
+ * cleared (the client clears its own: ResumeReply.lends_cleared), its
+ * chunks back in the pool, and its tag paused.
+ */
+void broker_unlend(struct broker *br, struct bclient *c, const uint64_t *ids, size_t n);
 /* Every free chunk of @dev (-1: all) back: *@released now, *@pending (every
  * byte still waiting for drops on those devices) once holders ack. */
 int broker_trim(struct broker *br, int dev, uint64_t *released, uint64_t *pending, char *err);

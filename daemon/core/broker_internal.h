@@ -21,6 +21,9 @@ int broker__tag_get(struct bclient *c, const char *name, struct btag **out, bool
 void broker__tag_remove(struct bclient *c, struct btag *t);
 /* Links @a first in @t's list and counts it. */
 void broker__tag_link(struct btag *t, struct balloc *a);
+/* Marks @a active or not, keeping its client's lent_chunks (the per-uid
+ * bound's count) right: every change of a->active goes through here. */
+void broker__alloc_activate(struct balloc *a, bool active);
 /* Chunks back to the pool, holds removed, unlinked and freed; no shrink. */
 void broker__alloc_destroy(struct broker *br, struct bclient *c, struct balloc *a);
 /* err: why pool_take() failed with @rc, naming who holds @dev's memory. */

@@ -44,6 +44,7 @@ enum event_reason event_reason_of(int status)
 	switch (-status) {
 	case ENOMEM:
 	case ENOSPC:
+	case EMFILE:
 		return EVENT_REASON_BUDGET;
 	case EPERM:
 	case EACCES:

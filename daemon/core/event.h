@@ -32,7 +32,7 @@ enum event_kind {
 
 /* Refusal reasons, for logs and the metrics' labels. */
 enum event_reason {
-	EVENT_REASON_BUDGET,	 /* -ENOMEM: over the budget or out of memory */
+	EVENT_REASON_BUDGET,	 /* -ENOMEM, -ENOSPC, -EMFILE: a budget or bound */
 	EVENT_REASON_PERMISSION, /* -EPERM, -EACCES */
 	EVENT_REASON_NO_CONTROL, /* -EOPNOTSUPP: the target has no control handler */
 	EVENT_REASON_NOT_FOUND,	 /* -ENOENT, -ENODEV: no such client, device, allocation */

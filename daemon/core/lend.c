@@ -11,6 +11,7 @@
  * could see may have gone back to the backend, and -EAGAIN's marks stay).
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,6 +111,47 @@ void broker__take_error(const struct broker *br, int dev, int rc, const struct p
 	}
 }
 
+/* ---- bounds: chunks per uid, gmbd's open files ---- */
+
+/*
+ * What a take of @c may use: its uid's room under --max-chunks-per-uid
+ * (@uid_lent: chunks the uid has lent, with those of this request's earlier
+ * lends) and the new chunks gmbd's open files leave room for.
+ */
+static void lend_bounds(const struct broker *br, uint64_t uid_lent, struct pool_take *t)
+{
+	uint64_t max = br->opts.max_chunks_per_uid;
+
+	t->max_chunks = max ? (uid_lent < max ? max - uid_lent : 0) : UINT64_MAX;
+	t->max_new = broker_fds_chunk_room(br);
+	t->bounded = t->max_chunks != UINT64_MAX || t->max_new != UINT64_MAX;
+}
+
+/* The sentence of a take past a bound: which one, what the uid holds, what to change. */
+static void lend_bound_error(const struct broker *br, const struct bclient *c, int rc,
+			     uint64_t uid_lent, uint64_t need, char *err)
+{
+	if (rc == -ENOSPC) {
+		err_append(err,
+			   "uid %u has %" PRIu64 " chunks lent and this needs %" PRIu64
+			   " more, past its bound of %" PRIu64
+			   " (--max-chunks-per-uid): free or pause memory, use larger chunks"
+			   " (--max-chunk), or raise the bound (0: none)",
+			   (unsigned)c->uid, uid_lent, need, br->opts.max_chunks_per_uid);
+		return;
+	}
+	err_append(err,
+		   "gmbd is short of open files: %" PRIu64 " chunk fds, %" PRIu64
+		   " connections and %" PRIu64
+		   " others open and %d kept free, of its limit of %" PRIu64
+		   " (RLIMIT_NOFILE), and this needs %" PRIu64 " new chunk%s; uid %u has %" PRIu64
+		   " chunks lent: raise gmbd's LimitNOFILE, use larger chunks (--max-chunk),"
+		   " or free memory",
+		   broker_chunk_fds(br), br->fds_conns, br->fds_base,
+		   BROKER_FD_SPARE + BROKER_FD_CONN_ROOM, br->opts.fd_limit, need,
+		   need == 1 ? "" : "s", (unsigned)c->uid, uid_lent);
+}
+
 /* ---- one lend ---- */
 
 static int lend_send_push(struct broker_result *res, struct chunk *ch)
@@ -151,9 +193,10 @@ static void lend_unacquire(struct broker *br, struct bclient *c, struct lend_ste
 	s->done = false;
 }
 
-/* New chunks for @s->a, lent and held; a->chunks is left alone. */
+/* New chunks for @s->a, lent and held; a->chunks is left alone. @uid_lent:
+ * chunks @c's uid has lent, this request's earlier lends included. */
 static int lend_acquire(struct broker *br, struct bclient *c, struct lend_step *s,
-			struct broker_result *res, char *err)
+			uint64_t uid_lent, struct broker_result *res, char *err)
 {
 	struct pool *p = &br->pools[s->a->dev];
 	int rc;
@@ -161,7 +204,13 @@ static int lend_acquire(struct broker *br, struct bclient *c, struct lend_step *
 	s->t = (struct pool_take){
 		.size = s->a->size, .uid = c->uid, .prefer = c, .handover = broker__handover_id(c)
 	};
+	lend_bounds(br, uid_lent, &s->t);
 	rc = pool_take(p, &s->t);
+	if (rc == -ENOSPC || rc == -EMFILE) {
+		lend_bound_error(br, c, rc, uid_lent,
+				 rc == -ENOSPC ? s->t.need_chunks : s->t.need_new, err);
+		return rc;
+	}
 	if (rc < 0) {
 		broker__take_error(br, s->a->dev, rc, &s->t, err);
 		if (rc == -EAGAIN || (rc == -ENOMEM && s->t.shortfall)) {
@@ -249,7 +298,7 @@ int broker_alloc(struct broker *br, struct bclient *c, int dev, uint64_t size, c
 				.tag = t,
 				.size = backend_round_up(size, br->pools[dev].granularity) };
 	err_fmt(err, 0, "cannot allocate %s in tag '%s': ", size_str(s.a->size, b), t->name);
-	rc = lend_acquire(br, c, &s, res, err);
+	rc = lend_acquire(br, c, &s, broker_uid_chunks(br, c->uid), res, err);
 	if (rc < 0)
 		goto err_mem;
 	rc = idmap_put(&c->allocs, s.a->id, s.a);
@@ -259,8 +308,8 @@ int broker_alloc(struct broker *br, struct bclient *c, int dev, uint64_t size, c
 	}
 	s.a->chunks = s.t.chunks;
 	s.a->nchunks = s.t.nchunks;
-	s.a->active = true;
 	broker__tag_link(t, s.a);
+	broker__alloc_activate(s.a, true);
 	broker__handover_took(&br->pools[dev], c, &s.t, s.handed_bytes, s.handed_chunks);
 	res->allocs[0] = s.a;
 	res->nallocs = 1;
@@ -329,7 +378,7 @@ static void lend_pause_tag(struct broker *br, struct btag *t, bool released, uin
 				a->chunks[i] = NULL;
 			}
 		}
-		a->active = false;
+		broker__alloc_activate(a, false);
 		*touched |= 1ULL << a->dev;
 	}
 	t->paused = true;
@@ -356,6 +405,32 @@ int broker_pause(struct broker *br, struct bclient *c, const char *tag, bool rel
 			pool_shrink(&br->pools[d], br->opts.pool_keep, NULL);
 	log_debug("pause client=%s tag=%s", c->name, tag && *tag ? tag : "*");
 	return 0;
+}
+
+void broker_unlend(struct broker *br, struct bclient *c, const uint64_t *ids, size_t n)
+{
+	uint64_t touched = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		struct balloc *a = idmap_get(&c->allocs, ids[i]);
+
+		if (!a || !a->active)
+			continue;
+		for (uint32_t j = 0; j < a->nchunks; j++) {
+			if (!a->chunks[j])
+				continue;
+			pool_put(&br->pools[a->dev], a->chunks[j]);
+			pool_unhold(&br->pools[a->dev], a->chunks[j], c, false);
+			a->chunks[j] = NULL;
+		}
+		broker__alloc_activate(a, false);
+		a->tag->paused = true;
+		touched |= 1ULL << a->dev;
+	}
+	for (int d = 0; d < br->ndevices; d++)
+		if (touched & (1ULL << d))
+			pool_shrink(&br->pools[d], br->opts.pool_keep, NULL);
+	log_debug("unlend client=%s allocs=%zu", c->name, n);
 }
 
 /* ---- resume ---- */
@@ -428,7 +503,7 @@ static void lend_commit(struct broker *br, struct bclient *c, struct lend_step *
 			a->chunks = steps[i].t.chunks;
 			a->nchunks = steps[i].t.nchunks;
 		}
-		a->active = true;
+		broker__alloc_activate(a, true);
 		res->allocs[res->nallocs++] = a;
 	}
 }
@@ -439,24 +514,39 @@ static void lend_mark_resumed(struct bclient *c, struct btag *only)
 		t->paused = false;
 }
 
-/* Both passes: exact ones first, so that a take cannot grab their chunks. */
+/*
+ * Both passes: exact ones first, so that a take cannot grab their chunks.
+ * Each lend counts against the uid's chunk bound, exact ones too (their
+ * chunks were not lent while paused).
+ */
 static int lend_resume_steps(struct broker *br, struct bclient *c, struct lend_step *steps,
 			     size_t n, struct broker_result *res, char *err)
 {
+	uint64_t lent = broker_uid_chunks(br, c->uid), base = lent;
+	uint64_t max = br->opts.max_chunks_per_uid;
 	int rc;
 
 	for (size_t i = 0; i < n; i++)
-		lend_try_exact(br, c, &steps[i]);
+		if (lend_try_exact(br, c, &steps[i]))
+			lent += steps[i].a->nchunks;
+	if (max && lent > max) {
+		rc = -ENOSPC;
+		lend_bound_error(br, c, rc, base, lent - base, err);
+		goto err_rollback;
+	}
 	for (size_t i = 0; i < n; i++) {
 		if (steps[i].exact)
 			continue;
-		rc = lend_acquire(br, c, &steps[i], res, err);
-		if (rc < 0) {
-			lend_rollback(br, c, steps, n);
-			return rc;
-		}
+		rc = lend_acquire(br, c, &steps[i], lent, res, err);
+		if (rc < 0)
+			goto err_rollback;
+		lent += steps[i].t.nchunks;
 	}
 	return 0;
+
+err_rollback:
+	lend_rollback(br, c, steps, n);
+	return rc;
 }
 
 int broker_resume(struct broker *br, struct bclient *c, const char *tag, struct broker_result *res,

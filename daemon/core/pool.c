@@ -397,6 +397,20 @@ err_undo:
 	return rc;
 }
 
+/* The bounds of @t for a take that has @n free chunks and needs @rest more bytes. */
+static int pool_check_bounds(const struct pool *p, struct pool_take *t, uint32_t n, uint64_t rest)
+{
+	t->need_new = rest ? pool_pieces(p, rest) : 0;
+	t->need_chunks = n + t->need_new;
+	if (!t->bounded)
+		return 0;
+	if (t->need_chunks > t->max_chunks)
+		return -ENOSPC;
+	if (t->need_new > t->max_new)
+		return -EMFILE;
+	return 0;
+}
+
 int pool_take(struct pool *p, struct pool_take *t)
 {
 	struct pool_vec vec = { 0 };
@@ -405,7 +419,7 @@ int pool_take(struct pool *p, struct pool_take *t)
 
 	t->chunks = NULL;
 	t->nchunks = t->ncreated = 0;
-	t->shortfall = 0;
+	t->shortfall = t->need_chunks = t->need_new = 0;
 	if (t->size == 0 || t->size % p->granularity)
 		return -EINVAL;
 	rest = t->size;
@@ -413,6 +427,8 @@ int pool_take(struct pool *p, struct pool_take *t)
 	if (rc == 0 && rest > 0 && !pool_room_ok(p, rest, t->handover))
 		/* Fresh chunks do not fit: every warm chunk that fits is worth it now. */
 		rc = pool_take_free(p, t, &vec, &rest, false);
+	if (rc == 0)
+		rc = pool_check_bounds(p, t, vec.n, rest);
 	if (rc < 0)
 		goto err_put;
 	if (rest > 0) {

@@ -108,10 +108,16 @@ struct pool_take {
 	uid_t uid;
 	struct bclient *prefer; /* prefer chunks this client holds */
 	uint64_t handover;	/* a switch's take: may use chunks it reserved */
-	struct chunk **chunks;	/* out: malloc'd, owned by the caller */
+	/* When @bounded: at most max_chunks chunks in all and max_new new ones
+	 * (the broker's per-uid chunk bound and fd headroom). */
+	bool bounded;
+	uint64_t max_chunks, max_new;
+	struct chunk **chunks; /* out: malloc'd, owned by the caller */
 	uint32_t nchunks;
 	uint32_t ncreated;  /* how many of them are new */
 	uint64_t shortfall; /* on -ENOMEM/-EAGAIN: bytes missing */
+	/* On -ENOSPC/-EMFILE: the chunks, and the new ones, it would have needed. */
+	uint64_t need_chunks, need_new;
 };
 
 int pool_init(struct pool *p, struct backend *b, int dev, const struct pool_cfg *cfg,
@@ -141,8 +147,11 @@ int pool_adopt(struct pool *p, uint64_t id, uint64_t size, uint64_t handle, stru
  * serve this request to make room. The chunks come back off the free list
  * but not yet lent (the caller sets lent_to via pool_lend()); the reused
  * ones come first, the ncreated new ones last. On failure nothing changed
- * but what -EAGAIN marks releasing.
- * Return: 0; -ENOMEM when the budget cannot cover it even after releasing
+ * but what -EAGAIN marks releasing. The bounds are checked before the
+ * budget, so a take past one of them touches no chunk.
+ * Return: 0; -ENOSPC when it would take more than @t->max_chunks chunks,
+ * -EMFILE more than @t->max_new new ones (t->need_chunks and t->need_new
+ * say how many); -ENOMEM when the budget cannot cover it even after releasing
  * (t->shortfall says how much), or when the backend or malloc is out of
  * memory (t->shortfall == 0); -EAGAIN when it could once holders drop the
  * handles of free chunks now marked releasing (t->shortfall: bytes missing

@@ -30,8 +30,8 @@
 
 /* ---- restore ---- */
 
-/* Holds (and, when @active, lends) a restored allocation's chunks. */
-static int rejoin_restore_hold(struct broker *br, struct bclient *c, struct balloc *a)
+/* Holds (and, when @lend, lends) a restored allocation's chunks. */
+static int rejoin_restore_hold(struct broker *br, struct bclient *c, struct balloc *a, bool lend)
 {
 	struct pool *p = &br->pools[a->dev];
 	uint32_t i;
@@ -42,7 +42,7 @@ static int rejoin_restore_hold(struct broker *br, struct bclient *c, struct ball
 			break;
 	}
 	if (rc == 0) {
-		for (uint32_t j = 0; a->active && j < a->nchunks; j++)
+		for (uint32_t j = 0; lend && j < a->nchunks; j++)
 			pool_lend(p, a->chunks[j], a);
 		return 0;
 	}
@@ -101,6 +101,7 @@ int broker_restore_alloc(struct broker *br, struct bclient *c, struct btag *t, u
 			 uint64_t size, bool active, struct chunk **chunks, uint32_t n)
 {
 	struct balloc *a;
+	bool lend;
 	int rc;
 
 	if (id == 0 || dev < 0 || dev >= br->ndevices || n == 0 || size == 0 ||
@@ -116,18 +117,19 @@ int broker_restore_alloc(struct broker *br, struct bclient *c, struct btag *t, u
 		goto err_free;
 	memcpy(a->chunks, chunks, n * sizeof(*a->chunks));
 	/* Nothing of a paused tag is lent, whatever a record says. */
-	a->active = active && !t->paused && rejoin_restore_can_lend(a);
-	if (active && !a->active)
+	lend = active && !t->paused && rejoin_restore_can_lend(a);
+	if (active && !lend)
 		log_warn("restored allocation cannot be lent again, restored paused client=%s"
 			 " alloc=%llu",
 			 c->name, (unsigned long long)id);
 	rc = idmap_put(&c->allocs, id, a);
 	if (rc < 0)
 		goto err_free;
-	rc = rejoin_restore_hold(br, c, a);
+	rc = rejoin_restore_hold(br, c, a, lend);
 	if (rc < 0)
 		goto err_unmap;
 	broker__tag_link(t, a);
+	broker__alloc_activate(a, lend);
 	if (br->next_alloc_id <= id)
 		br->next_alloc_id = id + 1;
 	return 0;
@@ -343,12 +345,12 @@ static void rejoin_apply_alloc(struct rejoin *rj, const struct broker_claim_allo
 		for (uint32_t i = 0; i < a->nchunks; i++)
 			if (a->chunks[i])
 				pool_put(p, a->chunks[i]);
-		a->active = false;
+		broker__alloc_activate(a, false);
 	}
 	if (!a->active && ca->mapped) {
 		for (uint32_t i = 0; i < a->nchunks; i++)
 			pool_lend(p, a->chunks[i], a);
-		a->active = true;
+		broker__alloc_activate(a, true);
 	}
 	if (same)
 		return;

@@ -51,6 +51,7 @@ const struct sess_ops handlers_sess_ops = {
 	.gone = handlers_gone,
 	.free_data = handlers_free_data,
 	.export_fds = handlers_export_fds,
+	.undeliverable = handlers__undeliverable,
 	.body_name = handlers_body_name,
 };
 
@@ -309,6 +310,7 @@ static void handlers_gone(void *arg, struct sess *s)
 	uint64_t bytes = 0, chunks = 0;
 	char b[SIZE_STR_MAX];
 
+	handlers__limits_fd_closed(hc);
 	handlers__watch_gone(h, s);
 	handlers__park_cancel(h, s);
 	handlers__dreqs_fail(h, s);

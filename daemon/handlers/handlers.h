@@ -76,7 +76,7 @@ struct handlers {
 	struct idmap uid_conns; /* uid + 1 -> connections open */
 	struct hconn *hconns;	/* every connection, newest first */
 	uv_timer_t hello_timer;
-	bool hello_logged, limit_logged;
+	bool hello_logged, limit_logged, fds_logged;
 	bool retrying; /* guards against nested retries */
 	bool closed;
 	bool handover; /* stopping, the clients' state kept for the next

@@ -52,6 +52,7 @@ struct hconn {
 	struct sess *sess; /* not a reference: the session owns this */
 	uid_t uid;
 	uint64_t opened_ms; /* uv_now() at accept */
+	bool fd_counted;    /* its socket counts in the broker's fds_conns */
 	struct hconn *prev, *next;
 };
 
@@ -219,6 +220,9 @@ int handlers__free(struct hreq *rq);
 int handlers__tag_mode(struct hreq *rq);
 int handlers__pause(struct hreq *rq);
 int handlers__resume(struct hreq *rq);
+/* sess_ops.undeliverable: a lend whose chunk fds could not go out is taken back. */
+int handlers__undeliverable(void *arg, struct sess *s, Gmb__Envelope *const *envs, size_t n,
+			    int err);
 int handlers__trim(struct hreq *rq);
 
 /* orphans.c */
@@ -236,5 +240,7 @@ void handlers__rejoin_gone(struct handlers *h, struct sess *s);
 /* limits.c */
 int handlers__limits_open(struct handlers *h, struct sess *s, struct hconn *hc);
 void handlers__limits_free(struct hconn *hc);
+/* @hc's socket is closed (or about to be): it no longer counts in fds_conns. */
+void handlers__limits_fd_closed(struct hconn *hc);
 
 #endif

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/err.h"
 #include "common/log.h"
 #include "common/size.h"
 #include "common/wire.h"
@@ -257,6 +258,92 @@ int handlers__trim(struct hreq *rq)
 	ev.actor = sess_name(rq->s);
 	handlers__emit(rq->h, &ev);
 	return 0;
+}
+
+/* The allocations the lends of @envs name, once each; resume or alloc in *@resume. */
+static size_t handlers_lent_ids(Gmb__Envelope *const *envs, size_t n, uint64_t *ids, size_t max,
+				bool *resume)
+{
+	size_t k = 0;
+
+	*resume = false;
+	for (size_t i = 0; i < n; i++) {
+		const Gmb__Envelope *e = envs[i];
+
+		if (e->body_case == GMB__ENVELOPE__BODY_ALLOC_REPLY && e->alloc_reply->lend &&
+		    e->alloc_reply->lend->first_chunk == 0 && k < max)
+			ids[k++] = e->alloc_reply->lend->alloc_id;
+		if (e->body_case != GMB__ENVELOPE__BODY_RESUME_REPLY)
+			continue;
+		*resume = true;
+		for (size_t j = 0; j < e->resume_reply->n_lends; j++)
+			if (e->resume_reply->lends[j]->first_chunk == 0 && k < max)
+				ids[k++] = e->resume_reply->lends[j]->alloc_id;
+	}
+	return k;
+}
+
+/*
+ * The chunk fds of an alloc or resume reply could not go out (@err, from the
+ * transport): the client never got that lend, so gmbd takes it back (an
+ * allocation freed; resumed allocations paused again with their last lend
+ * cleared, which lends_cleared tells libgmb) and answers the request with
+ * @err and a sentence. The session stays. Return: 0, or @err when the
+ * packets lend nothing (the session is then doomed).
+ */
+int handlers__undeliverable(void *arg, struct sess *s, Gmb__Envelope *const *envs, size_t n,
+			    int err)
+{
+	struct handlers *h = arg;
+	struct bclient *c = hconn_of(s)->client;
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__ResumeReply rr = GMB__RESUME_REPLY__INIT;
+	char msg[ERR_MSG_MAX];
+	uint64_t *ids = NULL;
+	size_t max = 0, k;
+	bool resume;
+
+	for (size_t i = 0; i < n; i++)
+		max += envs[i]->body_case == GMB__ENVELOPE__BODY_RESUME_REPLY ?
+			       envs[i]->resume_reply->n_lends :
+			       1;
+	if (!c || c->tool || !(ids = malloc((max ? max : 1) * sizeof(*ids))))
+		goto err_ids;
+	k = handlers_lent_ids(envs, n, ids, max, &resume);
+	if (k == 0)
+		goto err_ids;
+	if (resume)
+		broker_unlend(h->broker, c, ids, k);
+	else
+		broker_free_alloc(h->broker, c, ids[0], NULL);
+	free(ids);
+	err_fmt(msg, err,
+		"gmbd lent the memory but could not send its chunk fds (%s), and took it"
+		" back: %s; gmbd holds %llu chunk fds and %llu others, of a limit of %llu"
+		" open files",
+		strerror(-err), resume ? "the tags stay paused" : "nothing is allocated",
+		(unsigned long long)broker_chunk_fds(h->broker),
+		(unsigned long long)(h->broker->fds_base + h->broker->fds_conns),
+		(unsigned long long)h->broker->opts.fd_limit);
+	log_warn("lend taken back, its chunk fds could not be sent " SESS_FMT
+		 " request=%s allocations=%zu err=\"%s\"",
+		 SESS_ARGS(s), resume ? "resume" : "alloc", k, strerror(-err));
+	env.reply_to = envs[0]->reply_to;
+	env.status = err;
+	env.error = msg;
+	if (resume) {
+		rr.lends_cleared = true;
+		env.body_case = GMB__ENVELOPE__BODY_RESUME_REPLY;
+		env.resume_reply = &rr;
+	}
+	sess_send(s, &env);
+	handlers__settle(h);
+	handlers__changed(h);
+	return 0;
+
+err_ids:
+	free(ids);
+	return err;
 }
 
 /*

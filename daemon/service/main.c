@@ -19,7 +19,10 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <dirent.h>
+#include <inttypes.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -72,6 +75,8 @@ static int gmbd_flush(void *arg);
 static void gmbd_status(void *arg, char *buf, size_t len);
 static int gmbd_make_dir(const char *path);
 static int gmbd_signals(struct gmbd *g);
+static uint64_t gmbd_nofile(void);
+static void gmbd_fd_budget(struct gmbd *g, uint64_t limit);
 static int gmbd_metrics_start(struct gmbd *g);
 static void gmbd_on_signal(uv_signal_t *sig, int signum);
 
@@ -109,6 +114,7 @@ int main(int argc, char **argv)
 static int gmbd_run(const struct gmbd_opts *o)
 {
 	struct gmbd g = { .opts = o };
+	uint64_t nofile = gmbd_nofile();
 	int r, rc;
 
 	r = uv_loop_init(&g.loop);
@@ -136,6 +142,7 @@ static int gmbd_run(const struct gmbd_opts *o)
 	r = gmbd_serve(&g);
 	if (r < 0)
 		goto err_broker;
+	gmbd_fd_budget(&g, nofile);
 	log_info("gmbd ready version=%s socket=%s activated=%d", GMB_VERSION, o->socket,
 		 g.activated ? 1 : 0);
 	sd_glue_ready(sd_glue_status_now(&g.sd));
@@ -582,4 +589,69 @@ static int gmbd_metrics_start(struct gmbd *g)
 	}
 	log_info("metrics served listen=%s port=%d path=/metrics", addr, port);
 	return 0;
+}
+
+/*
+ * gmbd's open-file limit: the soft one raised to the hard one (libuv polls
+ * with epoll, so the 1,024 kept for select() buys nothing, and on the host
+ * backend every chunk is an open fd). 0 when there is no limit to keep to.
+ */
+static uint64_t gmbd_nofile(void)
+{
+	struct rlimit rl;
+	rlim_t was;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return 0;
+	was = rl.rlim_cur;
+	if (rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+			rl.rlim_cur = was;
+		else
+			log_info("open-file limit raised to the hard limit from=%" PRIu64
+				 " to=%" PRIu64,
+				 (uint64_t)was, (uint64_t)rl.rlim_cur);
+	}
+	return rl.rlim_cur == RLIM_INFINITY ? 0 : (uint64_t)rl.rlim_cur;
+}
+
+/* Open fds now, -errno; the directory's own fd is not counted. */
+static int gmbd_count_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	int n = 0;
+
+	if (!d)
+		return -errno;
+	while ((e = readdir(d)))
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n - 1;
+}
+
+/*
+ * What the broker keeps to (broker.h): the limit, the fds gmbd holds but
+ * chunk fds, counted once now that it serves (connections are counted as
+ * they come), and the default bound of chunks per uid: half of what is
+ * left past those and the fds kept free, so that one user cannot take all.
+ */
+static void gmbd_fd_budget(struct gmbd *g, uint64_t limit)
+{
+	struct broker *br = g->broker;
+	uint64_t chunk_fds = broker_chunk_fds(br), kept = BROKER_FD_SPARE + BROKER_FD_CONN_ROOM;
+	int n = gmbd_count_fds();
+
+	/* Without a count there is nothing to keep to: the kernel says EMFILE. */
+	br->fds_base = n >= 0 && (uint64_t)n > chunk_fds ? (uint64_t)n - chunk_fds : 0;
+	br->opts.fd_limit = n >= 0 ? limit : 0;
+	if (g->opts->max_chunks_per_uid_set)
+		br->opts.max_chunks_per_uid = g->opts->max_chunks_per_uid;
+	else if (br->opts.fd_limit)
+		br->opts.max_chunks_per_uid =
+			limit > br->fds_base + kept ? (limit - br->fds_base - kept) / 2 : 1;
+	log_info("open files limit=%" PRIu64 " open=%" PRIu64 " chunk_fds=%" PRIu64
+		 " kept_free=%" PRIu64 " max_chunks_per_uid=%" PRIu64,
+		 br->opts.fd_limit, br->fds_base, chunk_fds, kept, br->opts.max_chunks_per_uid);
 }

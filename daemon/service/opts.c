@@ -27,6 +27,7 @@
 #define OPTS_HELP_COL	 32
 #define OPTS_MAX_TIMEOUT 86400
 #define OPTS_MAX_FDSTORE (1u << 20)
+#define OPTS_MAX_CHUNKS	 (1ul << 30)
 
 struct opts_entry {
 	const char *name;
@@ -59,6 +60,7 @@ static int opts_set_config(struct gmbd_opts *o, const char *name, const char *ar
 static int opts_set_hello_timeout(struct gmbd_opts *o, const char *name, const char *arg,
 				  char *err);
 static int opts_set_max_conns(struct gmbd_opts *o, const char *name, const char *arg, char *err);
+static int opts_set_max_chunks(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 static int opts_set_help(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 static int opts_set_host_outside(struct gmbd_opts *o, const char *name, const char *arg, char *err);
 static int opts_set_metrics_listen(struct gmbd_opts *o, const char *name, const char *arg,
@@ -154,6 +156,14 @@ static const struct opts_entry opts_table[] = {
 	  "connections one uid may hold open at once;\n"
 	  "the next is closed at once (0: no limit)",
 	  opts_set_max_conns },
+	{ "max-chunks-per-uid", 0, "N|auto", "auto (from RLIMIT_NOFILE)",
+	  "chunks one uid's clients may have lent at\n"
+	  "once, over every device; past it a request\n"
+	  "fails with ENOSPC (0: no limit). auto: half\n"
+	  "of gmbd's open-file limit once its own fds\n"
+	  "and the fds it keeps free are taken off (on\n"
+	  "the host backend every chunk is an open fd)",
+	  opts_set_max_chunks },
 	{ "config", 0, "PATH", OPTS_DEFAULT_CONFIG " if it exists",
 	  "read 'name = value' settings from PATH first,\n"
 	  "one per line, for any option above; the\n"
@@ -283,6 +293,21 @@ static int opts_set_max_conns(struct gmbd_opts *o, const char *name, const char 
 	if (opts_uint_arg(name, arg, 0, 1000000, &v, err) < 0)
 		return -EINVAL;
 	o->max_conns_per_uid = (unsigned)v;
+	return 0;
+}
+
+static int opts_set_max_chunks(struct gmbd_opts *o, const char *name, const char *arg, char *err)
+{
+	unsigned long v;
+
+	if (strcmp(arg, "auto") == 0) {
+		o->max_chunks_per_uid_set = false;
+		return 0;
+	}
+	if (opts_uint_arg(name, arg, 0, OPTS_MAX_CHUNKS, &v, err) < 0)
+		return -EINVAL;
+	o->max_chunks_per_uid = v;
+	o->max_chunks_per_uid_set = true;
 	return 0;
 }
 

@@ -42,14 +42,16 @@ struct gmbd_opts {
 	uint64_t reserve;
 	bool reserve_set; /* else: OPTS_RESERVE_CUDA on cuda, 0 on host */
 	const char *admin_group;
-	unsigned control_timeout;   /* seconds */
-	int log_level;		    /* LOG_LVL_* */
-	unsigned fdstore_max;	    /* the unit's FileDescriptorStoreMax=; 0: no fd store */
-	unsigned rejoin_grace;	    /* seconds a restored client has to come back */
-	unsigned hello_timeout;	    /* seconds a connection may stay without hello; 0: any */
-	unsigned max_conns_per_uid; /* connections one uid may hold open; 0: any number */
-	const char *config;	    /* the file read, or NULL */
-	char *storage;		    /* the file's text (values point into it); owned */
+	unsigned control_timeout;    /* seconds */
+	int log_level;		     /* LOG_LVL_* */
+	unsigned fdstore_max;	     /* the unit's FileDescriptorStoreMax=; 0: no fd store */
+	unsigned rejoin_grace;	     /* seconds a restored client has to come back */
+	unsigned hello_timeout;	     /* seconds a connection may stay without hello; 0: any */
+	unsigned max_conns_per_uid;  /* connections one uid may hold open; 0: any number */
+	uint64_t max_chunks_per_uid; /* chunks one uid may have lent; 0: any number */
+	bool max_chunks_per_uid_set; /* else derived from RLIMIT_NOFILE at start */
+	const char *config;	     /* the file read, or NULL */
+	char *storage;		     /* the file's text (values point into it); owned */
 };
 
 /**

@@ -36,6 +36,7 @@ struct sess_out {
 	struct sess_out *next;
 	uint8_t *buf;
 	size_t len;
+	uint64_t reply_to; /* the request it answers; 0: none */
 	uint64_t *ids;
 	int nids;
 };
@@ -50,8 +51,9 @@ static void sess_read_failed(struct sess *s, int err);
 static void sess_log_env(const struct sess *s, const char *dir, const Gmb__Envelope *env);
 static int sess_out_new(const Gmb__Envelope *env, struct sess_out **out);
 static void sess_out_free(struct sess_out *o);
-static int sess_out_send(struct sess *s, struct sess_out *o);
-static int sess_flush(struct sess *s);
+static int sess_out_send(struct sess *s, struct sess_out *o, bool *fds_failed);
+static int sess_reply_lost(struct sess *s, int err);
+static int sess_flush(struct sess *s, bool top);
 static void sess_flushed(struct sess *s, int r);
 static void sess_update_poll(struct sess *s);
 static void sess_link(struct sess *s);
@@ -205,7 +207,7 @@ void sess_disconnect(struct sess *s)
 	 * only once the host says so: a reply must not slip out here before
 	 * the state it tells of is stored. */
 	if (!s->host->corked || s->host->settle(s->host) == 0)
-		(void)sess_flush(s);
+		(void)sess_flush(s, false);
 	while (s->out_head) {
 		struct sess_out *o = s->out_head;
 
@@ -239,7 +241,7 @@ static void sess_on_poll(uv_poll_t *poll, int status, int events)
 	}
 	/* Corked, the end of the turn sends: not before the state is written. */
 	if ((events & UV_WRITABLE) && !s->host->corked)
-		sess_flushed(s, sess_flush(s));
+		sess_flushed(s, sess_flush(s, true));
 	if ((events & UV_READABLE) && s->state == SESS_OPEN)
 		sess_read(s);
 }
@@ -347,9 +349,10 @@ int sess_send(struct sess *s, const Gmb__Envelope *env)
 	s->out_tail = o;
 	s->out_bytes += o->len;
 	s->out_count++;
-	if (s->host->corked)
+	/* From sess_flush()'s own callback: its loop sends this one next. */
+	if (s->host->corked || s->flushing)
 		return 0;
-	r = sess_flush(s);
+	r = sess_flush(s, false);
 	sess_flushed(s, r);
 	return r == -EAGAIN ? 0 : r;
 }
@@ -361,7 +364,7 @@ void sess_uncork(struct sess *s)
 	if (s->host->held)
 		sess_update_poll(s);
 	else
-		sess_flushed(s, sess_flush(s));
+		sess_flushed(s, sess_flush(s, true));
 }
 
 static int sess_out_new(const Gmb__Envelope *env, struct sess_out **out)
@@ -375,6 +378,7 @@ static int sess_out_new(const Gmb__Envelope *env, struct sess_out **out)
 	r = wire_pack(env, &o->buf, &o->len);
 	if (r < 0)
 		goto err_free;
+	o->reply_to = env->reply_to;
 	o->nids = (int)env->n_fd_chunks;
 	if (o->nids) {
 		o->ids = malloc(sizeof(*o->ids) * (size_t)o->nids);
@@ -400,43 +404,118 @@ static void sess_out_free(struct sess_out *o)
 	free(o);
 }
 
-/* Exports the packet's fds, sends, and closes them whatever happened: a
+/*
+ * Exports the packet's fds, sends, and closes them whatever happened: a
  * packet that meets a full socket exports again on the next try, so that
- * across every session at most one batch of exported fds is open. */
-static int sess_out_send(struct sess *s, struct sess_out *o)
+ * across every session at most one batch of exported fds is open.
+ * *@fds_failed: the fds, not the socket, failed (the export, or the
+ * kernel's bound on fds in flight: ETOOMANYREFS).
+ */
+static int sess_out_send(struct sess *s, struct sess_out *o, bool *fds_failed)
 {
 	int fds[WIRE_MAX_FDS];
 	int r;
 
 	r = s->host->ops->export_fds(s->host->arg, o->ids, (size_t)o->nids, fds);
 	if (r < 0) {
-		sess_doom(s, LOG_LVL_ERR, "cannot export %d chunk fds: %s", o->nids, strerror(-r));
+		*fds_failed = true;
 		return r;
 	}
 	r = wire_send_packed(s->fd, o->buf, o->len, fds, o->nids);
 	wire_close_fds(fds, o->nids);
+	*fds_failed = r == -ETOOMANYREFS && o->nids > 0;
 	return r;
 }
 
-/* Sends queued packets until the socket is full. Return: 0 (queue empty),
- * -EAGAIN (socket full), or the error that ended the connection. */
-static int sess_flush(struct sess *s)
+static void sess_out_pop(struct sess *s, struct sess_out **pos)
+{
+	struct sess_out *o = *pos, *prev = NULL;
+
+	for (struct sess_out *p = s->out_head; p != o; p = p->next)
+		prev = p;
+	*pos = o->next;
+	if (s->out_tail == o)
+		s->out_tail = prev;
+	s->out_bytes -= o->len;
+	s->out_count--;
+	sess_out_free(o);
+}
+
+/*
+ * The head packet's fds failed (@err): it and the rest of its reply leave
+ * the queue unsent and go, unpacked, to the layer above, which answers the
+ * request anew. Return: 0, or @err once the session is doomed for it.
+ */
+static int sess_reply_lost(struct sess *s, int err)
+{
+	struct sess_out *head = s->out_head, **pos = &s->out_head;
+	uint64_t reply_to = head->reply_to;
+	int nids = head->nids; /* for the log line: @head is freed on the way */
+	Gmb__Envelope **envs;
+	size_t n = 0, cap = 0;
+	int r = -ENOMEM;
+
+	if (!s->host->ops->undeliverable || !reply_to || s->state != SESS_OPEN)
+		goto err_doom;
+	for (struct sess_out *o = head; o; o = o->next)
+		cap += o->reply_to == reply_to;
+	envs = calloc(cap, sizeof(*envs));
+	if (!envs)
+		goto err_doom;
+	while (*pos) {
+		if ((*pos)->reply_to != reply_to) {
+			pos = &(*pos)->next;
+			continue;
+		}
+		envs[n] = gmb__envelope__unpack(NULL, (*pos)->len, (*pos)->buf);
+		n += envs[n] != NULL;
+		sess_out_pop(s, pos);
+	}
+	r = n == cap ? s->host->ops->undeliverable(s->host->arg, s, envs, n, err) : -ENOMEM;
+	for (size_t i = 0; i < n; i++)
+		gmb__envelope__free_unpacked(envs[i], NULL);
+	free(envs);
+	if (r == 0)
+		return 0;
+err_doom:
+	sess_doom(s, LOG_LVL_ERR, "cannot send %d chunk fds: %s", nids, strerror(-err));
+	return err;
+}
+
+/*
+ * Sends queued packets until the socket is full. @top: called from the top
+ * of a loop callback; else (from sess_send(), inside a handler that may
+ * still use what the packet lends) a packet whose fds fail waits for the
+ * next writable event, where the layer above may take its lend back.
+ * Return: 0 (queue empty), -EAGAIN (socket full, or fds to retry from the
+ * top), or the error that ended the connection.
+ */
+static int sess_flush(struct sess *s, bool top)
 {
 	struct sess_out *o;
-	int r;
+	bool was = s->flushing;
+	int r = 0;
 
+	s->flushing = true;
 	while ((o = s->out_head)) {
-		r = sess_out_send(s, o);
+		bool fds_failed = false;
+
+		r = sess_out_send(s, o, &fds_failed);
+		if (r < 0 && fds_failed && !top && s->state == SESS_OPEN) {
+			r = -EAGAIN;
+			break;
+		}
+		if (r < 0 && fds_failed) {
+			r = sess_reply_lost(s, r);
+			if (r == 0)
+				continue;
+		}
 		if (r < 0)
-			return r;
-		s->out_head = o->next;
-		if (!s->out_head)
-			s->out_tail = NULL;
-		s->out_bytes -= o->len;
-		s->out_count--;
-		sess_out_free(o);
+			break;
+		sess_out_pop(s, &s->out_head);
 	}
-	return 0;
+	s->flushing = was;
+	return r;
 }
 
 static void sess_flushed(struct sess *s, int r)

@@ -24,7 +24,9 @@
  * when the session disconnects). The fds of the
  * chunks a packet names in fd_chunks are exported from the chunk handles at
  * send time and closed right after sendmsg(), so at most one batch of
- * exported fds exists at a time.
+ * exported fds exists at a time. A packet whose fds cannot be exported or
+ * sent does not end the session when the layer above can answer its
+ * request anew (sess_ops.undeliverable): the rest of that reply is dropped.
  */
 #ifndef GMB_SESS_H
 #define GMB_SESS_H
@@ -68,6 +70,17 @@ struct sess_ops {
 	void (*free_data)(void *data);
 	/* New fds for @n chunk ids, the caller's to close; none open on failure. */
 	int (*export_fds)(void *arg, const uint64_t *ids, size_t n, int *fds);
+	/*
+	 * The chunk fds of a packet of the reply to @envs[0]->reply_to could
+	 * not be exported or sent (@err: -EMFILE, -ETOOMANYREFS, ...): that
+	 * packet and every later one of the same reply are taken off the queue
+	 * unsent and handed over here, unpacked, in order (the layer's to read
+	 * during the call). Return 0 once the request is answered anew (a
+	 * sess_send() from here queues behind what is queued); a negative
+	 * errno dooms the session. NULL: always doomed.
+	 */
+	int (*undeliverable)(void *arg, struct sess *s, Gmb__Envelope *const *envs, size_t n,
+			     int err);
 	/* A body case's name for logs. */
 	const char *(*body_name)(int body_case);
 };
@@ -117,6 +130,7 @@ struct sess {
 	struct sess_out *out_head, *out_tail;
 	size_t out_bytes;
 	uint32_t out_count;
+	bool flushing; /* in sess_flush(): sess_send() only queues */
 
 	struct sess *prev, *next; /* host->sessions */
 };
@@ -165,7 +179,8 @@ void sess_disconnect(struct sess *s);
  * The chunks in env->fd_chunks are exported when the packet leaves (their
  * fds ride with it and are closed right after). @env stays the caller's:
  * the packed bytes are copied. On any failure the session is doomed (the
- * peer cannot make sense of the rest of a reply), so callers may stop there.
+ * peer cannot make sense of the rest of a reply), so callers may stop there;
+ * fds that cannot go out later go to sess_ops.undeliverable instead.
  * Return: 0, or a negative errno (-EPIPE once the session is not OPEN).
  */
 int sess_send(struct sess *s, const Gmb__Envelope *env);

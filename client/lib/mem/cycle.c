@@ -188,19 +188,11 @@ static void cycle_mark(struct gmb__mem *m, const struct gmb__tag *only, bool fro
 	}
 }
 
-/*
- * When gmbd releases paused memory (its hello said so, and the pause told
- * it this side lets go too), the handles of the paused allocations' last
- * lends go now: the memory is the driver's once both sides let go, before
- * gmb_pause() returns. A resume then gets (and imports) new chunks. Done
- * after gmbd's answer, so that a failed pause can still map the same chunks.
- */
-static void cycle_release(struct gmb__mem *m, const struct gmb__tag *only)
+/* The handles of the last lends of @only's (or every) paused allocations go. */
+static void cycle_let_go(struct gmb__mem *m, const struct gmb__tag *only)
 {
 	struct gmb__handle *rel = NULL;
 
-	if (!m->devs->release_on_pause)
-		return;
 	pthread_mutex_lock(&m->conn->lock);
 	for (struct gmb__tag *t = m->tags; t; t = t->next) {
 		if (!cycle_tag_in(t, only, true))
@@ -210,6 +202,19 @@ static void cycle_release(struct gmb__mem *m, const struct gmb__tag *only)
 	}
 	pthread_mutex_unlock(&m->conn->lock);
 	gmb__release_run(m->be, rel);
+}
+
+/*
+ * When gmbd releases paused memory (its hello said so, and the pause told
+ * it this side lets go too), the handles of the paused allocations' last
+ * lends go now: the memory is the driver's once both sides let go, before
+ * gmb_pause() returns. A resume then gets (and imports) new chunks. Done
+ * after gmbd's answer, so that a failed pause can still map the same chunks.
+ */
+static void cycle_release(struct gmb__mem *m, const struct gmb__tag *only)
+{
+	if (m->devs->release_on_pause)
+		cycle_let_go(m, only);
 }
 
 /**
@@ -402,6 +407,19 @@ static int cycle_resume_reply(struct gmb__mem *m, const struct gmb__tag *only,
 	return rc;
 }
 
+/*
+ * A refused resume whose lend gmbd took back (it could not send the chunk
+ * fds): gmbd cleared the tags' last lends, so this side lets go of them too,
+ * as a pause that releases handles does, and both sides agree.
+ */
+static bool cycle_lends_cleared(const struct gmb__reply *rep)
+{
+	const Gmb__Envelope *last = rep->nparts ? rep->parts[rep->nparts - 1] : NULL;
+
+	return last && last->body_case == GMB__ENVELOPE__BODY_RESUME_REPLY &&
+	       last->resume_reply->lends_cleared;
+}
+
 /* Without retain, a copy is freed once resume has copied it back (and drained). */
 static void cycle_drop_copies(struct gmb__mem *m, const struct gmb__tag *only)
 {
@@ -442,8 +460,12 @@ int gmb__cycle_resume(struct gmb__mem *m, const char *name, char *err)
 	env.body_case = GMB__ENVELOPE__BODY_RESUME;
 	env.resume = &req;
 	rc = gmb__request(m->conn, &env, &rep, err);
-	if (rep.status < 0)
-		goto out_rep; /* nothing was lent: still paused on both sides */
+	if (rep.status < 0) {
+		/* Still paused on both sides; gmbd may have cleared the last lends. */
+		if (cycle_lends_cleared(&rep))
+			cycle_let_go(m, only);
+		goto out_rep;
+	}
 	if (rc == 0)
 		rc = cycle_resume_reply(m, only, &rep, err);
 	if (rc < 0) {

@@ -1,0 +1,349 @@
+/*
+ * test_fdlimit.c - one user must not exhaust gmbd's chunks and open files.
+ * On the host backend every chunk is an open memfd in gmbd: a real gmbd
+ * with 4 KiB chunks, real client processes (tests/prog_worker) of two uids.
+ * Past a uid's chunk bound a request gets ENOSPC, past gmbd's fd headroom
+ * EMFILE, each with a sentence, while the session, the other clients and
+ * status go on; a lend whose fds cannot be sent is taken back and refused
+ * the same way. gmbd's fd count is back where it was at the end.
+ */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <dirent.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "tests/util.h"
+
+#define NOBODY "65534"
+#define CHUNK  4096
+
+static struct gmbd_proc gmbd;
+
+static void stop(void)
+{
+	cr_expect(eq(i32, gmbd_stop(&gmbd), 0), "gmbd did not exit cleanly (leak or crash)");
+}
+
+TestSuite(fdlimit, .fini = stop, .timeout = 120);
+
+/*
+ * gmbd with 4 KiB chunks and @extra options; @nofile (0: inherited) is its
+ * RLIMIT_NOFILE, soft and hard, as a unit's LimitNOFILE= sets it. The test
+ * process keeps that limit too (it may not raise a hard limit back), and so
+ * do its workers: each test runs in a process of its own.
+ */
+static void start(rlim_t nofile, const char *extra1, const char *extra2)
+{
+	const char *args[] = { "--host-memory",
+			       "64MiB",
+			       "--host-granularity",
+			       "4KiB",
+			       "--max-chunk",
+			       "4KiB",
+			       "--fdstore-max",
+			       "0",
+			       "--log-level",
+			       "info",
+			       extra1,
+			       extra2,
+			       NULL };
+	struct rlimit low = { .rlim_cur = nofile, .rlim_max = nofile };
+
+	if (nofile)
+		cr_assert(eq(i32, setrlimit(RLIMIT_NOFILE, &low), 0));
+	cr_assert(eq(i32, gmbd_start_shared(&gmbd, args), 0), "gmbd did not start");
+}
+
+/* A worker of @uid (NULL: the test's), connected as @name. */
+static void up(struct worker *w, const char *uid, const char *name)
+{
+	char text[512];
+
+	cr_assert(eq(i32, worker_start(w, gmbd.sock), 0));
+	if (uid)
+		cr_assert(eq(i32, worker_cmd(w, NULL, 0, "uid %s", uid), 0));
+	cr_assert(eq(i32, worker_cmd(w, text, sizeof(text), "connect %s", name), 0), "%s", text);
+}
+
+/* 4 KiB allocations in @tag until one is refused (at most @max): how many
+ * were served; the refusal's rc and sentence in *@rc and @text. */
+static int fill_until_refused(struct worker *w, const char *tag, int max, int *rc, char *text,
+			      size_t cap)
+{
+	for (int n = 0; n < max; n++) {
+		*rc = worker_cmd(w, text, cap, "malloc %s %d", tag, CHUNK);
+		if (*rc != 0)
+			return n;
+	}
+	*rc = 0;
+	return max;
+}
+
+static void w_ok(struct worker *w, const char *cmd)
+{
+	char text[1024];
+
+	cr_assert(eq(i32, worker_cmd(w, text, sizeof(text), "%s", cmd), 0), "%s: %s", cmd, text);
+}
+
+static int fds_back_to(void *arg)
+{
+	return proc_count_fds(gmbd.pid) == *(int *)arg;
+}
+
+/*
+ * gmbd's fds with @w connected, once it answered @w (READY=1 comes just
+ * before gmbd closes its notify socket): what they must come back to.
+ */
+static int fds_with(struct worker *w)
+{
+	char text[1 << 16];
+
+	cr_assert(eq(i32, worker_cmd(w, text, sizeof(text), "status"), 0), "%s", text);
+	return proc_count_fds(gmbd.pid);
+}
+
+static void expect_fds_back(int baseline)
+{
+	cr_expect(eq(i32, wait_until(fds_back_to, &baseline, 5000), 0),
+		  "gmbd holds %d fds, %d before", proc_count_fds(gmbd.pid), baseline);
+}
+
+static char json[1 << 16];
+
+/* A worker's status line (the JSON) holds @needle. */
+static bool status_has(struct worker *w, const char *needle)
+{
+	cr_assert(eq(i32, worker_cmd(w, json, sizeof(json), "status"), 0), "%s", json);
+	return strstr(json, needle) != NULL;
+}
+
+/* Bytes lent on device 0, as status says. */
+static int64_t used_bytes(struct worker *w)
+{
+	cr_assert(eq(i32, worker_cmd(w, json, sizeof(json), "status"), 0), "%s", json);
+	return json_i64(json, "used_bytes");
+}
+
+Test(fdlimit, a_uid_past_its_chunk_bound_gets_enospc_and_others_are_served)
+{
+	struct worker a, a2, b;
+	char text[1024], want[128];
+	int rc, baseline;
+
+	start(0, "--max-chunks-per-uid", "100");
+	up(&a, NULL, "hog");
+	baseline = fds_with(&a);
+	cr_assert(eq(i32, fill_until_refused(&a, "t", 200, &rc, text, sizeof(text)), 100));
+	cr_assert(eq(i32, rc, -ENOSPC), "%s", text);
+	snprintf(want, sizeof(want), "uid %u has 100 chunks lent", (unsigned)getuid());
+	cr_assert(not(eq(ptr, strstr(text, want), NULL)), "%s", text);
+	cr_assert(not(eq(ptr, strstr(text, "--max-chunks-per-uid"), NULL)), "%s", text);
+
+	/* Its session goes on; another uid has a bound of its own. */
+	cr_assert(status_has(&a, "\"name\":\"hog\""));
+	up(&b, NOBODY, "other");
+	cr_assert(eq(i32, fill_until_refused(&b, "t", 200, &rc, text, sizeof(text)), 100));
+	cr_assert(eq(i32, rc, -ENOSPC), "%s", text);
+	cr_assert(not(eq(ptr, strstr(text, "uid " NOBODY " has 100"), NULL)), "%s", text);
+
+	/* The bound is the uid's, over its clients: a second one is served once the first frees. */
+	up(&a2, NULL, "second");
+	cr_assert(eq(i32, worker_cmd(&a2, text, sizeof(text), "malloc u %d", CHUNK), -ENOSPC), "%s",
+		  text);
+	w_ok(&a, "free t");
+	w_ok(&a2, "malloc u 4096");
+	w_ok(&a, "malloc t 4096");
+	w_ok(&a, "fill t 7");
+	w_ok(&a, "check t 7");
+	cr_assert(status_has(&a2, "\"name\":\"other\""));
+
+	cr_assert(eq(i32, worker_quit(&a2), 0));
+	cr_assert(eq(i32, worker_quit(&b), 0));
+	w_ok(&a, "free t");
+	expect_fds_back(baseline);
+	cr_assert(eq(i32, worker_quit(&a), 0));
+}
+
+Test(fdlimit, a_refused_resume_leaves_the_tag_paused)
+{
+	struct worker a, a2;
+	char text[1024];
+
+	start(0, "--max-chunks-per-uid", "12");
+	up(&a, NULL, "sleeper");
+	up(&a2, NULL, "grower");
+	for (int i = 0; i < 10; i++)
+		w_ok(&a, "malloc kv 4096");
+	w_ok(&a, "pause kv");
+	for (int i = 0; i < 5; i++)
+		w_ok(&a2, "malloc g 4096");
+	/* 5 + 10 > 12: refused before a chunk is made. */
+	cr_assert(eq(i32, worker_cmd(&a, text, sizeof(text), "resume kv"), -ENOSPC), "%s", text);
+	cr_assert(not(eq(ptr, strstr(text, "--max-chunks-per-uid"), NULL)), "%s", text);
+	cr_assert(status_has(&a, "\"state\":\"paused\""));
+	w_ok(&a2, "free g");
+	w_ok(&a, "resume kv");
+	/* Mapped again: a tag libgmb thought active without memory would fault here. */
+	w_ok(&a, "fill kv 9");
+	w_ok(&a, "check kv 9");
+	cr_assert(eq(i32, worker_quit(&a), 0));
+	cr_assert(eq(i32, worker_quit(&a2), 0));
+}
+
+/* A default bound comes from RLIMIT_NOFILE: one uid alone cannot reach gmbd's limit. */
+Test(fdlimit, the_default_bound_leaves_a_low_fd_limit_to_others)
+{
+	struct worker a, b;
+	char text[1024];
+	int rc, n, m, baseline;
+
+	start(1024, NULL, NULL);
+	up(&a, NULL, "hog");
+	baseline = fds_with(&a);
+	n = fill_until_refused(&a, "t", 1024, &rc, text, sizeof(text));
+	cr_assert(eq(i32, rc, -ENOSPC), "after %d: %s", n, text);
+	cr_assert(not(eq(ptr, strstr(text, "--max-chunks-per-uid"), NULL)), "%s", text);
+	cr_assert(gt(i32, n, 100), "a bound of %d chunks is too tight for 1,024 fds", n);
+	cr_assert(lt(i32, n, 512), "one uid got %d of 1,024 fds", n);
+	up(&b, NOBODY, "other");
+	m = fill_until_refused(&b, "t", 1024, &rc, text, sizeof(text));
+	cr_assert(eq(i32, m, n), "the other uid got %d chunks, the first %d: %s", m, n, text);
+	cr_assert(status_has(&a, "\"name\":\"other\""));
+	cr_assert(eq(i32, worker_quit(&b), 0));
+	w_ok(&a, "free t");
+	expect_fds_back(baseline);
+	cr_assert(eq(i32, worker_quit(&a), 0));
+}
+
+Test(fdlimit, past_the_fd_headroom_a_request_gets_emfile_and_gmbd_keeps_its_spare_fds)
+{
+	struct worker a, b;
+	char text[1024];
+	int rc, n, baseline;
+
+	/* No bound per uid: the fd headroom alone. */
+	start(400, "--max-chunks-per-uid", "0");
+	up(&a, NULL, "hog");
+	baseline = fds_with(&a);
+	n = fill_until_refused(&a, "t", 400, &rc, text, sizeof(text));
+	cr_assert(eq(i32, rc, -EMFILE), "after %d: %s", n, text);
+	cr_assert(gt(i32, n, 0));
+	cr_assert(not(eq(ptr, strstr(text, "RLIMIT_NOFILE"), NULL)), "%s", text);
+	cr_assert(not(eq(ptr, strstr(text, "LimitNOFILE"), NULL)), "%s", text);
+	/* One batch of chunk fds to send, and room to accept, still free. */
+	cr_assert(le(i32, proc_count_fds(gmbd.pid) + 253, 400), "gmbd holds %d fds",
+		  proc_count_fds(gmbd.pid));
+
+	/* Another client still connects and sees the status; its alloc waits
+	 * for the first to free, then is served. */
+	up(&b, NOBODY, "late");
+	cr_assert(status_has(&b, "\"name\":\"hog\""));
+	cr_assert(eq(i32, worker_cmd(&b, text, sizeof(text), "malloc u %d", CHUNK), -EMFILE), "%s",
+		  text);
+	w_ok(&a, "free t");
+	w_ok(&b, "malloc u 4096");
+	w_ok(&a, "malloc t 4096");
+	cr_assert(eq(i32, worker_quit(&b), 0));
+	w_ok(&a, "free t");
+	expect_fds_back(baseline);
+	cr_assert(eq(i32, worker_quit(&a), 0));
+}
+
+/* ---- fds that cannot be sent ---- */
+
+/* The fd number below which gmbd has room for exactly @k new fds. */
+static rlim_t gmbd_room_for(int k)
+{
+	char path[64];
+	static bool used[1 << 16];
+	struct dirent *e;
+	DIR *d;
+	int n;
+
+	memset(used, 0, sizeof(used));
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)gmbd.pid);
+	d = opendir(path);
+	cr_assert(not(eq(ptr, d, NULL)));
+	while ((e = readdir(d)))
+		if (e->d_name[0] != '.' && (n = atoi(e->d_name)) < (int)sizeof(used))
+			used[n] = true;
+	closedir(d);
+	for (n = 0; n < (int)sizeof(used); n++)
+		if (!used[n] && k-- == 0)
+			return (rlim_t)n;
+	cr_fail("gmbd's fd table is full");
+	return 0;
+}
+
+/* gmbd's open-file limit now, behind its back: what it read at start no longer holds. */
+static void gmbd_nofile(rlim_t cur, struct rlimit *old)
+{
+	struct rlimit rl;
+
+	cr_assert(eq(i32, prlimit(gmbd.pid, RLIMIT_NOFILE, NULL, &rl), 0));
+	if (old)
+		*old = rl;
+	rl.rlim_cur = cur;
+	cr_assert(eq(i32, prlimit(gmbd.pid, RLIMIT_NOFILE, &rl, NULL), 0));
+}
+
+Test(fdlimit, an_alloc_whose_fd_cannot_be_sent_is_refused_and_taken_back)
+{
+	struct worker a;
+	struct rlimit old;
+	char text[1024];
+	int baseline;
+
+	/* Warm chunks: the next alloc reuses one and only has to send its fd. */
+	start(0, "--pool-keep", "unlimited");
+	up(&a, NULL, "w");
+	baseline = fds_with(&a);
+	w_ok(&a, "malloc t 4096");
+	w_ok(&a, "free t");
+	gmbd_nofile(gmbd_room_for(0), &old);
+	cr_assert(eq(i32, worker_cmd(&a, text, sizeof(text), "malloc t %d", CHUNK), -EMFILE), "%s",
+		  text);
+	cr_assert(not(eq(ptr, strstr(text, "could not send its chunk fds"), NULL)), "%s", text);
+	cr_assert(eq(i64, used_bytes(&a), 0), "the refused lend is still counted: %s", json);
+	gmbd_nofile(old.rlim_cur, NULL);
+	w_ok(&a, "malloc t 4096");
+	w_ok(&a, "fill t 3");
+	w_ok(&a, "check t 3");
+	w_ok(&a, "free t");
+	/* The warm chunk stays: one memfd over the start. */
+	expect_fds_back(baseline + 1);
+	cr_assert(eq(i32, worker_quit(&a), 0));
+}
+
+Test(fdlimit, a_resume_whose_fds_cannot_be_sent_leaves_the_tag_paused)
+{
+	struct worker a;
+	struct rlimit old;
+	char text[1024];
+	int baseline;
+
+	start(0, NULL, NULL);
+	up(&a, NULL, "w");
+	baseline = fds_with(&a);
+	w_ok(&a, "malloc kv 4096");
+	w_ok(&a, "pause kv");
+	/* Room for the new chunk's memfd, none for the fd to send. */
+	gmbd_nofile(gmbd_room_for(1), &old);
+	cr_assert(eq(i32, worker_cmd(&a, text, sizeof(text), "resume kv"), -EMFILE), "%s", text);
+	cr_assert(not(eq(ptr, strstr(text, "could not send its chunk fds"), NULL)), "%s", text);
+	cr_assert(not(eq(ptr, strstr(text, "the tags stay paused"), NULL)), "%s", text);
+	cr_assert(status_has(&a, "\"state\":\"paused\""));
+	cr_assert(eq(i64, used_bytes(&a), 0), "the refused lend is still counted: %s", json);
+	gmbd_nofile(old.rlim_cur, NULL);
+	w_ok(&a, "resume kv");
+	w_ok(&a, "fill kv 5");
+	w_ok(&a, "check kv 5");
+	w_ok(&a, "free kv");
+	expect_fds_back(baseline);
+	cr_assert(eq(i32, worker_quit(&a), 0));
+}
