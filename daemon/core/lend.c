@@ -206,7 +206,7 @@ static int lend_acquire(struct broker *br, struct bclient *c, struct lend_step *
 	};
 	lend_bounds(br, uid_lent, &s->t);
 	rc = pool_take(p, &s->t);
-	if (rc == -ENOSPC || rc == -EMFILE) {
+	if ((rc == -ENOSPC || rc == -EMFILE) && s->t.over_bound) {
 		lend_bound_error(br, c, rc, uid_lent,
 				 rc == -ENOSPC ? s->t.need_chunks : s->t.need_new, err);
 		return rc;

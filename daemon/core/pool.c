@@ -402,13 +402,10 @@ static int pool_check_bounds(const struct pool *p, struct pool_take *t, uint32_t
 {
 	t->need_new = rest ? pool_pieces(p, rest) : 0;
 	t->need_chunks = n + t->need_new;
-	if (!t->bounded)
+	t->over_bound = t->bounded && (t->need_chunks > t->max_chunks || t->need_new > t->max_new);
+	if (!t->over_bound)
 		return 0;
-	if (t->need_chunks > t->max_chunks)
-		return -ENOSPC;
-	if (t->need_new > t->max_new)
-		return -EMFILE;
-	return 0;
+	return t->need_chunks > t->max_chunks ? -ENOSPC : -EMFILE;
 }
 
 int pool_take(struct pool *p, struct pool_take *t)
@@ -420,6 +417,7 @@ int pool_take(struct pool *p, struct pool_take *t)
 	t->chunks = NULL;
 	t->nchunks = t->ncreated = 0;
 	t->shortfall = t->need_chunks = t->need_new = 0;
+	t->over_bound = false;
 	if (t->size == 0 || t->size % p->granularity)
 		return -EINVAL;
 	rest = t->size;

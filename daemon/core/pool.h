@@ -116,8 +116,11 @@ struct pool_take {
 	uint32_t nchunks;
 	uint32_t ncreated;  /* how many of them are new */
 	uint64_t shortfall; /* on -ENOMEM/-EAGAIN: bytes missing */
-	/* On -ENOSPC/-EMFILE: the chunks, and the new ones, it would have needed. */
+	/* On -ENOSPC/-EMFILE: the chunks, and the new ones, it would have needed,
+	 * and whether a bound said no (not the backend or a hook, which may
+	 * return those errors too). */
 	uint64_t need_chunks, need_new;
+	bool over_bound;
 };
 
 int pool_init(struct pool *p, struct backend *b, int dev, const struct pool_cfg *cfg,
