@@ -11,6 +11,8 @@
 #                                     gmbd --backend host, from build/ (no GPU: the
 #                                     numbers are the shim's cost over a runtime that
 #                                     costs almost nothing, not a GPU's)
+#   GMBD_ARGS="--pool-keep unlimited"  extra options for the gmbd it starts
+#   GMBD_LOG_LEVEL=debug               its log level (kept in $OUT/preload-gmbd.log)
 #
 # Each process also times the runtime's own functions (looked up in its
 # handle, past the shim) batch for batch with the calls through the shim:
@@ -59,9 +61,11 @@ fi
 
 TMPD=$(mktemp -d /tmp/gmb-preload-bench.XXXXXX)
 SOCK=$TMPD/gmbd.sock
-"$B/gmbd" --backend "$BACKEND" --socket "$SOCK" --log-level warning >"$TMPD/gmbd.log" 2>&1 &
+# shellcheck disable=SC2086 # GMBD_ARGS: extra gmbd options, word-split on purpose
+"$B/gmbd" --backend "$BACKEND" --socket "$SOCK" --log-level "${GMBD_LOG_LEVEL:-warning}" ${GMBD_ARGS:-} \
+	>"$TMPD/gmbd.log" 2>&1 &
 GPID=$!
-trap 'kill "$GPID" 2>/dev/null; wait "$GPID" 2>/dev/null; rm -rf "$TMPD"' EXIT
+trap 'kill "$GPID" 2>/dev/null; wait "$GPID" 2>/dev/null; cp "$TMPD/gmbd.log" "$OUTDIR/preload-gmbd.log"; rm -rf "$TMPD"' EXIT
 for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
 export GMB_SOCKET=$SOCK GMB_LIB=$PWD/$B/libgmb.so
 SHIM=$PWD/$B/libgmb_preload.so
