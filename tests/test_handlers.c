@@ -684,7 +684,8 @@ Test(parked, alloc_fails_with_enomem_at_its_deadline)
 	/* The time said is the time waited: the deadline, or a loaded machine's bit more. */
 	const char *said = strstr(err, "still waiting after ");
 	unsigned waited = 0;
-	cr_assert(said && sscanf(said, "still waiting after %u ms", &waited) == 1, "error: %s", err);
+	cr_assert(said && sscanf(said, "still waiting after %u ms", &waited) == 1, "error: %s",
+		  err);
 	cr_assert(waited >= 100 && waited < 5000, "waited %u ms: %s", waited, err);
 	cr_assert(eq(u32, hconn_of(handlers_sess_of(&fx.h, fx.br->clients->next))->inflight, 0));
 	close(a);
