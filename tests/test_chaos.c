@@ -31,6 +31,7 @@
 #include "common/wire.h"
 #include "gmb.h"
 #include "tests/util.h"
+#include "tests/worker_assert.h"
 
 #define MiB	    (1024ULL * 1024)
 #define WAIT_MS	    10000
@@ -54,17 +55,6 @@ static void chaos_delay(unsigned *seed, unsigned max_us)
 	struct timespec ts = { 0, (long)((unsigned)rand_r(seed) % max_us) * 1000 };
 
 	nanosleep(&ts, NULL);
-}
-
-static char *status_of(const char *sock)
-{
-	gmb_client *t;
-	char *json = NULL;
-
-	cr_assert(eq(i32, gmb_connect_flags(sock, "probe", GMB_CONNECT_TOOL, &t), 0));
-	cr_assert(eq(i32, gmb_status_json(t, &json), 0));
-	gmb_close(t);
-	return json;
 }
 
 /* Commands written now, answers read later: gmbd dies in between. */
@@ -230,7 +220,7 @@ static void round_check(struct model *ms, unsigned seed, int round)
 	 * of its own waits for that, then status lists it again. */
 	for (int k = 0; k < NWORKERS; k++)
 		wcmd_ok(&ms[k], NULL, 0, "status");
-	json = status_of(fx.gmbd.sock);
+	json = status_json_on(fx.gmbd.sock);
 
 	for (int k = 0; k < NWORKERS; k++) {
 		struct model *m = &ms[k];
@@ -314,7 +304,7 @@ static int fds_back(void *arg)
 /* Nothing lent but the bystander's 8 MiB, nothing of the dead in status. */
 static int all_back(void *arg)
 {
-	char *json = status_of(gmbd.sock);
+	char *json = status_json_on(gmbd.sock);
 	int ok = json_i64(json, "used_bytes") == (int64_t)(8 * MiB) &&
 		 json_i64(json, "pool_bytes") ==
 			 json_i64(json, "used_bytes") + json_i64(json, "free_bytes") &&

@@ -129,6 +129,29 @@ static int64_t used_bytes(struct worker *w)
 	return json_i64(json, "used_bytes");
 }
 
+/* @a frees tag t and quits; gmbd is back to @baseline fds. */
+static void last_free(struct worker *a, int baseline)
+{
+	w_ok(a, "free t");
+	expect_fds_back(baseline);
+	cr_assert(eq(i32, worker_quit(a), 0));
+}
+
+/*
+ * @b's allocation is refused with @err while @a holds tag t, and served
+ * once @a frees it; then @a allocates again (one chunk).
+ */
+static void refused_until_freed(struct worker *a, struct worker *b, int err)
+{
+	char text[1024];
+
+	cr_assert(eq(i32, worker_cmd(b, text, sizeof(text), "malloc u %d", CHUNK), err), "%s",
+		  text);
+	w_ok(a, "free t");
+	w_ok(b, "malloc u 4096");
+	w_ok(a, "malloc t 4096");
+}
+
 Test(fdlimit, a_uid_past_its_chunk_bound_gets_enospc_and_others_are_served)
 {
 	struct worker a, a2, b;
@@ -153,20 +176,14 @@ Test(fdlimit, a_uid_past_its_chunk_bound_gets_enospc_and_others_are_served)
 
 	/* The bound is the uid's, over its clients: a second one is served once the first frees. */
 	up(&a2, NULL, "second");
-	cr_assert(eq(i32, worker_cmd(&a2, text, sizeof(text), "malloc u %d", CHUNK), -ENOSPC), "%s",
-		  text);
-	w_ok(&a, "free t");
-	w_ok(&a2, "malloc u 4096");
-	w_ok(&a, "malloc t 4096");
+	refused_until_freed(&a, &a2, -ENOSPC);
 	w_ok(&a, "fill t 7");
 	w_ok(&a, "check t 7");
 	cr_assert(status_has(&a2, "\"name\":\"other\""));
 
 	cr_assert(eq(i32, worker_quit(&a2), 0));
 	cr_assert(eq(i32, worker_quit(&b), 0));
-	w_ok(&a, "free t");
-	expect_fds_back(baseline);
-	cr_assert(eq(i32, worker_quit(&a), 0));
+	last_free(&a, baseline);
 }
 
 Test(fdlimit, a_refused_resume_leaves_the_tag_paused)
@@ -215,9 +232,7 @@ Test(fdlimit, the_default_bound_leaves_a_low_fd_limit_to_others)
 	cr_assert(eq(i32, m, n), "the other uid got %d chunks, the first %d: %s", m, n, text);
 	cr_assert(status_has(&a, "\"name\":\"other\""));
 	cr_assert(eq(i32, worker_quit(&b), 0));
-	w_ok(&a, "free t");
-	expect_fds_back(baseline);
-	cr_assert(eq(i32, worker_quit(&a), 0));
+	last_free(&a, baseline);
 }
 
 Test(fdlimit, past_the_fd_headroom_a_request_gets_emfile_and_gmbd_keeps_its_spare_fds)
@@ -243,15 +258,9 @@ Test(fdlimit, past_the_fd_headroom_a_request_gets_emfile_and_gmbd_keeps_its_spar
 	 * for the first to free, then is served. */
 	up(&b, NOBODY, "late");
 	cr_assert(status_has(&b, "\"name\":\"hog\""));
-	cr_assert(eq(i32, worker_cmd(&b, text, sizeof(text), "malloc u %d", CHUNK), -EMFILE), "%s",
-		  text);
-	w_ok(&a, "free t");
-	w_ok(&b, "malloc u 4096");
-	w_ok(&a, "malloc t 4096");
+	refused_until_freed(&a, &b, -EMFILE);
 	cr_assert(eq(i32, worker_quit(&b), 0));
-	w_ok(&a, "free t");
-	expect_fds_back(baseline);
-	cr_assert(eq(i32, worker_quit(&a), 0));
+	last_free(&a, baseline);
 }
 
 /* ---- fds that cannot be sent ---- */

@@ -98,10 +98,9 @@ static int log_has(const char *first, ...)
 
 static void worker_up(struct worker *w, const char *name)
 {
-	char text[512];
+	char text[512] = "";
 
-	cr_assert(eq(i32, worker_start(w, sock), 0));
-	cr_assert(eq(i32, worker_cmd(w, text, sizeof(text), "connect %s", name), 0), "%s", text);
+	cr_assert(eq(i32, worker_connect(w, sock, name, text, sizeof(text)), 0), "%s", text);
 }
 
 /* ---- the CONTROL column and the refusal up front ---- */

@@ -36,6 +36,7 @@
 
 #include "gmb.h"
 #include "tests/util.h"
+#include "tests/worker_assert.h"
 
 #define WAIT_MS 10000
 #define CHUNK	"4194304" /* --max-chunk: one chunk an allocation */
@@ -176,23 +177,6 @@ static void gmbd_kill(void)
 	cr_assert(eq(i32, sd_gmbd_kill(&fx), 0));
 }
 
-static void wcmd_ok(struct worker *w, char *out, size_t cap_len, const char *cmd)
-{
-	char text[512] = "";
-	int rc = worker_cmd(w, out ? out : text, out ? cap_len : sizeof(text), "%s", cmd);
-
-	cr_assert(eq(i32, rc, 0), "'%s' failed: %s", cmd, out ? out : text);
-}
-
-static void worker_up(struct worker *w, const char *name)
-{
-	char cmd[64];
-
-	cr_assert(eq(i32, worker_start(w, fx.gmbd.sock), 0));
-	snprintf(cmd, sizeof(cmd), "connect %s", name);
-	wcmd_ok(w, NULL, 0, cmd);
-}
-
 /* A command whose answer is read later (worker_answer()). */
 static void worker_send(struct worker *w, const char *cmd)
 {
@@ -223,18 +207,6 @@ static int worker_answer(struct worker *w, char *text, size_t len)
 	return rc;
 }
 
-/* gmbd's status as a tool sees it (malloc'd JSON). */
-static char *status_json(void)
-{
-	gmb_client *t;
-	char *json = NULL;
-
-	cr_assert(eq(i32, gmb_connect_flags(fx.gmbd.sock, "probe", GMB_CONNECT_TOOL, &t), 0));
-	cr_assert(eq(i32, gmb_status_json(t, &json), 0));
-	gmb_close(t);
-	return json;
-}
-
 /* The running gmbd's file size limit (soft; the hard one stays). */
 static void gmbd_fsize(rlim_t soft)
 {
@@ -250,12 +222,12 @@ static void restart_keeps(struct worker *w, const char *tag, const char *byte)
 {
 	char cmd[64], *before, *after;
 
-	before = status_json();
+	before = status_json_on(fx.gmbd.sock);
 	gmbd_kill();
 	gmbd_up(fx_args);
 	snprintf(cmd, sizeof(cmd), "check %s %s", tag, byte);
-	wcmd_ok(w, NULL, 0, cmd);
-	after = status_json();
+	worker_ok(w, NULL, 0, cmd);
+	after = status_json_on(fx.gmbd.sock);
 	cr_assert(eq(str, after, before), "status changed across the restart");
 	free(before);
 	free(after);
@@ -275,10 +247,10 @@ static const char *const keep_args[] = { "--host-memory", "64MiB",	 "--max-chunk
 static void freed_chunk_then_no_room(struct worker *w)
 {
 	gmbd_up(keep_args);
-	worker_up(w, "trainer");
-	wcmd_ok(w, NULL, 0, "malloc a " CHUNK);
+	worker_up_on(w, fx.gmbd.sock, "trainer");
+	worker_ok(w, NULL, 0, "malloc a " CHUNK);
 	/* Its reply came: the record with the free is stored. */
-	wcmd_ok(w, NULL, 0, "free a");
+	worker_ok(w, NULL, 0, "free a");
 	gmbd_fsize(4096);
 	worker_send(w, "malloc b " CHUNK);
 	/* The record is written at the end of the turn the request came in,
@@ -302,7 +274,7 @@ Test(persist, a_lend_the_record_lacks_is_never_told_and_a_crash_agrees)
 	gmbd_up(keep_args);
 	/* libgmb sends the unanswered request again; the new gmbd grants it. */
 	cr_assert(eq(i32, worker_answer(&w, text, sizeof(text)), 0), "malloc b: %s", text);
-	wcmd_ok(&w, NULL, 0, "fill b 0x3c");
+	worker_ok(&w, NULL, 0, "fill b 0x3c");
 	restart_keeps(&w, "b", "0x3c");
 	cr_assert(eq(i32, worker_quit(&w), 0));
 }
@@ -327,7 +299,7 @@ Test(persist, a_held_reply_leaves_once_the_record_is_stored_said_once)
 		  "STATUS= says: %s", fx.sd.status);
 	cr_assert(not(eq(ptr, strstr(fx.sd.status, "1 client, 4.0 MiB lent"), NULL)), "%s",
 		  fx.sd.status);
-	wcmd_ok(&w, NULL, 0, "fill b 0x5a");
+	worker_ok(&w, NULL, 0, "fill b 0x5a");
 	restart_keeps(&w, "b", "0x5a");
 	cr_assert(eq(i32, worker_quit(&w), 0));
 }
@@ -342,11 +314,11 @@ static void fill_small_store(struct worker *w)
 {
 	fx.sd.limit = 4;
 	gmbd_up(small_args);
-	worker_up(w, "trainer");
-	wcmd_ok(w, NULL, 0, "malloc a " CHUNK);
-	wcmd_ok(w, NULL, 0, "malloc b " CHUNK);
-	wcmd_ok(w, NULL, 0, "malloc c " CHUNK);
-	wcmd_ok(w, NULL, 0, "fill c 0x11");
+	worker_up_on(w, fx.gmbd.sock, "trainer");
+	worker_ok(w, NULL, 0, "malloc a " CHUNK);
+	worker_ok(w, NULL, 0, "malloc b " CHUNK);
+	worker_ok(w, NULL, 0, "malloc c " CHUNK);
+	worker_ok(w, NULL, 0, "fill c 0x11");
 }
 
 Test(persist, a_lower_unit_limit_is_said_at_start_and_refused_past)
@@ -368,11 +340,11 @@ Test(persist, a_lower_unit_limit_is_said_at_start_and_refused_past)
 		     0));
 	cr_assert(eq(i32, cap_count("FileDescriptorStoreMax=4 fdstore_max=16384"), 1));
 	/* Still serving: with a chunk given back there is room again. */
-	wcmd_ok(&w, NULL, 0, "free a");
-	wcmd_ok(&w, NULL, 0, "malloc d " CHUNK);
-	wcmd_ok(&w, NULL, 0, "fill d 0x22");
+	worker_ok(&w, NULL, 0, "free a");
+	worker_ok(&w, NULL, 0, "malloc d " CHUNK);
+	worker_ok(&w, NULL, 0, "fill d 0x22");
 	restart_keeps(&w, "c", "0x11");
-	wcmd_ok(&w, NULL, 0, "check d 0x22");
+	worker_ok(&w, NULL, 0, "check d 0x22");
 	cr_assert(eq(i32, fake_sd_sync(&fx.sd), 0));
 	cr_assert(eq(u32, fx.sd.dropped, 0));
 	cr_assert(eq(i32, worker_quit(&w), 0));
@@ -386,7 +358,7 @@ Test(persist, an_unknown_lower_limit_is_said_at_the_restart)
 	fill_small_store(&w);
 	cr_assert(eq(i32, cap_wait("cannot check the unit's FileDescriptorStoreMax=", 1, WAIT_MS),
 		     0));
-	wcmd_ok(&w, NULL, 0, "malloc d " CHUNK);
+	worker_ok(&w, NULL, 0, "malloc d " CHUNK);
 	gmbd_kill();
 	cr_assert(eq(u32, fx.sd.dropped, 1), "the fake manager did not drop the fourth chunk");
 	gmbd_up(small_args);

@@ -28,6 +28,7 @@
 #include "common/wire.h"
 #include "gmb.h"
 #include "tests/util.h"
+#include "tests/worker_assert.h"
 
 #define MiB	(1024ULL * 1024)
 #define WAIT_MS 10000
@@ -63,35 +64,6 @@ static void teardown(void)
 
 TestSuite(restart, .init = setup, .fini = teardown, .timeout = 90);
 
-/* gmbd's status as a tool sees it (malloc'd JSON). */
-static char *status_json(void)
-{
-	gmb_client *t;
-	char *json = NULL;
-
-	cr_assert(eq(i32, gmb_connect_flags(fx.gmbd.sock, "probe", GMB_CONNECT_TOOL, &t), 0));
-	cr_assert(eq(i32, gmb_status_json(t, &json), 0));
-	gmb_close(t);
-	return json;
-}
-
-static void wcmd_ok(struct worker *w, char *out, size_t cap, const char *cmd)
-{
-	char text[512] = "";
-	int rc = worker_cmd(w, out ? out : text, out ? cap : sizeof(text), "%s", cmd);
-
-	cr_assert(eq(i32, rc, 0), "'%s' failed: %s", cmd, out ? out : text);
-}
-
-static void worker_up(struct worker *w, const char *name)
-{
-	char cmd[64];
-
-	cr_assert(eq(i32, worker_start(w, fx.gmbd.sock), 0));
-	snprintf(cmd, sizeof(cmd), "connect %s", name);
-	wcmd_ok(w, NULL, 0, cmd);
-}
-
 Test(restart, sigkill_keeps_contents_addresses_and_status)
 {
 	char a_w[64], a_kv[64], a_act[64], now[64];
@@ -99,16 +71,16 @@ Test(restart, sigkill_keeps_contents_addresses_and_status)
 	char *before, *after;
 	int chunks;
 
-	worker_up(&w1, "trainer");
-	wcmd_ok(&w1, NULL, 0, "mode weights preserve");
-	wcmd_ok(&w1, a_w, sizeof(a_w), "malloc weights 6291456");
-	wcmd_ok(&w1, NULL, 0, "fill weights 0x5a");
-	wcmd_ok(&w1, a_kv, sizeof(a_kv), "malloc kv 4194304");
-	wcmd_ok(&w1, NULL, 0, "pause kv");
-	worker_up(&w2, "engine");
-	wcmd_ok(&w2, a_act, sizeof(a_act), "malloc act 8388608");
-	wcmd_ok(&w2, NULL, 0, "fill act 0x77");
-	before = status_json();
+	worker_up_on(&w1, fx.gmbd.sock, "trainer");
+	worker_ok(&w1, NULL, 0, "mode weights preserve");
+	worker_ok(&w1, a_w, sizeof(a_w), "malloc weights 6291456");
+	worker_ok(&w1, NULL, 0, "fill weights 0x5a");
+	worker_ok(&w1, a_kv, sizeof(a_kv), "malloc kv 4194304");
+	worker_ok(&w1, NULL, 0, "pause kv");
+	worker_up_on(&w2, fx.gmbd.sock, "engine");
+	worker_ok(&w2, a_act, sizeof(a_act), "malloc act 8388608");
+	worker_ok(&w2, NULL, 0, "fill act 0x77");
+	before = status_json_on(fx.gmbd.sock);
 	/* act took kv's free chunk (same uid) and one new: 6 + 4 + 4 MiB held. */
 	cr_assert(eq(i32,
 		     fake_sd_wait_status(&fx.sd, "2 clients, 14.0 MiB lent of 14.0 MiB", WAIT_MS),
@@ -123,30 +95,30 @@ Test(restart, sigkill_keeps_contents_addresses_and_status)
 	gmbd_up();
 
 	/* A request waits for the reconnection, then carries on. */
-	wcmd_ok(&w1, NULL, 0, "status");
-	wcmd_ok(&w2, NULL, 0, "status");
-	after = status_json();
+	worker_ok(&w1, NULL, 0, "status");
+	worker_ok(&w2, NULL, 0, "status");
+	after = status_json_on(fx.gmbd.sock);
 	cr_assert(eq(str, after, before), "status changed across the restart");
 	cr_assert(eq(i32, fake_sd_count(&fx.sd, "chunk."), chunks), "memory was created");
-	wcmd_ok(&w1, now, sizeof(now), "addr weights");
+	worker_ok(&w1, now, sizeof(now), "addr weights");
 	cr_assert(eq(str, now, a_w));
-	wcmd_ok(&w2, now, sizeof(now), "addr act");
+	worker_ok(&w2, now, sizeof(now), "addr act");
 	cr_assert(eq(str, now, a_act));
-	wcmd_ok(&w1, NULL, 0, "check weights 0x5a");
-	wcmd_ok(&w2, NULL, 0, "check act 0x77");
+	worker_ok(&w1, NULL, 0, "check weights 0x5a");
+	worker_ok(&w2, NULL, 0, "check act 0x77");
 
 	/* And the memory still cycles, contents and all. */
-	wcmd_ok(&w1, NULL, 0, "pause weights");
-	wcmd_ok(&w1, NULL, 0, "resume weights");
-	wcmd_ok(&w1, NULL, 0, "check weights 0x5a");
-	wcmd_ok(&w1, now, sizeof(now), "addr weights");
+	worker_ok(&w1, NULL, 0, "pause weights");
+	worker_ok(&w1, NULL, 0, "resume weights");
+	worker_ok(&w1, NULL, 0, "check weights 0x5a");
+	worker_ok(&w1, now, sizeof(now), "addr weights");
 	cr_assert(eq(str, now, a_w));
-	wcmd_ok(&w1, NULL, 0, "resume kv");
-	wcmd_ok(&w1, now, sizeof(now), "addr kv");
+	worker_ok(&w1, NULL, 0, "resume kv");
+	worker_ok(&w1, now, sizeof(now), "addr kv");
 	cr_assert(eq(str, now, a_kv));
-	wcmd_ok(&w2, NULL, 0, "free act");
+	worker_ok(&w2, NULL, 0, "free act");
 	free(after);
-	after = status_json();
+	after = status_json_on(fx.gmbd.sock);
 	/* weights 6 + kv 4 (it needed a new chunk: act had its old one). */
 	cr_assert(eq(i64, json_i64(after, "used_bytes"), (int64_t)(10 * MiB)));
 	free(before);
@@ -160,11 +132,11 @@ Test(restart, sigterm_hands_over_to_the_next_gmbd)
 	struct worker w;
 	char *before, *after;
 
-	worker_up(&w, "trainer");
-	wcmd_ok(&w, NULL, 0, "mode weights preserve");
-	wcmd_ok(&w, NULL, 0, "malloc weights 6291456");
-	wcmd_ok(&w, NULL, 0, "fill weights 0x33");
-	before = status_json();
+	worker_up_on(&w, fx.gmbd.sock, "trainer");
+	worker_ok(&w, NULL, 0, "mode weights preserve");
+	worker_ok(&w, NULL, 0, "malloc weights 6291456");
+	worker_ok(&w, NULL, 0, "fill weights 0x33");
+	before = status_json_on(fx.gmbd.sock);
 	kill(fx.gmbd.pid, SIGTERM);
 	cr_assert(eq(i32, gmbd_wait(&fx.gmbd), 0), "gmbd did not exit cleanly");
 	cr_assert(eq(i32, fake_sd_sync(&fx.sd), 0));
@@ -172,19 +144,19 @@ Test(restart, sigterm_hands_over_to_the_next_gmbd)
 	cr_assert(eq(i32, fake_sd_count(&fx.sd, "chunk."), 2), "a stop released the chunks");
 	gmbd_up();
 	/* Before anything else moves memory: the same document, counters included. */
-	after = status_json();
+	after = status_json_on(fx.gmbd.sock);
 	cr_assert(eq(str, after, before));
 	free(after);
-	wcmd_ok(&w, NULL, 0, "pause weights");
-	wcmd_ok(&w, NULL, 0, "resume weights");
-	wcmd_ok(&w, NULL, 0, "check weights 0x33");
+	worker_ok(&w, NULL, 0, "pause weights");
+	worker_ok(&w, NULL, 0, "resume weights");
+	worker_ok(&w, NULL, 0, "check weights 0x33");
 	free(before);
 	cr_assert(eq(i32, worker_quit(&w), 0));
 }
 
 static bool status_lacks(const char *name)
 {
-	char *json = status_json();
+	char *json = status_json_on(fx.gmbd.sock);
 	char pat[96];
 	bool r;
 
@@ -205,13 +177,13 @@ Test(restart, dead_and_silent_clients_are_reclaimed)
 	char out[512];
 	char *json;
 
-	worker_up(&w1, "alive");
-	wcmd_ok(&w1, NULL, 0, "malloc a 4194304");
-	worker_up(&w2, "dead");
-	wcmd_ok(&w2, NULL, 0, "malloc b 4194304");
-	worker_up(&w3, "silent");
-	wcmd_ok(&w3, NULL, 0, "malloc c 4194304");
-	json = status_json();
+	worker_up_on(&w1, fx.gmbd.sock, "alive");
+	worker_ok(&w1, NULL, 0, "malloc a 4194304");
+	worker_up_on(&w2, fx.gmbd.sock, "dead");
+	worker_ok(&w2, NULL, 0, "malloc b 4194304");
+	worker_up_on(&w3, fx.gmbd.sock, "silent");
+	worker_ok(&w3, NULL, 0, "malloc c 4194304");
+	json = status_json_on(fx.gmbd.sock);
 	cr_assert(not(eq(ptr, strstr(json, "\"name\":\"dead\""), NULL)), "%s", json);
 	free(json);
 
@@ -222,10 +194,10 @@ Test(restart, dead_and_silent_clients_are_reclaimed)
 
 	cr_assert(status_lacks("dead"), "a client whose process is gone was not reclaimed");
 	cr_assert(not(status_lacks("silent")), "reclaimed before its grace period");
-	wcmd_ok(&w1, NULL, 0, "status");
+	worker_ok(&w1, NULL, 0, "status");
 	cr_assert(eq(i32, wait_until(lacks_silent, NULL, WAIT_MS), 0),
 		  "not reclaimed after the grace period");
-	json = status_json();
+	json = status_json_on(fx.gmbd.sock);
 	cr_assert(eq(i64, json_i64(json, "used_bytes"), (int64_t)(4 * MiB)), "%s", json);
 	free(json);
 
@@ -233,7 +205,7 @@ Test(restart, dead_and_silent_clients_are_reclaimed)
 	kill(w3.pid, SIGCONT);
 	cr_assert(eq(i32, worker_cmd(&w3, out, sizeof(out), "status"), -ENOTCONN));
 	cr_assert(not(eq(ptr, strstr(out, "no record"), NULL)), "%s", out);
-	wcmd_ok(&w3, NULL, 0, "check c 0");
+	worker_ok(&w3, NULL, 0, "check c 0");
 	cr_assert(eq(i32, worker_quit(&w3), 0));
 	cr_assert(eq(i32, worker_quit(&w1), 0));
 }
@@ -319,8 +291,8 @@ Test(restart, claims_gmbd_did_not_grant_are_refused)
 	uint64_t other;
 	int fd;
 
-	worker_up(&w, "honest");
-	wcmd_ok(&w, NULL, 0, "malloc h 4194304");
+	worker_up_on(&w, fx.gmbd.sock, "honest");
+	worker_ok(&w, NULL, 0, "malloc h 4194304");
 	/* An in-process client that does not rejoin by itself: the test does. */
 	setenv("GMB_RECONNECT", "0", 1);
 	cr_assert(eq(i32, gmb_connect(fx.gmbd.sock, "liar", &liar), 0));
@@ -329,7 +301,7 @@ Test(restart, claims_gmbd_did_not_grant_are_refused)
 	cr_assert(eq(i32, gmb_malloc(liar, &pb, 2 * MiB, 0, "t"), 0));
 	a = alloc_at(liar, pa);
 	b = alloc_at(liar, pb);
-	json = status_json();
+	json = status_json_on(fx.gmbd.sock);
 	/* Clients are listed oldest first: "honest"'s id precedes its name. */
 	other = (uint64_t)json_i64_after(json, "\"clients\"", "id");
 	free(json);
@@ -348,8 +320,8 @@ Test(restart, claims_gmbd_did_not_grant_are_refused)
 	cr_assert(eq(i32, raw_claim(fd, a, b->chunk_ids, b->nchunks), -EPERM));
 	close(fd);
 	cr_assert(status_lacks("liar"), "a refused claim leaves the client's memory lent");
-	wcmd_ok(&w, NULL, 0, "status");
-	json = status_json();
+	worker_ok(&w, NULL, 0, "status");
+	json = status_json_on(fx.gmbd.sock);
 	cr_assert(eq(i64, json_i64(json, "used_bytes"), (int64_t)(4 * MiB)), "%s", json);
 	free(json);
 	gmb_close(liar);

@@ -417,6 +417,18 @@ int worker_cmd(struct worker *w, char *text, size_t cap, const char *fmt, ...)
 	return rc;
 }
 
+int worker_connect(struct worker *w, const char *sock, const char *name, char *text, size_t cap)
+{
+	int rc = worker_start(w, sock);
+
+	if (rc < 0) {
+		if (text && cap)
+			snprintf(text, cap, "cannot start the worker: %s", strerror(-rc));
+		return rc;
+	}
+	return worker_cmd(w, text, cap, "connect %s", name);
+}
+
 int worker_quit(struct worker *w)
 {
 	int st = 0;

@@ -94,6 +94,11 @@ int worker_start(struct worker *w, const char *sock);
  */
 int worker_cmd(struct worker *w, char *text, size_t cap, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
+/*
+ * worker_start() on @sock, then "connect @name". Return: 0, or the first
+ * failure's -errno with the worker's answer in @text (may be NULL).
+ */
+int worker_connect(struct worker *w, const char *sock, const char *name, char *text, size_t cap);
 /* "quit", wait; the exit status (-1 for a signal). */
 int worker_quit(struct worker *w);
 /* SIGKILL, wait. */
