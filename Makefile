@@ -446,7 +446,7 @@ nspawn-deps: ## debootstrap and systemd-nspawn on this machine (apt-get, as root
 $(NSPAWN_STAMP):
 	@$(MAKE) --no-print-directory nspawn-deps
 	@echo "  DEBOOTSTRAP $(NSPAWN_ROOT) ($(NSPAWN_SUITE), once)"
-	$(Q)rm -rf $(NSPAWN_ROOT) $(NSPAWN_ROOT).tmp
+	$(Q)rm -rf $(NSPAWN_ROOT) $(NSPAWN_ROOT).tmp && mkdir -p build
 	$(Q)debootstrap --variant=minbase --include=$(NSPAWN_INCLUDE) $(NSPAWN_SUITE) \
 		$(NSPAWN_ROOT).tmp $(NSPAWN_MIRROR) > build/nspawn-debootstrap.log 2>&1 || \
 		{ tail -20 build/nspawn-debootstrap.log; exit 1; }
