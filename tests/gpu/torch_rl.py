@@ -363,11 +363,15 @@ def main():
     t = summary["median_ms"]
     b = summary["baseline_ms"] or {}
     how = "gmbctl switch" if args.switch else "gmbctl pause + resume"
+    def base(pause, resume):
+        """' (baseline N ms)' where the baseline ran, else nothing."""
+        return f" (baseline {b[pause] + b[resume]:.1f})" if pause in b and resume in b else ""
+
     detail = (f"{args.label} ({how}): {args.rounds} rounds, both sides correct each round; median switch "
-              f"trainer->inference {t['pause_trainer'] + t['resume_infer']:.1f} ms "
-              f"(baseline {b.get('pause_A', float('nan')) + b.get('resume_B', float('nan')):.1f}), "
-              f"inference->trainer {t['pause_infer'] + t['resume_trainer']:.1f} ms "
-              f"(baseline {b.get('pause_B', float('nan')) + b.get('resume_A', float('nan')):.1f})")
+              f"trainer->inference {t['pause_trainer'] + t['resume_infer']:.1f} ms"
+              f"{base('pause_A', 'resume_B')}, "
+              f"inference->trainer {t['pause_infer'] + t['resume_trainer']:.1f} ms"
+              f"{base('pause_B', 'resume_A')}")
     if drv.failures:
         print(f"RESULT: FAIL - {args.label}: " + "; ".join(drv.failures[:3]), flush=True)
         return 1
