@@ -288,14 +288,25 @@ Test(conf, help_mentions_the_configuration_file)
 /* Every "# name = value" line of the sample, uncommented, is a valid setting. */
 Test(conf, the_shipped_sample_documents_every_option_with_valid_values)
 {
-	static const char *const names[] = {
-		"socket",	    "socket-mode",   "socket-group",
-		"backend",	    "host-devices",  "host-memory",
-		"host-granularity", "max-chunk",     "pool-keep",
-		"budget",	    "reserve",	     "admin-group",
-		"control-timeout",  "log-level",     "fdstore-max",
-		"rejoin-grace",	    "hello-timeout", "max-connections-per-uid"
-	};
+	static const char *const names[] = { "socket",
+					     "socket-mode",
+					     "socket-group",
+					     "backend",
+					     "host-devices",
+					     "host-memory",
+					     "host-granularity",
+					     "max-chunk",
+					     "pool-keep",
+					     "budget",
+					     "reserve",
+					     "admin-group",
+					     "control-timeout",
+					     "log-level",
+					     "fdstore-max",
+					     "rejoin-grace",
+					     "hello-timeout",
+					     "max-connections-per-uid",
+					     "max-chunks-per-uid" };
 	char line[512], path[320], key[64];
 	FILE *f = fopen("deploy/gmbd.conf", "r");
 	struct gmbd_opts o;
