@@ -266,12 +266,53 @@ static int cuda_chunk_create(struct backend *b, int dev, uint64_t size, uint64_t
 	return 0;
 }
 
+/*
+ * Driver 580 makes the first exported fd of a process that has none open
+ * cost about 1 ms to export, and the close of its last one about as much
+ * in whichever process drops it (the client, after its import); with
+ * another exported fd open both cost ~20 and ~10 us (bench/export_probe.cu:
+ * a lend round trip 677 us without, 56 us with). gmbd closes each chunk's
+ * fd once it is sent, so every lend paid both. One fd per device, of a
+ * granularity-sized chunk whose handle is released (the fd keeps those
+ * bytes alive, outside the pool), stays open until the backend closes. A
+ * device where it cannot be made exports as before, only slower. Called
+ * with c->lock held.
+ */
+static void cuda_keep_exported(struct cuda_priv *c)
+{
+	for (int i = 0; i < c->b.ndevices; i++) {
+		struct cuda_dev *d = &c->devs[i];
+		CUmemGenericAllocationHandle h;
+		CUmemAllocationProp prop;
+		int fd = -1;
+
+		if (d->keep_tried || !d->visible)
+			continue;
+		d->keep_tried = true;
+		d->keep_fd = -1;
+		cuda_prop_init(&prop, c->b.devices[i].ordinal);
+		if (CUDA_RELAXED(c, c->api.MemCreate(&h, c->b.devices[i].granularity, &prop, 0)) !=
+		    CUDA_SUCCESS)
+			continue;
+		if (CUDA_RELAXED(c, c->api.MemExportToShareableHandle(&fd, h, CUDA_FD_HANDLE, 0)) ==
+			    CUDA_SUCCESS &&
+		    fcntl(fd, F_SETFD, FD_CLOEXEC) == 0)
+			d->keep_fd = fd;
+		else if (fd >= 0)
+			close(fd);
+		CUDA_RELAXED(c, c->api.MemRelease(h));
+	}
+}
+
 static int cuda_chunk_export(struct backend *b, uint64_t handle, int *fd)
 {
 	struct cuda_priv *c = b->priv;
 	int rc, out = -1;
 	CUresult r;
 
+	pthread_mutex_lock(&c->lock);
+	cuda_keep_exported(c);
+	pthread_mutex_unlock(&c->lock);
 	r = CUDA_RELAXED(c, c->api.MemExportToShareableHandle(&out, handle, CUDA_FD_HANDLE, 0));
 	if (r != CUDA_SUCCESS)
 		return cuda__fail(c, r, "cuMemExportToShareableHandle", "handle=0x%" PRIx64,
@@ -469,8 +510,11 @@ static void cuda_close(struct backend *b)
 		return;
 	c = b->priv;
 	/* Chunks and reservations stay the caller's to release: none are tracked. */
-	for (int i = 0; i < b->ndevices; i++)
+	for (int i = 0; i < b->ndevices; i++) {
+		if (c->devs[i].keep_tried && c->devs[i].keep_fd >= 0)
+			close(c->devs[i].keep_fd);
 		cuda__close_dev(c, i);
+	}
 	cuda__nvml_close(c);
 	dlclose(c->lib);
 	pthread_mutex_destroy(&c->lock);

@@ -109,6 +109,13 @@ struct cuda_dev {
 	CUdevice cu;
 	CUcontext ctx;	 /* retained primary context; NULL until first needed */
 	CUstream stream; /* copy stream in ctx; NULL until the first copy */
+	/*
+	 * An exported fd kept open while the backend lives, made at the
+	 * process's first export (cuda_keep_exported() says why); -1 when
+	 * making it failed, meaningless until keep_tried.
+	 */
+	int keep_fd;
+	bool keep_tried;
 };
 
 struct cuda_priv {
@@ -122,7 +129,7 @@ struct cuda_priv {
 	 * are checked against their own device's.
 	 */
 	uint64_t gran_min;
-	pthread_mutex_t lock; /* guards devs[].ctx and devs[].stream */
+	pthread_mutex_t lock; /* guards devs[].ctx, .stream and .keep_* */
 	struct cuda_dev devs[BACKEND_MAX_DEVICES];
 	struct cuda_nvml *nvml; /* nvml.c's, made on first use; guarded by lock */
 };
