@@ -280,6 +280,23 @@ static int fc_memfd(uint64_t size)
 	return fd;
 }
 
+/*
+ * A hello reply naming "cuda" (or "auto") names "host" instead: libgmb would
+ * otherwise reach the real driver where a GPU is, which opens device files,
+ * eventfds and threads for the rest of the process, so an input would
+ * behave differently on each machine. Overwritten in place: the decoder
+ * owns the string. Other names still reach libgmb's refusal.
+ */
+static void fc_keep_host(Gmb__Envelope *env)
+{
+	char *b = env->body_case == GMB__ENVELOPE__BODY_HELLO_REPLY && env->hello_reply ?
+			  env->hello_reply->backend :
+			  NULL;
+
+	if (b && (strcmp(b, "cuda") == 0 || strcmp(b, "auto") == 0))
+		memcpy(b, "host", 4);
+}
+
 /* Sends @it: as it is, or decoded, patched and packed again. */
 static void fc_send(struct fc_daemon *d, const struct fc_item *it)
 {
@@ -292,6 +309,7 @@ static void fc_send(struct fc_daemon *d, const struct fc_item *it)
 		send(d->conn, it->buf, it->len ? it->len : 1, MSG_NOSIGNAL | MSG_DONTWAIT);
 		return;
 	}
+	fc_keep_host(env);
 	if ((it->flags & FC_REPLY) && d->waiting) {
 		env->reply_to = d->waiting;
 		if (!env->more)
