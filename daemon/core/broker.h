@@ -41,8 +41,9 @@
  * connections, /proc and NSS reads). A connection past that is refused at
  * accept. New chunks leave room for BROKER_FD_CONN_ROOM connections besides
  * (or for those open, if more), so that other clients can still connect once
- * chunks took all they may; a lend that needs new chunk fds past that fails
- * with -EMFILE.
+ * chunks took all they may; a lend that needs new chunk fds past that first
+ * sends idle warm chunks back (pool_release_idle(): each closes its fds) and
+ * fails with -EMFILE only when they are not enough.
  */
 #define BROKER_FD_SPARE	    (WIRE_MAX_FDS + 48)
 #define BROKER_FD_CONN_ROOM 64

@@ -127,6 +127,27 @@ static void lend_bounds(const struct broker *br, uint64_t uid_lent, struct pool_
 	t->bounded = t->max_chunks != UINT64_MAX || t->max_new != UINT64_MAX;
 }
 
+/*
+ * A take on @dev short of fds after releasing that device's idle chunks
+ * (@t->fd_short more): idle chunks of the other devices hold gmbd's fds as
+ * well and are only a cache. When they cover the shortage, that many go
+ * back (chunks a switch reserved stay) and the caller takes again.
+ */
+static bool lend_release_elsewhere(struct broker *br, int dev, const struct pool_take *t)
+{
+	uint64_t idle = 0, need = t->fd_short;
+
+	for (int d = 0; d < br->ndevices; d++)
+		if (d != dev)
+			idle += pool_idle_chunks(&br->pools[d], 0);
+	if (need == 0 || idle < need)
+		return false;
+	for (int d = 0; d < br->ndevices && need > 0; d++)
+		if (d != dev)
+			need -= pool_release_idle(&br->pools[d], need, 0);
+	return true;
+}
+
 /* The sentence of a take past a bound: which one, what the uid holds, what to change. */
 static void lend_bound_error(const struct broker *br, const struct bclient *c, int rc,
 			     uint64_t uid_lent, uint64_t need, char *err)
@@ -206,6 +227,10 @@ static int lend_acquire(struct broker *br, struct bclient *c, struct lend_step *
 	};
 	lend_bounds(br, uid_lent, &s->t);
 	rc = pool_take(p, &s->t);
+	if (rc == -EMFILE && s->t.over_bound && lend_release_elsewhere(br, s->a->dev, &s->t)) {
+		lend_bounds(br, uid_lent, &s->t);
+		rc = pool_take(p, &s->t);
+	}
 	if ((rc == -ENOSPC || rc == -EMFILE) && s->t.over_bound) {
 		lend_bound_error(br, c, rc, uid_lent,
 				 rc == -ENOSPC ? s->t.need_chunks : s->t.need_new, err);
