@@ -5,7 +5,10 @@
  * Past a uid's chunk bound a request gets ENOSPC, past gmbd's fd headroom
  * EMFILE, each with a sentence, while the session, the other clients and
  * status go on; a lend whose fds cannot be sent is taken back and refused
- * the same way. gmbd's fd count is back where it was at the end.
+ * the same way, every tag a taken-back resume named paused again. Warm free
+ * chunks hold fds of gmbd too: a request short of fds sends back as many as
+ * it needs, from any device, before it is refused. gmbd's fd count is back
+ * where it was at the end.
  */
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
@@ -429,5 +432,51 @@ Test(fdlimit, a_resume_whose_fds_cannot_be_sent_leaves_the_tag_paused)
 	w_ok(&a, "check kv 5");
 	w_ok(&a, "free kv");
 	expect_fds_back(baseline);
+	cr_assert(eq(i32, worker_quit(&a), 0));
+}
+
+/* Whether status shows tag @tag in @state ("active", "paused"). */
+static bool tag_state(struct worker *w, const char *tag, const char *state)
+{
+	const char *at, *st;
+	char want[128];
+
+	snprintf(want, sizeof(want), "\"name\":\"%s\",", tag);
+	cr_assert(eq(i32, worker_cmd(w, json, sizeof(json), "status"), 0), "%s", json);
+	at = strstr(json, want);
+	cr_assert(not(eq(ptr, (void *)at, NULL)), "no tag %s: %s", tag, json);
+	st = strstr(at, "\"state\":");
+	snprintf(want, sizeof(want), "\"state\":\"%s\"", state);
+	return st && strncmp(st, want, strlen(want)) == 0;
+}
+
+/* A resume of every tag names the tags without memory too: taken back, they are paused again. */
+Test(fdlimit, a_taken_back_resume_of_every_tag_leaves_every_tag_paused)
+{
+	struct worker a;
+	struct rlimit old;
+	char text[1024];
+
+	start(0, NULL);
+	up(&a, NULL, "w");
+	w_ok(&a, "malloc kv 4096");
+	w_ok(&a, "mode empty zero");
+	w_ok(&a, "pause *");
+	cr_assert(tag_state(&a, "empty", "paused"), "%s", json);
+	gmbd_nofile(gmbd_room_for(1), &old);
+	cr_assert(eq(i32, worker_cmd(&a, text, sizeof(text), "resume *"), -EMFILE), "%s", text);
+	cr_assert(not(eq(ptr, strstr(text, "the tags stay paused"), NULL)), "%s", text);
+	gmbd_nofile(old.rlim_cur, NULL);
+	cr_assert(tag_state(&a, "kv", "paused"), "%s", json);
+	cr_assert(tag_state(&a, "empty", "paused"), "gmbd has the empty tag active: %s", json);
+	/* libgmb agrees: paused there too. */
+	cr_assert(eq(i32, worker_cmd(&a, text, sizeof(text), "malloc empty 4096"), -EBUSY), "%s",
+		  text);
+	w_ok(&a, "resume *");
+	cr_assert(tag_state(&a, "empty", "active"), "%s", json);
+	cr_assert(tag_state(&a, "kv", "active"), "%s", json);
+	w_ok(&a, "malloc empty 4096");
+	w_ok(&a, "fill kv 5");
+	w_ok(&a, "check kv 5");
 	cr_assert(eq(i32, worker_quit(&a), 0));
 }

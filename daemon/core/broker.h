@@ -68,6 +68,9 @@ struct btag {
 	char name[WIRE_MAX_NAME + 1];
 	int mode; /* GMB_MODE_* */
 	bool paused;
+	/* The resume of its client (bclient.resumes) that made it active last:
+	 * broker_unlend() pauses again every tag that resume named. */
+	uint64_t resumed_by;
 	struct bclient *client;
 	struct balloc *allocs;
 	uint32_t nallocs;
@@ -112,6 +115,7 @@ struct bclient {
 	struct bhandover *handover;    /* the switch it is part of; NULL: none */
 	bool handover_from;	       /* ... on the FROM side */
 	uint64_t lent_chunks;	       /* chunks of its active allocations */
+	uint64_t resumes;	       /* resumes that made tags active, numbered */
 	struct bclient *prev, *next;
 };
 
@@ -220,7 +224,10 @@ int broker_resume(struct broker *br, struct bclient *c, const char *tag, struct 
  * broker_unlend() - the lends of @ids (allocations of @c a resume lent)
  * never reached the client: each is paused again with its last lend
  * cleared (the client clears its own: ResumeReply.lends_cleared), its
- * chunks back in the pool, and its tag paused.
+ * chunks back in the pool, and its tag paused, as is every other tag that
+ * resume made active and that has no active allocation (a tag without
+ * memory that a resume of every tag named): the client, which never got
+ * the reply, has them all paused.
  */
 void broker_unlend(struct broker *br, struct bclient *c, const uint64_t *ids, size_t n);
 /* Every free chunk of @dev (-1: all) back: *@released now, *@pending (every

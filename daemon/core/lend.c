@@ -432,15 +432,34 @@ int broker_pause(struct broker *br, struct bclient *c, const char *tag, bool rel
 	return 0;
 }
 
+/* Does @t have an allocation lent to now? */
+static bool lend_tag_active(const struct btag *t)
+{
+	for (const struct balloc *a = t->allocs; a; a = a->next)
+		if (a->active)
+			return true;
+	return false;
+}
+
+/* The tags resume @seq of @c made active that lend nothing now: paused again. */
+static void lend_unresume_tags(struct bclient *c, uint64_t seq)
+{
+	for (struct btag *t = c->tags; seq && t; t = t->next)
+		if (!t->paused && t->resumed_by == seq && !lend_tag_active(t))
+			t->paused = true;
+}
+
 void broker_unlend(struct broker *br, struct bclient *c, const uint64_t *ids, size_t n)
 {
-	uint64_t touched = 0;
+	uint64_t touched = 0, seq = 0;
 
 	for (size_t i = 0; i < n; i++) {
 		struct balloc *a = idmap_get(&c->allocs, ids[i]);
 
 		if (!a || !a->active)
 			continue;
+		if (!a->tag->paused)
+			seq = a->tag->resumed_by;
 		for (uint32_t j = 0; j < a->nchunks; j++) {
 			if (!a->chunks[j])
 				continue;
@@ -452,6 +471,7 @@ void broker_unlend(struct broker *br, struct bclient *c, const uint64_t *ids, si
 		a->tag->paused = true;
 		touched |= 1ULL << a->dev;
 	}
+	lend_unresume_tags(c, seq);
 	for (int d = 0; d < br->ndevices; d++)
 		if (touched & (1ULL << d))
 			pool_shrink(&br->pools[d], br->opts.pool_keep, NULL);
@@ -535,8 +555,13 @@ static void lend_commit(struct broker *br, struct bclient *c, struct lend_step *
 
 static void lend_mark_resumed(struct bclient *c, struct btag *only)
 {
-	for (struct btag *t = only ? only : c->tags; t; t = only ? NULL : t->next)
+	uint64_t seq = ++c->resumes;
+
+	for (struct btag *t = only ? only : c->tags; t; t = only ? NULL : t->next) {
+		if (t->paused)
+			t->resumed_by = seq;
 		t->paused = false;
+	}
 }
 
 /*
