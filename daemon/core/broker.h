@@ -189,6 +189,9 @@ int broker_export_fds(struct broker *br, const uint64_t *ids, size_t n, int *fds
 
 /* Chunks lent to the active allocations of every client of @uid. */
 uint64_t broker_uid_chunks(const struct broker *br, uid_t uid);
+/* Logs each uid whose clients hold more chunks than --max-chunks-per-uid
+ * (restored under a lower bound: all kept, refused more until under). */
+void broker_warn_uid_bounds(const struct broker *br);
 /* fds gmbd holds for its chunks (the backend's chunk_fds each). */
 uint64_t broker_chunk_fds(const struct broker *br);
 /* May gmbd take one more connection and still keep BROKER_FD_SPARE free? */

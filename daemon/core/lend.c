@@ -173,6 +173,29 @@ static void lend_bound_error(const struct broker *br, const struct bclient *c, i
 		   need == 1 ? "" : "s", (unsigned)c->uid, uid_lent);
 }
 
+/*
+ * A uid may hold more chunks than the bound allows when gmbd restored them
+ * under a lower --max-chunks-per-uid: they stay (its clients map them) and
+ * count, so its new requests get ENOSPC until it is under. Said once a uid.
+ */
+void broker_warn_uid_bounds(const struct broker *br)
+{
+	uint64_t max = br->opts.max_chunks_per_uid, n;
+	bool seen;
+
+	for (const struct bclient *c = br->clients; max && c; c = c->next) {
+		seen = false;
+		for (const struct bclient *o = br->clients; o != c && !seen; o = o->next)
+			seen = o->uid == c->uid;
+		n = seen ? 0 : broker_uid_chunks(br, c->uid);
+		if (n > max)
+			log_warn("a uid holds more chunks than its bound: all are kept, its"
+				 " requests for more are refused until it is under"
+				 " uid=%u chunks=%" PRIu64 " max_chunks_per_uid=%" PRIu64,
+				 (unsigned)c->uid, n, max);
+	}
+}
+
 /* ---- one lend ---- */
 
 static int lend_send_push(struct broker_result *res, struct chunk *ch)
