@@ -5,7 +5,10 @@
  * Past a uid's chunk bound a request gets ENOSPC, past gmbd's fd headroom
  * EMFILE, each with a sentence, while the session, the other clients and
  * status go on; a lend whose fds cannot be sent is taken back and refused
- * the same way. gmbd's fd count is back where it was at the end.
+ * the same way, every tag a taken-back resume named paused again. Warm free
+ * chunks hold fds of gmbd too: a request short of fds sends back as many as
+ * it needs, from any device, before it is refused. gmbd's fd count is back
+ * where it was at the end.
  */
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
@@ -31,27 +34,25 @@ static void stop(void)
 TestSuite(fdlimit, .fini = stop, .timeout = 120);
 
 /*
- * gmbd with 4 KiB chunks and @extra options; @nofile (0: inherited) is its
- * RLIMIT_NOFILE, soft and hard, as a unit's LimitNOFILE= sets it. The test
- * process keeps that limit too (it may not raise a hard limit back), and so
- * do its workers: each test runs in a process of its own.
+ * gmbd with 4 KiB chunks and the options of @extra (NULL-terminated, may be
+ * NULL); @nofile (0: inherited) is its RLIMIT_NOFILE, soft and hard, as a
+ * unit's LimitNOFILE= sets it. The test process keeps that limit too (it
+ * may not raise a hard limit back), and so do its workers: each test runs
+ * in a process of its own.
  */
-static void start(rlim_t nofile, const char *extra1, const char *extra2)
+static void start(rlim_t nofile, const char *const *extra)
 {
-	const char *args[] = { "--host-memory",
-			       "64MiB",
-			       "--host-granularity",
-			       "4KiB",
-			       "--max-chunk",
-			       "4KiB",
-			       "--fdstore-max",
-			       "0",
-			       "--log-level",
-			       "info",
-			       extra1,
-			       extra2,
-			       NULL };
+	const char *args[24] = { "--host-memory", "64MiB",	 "--host-granularity",
+				 "4KiB",	  "--max-chunk", "4KiB",
+				 "--fdstore-max", "0",		 "--log-level",
+				 "info",	  NULL };
 	struct rlimit low = { .rlim_cur = nofile, .rlim_max = nofile };
+	int n = 10;
+
+	for (; extra && *extra; extra++) {
+		cr_assert(lt(i32, n, 23));
+		args[n++] = *extra;
+	}
 
 	if (nofile)
 		cr_assert(eq(i32, setrlimit(RLIMIT_NOFILE, &low), 0));
@@ -158,7 +159,7 @@ Test(fdlimit, a_uid_past_its_chunk_bound_gets_enospc_and_others_are_served)
 	char text[1024], want[128];
 	int rc, baseline;
 
-	start(0, "--max-chunks-per-uid", "100");
+	start(0, (const char *[]){ "--max-chunks-per-uid", "100", NULL });
 	up(&a, NULL, "hog");
 	baseline = fds_with(&a);
 	cr_assert(eq(i32, fill_until_refused(&a, "t", 200, &rc, text, sizeof(text)), 100));
@@ -191,7 +192,7 @@ Test(fdlimit, a_refused_resume_leaves_the_tag_paused)
 	struct worker a, a2;
 	char text[1024];
 
-	start(0, "--max-chunks-per-uid", "12");
+	start(0, (const char *[]){ "--max-chunks-per-uid", "12", NULL });
 	up(&a, NULL, "sleeper");
 	up(&a2, NULL, "grower");
 	for (int i = 0; i < 10; i++)
@@ -219,7 +220,7 @@ Test(fdlimit, the_default_bound_leaves_a_low_fd_limit_to_others)
 	char text[1024];
 	int rc, n, m, baseline;
 
-	start(1024, NULL, NULL);
+	start(1024, NULL);
 	up(&a, NULL, "hog");
 	baseline = fds_with(&a);
 	n = fill_until_refused(&a, "t", 1024, &rc, text, sizeof(text));
@@ -242,7 +243,7 @@ Test(fdlimit, past_the_fd_headroom_a_request_gets_emfile_and_gmbd_keeps_its_spar
 	int rc, n, baseline;
 
 	/* No bound per uid: the fd headroom alone. */
-	start(400, "--max-chunks-per-uid", "0");
+	start(400, (const char *[]){ "--max-chunks-per-uid", "0", NULL });
 	up(&a, NULL, "hog");
 	baseline = fds_with(&a);
 	n = fill_until_refused(&a, "t", 400, &rc, text, sizeof(text));
@@ -261,6 +262,83 @@ Test(fdlimit, past_the_fd_headroom_a_request_gets_emfile_and_gmbd_keeps_its_spar
 	refused_until_freed(&a, &b, -EMFILE);
 	cr_assert(eq(i32, worker_quit(&b), 0));
 	last_free(&a, baseline);
+}
+
+/* Device @dev's figure @key in status (idle_bytes, chunks_released, ...). */
+static int64_t dev_figure(struct worker *w, int dev, const char *key)
+{
+	char at[32];
+
+	snprintf(at, sizeof(at), "{\"index\":%d,", dev);
+	cr_assert(eq(i32, worker_cmd(w, json, sizeof(json), "status"), 0), "%s", json);
+	cr_assert(not(eq(ptr, strstr(json, at), NULL)), "no device %d: %s", dev, json);
+	return json_i64_after(json, at, key);
+}
+
+/*
+ * Warm free chunks are open memfds of gmbd that belong to nobody: a request
+ * short of fds gets them back, as many as it needs and no more, before it
+ * is refused. Here they are of another uid, so they cannot serve it.
+ */
+Test(fdlimit, warm_free_chunks_give_their_fds_to_a_request_short_of_them)
+{
+	struct worker a, b;
+	char text[1024];
+	int rc, n, m, half;
+	int64_t released;
+
+	start(400,
+	      (const char *[]){ "--max-chunks-per-uid", "0", "--pool-keep", "unlimited", NULL });
+	up(&a, NULL, "warmer");
+	n = fill_until_refused(&a, "t", 400, &rc, text, sizeof(text));
+	cr_assert(eq(i32, rc, -EMFILE), "after %d: %s", n, text);
+	w_ok(&a, "free t");
+	cr_assert(eq(i64, dev_figure(&a, 0, "idle_bytes"), (int64_t)n * CHUNK), "%s", json);
+	released = dev_figure(&a, 0, "chunks_released");
+
+	up(&b, NOBODY, "other");
+	half = n / 2;
+	cr_assert(eq(i32, fill_until_refused(&b, "t", half, &rc, text, sizeof(text)), half),
+		  "rc %d: %s", rc, text);
+	/* Only as many as it needed went back. */
+	cr_assert(eq(i64, dev_figure(&b, 0, "chunks_released"), released + half), "%s", json);
+	cr_assert(eq(i64, dev_figure(&b, 0, "idle_bytes"), (int64_t)(n - half) * CHUNK), "%s",
+		  json);
+	/* The rest once the warm pool is empty; then the headroom says no. */
+	m = fill_until_refused(&b, "t", 400, &rc, text, sizeof(text));
+	cr_assert(eq(i32, rc, -EMFILE), "after %d: %s", m, text);
+	cr_assert(eq(i32, half + m, n), "the other uid got %d chunks, the first %d", half + m, n);
+	cr_assert(eq(i64, dev_figure(&b, 0, "idle_bytes"), 0), "%s", json);
+	w_ok(&b, "fill t 4");
+	w_ok(&b, "check t 4");
+	cr_assert(eq(i32, worker_quit(&b), 0));
+	cr_assert(eq(i32, worker_quit(&a), 0));
+}
+
+/* Warm chunks of another device hold gmbd's fds as well: they go too. */
+Test(fdlimit, warm_chunks_of_another_device_give_their_fds_too)
+{
+	struct worker a;
+	char text[1024];
+	int rc, n, m;
+
+	start(400, (const char *[]){ "--max-chunks-per-uid", "0", "--pool-keep", "unlimited",
+				     "--host-devices", "2", NULL });
+	up(&a, NULL, "warmer");
+	for (n = 0; n < 400; n++)
+		if ((rc = worker_cmd(&a, text, sizeof(text), "malloc t %d 1", CHUNK)) != 0)
+			break;
+	cr_assert(eq(i32, rc, -EMFILE), "after %d: %s", n, text);
+	w_ok(&a, "free t");
+	cr_assert(eq(i64, dev_figure(&a, 1, "idle_bytes"), (int64_t)n * CHUNK), "%s", json);
+	m = fill_until_refused(&a, "u", 400, &rc, text, sizeof(text));
+	cr_assert(eq(i32, rc, -EMFILE), "after %d: %s", m, text);
+	cr_assert(eq(i32, m, n), "device 0 got %d chunks, device 1 had %d", m, n);
+	cr_assert(eq(i64, dev_figure(&a, 1, "idle_bytes"), 0), "%s", json);
+	cr_assert(eq(i64, dev_figure(&a, 1, "chunks_released"), n), "%s", json);
+	w_ok(&a, "fill u 6");
+	w_ok(&a, "check u 6");
+	cr_assert(eq(i32, worker_quit(&a), 0));
 }
 
 /* ---- fds that cannot be sent ---- */
@@ -309,7 +387,7 @@ Test(fdlimit, an_alloc_whose_fd_cannot_be_sent_is_refused_and_taken_back)
 	int baseline;
 
 	/* Warm chunks: the next alloc reuses one and only has to send its fd. */
-	start(0, "--pool-keep", "unlimited");
+	start(0, (const char *[]){ "--pool-keep", "unlimited", NULL });
 	up(&a, NULL, "w");
 	baseline = fds_with(&a);
 	w_ok(&a, "malloc t 4096");
@@ -336,7 +414,7 @@ Test(fdlimit, a_resume_whose_fds_cannot_be_sent_leaves_the_tag_paused)
 	char text[1024];
 	int baseline;
 
-	start(0, NULL, NULL);
+	start(0, NULL);
 	up(&a, NULL, "w");
 	baseline = fds_with(&a);
 	w_ok(&a, "malloc kv 4096");
@@ -354,5 +432,51 @@ Test(fdlimit, a_resume_whose_fds_cannot_be_sent_leaves_the_tag_paused)
 	w_ok(&a, "check kv 5");
 	w_ok(&a, "free kv");
 	expect_fds_back(baseline);
+	cr_assert(eq(i32, worker_quit(&a), 0));
+}
+
+/* Whether status shows tag @tag in @state ("active", "paused"). */
+static bool tag_state(struct worker *w, const char *tag, const char *state)
+{
+	const char *at, *st;
+	char want[128];
+
+	snprintf(want, sizeof(want), "\"name\":\"%s\",", tag);
+	cr_assert(eq(i32, worker_cmd(w, json, sizeof(json), "status"), 0), "%s", json);
+	at = strstr(json, want);
+	cr_assert(not(eq(ptr, (void *)at, NULL)), "no tag %s: %s", tag, json);
+	st = strstr(at, "\"state\":");
+	snprintf(want, sizeof(want), "\"state\":\"%s\"", state);
+	return st && strncmp(st, want, strlen(want)) == 0;
+}
+
+/* A resume of every tag names the tags without memory too: taken back, they are paused again. */
+Test(fdlimit, a_taken_back_resume_of_every_tag_leaves_every_tag_paused)
+{
+	struct worker a;
+	struct rlimit old;
+	char text[1024];
+
+	start(0, NULL);
+	up(&a, NULL, "w");
+	w_ok(&a, "malloc kv 4096");
+	w_ok(&a, "mode empty zero");
+	w_ok(&a, "pause *");
+	cr_assert(tag_state(&a, "empty", "paused"), "%s", json);
+	gmbd_nofile(gmbd_room_for(1), &old);
+	cr_assert(eq(i32, worker_cmd(&a, text, sizeof(text), "resume *"), -EMFILE), "%s", text);
+	cr_assert(not(eq(ptr, strstr(text, "the tags stay paused"), NULL)), "%s", text);
+	gmbd_nofile(old.rlim_cur, NULL);
+	cr_assert(tag_state(&a, "kv", "paused"), "%s", json);
+	cr_assert(tag_state(&a, "empty", "paused"), "gmbd has the empty tag active: %s", json);
+	/* libgmb agrees: paused there too. */
+	cr_assert(eq(i32, worker_cmd(&a, text, sizeof(text), "malloc empty 4096"), -EBUSY), "%s",
+		  text);
+	w_ok(&a, "resume *");
+	cr_assert(tag_state(&a, "empty", "active"), "%s", json);
+	cr_assert(tag_state(&a, "kv", "active"), "%s", json);
+	w_ok(&a, "malloc empty 4096");
+	w_ok(&a, "fill kv 5");
+	w_ok(&a, "check kv 5");
 	cr_assert(eq(i32, worker_quit(&a), 0));
 }

@@ -14,6 +14,9 @@
  *     told the limit ($FDSTORE), gmbd warns with both numbers and refuses
  *     requests past it with ENOSPC, so a restart loses nothing a client was
  *     told it holds; not told, it says at the restart what was lost.
+ *   - A restart under a lower --max-chunks-per-uid than a uid holds keeps
+ *     every chunk, says so once, and refuses that uid more until it is
+ *     under, while another uid is served.
  *
  * gmbd's stderr is a FIFO read by a thread of the test: a regular file
  * would meet the lowered file size limit too.
@@ -365,4 +368,76 @@ Test(persist, an_unknown_lower_limit_is_said_at_the_restart)
 	cr_assert(eq(i32, cap_wait("did not hand back", 1, WAIT_MS), 0));
 	cr_assert(eq(i32, cap_count("lost_chunks=1 fdstore_max=16384"), 1));
 	worker_kill(&w);
+}
+
+/* ---- a lower --max-chunks-per-uid after a restart ---- */
+
+static const char *const unbound_args[] = {
+	"--host-memory",	"64MiB", "--max-chunk", CHUNK, "--log-level", "info",
+	"--max-chunks-per-uid", "0",	 NULL
+};
+static const char *const bound2_args[] = {
+	"--host-memory",	"64MiB", "--max-chunk", CHUNK, "--log-level", "info",
+	"--max-chunks-per-uid", "2",	 NULL
+};
+
+/* A worker of uid nobody: the folder and the socket opened to it first. */
+static void worker_up_nobody(struct worker *w, const char *name)
+{
+	char text[512];
+
+	cr_assert(eq(i32, chmod(fx.dir, 0711), 0));
+	cr_assert(eq(i32, chmod(fx.gmbd.sock, 0666), 0));
+	cr_assert(eq(i32, worker_start(w, fx.gmbd.sock), 0));
+	cr_assert(eq(i32, worker_cmd(w, text, sizeof(text), "uid 65534"), 0), "%s", text);
+	cr_assert(eq(i32, worker_cmd(w, text, sizeof(text), "connect %s", name), 0), "%s", text);
+}
+
+/*
+ * Restored with a bound lower than what a uid holds, gmbd keeps every chunk
+ * (the client maps them), says once which uid is over which bound, refuses
+ * that uid's requests until it is under, and serves other uids meanwhile.
+ */
+Test(persist, restored_chunks_past_a_lower_uid_bound_are_kept_counted_and_said)
+{
+	char text[512], said[128], want[128], *before, *after;
+	struct worker w, other;
+
+	gmbd_up(unbound_args);
+	worker_up_on(&w, fx.gmbd.sock, "trainer");
+	worker_ok(&w, NULL, 0, "malloc a " CHUNK);
+	worker_ok(&w, NULL, 0, "malloc b " CHUNK);
+	worker_ok(&w, NULL, 0, "malloc c " CHUNK);
+	worker_ok(&w, NULL, 0, "fill c 0x33");
+	before = status_json_on(fx.gmbd.sock);
+	gmbd_kill();
+	gmbd_up(bound2_args);
+	worker_ok(&w, NULL, 0, "check c 0x33");
+	after = status_json_on(fx.gmbd.sock);
+	cr_assert(eq(str, after, before), "status changed across the restart");
+	free(before);
+	free(after);
+
+	snprintf(said, sizeof(said), "uid=%u chunks=3 max_chunks_per_uid=2", (unsigned)getuid());
+	cr_assert(eq(i32, cap_wait(said, 1, WAIT_MS), 0), "not said: %s", said);
+	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "malloc d " CHUNK), -ENOSPC), "%s",
+		  text);
+	snprintf(want, sizeof(want), "uid %u has 3 chunks lent", (unsigned)getuid());
+	cr_assert(not(eq(ptr, strstr(text, want), NULL)), "%s", text);
+	cr_assert(not(eq(ptr, strstr(text, "--max-chunks-per-uid"), NULL)), "%s", text);
+
+	worker_up_nobody(&other, "other");
+	worker_ok(&other, NULL, 0, "malloc a " CHUNK);
+	worker_ok(&other, NULL, 0, "fill a 0x44");
+	/* At the bound is not under it; one chunk fewer is. */
+	worker_ok(&w, NULL, 0, "free a");
+	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "malloc d " CHUNK), -ENOSPC), "%s",
+		  text);
+	worker_ok(&w, NULL, 0, "free b");
+	worker_ok(&w, NULL, 0, "malloc d " CHUNK);
+	worker_ok(&w, NULL, 0, "check c 0x33");
+	worker_ok(&other, NULL, 0, "check a 0x44");
+	cr_assert(eq(i32, cap_count(said), 1), "said more than once");
+	cr_assert(eq(i32, worker_quit(&other), 0));
+	cr_assert(eq(i32, worker_quit(&w), 0));
 }

@@ -393,3 +393,75 @@ Test(pool, bounds_refuse_before_touching_a_chunk)
 	cr_assert(eq(u32, t.ncreated, 2));
 	put_all(&t);
 }
+
+/* A bounded take of @size for @uid with room for @max_new new chunks. */
+static int take_fds(uint64_t size, uid_t uid, uint64_t max_new, struct pool_take *t)
+{
+	*t = (struct pool_take){ .size = size,
+				 .uid = uid,
+				 .bounded = true,
+				 .max_chunks = UINT64_MAX,
+				 .max_new = max_new };
+	return pool_take(&pool, t);
+}
+
+Test(pool, idle_chunks_give_their_fds_to_new_ones_smallest_first_as_needed)
+{
+	struct pool_take w1 = take(1 * GiB, 7, NULL, 0), w2 = take(1 * GiB, 7, NULL, 0);
+	struct pool_take w3 = take(20 * MiB, 7, NULL, 0), t, u;
+	struct chunk *held = w1.chunks[0];
+	uint64_t released;
+
+	/* Warm for uid 7: 1 GiB its client holds, 1 GiB and 20 MiB idle. */
+	cr_assert(eq(i32, pool_hold(&pool, held, CA), 0));
+	put_all(&w1);
+	put_all(&w2);
+	put_all(&w3);
+	released = pool.chunks_released;
+	cr_assert(eq(u64, pool_idle_chunks(&pool, 0), 2));
+
+	/* Uid 8 cannot use them; no room for a new fd: the smallest idle one goes. */
+	cr_assert(eq(i32, take_fds(1 * GiB, 8, 0, &t), 0));
+	cr_assert(eq(u32, t.ncreated, 1));
+	cr_assert(eq(u64, pool.chunks_released, released + 1), "more went back than needed");
+	cr_assert(eq(u64, pool.free_bytes, 2 * GiB), "the 20 MiB chunk should have gone");
+	check_pool(&pool);
+	/* Then the other idle one; the held one is a client's handle and stays. */
+	cr_assert(eq(i32, take_fds(1 * GiB, 8, 0, &u), 0));
+	cr_assert(eq(u64, pool.free_bytes, 1 * GiB));
+	cr_assert(held->free);
+	put_all(&u);
+	/* u's chunk, idle now, serves the next take itself: it cannot make room for it too. */
+	cr_assert(eq(i32, take_fds(2 * GiB, 8, 0, &u), -EMFILE));
+	cr_assert(eq(u64, u.fd_short, 1));
+	cr_assert(eq(u64, pool.free_bytes, 2 * GiB), "a refused take released chunks");
+	check_pool(&pool);
+	put_all(&t);
+	pool_forget(&pool, CA);
+}
+
+Test(pool, short_of_fds_small_warm_chunks_serve_instead_of_new_ones)
+{
+	struct pool_take a = take(20 * MiB, 7, NULL, 0), b = take(20 * MiB, 7, NULL, 0), t;
+	uint64_t created;
+
+	/* Held (warm handles of a client): not idle, so they cannot go for fds. */
+	cr_assert(eq(i32, pool_hold(&pool, a.chunks[0], CA), 0));
+	cr_assert(eq(i32, pool_hold(&pool, b.chunks[0], CA), 0));
+	put_all(&a);
+	put_all(&b);
+	created = pool.chunks_created;
+	/* With fds to spare one fresh chunk beats two small ones ... */
+	cr_assert(eq(i32, take_fds(40 * MiB, 7, 1, &t), 0));
+	cr_assert(eq(u32, t.nchunks, 1));
+	cr_assert(eq(u32, t.ncreated, 1));
+	pool_untake(&pool, &t);
+	/* ... without, the two warm ones serve it. */
+	cr_assert(eq(i32, take_fds(40 * MiB, 7, 0, &t), 0));
+	cr_assert(eq(u32, t.nchunks, 2));
+	cr_assert(eq(u32, t.ncreated, 0));
+	cr_assert(eq(u64, pool.chunks_created, created + 1));
+	pool_untake(&pool, &t);
+	check_pool(&pool);
+	pool_forget(&pool, CA);
+}

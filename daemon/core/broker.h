@@ -41,8 +41,9 @@
  * connections, /proc and NSS reads). A connection past that is refused at
  * accept. New chunks leave room for BROKER_FD_CONN_ROOM connections besides
  * (or for those open, if more), so that other clients can still connect once
- * chunks took all they may; a lend that needs new chunk fds past that fails
- * with -EMFILE.
+ * chunks took all they may; a lend that needs new chunk fds past that first
+ * sends idle warm chunks back (pool_release_idle(): each closes its fds) and
+ * fails with -EMFILE only when they are not enough.
  */
 #define BROKER_FD_SPARE	    (WIRE_MAX_FDS + 48)
 #define BROKER_FD_CONN_ROOM 64
@@ -67,6 +68,9 @@ struct btag {
 	char name[WIRE_MAX_NAME + 1];
 	int mode; /* GMB_MODE_* */
 	bool paused;
+	/* The resume of its client (bclient.resumes) that made it active last:
+	 * broker_unlend() pauses again every tag that resume named. */
+	uint64_t resumed_by;
 	struct bclient *client;
 	struct balloc *allocs;
 	uint32_t nallocs;
@@ -111,6 +115,7 @@ struct bclient {
 	struct bhandover *handover;    /* the switch it is part of; NULL: none */
 	bool handover_from;	       /* ... on the FROM side */
 	uint64_t lent_chunks;	       /* chunks of its active allocations */
+	uint64_t resumes;	       /* resumes that made tags active, numbered */
 	struct bclient *prev, *next;
 };
 
@@ -184,6 +189,9 @@ int broker_export_fds(struct broker *br, const uint64_t *ids, size_t n, int *fds
 
 /* Chunks lent to the active allocations of every client of @uid. */
 uint64_t broker_uid_chunks(const struct broker *br, uid_t uid);
+/* Logs each uid whose clients hold more chunks than --max-chunks-per-uid
+ * (restored under a lower bound: all kept, refused more until under). */
+void broker_warn_uid_bounds(const struct broker *br);
 /* fds gmbd holds for its chunks (the backend's chunk_fds each). */
 uint64_t broker_chunk_fds(const struct broker *br);
 /* May gmbd take one more connection and still keep BROKER_FD_SPARE free? */
@@ -219,7 +227,10 @@ int broker_resume(struct broker *br, struct bclient *c, const char *tag, struct 
  * broker_unlend() - the lends of @ids (allocations of @c a resume lent)
  * never reached the client: each is paused again with its last lend
  * cleared (the client clears its own: ResumeReply.lends_cleared), its
- * chunks back in the pool, and its tag paused.
+ * chunks back in the pool, and its tag paused, as is every other tag that
+ * resume made active and that has no active allocation (a tag without
+ * memory that a resume of every tag named): the client, which never got
+ * the reply, has them all paused.
  */
 void broker_unlend(struct broker *br, struct bclient *c, const uint64_t *ids, size_t n);
 /* Every free chunk of @dev (-1: all) back: *@released now, *@pending (every

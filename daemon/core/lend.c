@@ -127,6 +127,27 @@ static void lend_bounds(const struct broker *br, uint64_t uid_lent, struct pool_
 	t->bounded = t->max_chunks != UINT64_MAX || t->max_new != UINT64_MAX;
 }
 
+/*
+ * A take on @dev short of fds after releasing that device's idle chunks
+ * (@t->fd_short more): idle chunks of the other devices hold gmbd's fds as
+ * well and are only a cache. When they cover the shortage, that many go
+ * back (chunks a switch reserved stay) and the caller takes again.
+ */
+static bool lend_release_elsewhere(struct broker *br, int dev, const struct pool_take *t)
+{
+	uint64_t idle = 0, need = t->fd_short;
+
+	for (int d = 0; d < br->ndevices; d++)
+		if (d != dev)
+			idle += pool_idle_chunks(&br->pools[d], 0);
+	if (need == 0 || idle < need)
+		return false;
+	for (int d = 0; d < br->ndevices && need > 0; d++)
+		if (d != dev)
+			need -= pool_release_idle(&br->pools[d], need, 0);
+	return true;
+}
+
 /* The sentence of a take past a bound: which one, what the uid holds, what to change. */
 static void lend_bound_error(const struct broker *br, const struct bclient *c, int rc,
 			     uint64_t uid_lent, uint64_t need, char *err)
@@ -150,6 +171,29 @@ static void lend_bound_error(const struct broker *br, const struct bclient *c, i
 		   broker_chunk_fds(br), br->fds_conns, br->fds_base,
 		   BROKER_FD_SPARE + BROKER_FD_CONN_ROOM, br->opts.fd_limit, need,
 		   need == 1 ? "" : "s", (unsigned)c->uid, uid_lent);
+}
+
+/*
+ * A uid may hold more chunks than the bound allows when gmbd restored them
+ * under a lower --max-chunks-per-uid: they stay (its clients map them) and
+ * count, so its new requests get ENOSPC until it is under. Said once a uid.
+ */
+void broker_warn_uid_bounds(const struct broker *br)
+{
+	uint64_t max = br->opts.max_chunks_per_uid, n;
+	bool seen;
+
+	for (const struct bclient *c = br->clients; max && c; c = c->next) {
+		seen = false;
+		for (const struct bclient *o = br->clients; o != c && !seen; o = o->next)
+			seen = o->uid == c->uid;
+		n = seen ? 0 : broker_uid_chunks(br, c->uid);
+		if (n > max)
+			log_warn("a uid holds more chunks than its bound: all are kept, its"
+				 " requests for more are refused until it is under"
+				 " uid=%u chunks=%" PRIu64 " max_chunks_per_uid=%" PRIu64,
+				 (unsigned)c->uid, n, max);
+	}
 }
 
 /* ---- one lend ---- */
@@ -206,6 +250,10 @@ static int lend_acquire(struct broker *br, struct bclient *c, struct lend_step *
 	};
 	lend_bounds(br, uid_lent, &s->t);
 	rc = pool_take(p, &s->t);
+	if (rc == -EMFILE && s->t.over_bound && lend_release_elsewhere(br, s->a->dev, &s->t)) {
+		lend_bounds(br, uid_lent, &s->t);
+		rc = pool_take(p, &s->t);
+	}
 	if ((rc == -ENOSPC || rc == -EMFILE) && s->t.over_bound) {
 		lend_bound_error(br, c, rc, uid_lent,
 				 rc == -ENOSPC ? s->t.need_chunks : s->t.need_new, err);
@@ -407,15 +455,34 @@ int broker_pause(struct broker *br, struct bclient *c, const char *tag, bool rel
 	return 0;
 }
 
+/* Does @t have an allocation lent to now? */
+static bool lend_tag_active(const struct btag *t)
+{
+	for (const struct balloc *a = t->allocs; a; a = a->next)
+		if (a->active)
+			return true;
+	return false;
+}
+
+/* The tags resume @seq of @c made active that lend nothing now: paused again. */
+static void lend_unresume_tags(struct bclient *c, uint64_t seq)
+{
+	for (struct btag *t = c->tags; seq && t; t = t->next)
+		if (!t->paused && t->resumed_by == seq && !lend_tag_active(t))
+			t->paused = true;
+}
+
 void broker_unlend(struct broker *br, struct bclient *c, const uint64_t *ids, size_t n)
 {
-	uint64_t touched = 0;
+	uint64_t touched = 0, seq = 0;
 
 	for (size_t i = 0; i < n; i++) {
 		struct balloc *a = idmap_get(&c->allocs, ids[i]);
 
 		if (!a || !a->active)
 			continue;
+		if (!a->tag->paused)
+			seq = a->tag->resumed_by;
 		for (uint32_t j = 0; j < a->nchunks; j++) {
 			if (!a->chunks[j])
 				continue;
@@ -427,6 +494,7 @@ void broker_unlend(struct broker *br, struct bclient *c, const uint64_t *ids, si
 		a->tag->paused = true;
 		touched |= 1ULL << a->dev;
 	}
+	lend_unresume_tags(c, seq);
 	for (int d = 0; d < br->ndevices; d++)
 		if (touched & (1ULL << d))
 			pool_shrink(&br->pools[d], br->opts.pool_keep, NULL);
@@ -510,8 +578,13 @@ static void lend_commit(struct broker *br, struct bclient *c, struct lend_step *
 
 static void lend_mark_resumed(struct bclient *c, struct btag *only)
 {
-	for (struct btag *t = only ? only : c->tags; t; t = only ? NULL : t->next)
+	uint64_t seq = ++c->resumes;
+
+	for (struct btag *t = only ? only : c->tags; t; t = only ? NULL : t->next) {
+		if (t->paused)
+			t->resumed_by = seq;
 		t->paused = false;
+	}
 }
 
 /*

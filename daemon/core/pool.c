@@ -397,42 +397,116 @@ err_undo:
 	return rc;
 }
 
-/* The bounds of @t for a take that has @n free chunks and needs @rest more bytes. */
-static int pool_check_bounds(const struct pool *p, struct pool_take *t, uint32_t n, uint64_t rest)
+uint64_t pool_idle_chunks(const struct pool *p, uint64_t handover)
 {
+	uint64_t n = 0;
+
+	for (const struct chunk *c = p->free_head; c; c = c->next)
+		n += c->nholders == 0 && pool_usable(c, handover);
+	return n;
+}
+
+uint64_t pool_release_idle(struct pool *p, uint64_t n, uint64_t handover)
+{
+	struct chunk *c = p->free_head, *prev;
+	uint64_t done = 0;
+
+	while (c && c->next)
+		c = c->next;
+	/* Smallest first: each one frees as many fds, the large ones keep more memory warm. */
+	for (; c && done < n; c = prev) {
+		prev = c->prev;
+		if (c->nholders || !pool_usable(c, handover))
+			continue;
+		pool_mark_releasing(p, c);
+		done++;
+	}
+	return done;
+}
+
+/* Would @rest fresh bytes need more new chunks than @t->max_new, even with
+ * every idle free chunk of the pool released? */
+static bool pool_fds_short(const struct pool *p, const struct pool_take *t, uint64_t rest)
+{
+	uint64_t need = pool_pieces(p, rest);
+
+	return t->bounded && need > t->max_new &&
+	       need - t->max_new > pool_idle_chunks(p, t->handover);
+}
+
+/*
+ * The bounds of @t for a take that has @n free chunks and needs @rest more
+ * bytes. Past max_new, idle free chunks can make up the difference (their
+ * fds close as they go back): *@release says how many must go, nothing is
+ * released yet. Else -EMFILE, with t->fd_short the new chunks still missing.
+ */
+static int pool_check_bounds(const struct pool *p, struct pool_take *t, uint32_t n, uint64_t rest,
+			     uint64_t *release)
+{
+	uint64_t idle, over;
+
+	*release = 0;
 	t->need_new = rest ? pool_pieces(p, rest) : 0;
 	t->need_chunks = n + t->need_new;
-	t->over_bound = t->bounded && (t->need_chunks > t->max_chunks || t->need_new > t->max_new);
-	if (!t->over_bound)
+	if (!t->bounded)
 		return 0;
-	return t->need_chunks > t->max_chunks ? -ENOSPC : -EMFILE;
+	if (t->need_chunks > t->max_chunks) {
+		t->over_bound = true;
+		return -ENOSPC;
+	}
+	if (t->need_new <= t->max_new)
+		return 0;
+	over = t->need_new - t->max_new;
+	idle = pool_idle_chunks(p, t->handover);
+	if (idle >= over) {
+		*release = over;
+		return 0;
+	}
+	t->over_bound = true;
+	t->fd_short = over - idle;
+	return -EMFILE;
+}
+
+/* Step 1 (both passes) and the bounds: what the take may reuse and create. */
+static int pool_take_plan(struct pool *p, struct pool_take *t, struct pool_vec *vec, uint64_t *rest,
+			  uint64_t *release)
+{
+	int rc = pool_take_free(p, t, vec, rest, true);
+
+	/* Fresh chunks do not fit (budget or fds): every warm chunk that fits is worth it now. */
+	if (rc == 0 && *rest > 0 &&
+	    (!pool_room_ok(p, *rest, t->handover) || pool_fds_short(p, t, *rest)))
+		rc = pool_take_free(p, t, vec, rest, false);
+	if (rc == 0)
+		rc = pool_check_bounds(p, t, vec->n, *rest, release);
+	return rc;
 }
 
 int pool_take(struct pool *p, struct pool_take *t)
 {
 	struct pool_vec vec = { 0 };
-	uint64_t rest;
+	uint64_t rest, release = 0, released;
 	int rc;
 
 	t->chunks = NULL;
 	t->nchunks = t->ncreated = 0;
-	t->shortfall = t->need_chunks = t->need_new = 0;
+	t->shortfall = t->need_chunks = t->need_new = t->fd_short = 0;
 	t->over_bound = false;
 	if (t->size == 0 || t->size % p->granularity)
 		return -EINVAL;
 	rest = t->size;
-	rc = pool_take_free(p, t, &vec, &rest, true);
-	if (rc == 0 && rest > 0 && !pool_room_ok(p, rest, t->handover))
-		/* Fresh chunks do not fit: every warm chunk that fits is worth it now. */
-		rc = pool_take_free(p, t, &vec, &rest, false);
-	if (rc == 0)
-		rc = pool_check_bounds(p, t, vec.n, rest);
+	rc = pool_take_plan(p, t, &vec, &rest, &release);
 	if (rc < 0)
 		goto err_put;
 	if (rest > 0) {
+		released = p->chunks_released;
 		rc = pool_make_room(p, rest, t);
 		if (rc < 0)
 			goto err_put;
+		/* What the budget sent back closed fds too; the rest only for fds. */
+		released = p->chunks_released - released;
+		if (release > released)
+			pool_release_idle(p, release - released, t->handover);
 		rc = pool_take_new(p, rest, &vec, &t->ncreated);
 		if (rc < 0)
 			goto err_put;

@@ -121,6 +121,9 @@ struct pool_take {
 	 * return those errors too). */
 	uint64_t need_chunks, need_new;
 	bool over_bound;
+	/* On -EMFILE past max_new: new chunks it lacks after the idle chunks of
+	 * this pool it could release (idle chunks elsewhere may cover them). */
+	uint64_t fd_short;
 };
 
 int pool_init(struct pool *p, struct backend *b, int dev, const struct pool_cfg *cfg,
@@ -151,10 +154,16 @@ int pool_adopt(struct pool *p, uint64_t id, uint64_t size, uint64_t handle, stru
  * but not yet lent (the caller sets lent_to via pool_lend()); the reused
  * ones come first, the ncreated new ones last. On failure nothing changed
  * but what -EAGAIN marks releasing. The bounds are checked before the
- * budget, so a take past one of them touches no chunk.
+ * budget, so a take past one of them touches no chunk. @t->max_new counts
+ * new chunks the caller has room for (gmbd's fds: the same number each
+ * chunk), so every chunk released makes room for one: past it, idle free
+ * chunks this take does not use go back first (smallest first, no more
+ * than it lacks, after what the budget released), and warm ones that fit
+ * are used even when they make the lend use more chunks.
  * Return: 0; -ENOSPC when it would take more than @t->max_chunks chunks,
- * -EMFILE more than @t->max_new new ones (t->need_chunks and t->need_new
- * say how many); -ENOMEM when the budget cannot cover it even after releasing
+ * -EMFILE more than @t->max_new new ones even so (t->need_chunks and
+ * t->need_new say how many, t->fd_short how many idle chunks elsewhere
+ * would do); -ENOMEM when the budget cannot cover it even after releasing
  * (t->shortfall says how much), or when the backend or malloc is out of
  * memory (t->shortfall == 0); -EAGAIN when it could once holders drop the
  * handles of free chunks now marked releasing (t->shortfall: bytes missing
@@ -192,6 +201,11 @@ void pool_forget(struct pool *p, struct bclient *client);
  * (may be NULL).
  */
 uint64_t pool_shrink(struct pool *p, uint64_t keep, uint64_t *pending);
+
+/* Free chunks nobody holds that @handover may release (each closes its fds at once). */
+uint64_t pool_idle_chunks(const struct pool *p, uint64_t handover);
+/* Releases up to @n of them, smallest first; how many went. */
+uint64_t pool_release_idle(struct pool *p, uint64_t n, uint64_t handover);
 
 /* Bytes a take for @uid could count on: usable free + budget headroom. */
 uint64_t pool_available(const struct pool *p, uid_t uid);
