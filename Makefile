@@ -70,7 +70,7 @@ LIB_SRC := client/lib/api/api.c client/lib/api/status_json.c client/lib/api/stat
 PRELOAD_SRC := client/preload/preload.c common/env.c common/err.c
 CTL_SRC := client/gmbctl/gmbctl.c client/gmbctl/live.c
 TEST_SRC := $(wildcard tests/test_*.c)
-TEST_HELPER_SRC := tests/util.c tests/fake_sd.c tests/loadgen.c
+TEST_HELPER_SRC := tests/util.c tests/fake_sd.c tests/loadgen.c tests/raw_client.c
 TEST_PROG_SRC := $(wildcard tests/prog_*.c)
 # Fuzz harnesses (tests/fuzz/fuzz_<name>.c), each with a corpus in
 # tests/fuzz/corpus/<name>/; fuzz_util.c holds their invariant checks.

@@ -15,6 +15,7 @@
 
 #include "common/wire.h"
 #include "gmb.h"
+#include "tests/raw_client.h"
 #include "tests/util.h"
 
 #define MiB (1024ULL * 1024)
@@ -61,7 +62,7 @@ static int raw_connect(void)
 {
 	int fd = -1;
 
-	cr_assert(eq(i32, wire_connect(gmbd.sock, &fd), 0));
+	cr_assert(eq(i32, raw_client_connect(gmbd.sock, &fd), 0));
 	return fd;
 }
 
@@ -84,41 +85,24 @@ static int dropped(int fd)
 
 static void send_env(int fd, Gmb__Envelope *env)
 {
-	cr_assert(eq(i32, wire_send(fd, env, NULL, 0), 0));
+	cr_assert(eq(i32, raw_client_send(fd, env), 0));
 }
 
 /* Sends a request and returns the status of its (last) reply. */
 static int request(int fd, Gmb__Envelope *env, char *error, size_t cap)
 {
-	Gmb__Envelope *r = NULL;
-	int fds[WIRE_MAX_FDS], nfds, status;
+	int status;
 
-	send_env(fd, env);
-	do {
-		if (r)
-			gmb__envelope__free_unpacked(r, NULL);
-		cr_assert(eq(i32, wire_recv(fd, &r, fds, &nfds), 0));
-		wire_close_fds(fds, nfds);
-	} while (r->more);
-	cr_assert(eq(u64, r->reply_to, env->id));
-	status = r->status;
-	if (error)
-		snprintf(error, cap, "%s", r->error ? r->error : "");
-	gmb__envelope__free_unpacked(r, NULL);
+	cr_assert(eq(i32, raw_client_request(fd, env, &status, error, cap), 0));
 	return status;
 }
 
 static int hello(int fd, uint32_t version)
 {
-	Gmb__Envelope env = GMB__ENVELOPE__INIT;
-	Gmb__Hello h = GMB__HELLO__INIT;
+	int status;
 
-	h.version = version;
-	h.name = "raw";
-	env.id = 1;
-	env.body_case = GMB__ENVELOPE__BODY_HELLO;
-	env.hello = &h;
-	return request(fd, &env, NULL, 0);
+	cr_assert(eq(i32, raw_client_hello(fd, version, &status), 0));
+	return status;
 }
 
 Test(badinput, garbage_bytes_drop_only_that_client)

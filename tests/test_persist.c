@@ -8,7 +8,9 @@
  *     changes it would record: the client gets no success for a lend the
  *     record lacks, gmbd keeps serving, says so once and in STATUS=, and
  *     sends the reply once a write succeeds. Killed meanwhile, the next
- *     gmbd and the client agree that the lend never happened.
+ *     gmbd and the client agree that the lend never happened. A raw client
+ *     that keeps sending meanwhile is no longer read, rather than dropped
+ *     for the replies gmbd holds, and gets every one after.
  *   - A unit whose FileDescriptorStoreMax= is lower than --fdstore-max (the
  *     fake manager closes fds past it unannounced, as systemd 252 does):
  *     told the limit ($FDSTORE), gmbd warns with both numbers and refuses
@@ -37,7 +39,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/deadline.h"
+#include "daemon/transport/sess.h"
 #include "gmb.h"
+#include "tests/raw_client.h"
 #include "tests/util.h"
 #include "tests/worker_assert.h"
 
@@ -145,6 +150,11 @@ static int cap_wait(const char *needle, int n, int ms)
 
 	clock_gettime(CLOCK_REALTIME, &until);
 	until.tv_sec += ms / 1000;
+	until.tv_nsec += (long)(ms % 1000) * 1000000;
+	if (until.tv_nsec >= 1000000000) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000;
+	}
 	pthread_mutex_lock(&cap.lock);
 	while (cap_count_locked(needle) < n && rc == 0)
 		rc = pthread_cond_timedwait(&cap.cond, &cap.lock, &until);
@@ -185,6 +195,14 @@ static void worker_send(struct worker *w, const char *cmd)
 {
 	cr_assert(ge(i32, fprintf(w->in, "%s\n", cmd), 0));
 	cr_assert(eq(i32, fflush(w->in), 0));
+}
+
+/* Nothing to read on @fd, not even its end. */
+static void assert_nothing_to_read(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+
+	cr_assert(eq(i32, poll(&p, 1, 0), 0), "revents 0x%x", (unsigned)p.revents);
 }
 
 /* Whether the worker answered within @ms (a bound for what must not come). */
@@ -247,13 +265,18 @@ static const char *const keep_args[] = { "--host-memory", "64MiB",	 "--max-chunk
  * next allocation takes it and needs no new memfd, so with the file size
  * limit of gmbd at 4 KiB only the record's write (past 4 KiB) fails.
  */
-static void freed_chunk_then_no_room(struct worker *w)
+static void freed_chunk(struct worker *w, const char *const *args)
 {
-	gmbd_up(keep_args);
+	gmbd_up(args);
 	worker_up_on(w, fx.gmbd.sock, "trainer");
 	worker_ok(w, NULL, 0, "malloc a " CHUNK);
 	/* Its reply came: the record with the free is stored. */
 	worker_ok(w, NULL, 0, "free a");
+}
+
+/* The next allocation, a change the record cannot be written with. */
+static void no_room(struct worker *w)
+{
 	gmbd_fsize(4096);
 	worker_send(w, "malloc b " CHUNK);
 	/* The record is written at the end of the turn the request came in,
@@ -264,6 +287,12 @@ static void freed_chunk_then_no_room(struct worker *w)
 		  "gmbd died when it could not write the record");
 	cr_assert(eq(i32, fake_sd_wait_status(&fx.sd, "replies held", WAIT_MS), 0),
 		  "STATUS= never said the replies are held: %s", fx.sd.status);
+}
+
+static void freed_chunk_then_no_room(struct worker *w)
+{
+	freed_chunk(w, keep_args);
+	no_room(w);
 }
 
 Test(persist, a_lend_the_record_lacks_is_never_told_and_a_crash_agrees)
@@ -304,6 +333,125 @@ Test(persist, a_held_reply_leaves_once_the_record_is_stored_said_once)
 		  fx.sd.status);
 	worker_ok(&w, NULL, 0, "fill b 0x5a");
 	restart_keeps(&w, "b", "0x5a");
+	cr_assert(eq(i32, worker_quit(&w), 0));
+}
+
+/* ---- a client that keeps sending while replies are held ---- */
+
+#define QUIET_MS 1000 /* no room for this long: gmbd no longer reads */
+
+/*
+ * Sends @env again and again (ids from @first on) without reading, through
+ * @fd made non-blocking, until gmbd stops taking them: the socket full and
+ * no room for QUIET_MS (a bound for what must not come). Fails when gmbd
+ * closes the connection, or never stops reading. Return: how many went.
+ */
+static int keep_sending(int fd, Gmb__Envelope *env, uint64_t first)
+{
+	int flags = fcntl(fd, F_GETFL), sent = 0, r;
+
+	cr_assert(eq(i32, fcntl(fd, F_SETFL, flags | O_NONBLOCK), 0));
+	while (sent < 4 * SESS_OUT_MAX_PACKETS) {
+		struct pollfd p = { .fd = fd, .events = POLLOUT };
+
+		env->id = first + (uint64_t)sent;
+		r = raw_client_send(fd, env);
+		if (r == 0) {
+			sent++;
+			continue;
+		}
+		cr_assert(eq(i32, r, -EAGAIN), "gmbd closed the connection after %d requests: %s",
+			  sent, strerror(-r));
+		if (poll(&p, 1, QUIET_MS) == 0)
+			break;
+	}
+	cr_assert(lt(i32, sent, 4 * SESS_OUT_MAX_PACKETS), "gmbd never stopped reading");
+	/* It took more than it keeps queued while held: the rest are in the socket. */
+	cr_assert(gt(i32, sent, SESS_HOLD_MAX_PACKETS), "gmbd stopped reading at %d requests",
+		  sent);
+	/* Neither a reply nor the end of the connection came. */
+	assert_nothing_to_read(fd);
+	cr_assert(eq(i32, fcntl(fd, F_SETFL, flags), 0));
+	cr_assert(eq(i32, cap_count("does not read its replies"), 0));
+	return sent;
+}
+
+/* One reply each to the @n requests from id @first on, in order, with @status. */
+static void read_replies(int fd, uint64_t first, int n, int status)
+{
+	for (int i = 0; i < n; i++) {
+		Gmb__Envelope *r = NULL;
+
+		cr_assert(eq(i32, raw_client_reply(fd, &r), 0), "reply %d of %d", i + 1, n);
+		cr_assert(eq(u64, r->reply_to, first + (uint64_t)i), "reply %d of %d", i + 1, n);
+		cr_assert(eq(i32, r->status, status), "reply %d: %s", i + 1,
+			  r->error ? r->error : "");
+		gmb__envelope__free_unpacked(r, NULL);
+	}
+}
+
+static const char *const info_args[] = { "--host-memory",   "64MiB",	 "--max-chunk", CHUNK,
+					 "--pool-keep",	    "unlimited", "--log-level", "info",
+					 "--hello-timeout", "2",	 NULL };
+
+Test(persist, a_client_that_keeps_sending_while_replies_are_held_stays)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__StatusRequest st = GMB__STATUS_REQUEST__INIT;
+	char text[512];
+	struct worker w;
+	int fd, sent, status;
+
+	freed_chunk(&w, info_args);
+	cr_assert(eq(i32, raw_client_connect(fx.gmbd.sock, &fd), 0));
+	cr_assert(eq(i32, raw_client_hello(fd, GMB_PROTOCOL_VERSION, &status), 0));
+	cr_assert(eq(i32, status, 0));
+	no_room(&w);
+	env.body_case = GMB__ENVELOPE__BODY_STATUS_REQ;
+	env.status_req = &st;
+	sent = keep_sending(fd, &env, 2);
+	gmbd_fsize(RLIM_INFINITY);
+	read_replies(fd, 2, sent, 0);
+	env.id = 2 + (uint64_t)sent;
+	cr_assert(eq(i32, raw_client_request(fd, &env, &status, text, sizeof(text)), 0));
+	cr_assert(eq(i32, status, 0), "the session answers no more: %s", text);
+	cr_assert(eq(i32, worker_answer(&w, text, sizeof(text)), 0), "malloc b: %s", text);
+	close(fd);
+	cr_assert(eq(i32, worker_quit(&w), 0));
+}
+
+/* Before its hello: the time it is not read does not count against it. */
+Test(persist, a_client_not_read_while_replies_are_held_keeps_its_hello_time)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__Hello h = GMB__HELLO__INIT;
+	struct timespec late;
+	char text[512];
+	struct worker w;
+	int fd, sent, status;
+
+	freed_chunk(&w, info_args);
+	no_room(&w);
+	cr_assert(eq(i32, raw_client_connect(fx.gmbd.sock, &fd), 0));
+	/* --hello-timeout (2 s), a tick of its timer and as much again. */
+	late = deadline_in_ms(3000);
+	/* Refused (a tool may not rejoin), it leaves the client before hello. */
+	h.version = GMB_PROTOCOL_VERSION;
+	h.name = "raw";
+	h.tool = true;
+	h.rejoin_id = 1;
+	env.body_case = GMB__ENVELOPE__BODY_HELLO;
+	env.hello = &h;
+	sent = keep_sending(fd, &env, 1);
+	/* A bound for what must not come. */
+	cr_assert(eq(i32, cap_wait("no hello within", 1, (int)deadline_left_ms(&late)), -ETIMEDOUT),
+		  "closed for a hello it could not send");
+	gmbd_fsize(RLIM_INFINITY);
+	read_replies(fd, 1, sent, -EPERM);
+	cr_assert(eq(i32, raw_client_hello(fd, GMB_PROTOCOL_VERSION, &status), 0));
+	cr_assert(eq(i32, status, 0));
+	cr_assert(eq(i32, worker_answer(&w, text, sizeof(text)), 0), "malloc b: %s", text);
+	close(fd);
 	cr_assert(eq(i32, worker_quit(&w), 0));
 }
 

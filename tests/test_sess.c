@@ -9,6 +9,7 @@
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -29,7 +30,9 @@ static struct {
 	int opened, gone, freed, exports;
 	uint64_t ids[8]; /* ids of the packets received, in order */
 	int nrecv;
-	int data; /* what open() hands the session */
+	int data;    /* what open() hands the session */
+	bool reply;  /* recv answers each packet */
+	int cork_rc; /* what the cork callback returns: < 0 holds the replies */
 } ts;
 
 static int ts_open(void *arg, struct sess *s, void **data)
@@ -47,6 +50,12 @@ static void ts_recv(void *arg, struct sess *s, Gmb__Envelope *env)
 	if (ts.nrecv < 8)
 		ts.ids[ts.nrecv] = env->id;
 	ts.nrecv++;
+	if (ts.reply) {
+		Gmb__Envelope r = GMB__ENVELOPE__INIT;
+
+		r.reply_to = env->id;
+		sess_send(s, &r);
+	}
 	gmb__envelope__free_unpacked(env, NULL);
 }
 
@@ -70,6 +79,11 @@ static int ts_export_fds(void *arg, const uint64_t *ids, size_t n, int *fds)
 	}
 	ts.exports++;
 	return 0;
+}
+
+static int ts_cork(void *arg)
+{
+	return ts.cork_rc;
 }
 
 static const char *ts_body_name(int body_case)
@@ -183,4 +197,95 @@ Test(sess, a_reference_keeps_the_state_past_the_disconnect)
 	cr_assert(eq(ptr, s->data, &ts.data));
 	sess_unref(s);
 	cr_assert(eq(i32, ts.freed, 1));
+}
+
+/*
+ * Sends packets with ids from *@next on, turning the loop between, until
+ * the session is no longer read (3 turns read nothing) or the send fails.
+ * Return: the last send's error (-EAGAIN: the socket is full).
+ */
+static int ts_send_until_not_read(int fd, uint64_t *next)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	int idle = 0, r;
+
+	while (idle < 3) {
+		int before = ts.nrecv;
+
+		for (;;) {
+			env.id = *next;
+			r = wire_send(fd, &env, NULL, 0);
+			if (r < 0)
+				break;
+			if (++*next > 4 * SESS_OUT_MAX_PACKETS)
+				return 0;
+		}
+		if (r != -EAGAIN)
+			return r;
+		uv_run(&ts.loop, UV_RUN_NOWAIT);
+		idle = ts.nrecv == before ? idle + 1 : 0;
+	}
+	return -EAGAIN;
+}
+
+Test(sess, held_replies_stop_reading_a_full_queue_until_they_leave)
+{
+	uint64_t next = 1;
+	int fd, r, turns = 0;
+
+	cr_assert(eq(i32, server_cork(ts.srv, ts_cork, &ts), 0));
+	ts.cork_rc = -EFBIG;
+	ts.reply = true;
+	fd = ts_client();
+	r = ts_send_until_not_read(fd, &next);
+	cr_assert(eq(i32, r, -EAGAIN), "the client's send failed: %s", strerror(-r));
+	cr_assert(eq(i32, ts.nrecv, SESS_HOLD_MAX_PACKETS), "read %d packets", ts.nrecv);
+	cr_assert(eq(u32, ts.s->out_count, SESS_HOLD_MAX_PACKETS));
+	cr_assert(eq(i32, ts.s->state, SESS_OPEN));
+	cr_assert(eq(i32, ts.s->poll_events, 0), "still polled while held and full");
+	cr_assert(eq(i32, ts.gone, 0));
+
+	/* The hold ends: every packet sent is read and answered, in order. */
+	ts.cork_rc = 0;
+	for (uint64_t want = 1; want < next;) {
+		Gmb__Envelope *got = NULL;
+		int fds[WIRE_MAX_FDS], nfds = 0;
+
+		r = wire_recv(fd, &got, fds, &nfds);
+		if (r == -EAGAIN) {
+			cr_assert(lt(i32, turns++, 100 * TS_WAIT_TURNS),
+				  "reply %" PRIu64 " never came", want);
+			uv_run(&ts.loop, UV_RUN_NOWAIT);
+			continue;
+		}
+		cr_assert(eq(i32, r, 0));
+		cr_assert(eq(u64, got->reply_to, want++));
+		gmb__envelope__free_unpacked(got, NULL);
+	}
+	cr_assert(eq(i32, ts.nrecv, (int)next - 1));
+	cr_assert(eq(u32, ts.s->out_count, 0));
+	cr_assert(eq(i32, ts.s->poll_events, UV_READABLE));
+	close(fd);
+	ts_spin_until(&ts.gone, 1);
+}
+
+/* Nothing held: a client that does not read is not paused but let go. */
+Test(sess, a_client_that_never_reads_meets_the_limit_when_nothing_is_held)
+{
+	uint64_t next = 1;
+	int fd, r;
+
+	struct sess *s;
+
+	cr_assert(eq(i32, server_cork(ts.srv, ts_cork, &ts), 0));
+	ts.reply = true;
+	fd = ts_client();
+	s = sess_ref(ts.s); /* to look at it once it is gone */
+	r = ts_send_until_not_read(fd, &next);
+	cr_assert(not(eq(i32, r, 0)), "still read after %" PRIu64 " packets", next);
+	ts_spin_until(&ts.gone, 1);
+	cr_assert(s->doomed, "gmbd did not end it for its queue");
+	cr_assert(gt(i32, ts.nrecv, SESS_OUT_MAX_PACKETS));
+	sess_unref(s);
+	close(fd);
 }

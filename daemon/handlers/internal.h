@@ -51,8 +51,10 @@ struct hconn {
 	struct handlers *h;
 	struct sess *sess; /* not a reference: the session owns this */
 	uid_t uid;
-	uint64_t opened_ms; /* uv_now() at accept */
-	bool fd_counted;    /* its socket counts in the broker's fds_conns */
+	/* uv_now() at accept, or the last tick it was not read for a hold:
+	 * --hello-timeout counts from here. */
+	uint64_t hello_from_ms;
+	bool fd_counted; /* its socket counts in the broker's fds_conns */
 	struct hconn *prev, *next;
 };
 

@@ -1,8 +1,9 @@
 /*
  * limits.c - what one user's connections may hold of gmbd before any
  * request: a connection that never says hello is closed after
- * --hello-timeout, one uid has at most --max-connections-per-uid open at
- * once, and none is taken that would eat into the fds gmbd keeps free for
+ * --hello-timeout (a wait of gmbd's, not read while replies are held, does
+ * not count), one uid has at most --max-connections-per-uid open at once,
+ * and none is taken that would eat into the fds gmbd keeps free for
  * sending chunk fds (broker.h: BROKER_FD_SPARE); the next is closed at
  * accept. Each is logged once at notice (then at debug), so that a flood
  * does not flood the journal too. Every open connection counts in the
@@ -57,9 +58,11 @@ int handlers__limits_open(struct handlers *h, struct sess *s, struct hconn *hc)
 	r = idmap_put(&h->uid_conns, (uint64_t)s->uid + 1, (void *)(n + 1));
 	if (r < 0)
 		return r;
-	*hc = (struct hconn){
-		.dreqs = IDMAP_INIT, .h = h, .uid = s->uid, .sess = s, .opened_ms = uv_now(h->loop)
-	};
+	*hc = (struct hconn){ .dreqs = IDMAP_INIT,
+			      .h = h,
+			      .uid = s->uid,
+			      .sess = s,
+			      .hello_from_ms = uv_now(h->loop) };
 	DLIST_PUSH(h->hconns, hc);
 	h->broker->fds_conns++;
 	hc->fd_counted = true;
@@ -104,8 +107,14 @@ static void handlers_on_hello_timer(uv_timer_t *t)
 
 	for (struct hconn *hc = h->hconns, *next; hc; hc = next) {
 		next = hc->next;
-		if (hc->client || hc->rejoin || hc->sess->state != SESS_OPEN ||
-		    now - hc->opened_ms < h->hello_timeout_ms)
+		if (hc->client || hc->rejoin || hc->sess->state != SESS_OPEN)
+			continue;
+		/* Not read while replies are held: its hello may be waiting in
+		 * the socket, and the wait is gmbd's. Its time starts again once
+		 * it is read. */
+		if (sess_read_paused(hc->sess))
+			hc->hello_from_ms = now;
+		if (now - hc->hello_from_ms < h->hello_timeout_ms)
 			continue;
 		sess_doom(hc->sess, h->hello_logged ? LOG_LVL_DEBUG : LOG_LVL_NOTICE,
 			  "no hello within %llu s (--hello-timeout; logged once)",

@@ -190,7 +190,8 @@ static void server_on_uncork(uv_check_t *check)
 
 	srv->host.held = r < 0;
 	if (r < 0) {
-		/* Each session drops its interest in writing (it could not). */
+		/* Each session drops its interest in writing (it could not),
+		 * and in reading once its queue is at SESS_HOLD_MAX_*. */
 		for (struct sess *s = srv->host.sessions; s; s = s->next)
 			sess_uncork(s);
 		if (!uv_is_active((uv_handle_t *)&srv->retry_timer)) {
@@ -204,6 +205,7 @@ static void server_on_uncork(uv_check_t *check)
 	}
 	srv->retry_ms = 0;
 	uv_timer_stop(&srv->retry_timer);
+	/* Sends what waited; a session not read for the hold is read again. */
 	for (struct sess *s = srv->host.sessions; s; s = s->next)
 		sess_uncork(s);
 }

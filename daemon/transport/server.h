@@ -75,7 +75,10 @@ void server_stop(struct server *srv);
  * lend that a restart would not know). While @cb fails, nothing leaves,
  * not even at a disconnect: the packets wait in their queues and @cb is
  * tried again every turn and on a timer (10 ms, doubling to 1 s), since
- * nothing else may wake the loop. Return: 0 or libuv's error.
+ * nothing else may wake the loop. Meanwhile a session whose queue reaches
+ * SESS_HOLD_MAX_* is not read (sess_read_paused()), so that a client that
+ * keeps sending is not disconnected for gmbd's failure. Return: 0 or
+ * libuv's error.
  */
 int server_cork(struct server *srv, int (*cb)(void *arg), void *arg);
 

@@ -3,8 +3,9 @@
  * chunk fds at send time, credentials, and the session's lifetime.
  *
  * Invariants:
- *   - poll is started (readable, plus writable while out_head != NULL)
- *     exactly while the state is OPEN;
+ *   - poll is started only while the state is OPEN: readable unless
+ *     sess_read_paused(), plus writable while out_head != NULL and the host
+ *     is not held; paused, it is stopped (held, nothing is written either);
  *   - chunk fds exist only inside sess_out_send(): exported, sent, closed,
  *     so at most one batch of exported fds is open in the whole daemon;
  *   - the connection's reference is dropped in the poll handle's close
@@ -262,7 +263,9 @@ static void sess_poll_failed(struct sess *s, int status)
 }
 
 /* At most SESS_READ_BATCH packets, then back to the loop: one busy client
- * must not starve the others. Poll is level-triggered, so the rest waits. */
+ * must not starve the others. Poll is level-triggered, so the rest waits.
+ * Held, the queue is checked before each packet: at most the reply to one
+ * request lands past SESS_HOLD_MAX_*. */
 static void sess_read(struct sess *s)
 {
 	int fds[WIRE_MAX_FDS];
@@ -270,8 +273,13 @@ static void sess_read(struct sess *s)
 	for (int i = 0; i < SESS_READ_BATCH && s->state == SESS_OPEN; i++) {
 		Gmb__Envelope *env = NULL;
 		int nfds = 0;
-		int r = wire_recv(s->fd, &env, fds, &nfds);
+		int r;
 
+		if (sess_read_paused(s)) {
+			sess_update_poll(s);
+			break;
+		}
+		r = wire_recv(s->fd, &env, fds, &nfds);
 		if (r == -EAGAIN)
 			break;
 		if (r < 0) {
@@ -359,9 +367,9 @@ int sess_send(struct sess *s, const Gmb__Envelope *env)
 
 void sess_uncork(struct sess *s)
 {
-	if (s->state != SESS_OPEN || !s->out_head)
+	if (s->state != SESS_OPEN)
 		return;
-	if (s->host->held)
+	if (s->host->held || !s->out_head)
 		sess_update_poll(s);
 	else
 		sess_flushed(s, sess_flush(s, true));
@@ -538,8 +546,18 @@ static void sess_update_poll(struct sess *s)
 	int want = UV_READABLE | (s->out_head && !s->host->held ? UV_WRITABLE : 0);
 	int r;
 
+	/* Not read for the hold: its requests wait in the socket, where they
+	 * block the client's sends. (A peer that closes meanwhile is seen once
+	 * it is read again; held, nothing could reach it anyway.) */
+	if (sess_read_paused(s))
+		want = 0;
 	if (s->state != SESS_OPEN || want == s->poll_events)
 		return;
+	if (want == 0) {
+		uv_poll_stop(&s->poll);
+		s->poll_events = 0;
+		return;
+	}
 	r = uv_poll_start(&s->poll, want, sess_on_poll);
 	if (r < 0) {
 		sess_doom(s, LOG_LVL_WARNING, "poll failed: %s", uv_strerror(r));

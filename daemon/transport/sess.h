@@ -21,7 +21,10 @@
  * (bounded: a client that stops reading is disconnected). On a corked
  * server (server_cork()) they are always queued, and leave at the end of
  * the loop turn, once the server says they may (held until then, even
- * when the session disconnects). The fds of the
+ * when the session disconnects). While held, a session whose queue reaches
+ * SESS_HOLD_MAX_* is not read (sess_read_paused()): a client that keeps
+ * sending blocks in its own send instead of meeting the limit for gmbd's
+ * failure, and is read again when the hold ends. The fds of the
  * chunks a packet names in fd_chunks are exported from the chunk handles at
  * send time and closed right after sendmsg(), so at most one batch of
  * exported fds exists at a time. A packet whose fds cannot be exported or
@@ -41,9 +44,20 @@
 #include "common/wire.h"
 #include "proto/gmb.pb-c.h"
 
-#define SESS_READ_BATCH	     32		/* packets per wake-up, then yield */
-#define SESS_OUT_MAX_BYTES   (4u << 20) /* queued bytes before we give up */
-#define SESS_OUT_MAX_PACKETS 4096
+#define SESS_READ_BATCH	      32	 /* packets per wake-up, then yield */
+#define SESS_OUT_MAX_BYTES    (4u << 20) /* queued bytes before we give up */
+#define SESS_OUT_MAX_PACKETS  4096
+/*
+ * Held (struct sess_host.held), a session is not read while its queue
+ * holds this much: a quarter of the limits above. The rest is room for what
+ * comes without a request of the client's while it is not read (gmbd's
+ * drops and control commands), for the reply to the last request read (a
+ * large lend or status travels in many packets), and, once the hold ends,
+ * the usual three quarters for a client that reads while gmbd answers; a
+ * well-behaved client never has this many requests in flight.
+ */
+#define SESS_HOLD_MAX_BYTES   (SESS_OUT_MAX_BYTES / 4)
+#define SESS_HOLD_MAX_PACKETS (SESS_OUT_MAX_PACKETS / 4)
 
 enum sess_state {
 	SESS_OPEN,
@@ -186,8 +200,23 @@ void sess_disconnect(struct sess *s);
 int sess_send(struct sess *s, const Gmb__Envelope *env);
 
 /* Corked server: send what this session queued this turn (server.c);
- * while the host is held, only stop asking to write. */
+ * while the host is held, only stop asking to write, and stop reading a
+ * session at SESS_HOLD_MAX_*; once it is no longer held, read again. */
 void sess_uncork(struct sess *s);
+
+/*
+ * sess_read_paused() - gmbd does not read @s now: replies are held and its
+ * queue has reached SESS_HOLD_MAX_*. Only while held: when nothing is
+ * held, a client that does not read its replies is one to disconnect at
+ * SESS_OUT_MAX_* (pausing it then would keep it, and what it holds,
+ * forever), and once a hold ends the session is read at once, so that
+ * such a client still meets the limit.
+ */
+static inline bool sess_read_paused(const struct sess *s)
+{
+	return s->host->held &&
+	       (s->out_count >= SESS_HOLD_MAX_PACKETS || s->out_bytes >= SESS_HOLD_MAX_BYTES);
+}
 
 /* Names the session in logs from now on (NULL: "-", as before hello). */
 void sess_set_name(struct sess *s, const char *name, uint64_t client_id);

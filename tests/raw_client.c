@@ -1,0 +1,66 @@
+/*
+ * raw_client.c - the protocol by hand over common/wire.c, for tests.
+ */
+#include <errno.h>
+#include <stdio.h>
+
+#include "common/wire.h"
+#include "tests/raw_client.h"
+
+int raw_client_connect(const char *sock, int *fd)
+{
+	return wire_connect(sock, fd);
+}
+
+int raw_client_send(int fd, const Gmb__Envelope *env)
+{
+	return wire_send(fd, env, NULL, 0);
+}
+
+int raw_client_reply(int fd, Gmb__Envelope **out)
+{
+	Gmb__Envelope *r = NULL;
+	int fds[WIRE_MAX_FDS], nfds, rc;
+
+	do {
+		if (r)
+			gmb__envelope__free_unpacked(r, NULL);
+		rc = wire_recv(fd, &r, fds, &nfds);
+		if (rc < 0)
+			return rc;
+		wire_close_fds(fds, nfds);
+	} while (r->more);
+	*out = r;
+	return 0;
+}
+
+int raw_client_request(int fd, const Gmb__Envelope *env, int *status, char *error, size_t cap)
+{
+	Gmb__Envelope *r;
+	int rc;
+
+	rc = raw_client_send(fd, env);
+	if (rc == 0)
+		rc = raw_client_reply(fd, &r);
+	if (rc < 0)
+		return rc;
+	rc = r->reply_to == env->id ? 0 : -EBADMSG;
+	*status = r->status;
+	if (error)
+		snprintf(error, cap, "%s", r->error ? r->error : "");
+	gmb__envelope__free_unpacked(r, NULL);
+	return rc;
+}
+
+int raw_client_hello(int fd, uint32_t version, int *status)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__Hello h = GMB__HELLO__INIT;
+
+	h.version = version;
+	h.name = "raw";
+	env.id = 1;
+	env.body_case = GMB__ENVELOPE__BODY_HELLO;
+	env.hello = &h;
+	return raw_client_request(fd, &env, status, NULL, 0);
+}
