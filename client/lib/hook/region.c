@@ -267,29 +267,60 @@ GMB_API int gmb_region_end(void)
  * when on, else the environment's default. 1 for a gmbd region, 0 for none
  * (or a plain one), or a negative errno.
  */
+/* Which setting decides the calling thread's region (region_source()). */
+enum region_src {
+	REGION_SRC_STACK, /* the innermost gmb_region_begin() of this thread */
+	REGION_SRC_BASE,  /* the process's base region (TMS_INIT_ENABLE and the like) */
+	REGION_SRC_ENV,	  /* GMB_DEFAULT_TAG / GMB_DEFAULT_MODE, or none */
+};
+
+/*
+ * The one order of precedence, for region_lookup() and region_in_force():
+ * the thread's stack, then the base region, then the environment. *@top is
+ * the stack's innermost entry for REGION_SRC_STACK. -errno when the
+ * environment's setting is bad (the sentence in gmb_region_last_error()).
+ */
+static int region_source(const struct region **top)
+{
+	int depth = region_depth;
+
+	if (depth) {
+		*top = &region_stack[depth - 1];
+		return REGION_SRC_STACK;
+	}
+	if (region_base_get()->on)
+		return REGION_SRC_BASE;
+	pthread_once(&region_env_once, region_env_load);
+	if (region_env.err < 0)
+		return err_fmt(region_error, region_env.err, "%s", region_env.msg);
+	return REGION_SRC_ENV;
+}
+
 static int region_lookup(struct region *out)
 {
-	const struct region *r = region_depth ? &region_stack[region_depth - 1] : NULL;
-	const struct region_base *b = region_base_get();
+	const struct region *top = NULL;
+	const struct region_base *b;
+	int src = region_source(&top);
 
-	if (r) {
-		*out = *r;
-		return !r->plain;
-	}
-	if (b->on) {
+	switch (src) {
+	case REGION_SRC_STACK:
+		*out = *top;
+		return !top->plain;
+	case REGION_SRC_BASE:
+		b = region_base_get();
 		*out = (struct region){ .mode = b->disk || b->cpu ? GMB_MODE_PRESERVE :
 								    GMB_MODE_DISCARD,
 					.backup = b->disk ? GMB_BACKUP_DISK : b->kind,
 					.own = true };
 		memcpy(out->tag, b->tag, sizeof(out->tag));
 		return 1;
+	case REGION_SRC_ENV:
+		*out = (struct region){ .mode = region_env.mode, .backup = GMB_BACKUP_DEFAULT };
+		memcpy(out->tag, region_env.tag, sizeof(out->tag));
+		return region_env.set;
+	default:
+		return src;
 	}
-	pthread_once(&region_env_once, region_env_load);
-	if (region_env.err < 0)
-		return err_fmt(region_error, region_env.err, "%s", region_env.msg);
-	*out = (struct region){ .mode = region_env.mode, .backup = GMB_BACKUP_DEFAULT };
-	memcpy(out->tag, region_env.tag, sizeof(out->tag));
-	return region_env.set;
 }
 
 /* What gmb_region_malloc() needs: 1 in a region (@how filled), 0 outside, or -errno. */
@@ -313,16 +344,19 @@ int gmb__region_how(char *tag, size_t cap, struct gmb__mem_how *how)
  */
 static int region_in_force(void)
 {
-	int depth = region_depth;
+	const struct region *top = NULL;
+	int src = region_source(&top);
 
-	if (depth)
-		return !region_stack[depth - 1].plain;
-	if (region_base_get()->on)
+	switch (src) {
+	case REGION_SRC_STACK:
+		return !top->plain;
+	case REGION_SRC_BASE:
 		return 1;
-	pthread_once(&region_env_once, region_env_load);
-	if (region_env.err < 0)
-		return err_fmt(region_error, region_env.err, "%s", region_env.msg);
-	return region_env.set;
+	case REGION_SRC_ENV:
+		return region_env.set;
+	default:
+		return src;
+	}
 }
 
 GMB_API int gmb_region_current(char *tag, size_t cap, int *mode)
