@@ -185,7 +185,9 @@ GMB_API int gmb_trim(gmb_client *c, int device, uint64_t *released, uint64_t *pe
  * clients connecting and going, allocations, frees, pauses, resumes,
  * refusals, drops, trims. Any client may watch. Read them with
  * gmb_watch_next(). A watcher that falls far behind is disconnected by gmbd
- * after one last event of kind "dropped".
+ * after one last event of kind "dropped"; events gmbd could not send while
+ * it held its replies (the state record not stored) come as one event of
+ * kind "missed" with their count.
  */
 GMB_API int gmb_watch(gmb_client *c);
 

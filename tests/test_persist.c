@@ -10,7 +10,9 @@
  *     sends the reply once a write succeeds. Killed meanwhile, the next
  *     gmbd and the client agree that the lend never happened. A raw client
  *     that keeps sending meanwhile is no longer read, rather than dropped
- *     for the replies gmbd holds, and gets every one after.
+ *     for the replies gmbd holds, and gets every one after. A watcher
+ *     whose events pile up meanwhile is not dropped either: it is told
+ *     once how many it missed, then gets events again.
  *   - A unit whose FileDescriptorStoreMax= is lower than --fdstore-max (the
  *     fake manager closes fds past it unannounced, as systemd 252 does):
  *     told the limit ($FDSTORE), gmbd warns with both numbers and refuses
@@ -40,6 +42,7 @@
 #include <unistd.h>
 
 #include "common/deadline.h"
+#include "daemon/handlers/handlers.h"
 #include "daemon/transport/sess.h"
 #include "gmb.h"
 #include "tests/raw_client.h"
@@ -452,6 +455,95 @@ Test(persist, a_client_not_read_while_replies_are_held_keeps_its_hello_time)
 	cr_assert(eq(i32, status, 0));
 	cr_assert(eq(i32, worker_answer(&w, text, sizeof(text)), 0), "malloc b: %s", text);
 	close(fd);
+	cr_assert(eq(i32, worker_quit(&w), 0));
+}
+
+/* ---- a watcher while replies are held ---- */
+
+/* The next event of watcher @c, as JSON (the caller frees it). */
+static char *watch_line(gmb_client *c)
+{
+	char *line = NULL;
+	int r = gmb_watch_next(c, WAIT_MS, GMB_WATCH_JSON, &line);
+
+	cr_assert(eq(i32, r, 1), "no event came: %d %s", r, gmb_last_error(c));
+	return line;
+}
+
+static bool watch_is(const char *line, const char *kind)
+{
+	char want[64];
+
+	snprintf(want, sizeof(want), "{\"kind\":\"%s\",", kind);
+	return !strncmp(line, want, strlen(want));
+}
+
+/* The "missed" event's count, and its sentence says why. */
+static uint64_t watch_missed(const char *line)
+{
+	const char *n = strstr(line, "\"count\":");
+
+	cr_assert(not(eq(ptr, (void *)n, NULL)), "%s", line);
+	cr_assert(not(eq(ptr, strstr(line, "could not store its state record"), NULL)), "%s", line);
+	return strtoull(n + strlen("\"count\":"), NULL, 10);
+}
+
+Test(persist, a_watcher_while_replies_are_held_is_told_what_it_missed)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__FreeRequest fr = GMB__FREE_REQUEST__INIT;
+	int fd[2], sent[2], status, nmissed = 0;
+	uint64_t refused = 0, missed = 0;
+	gmb_client *c;
+	char text[512], *line;
+	struct worker w;
+
+	freed_chunk(&w, info_args);
+	for (int i = 0; i < 2; i++) {
+		cr_assert(eq(i32, raw_client_connect(fx.gmbd.sock, &fd[i]), 0));
+		cr_assert(eq(i32, raw_client_hello(fd[i], GMB_PROTOCOL_VERSION, &status), 0));
+		cr_assert(eq(i32, status, 0));
+	}
+	cr_assert(eq(i32, gmb_connect_flags(fx.gmbd.sock, "watcher", GMB_CONNECT_TOOL, &c), 0));
+	cr_assert(eq(i32, gmb_watch(c), 0));
+	line = watch_line(c);
+	cr_assert(watch_is(line, "subscribed"), "%s", line);
+	free(line);
+	no_room(&w);
+	/* Each refused free is an event; each client is read until
+	 * SESS_HOLD_MAX_PACKETS replies wait, so two make more events than
+	 * the watcher may have queued. */
+	fr.alloc_id = 999;
+	env.body_case = GMB__ENVELOPE__BODY_FREE;
+	env.free = &fr;
+	for (int i = 0; i < 2; i++)
+		sent[i] = keep_sending(fd[i], &env, 2);
+	cr_assert(gt(i32, sent[0] + sent[1], HANDLERS_WATCH_MAX_PACKETS + 512));
+	gmbd_fsize(RLIM_INFINITY);
+	for (int i = 0; i < 2; i++)
+		read_replies(fd[i], 2, sent[i], -ENOENT);
+	cr_assert(eq(i32, worker_answer(&w, text, sizeof(text)), 0), "malloc b: %s", text);
+	/* gmbd's next event, after every refusal: the watcher still gets it. */
+	worker_ok(&w, NULL, 0, "free b");
+	while (!watch_is(line = watch_line(c), "free")) {
+		cr_assert(not(watch_is(line, "dropped") || watch_is(line, "lost")), "%s", line);
+		refused += watch_is(line, "refused");
+		if (watch_is(line, "missed")) {
+			missed = watch_missed(line);
+			nmissed++;
+		}
+		free(line);
+	}
+	free(line);
+	cr_assert(eq(i32, nmissed, 1));
+	/* Every refusal was either sent or counted. */
+	cr_assert(eq(u64, refused + missed, (uint64_t)(sent[0] + sent[1])),
+		  "%" PRIu64 " + %" PRIu64, refused, missed);
+	cr_assert(gt(u64, missed, 512));
+	cr_assert(eq(i32, cap_count("watcher fell behind"), 0));
+	gmb_close(c);
+	for (int i = 0; i < 2; i++)
+		close(fd[i]);
 	cr_assert(eq(i32, worker_quit(&w), 0));
 }
 

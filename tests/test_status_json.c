@@ -522,6 +522,36 @@ Test(status_json, enomem_at_every_allocation_leaks_nothing)
 	expect_enomem_paths(faulty_status_to_table, gmb__status_to_table, &f.st);
 }
 
+/* gmbd's "missed" event: how many, in both forms, and valid JSON. */
+Test(watch_format, missed_events_show_their_count)
+{
+	Gmb__WatchEvent we = GMB__WATCH_EVENT__INIT;
+	char *json = NULL, *text = NULL;
+
+	we.kind = "missed";
+	we.device = -1;
+	we.count = 18446744073709551615ULL;
+	we.detail = "gmbd could not store its state record";
+	cr_assert(eq(i32, gmb__watch_format(&we, true, &json), 0));
+	cr_assert(eq(i32, gmb__watch_format(&we, false, &text), 0));
+	cr_expect(json_valid(json), "%s", json);
+	cr_expect(not(eq(ptr, strstr(json, ",\"count\":18446744073709551615,"), NULL)), "%s", json);
+	cr_expect(not(eq(ptr, strstr(text, " missed count=18446744073709551615: gmbd could not"),
+			 NULL)),
+		  "%s", text);
+	free(json);
+	free(text);
+	/* Other kinds: 0 in JSON, nothing in the text. */
+	we.kind = "trim";
+	we.count = 0;
+	cr_assert(eq(i32, gmb__watch_format(&we, true, &json), 0));
+	cr_assert(eq(i32, gmb__watch_format(&we, false, &text), 0));
+	cr_expect(not(eq(ptr, strstr(json, ",\"count\":0,"), NULL)), "%s", json);
+	cr_expect(eq(ptr, strstr(text, "count="), NULL), "%s", text);
+	free(json);
+	free(text);
+}
+
 Test(status_table, small_state_renders_aligned_rows)
 {
 	struct fixture f;

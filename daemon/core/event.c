@@ -19,6 +19,7 @@ static const char *const event_kind_names[EVENT_NKINDS] = {
 	[EVENT_TRIM] = "trim",
 	[EVENT_CONTROL] = "control",
 	[EVENT_DROPPED] = "dropped",
+	[EVENT_MISSED] = "missed",
 };
 
 static const char *const event_reason_names[EVENT_NREASONS] = {

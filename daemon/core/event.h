@@ -27,6 +27,7 @@ enum event_kind {
 	EVENT_TRIM,    /* free chunks went back to the driver */
 	EVENT_CONTROL, /* an operator's pause/resume of another client, answered */
 	EVENT_DROPPED, /* this watcher fell behind and is disconnected */
+	EVENT_MISSED,  /* count: events this watcher was not sent while replies were held */
 	EVENT_NKINDS
 };
 
@@ -61,6 +62,7 @@ struct event {
 	const char *request;	  /* EVENT_REFUSED, EVENT_CONTROL: "alloc", "pause", ... */
 	const char *detail;	  /* a sentence; NULL: none */
 	const char *actor;	  /* EVENT_CONTROL, EVENT_TRIM: who asked */
+	uint64_t count;		  /* EVENT_MISSED */
 };
 
 #define EVENT_INIT(k)                     \

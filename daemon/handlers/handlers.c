@@ -107,6 +107,8 @@ int handlers_init(struct handlers *h, uv_loop_t *loop, struct broker *br,
 	h->orphan_timer.data = h;
 	uv_timer_init(loop, &h->hello_timer);
 	h->hello_timer.data = h;
+	uv_timer_init(loop, &h->watch_timer);
+	h->watch_timer.data = h;
 	return 0;
 }
 
@@ -122,6 +124,7 @@ void handlers_close(struct handlers *h)
 	uv_close((uv_handle_t *)&h->park_timer, NULL);
 	uv_close((uv_handle_t *)&h->orphan_timer, NULL);
 	uv_close((uv_handle_t *)&h->hello_timer, NULL);
+	uv_close((uv_handle_t *)&h->watch_timer, NULL);
 	idmap_deinit(&h->uid_conns);
 }
 

@@ -31,16 +31,24 @@
 #include "proto/gmb.pb-c.h"
 #include "daemon/transport/sess.h"
 
-#define HANDLERS_PARK_TIMEOUT_MS   5000
+#define HANDLERS_PARK_TIMEOUT_MS    5000
 /* A client that leaves this many daemon requests unanswered is dropped. */
-#define HANDLERS_MAX_DREQS	   4096
+#define HANDLERS_MAX_DREQS	    4096
 /* Watch subscribers at once, and what one may have queued before it is
  * dropped (well under the session's own SESS_OUT_MAX_*). */
-#define HANDLERS_MAX_WATCHERS	   64
-#define HANDLERS_WATCH_MAX_PACKETS 1024
-#define HANDLERS_WATCH_MAX_BYTES   (256u << 10)
+#define HANDLERS_MAX_WATCHERS	    64
+#define HANDLERS_WATCH_MAX_PACKETS  1024
+#define HANDLERS_WATCH_MAX_BYTES    (256u << 10)
+/* A watcher that missed events while replies were held is told so once its
+ * queue is down to this (and dropped if it is not HANDLERS_WATCH_DRAIN_MS
+ * after the hold): room for what comes next, so that catching up with the
+ * backlog of the hold does not meet the bound again at once. */
+#define HANDLERS_WATCH_ROOM_PACKETS (HANDLERS_WATCH_MAX_PACKETS / 2)
+#define HANDLERS_WATCH_ROOM_BYTES   (HANDLERS_WATCH_MAX_BYTES / 2)
+#define HANDLERS_WATCH_DRAIN_MS	    10000
+#define HANDLERS_WATCH_TICK_MS	    50
 /* Chunk ids per DropRequest; keeps the packet well under WIRE_MAX_MSG. */
-#define HANDLERS_DROP_BATCH	   2048
+#define HANDLERS_DROP_BATCH	    2048
 
 struct bclient;
 struct broker;
@@ -68,6 +76,7 @@ struct handlers {
 	void *event_arg;
 	struct sess **watchers; /* subscribed sessions, a reference each */
 	size_t nwatchers, cap_watchers;
+	uv_timer_t watch_timer; /* runs while a watcher has missed events */
 	uv_timer_t orphan_timer;
 	uint64_t orphan_grace_ms;
 	/* limits.c: 0 turns either off; set after handlers_init(). */

@@ -47,6 +47,10 @@ struct hconn {
 	struct hfwd *ctl_in;	/* the control request this client carries out */
 	struct hrejoin *rejoin; /* between a rejoin hello and the end of its claim */
 	bool watching;		/* in handlers->watchers */
+	/* watch.c: events not queued to this watcher while replies were held,
+	 * and the uv_now() ms by which it must have room for the "missed"
+	 * event once the hold is over (0: still held). */
+	uint64_t watch_missed, watch_missed_by;
 	/* limits.c: on handlers->hconns from open to free. */
 	struct handlers *h;
 	struct sess *sess; /* not a reference: the session owns this */

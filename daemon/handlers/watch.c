@@ -9,6 +9,18 @@
  * HANDLERS_WATCH_MAX_BYTES queued gets one last event ("dropped") and is
  * disconnected. Any client may watch, as any may ask for the status: the
  * events say what status says, as it happens.
+ *
+ * Except while replies are held (sess_held(): the state record is not
+ * stored): then nothing leaves, so a full queue is gmbd's doing, not the
+ * watcher's. Events past the bound are counted instead of queued
+ * (hconn.watch_missed), and once the hold is over and the queue is down to
+ * HANDLERS_WATCH_ROOM_*, the watcher gets one "missed" event with the
+ * count, then events as before. Until then later events are counted too,
+ * so that the gap is where the "missed" event is. The watch timer looks
+ * at such watchers every HANDLERS_WATCH_TICK_MS, since the end of a hold
+ * or a drained queue brings no event; a watcher that has no room
+ * HANDLERS_WATCH_DRAIN_MS after the hold did not read what gmbd sent and
+ * is dropped as one that fell behind.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -26,7 +38,10 @@
 #include "include/gmb.h"
 
 static void handlers_watch_send(struct handlers *h, struct sess *s, const struct event *ev);
+static void handlers_watch_drop(struct handlers *h, struct sess *s, uint64_t time_ns);
 static void handlers_watch_drain(struct handlers *h, struct sess *s);
+static bool handlers_watch_catch_up(struct handlers *h, struct sess *s);
+static void handlers_on_watch_tick(uv_timer_t *t);
 
 /* A watcher dropped for falling behind: its queue (the last event at its
  * end) may still drain; it is disconnected once it has, or after
@@ -37,8 +52,6 @@ struct hdrain {
 	uint64_t deadline; /* uv_now() ms */
 };
 
-#define HANDLERS_WATCH_DRAIN_MS	     10000
-#define HANDLERS_WATCH_DRAIN_TICK_MS 50
 static void handlers_watch_remove(struct handlers *h, size_t i);
 
 int handlers__watch(struct hreq *rq)
@@ -90,6 +103,7 @@ static void handlers_watch_remove(struct handlers *h, size_t i)
 	struct sess *s = h->watchers[i];
 
 	hconn_of(s)->watching = false;
+	hconn_of(s)->watch_missed = 0;
 	h->watchers[i] = h->watchers[--h->nwatchers];
 	sess_unref(s);
 	if (h->nwatchers == 0) {
@@ -141,35 +155,130 @@ static void handlers_watch_fill(Gmb__WatchEvent *we, const struct event *ev)
 	we->request = (char *)(ev->request ? ev->request : "");
 	we->status = ev->status;
 	we->actor = (char *)(ev->actor ? ev->actor : "");
+	we->count = ev->count;
 }
 
-/* One event to @s, or the last one ("dropped") when @s fell behind. */
-static void handlers_watch_send(struct handlers *h, struct sess *s, const struct event *ev)
+static void handlers_watch_put(struct sess *s, const struct event *ev)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__WatchEvent we = GMB__WATCH_EVENT__INIT;
-	struct event last = EVENT_INIT(EVENT_DROPPED);
-	bool behind = s->out_count >= HANDLERS_WATCH_MAX_PACKETS ||
-		      s->out_bytes >= HANDLERS_WATCH_MAX_BYTES;
-	size_t queued = s->out_count;
 
-	if (s->state != SESS_OPEN)
-		return;
-	if (behind) {
-		last.time_ns = ev->time_ns;
-		last.detail = "this watcher fell behind gmbd's events and is disconnected";
-		ev = &last;
-	}
 	handlers_watch_fill(&we, ev);
 	env.body_case = GMB__ENVELOPE__BODY_WATCH_EVENT;
 	env.watch_event = &we;
 	sess_send(s, &env);
-	if (behind) {
-		log_notice("watcher fell behind, dropped " SESS_FMT " queued=%zu", SESS_ARGS(s),
-			   queued);
-		handlers__watch_gone(h, s);
-		handlers_watch_drain(h, s);
+}
+
+/*
+ * One event to @s; counted instead while it missed events (held, or not
+ * caught up since), or when its queue is full while held; or the last one
+ * ("dropped") when @s fell behind.
+ */
+static void handlers_watch_send(struct handlers *h, struct sess *s, const struct event *ev)
+{
+	struct hconn *hc = hconn_of(s);
+	bool behind = s->out_count >= HANDLERS_WATCH_MAX_PACKETS ||
+		      s->out_bytes >= HANDLERS_WATCH_MAX_BYTES;
+
+	if (s->state != SESS_OPEN)
+		return;
+	if (hc->watch_missed) {
+		if (handlers_watch_catch_up(h, s)) {
+			hc->watch_missed++;
+			return;
+		}
+		if (!hc->watching || s->state != SESS_OPEN)
+			return; /* dropped on the way */
+		behind = s->out_count >= HANDLERS_WATCH_MAX_PACKETS ||
+			 s->out_bytes >= HANDLERS_WATCH_MAX_BYTES;
 	}
+	if (behind && sess_held(s)) {
+		log_notice("replies held, events past the watch bound are counted " SESS_FMT
+			   " queued=%u",
+			   SESS_ARGS(s), s->out_count);
+		hc->watch_missed = 1;
+		hc->watch_missed_by = 0;
+		if (!uv_is_active((uv_handle_t *)&h->watch_timer) && !h->closed)
+			uv_timer_start(&h->watch_timer, handlers_on_watch_tick,
+				       HANDLERS_WATCH_TICK_MS, HANDLERS_WATCH_TICK_MS);
+		return;
+	}
+	if (behind) {
+		handlers_watch_drop(h, s, ev->time_ns);
+		return;
+	}
+	handlers_watch_put(s, ev);
+}
+
+/* @s fell behind: one last event past its bound, then it goes. */
+static void handlers_watch_drop(struct handlers *h, struct sess *s, uint64_t time_ns)
+{
+	struct event last = EVENT_INIT(EVENT_DROPPED);
+	uint32_t queued = s->out_count;
+
+	last.time_ns = time_ns;
+	last.detail = "this watcher fell behind gmbd's events and is disconnected";
+	handlers_watch_put(s, &last);
+	log_notice("watcher fell behind, dropped " SESS_FMT " queued=%u", SESS_ARGS(s), queued);
+	handlers__watch_gone(h, s);
+	handlers_watch_drain(h, s);
+}
+
+/*
+ * Watcher @s missed events: once replies are no longer held and its queue
+ * has room, it is told how many and the count starts again; without room
+ * by watch_missed_by, it is dropped. Return: true while it still misses
+ * events (held, or no room yet), false once told or dropped.
+ */
+static bool handlers_watch_catch_up(struct handlers *h, struct sess *s)
+{
+	struct hconn *hc = hconn_of(s);
+	struct event ev = EVENT_INIT(EVENT_MISSED);
+	uint64_t now = uv_now(h->loop);
+
+	if (sess_held(s)) {
+		hc->watch_missed_by = 0;
+		return true;
+	}
+	if (!hc->watch_missed_by)
+		hc->watch_missed_by = now + HANDLERS_WATCH_DRAIN_MS;
+	if (s->out_count > HANDLERS_WATCH_ROOM_PACKETS ||
+	    s->out_bytes > HANDLERS_WATCH_ROOM_BYTES) {
+		if (now < hc->watch_missed_by)
+			return true;
+		hc->watch_missed = 0;
+		handlers_watch_drop(h, s, handlers_now_ns());
+		return false;
+	}
+	ev.time_ns = handlers_now_ns();
+	ev.count = hc->watch_missed;
+	ev.detail = "gmbd could not store its state record and held its replies, so these "
+		    "events were not sent to this watcher: re-read the status";
+	log_notice("watcher told of the events it missed while replies were held " SESS_FMT
+		   " missed=%" PRIu64,
+		   SESS_ARGS(s), hc->watch_missed);
+	hc->watch_missed = 0;
+	handlers_watch_put(s, &ev);
+	return false;
+}
+
+/* Watchers that missed events, until none does. */
+static void handlers_on_watch_tick(uv_timer_t *t)
+{
+	struct handlers *h = t->data;
+	bool pending = false;
+
+	/* Backwards: a watcher dropped on the way is swapped with the last. */
+	for (size_t i = h->nwatchers; i-- > 0;) {
+		struct sess *s = h->watchers[i];
+
+		if (!hconn_of(s)->watch_missed || s->state != SESS_OPEN)
+			continue;
+		if (handlers_watch_catch_up(h, s))
+			pending = true;
+	}
+	if (!pending)
+		uv_timer_stop(t);
 }
 
 static void handlers_on_drain_closed(uv_handle_t *handle)
@@ -205,8 +314,8 @@ static void handlers_watch_drain(struct handlers *h, struct sess *s)
 	d->deadline = uv_now(h->loop) + HANDLERS_WATCH_DRAIN_MS;
 	uv_timer_init(h->loop, &d->timer);
 	d->timer.data = d;
-	uv_timer_start(&d->timer, handlers_on_drain_tick, HANDLERS_WATCH_DRAIN_TICK_MS,
-		       HANDLERS_WATCH_DRAIN_TICK_MS);
+	uv_timer_start(&d->timer, handlers_on_drain_tick, HANDLERS_WATCH_TICK_MS,
+		       HANDLERS_WATCH_TICK_MS);
 }
 
 void handlers__event_client(struct event *ev, const struct sess *s, const struct bclient *c)

@@ -218,6 +218,12 @@ static inline bool sess_read_paused(const struct sess *s)
 	       (s->out_count >= SESS_HOLD_MAX_PACKETS || s->out_bytes >= SESS_HOLD_MAX_BYTES);
 }
 
+/* Replies are held: nothing leaves any session until a write succeeds. */
+static inline bool sess_held(const struct sess *s)
+{
+	return s->host->held;
+}
+
 /* Names the session in logs from now on (NULL: "-", as before hello). */
 void sess_set_name(struct sess *s, const char *name, uint64_t client_id);
 static inline const char *sess_name(const struct sess *s)

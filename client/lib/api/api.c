@@ -827,6 +827,7 @@ GMB_API int gmb_watch_next(gmb_client *c, int timeout_ms, unsigned flags, char *
 
 		snprintf(detail, sizeof(detail), "%" PRIu64 " events lost: read too slowly", lost);
 		lost_ev.kind = "lost";
+		lost_ev.count = lost;
 		lost_ev.detail = detail;
 		lost_ev.device = -1;
 		rc = gmb__watch_format(&lost_ev, flags & GMB_WATCH_JSON, line);

@@ -745,7 +745,7 @@ static void watch_json(struct sbuf *b, const Gmb__WatchEvent *e)
 	json_put_str(b, e->request);
 	sbuf_printf(b, ",\"status\":%" PRId32 ",\"actor\":", e->status);
 	json_put_str(b, e->actor);
-	sbuf_puts(b, ",\"detail\":");
+	sbuf_printf(b, ",\"count\":%" PRIu64 ",\"detail\":", e->count);
 	json_put_str(b, e->detail);
 	sbuf_putc(b, '}');
 }
@@ -793,6 +793,8 @@ static void watch_text(struct sbuf *b, const Gmb__WatchEvent *e)
 		sbuf_printf(b, " status=%" PRId32, e->status);
 	if (e->actor && *e->actor)
 		watch_kv(b, "by", e->actor);
+	if (e->count)
+		sbuf_printf(b, " count=%" PRIu64, e->count);
 	if (e->detail && *e->detail) {
 		sbuf_puts(b, ": ");
 		term_put_str(b, e->detail);

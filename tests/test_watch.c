@@ -1,0 +1,249 @@
+/*
+ * test_watch.c - watchers of gmbd's events through the real handlers and a
+ * corked server, as gmbd runs them: each watcher is the test's end of a
+ * socketpair whose other end is a real session. The cork callback's result
+ * is the test's to set, so it holds the replies (as a state record that is
+ * not stored does) and lets them go at will; events are emitted straight
+ * into the handlers. Every test ends with uv_loop_close() == 0 (teardown).
+ */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "common/backend/backend.h"
+#include "common/log.h"
+#include "common/wire.h"
+#include "daemon/core/broker.h"
+#include "daemon/core/event.h"
+#include "daemon/handlers/handlers.h"
+#include "daemon/handlers/internal.h"
+#include "daemon/transport/server.h"
+#include "daemon/transport/sess.h"
+
+#define WAIT_MS 5000
+
+static struct {
+	uv_loop_t loop;
+	struct backend *be;
+	struct broker *br;
+	struct handlers h;
+	struct server *srv;
+	int cork_rc; /* < 0: replies held */
+} fx;
+
+static int fx_cork(void *arg)
+{
+	return fx.cork_rc;
+}
+
+static void setup(void)
+{
+	struct backend_host_opts ho = { .ndevices = 1,
+					.memory = 1ULL << 30,
+					.granularity = 2 << 20 };
+	struct broker_opts bo = { .max_chunk = 1ULL << 30, .daemon_uid = geteuid() };
+
+	log_max_level = getenv("GMB_TEST_DEBUG") ? LOG_LVL_DEBUG : LOG_LVL_WARNING;
+	cr_assert(eq(i32, uv_loop_init(&fx.loop), 0));
+	cr_assert(eq(i32, backend_host_open(&ho, &fx.be), 0));
+	cr_assert(eq(i32, broker_new(fx.be, &bo, &fx.br), 0));
+	cr_assert(eq(i32, handlers_init(&fx.h, &fx.loop, fx.br, 30000), 0));
+	cr_assert(eq(i32, server_start(&fx.loop, -1, &handlers_sess_ops, &fx.h, &fx.srv), 0));
+	fx.cork_rc = 0;
+	cr_assert(eq(i32, server_cork(fx.srv, fx_cork, NULL), 0));
+}
+
+static void teardown(void)
+{
+	server_stop(fx.srv);
+	handlers_close(&fx.h);
+	uv_run(&fx.loop, UV_RUN_DEFAULT);
+	broker_free(fx.br);
+	backend_close(fx.be);
+	cr_assert(eq(i32, uv_loop_close(&fx.loop), 0));
+}
+
+TestSuite(watch, .init = setup, .fini = teardown, .timeout = 30);
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Turns the loop a few times without blocking: the cork callback runs. */
+static void fx_spin(void)
+{
+	for (int i = 0; i < 4; i++)
+		uv_run(&fx.loop, UV_RUN_NOWAIT);
+}
+
+/* Next packet for @fd, turning the loop meanwhile: 0 or -ECONNRESET. */
+static int fx_recv(int fd, Gmb__Envelope **env)
+{
+	uint64_t end = now_ms() + WAIT_MS;
+	int fds[WIRE_MAX_FDS], nfds = 0, r;
+
+	for (;;) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+
+		r = wire_recv(fd, env, fds, &nfds);
+		if (r != -EAGAIN)
+			break;
+		cr_assert(lt(u64, now_ms(), end), "no packet within %d ms", WAIT_MS);
+		uv_run(&fx.loop, UV_RUN_NOWAIT);
+		poll(&p, 1, 1);
+	}
+	cr_assert(r == 0 || r == -ECONNRESET, "wire_recv: %s", strerror(-r));
+	cr_assert(eq(i32, nfds, 0));
+	return r;
+}
+
+static void fx_send(int fd, uint64_t id, Gmb__Envelope__BodyCase bc, void *body)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__Envelope *rep = NULL;
+
+	env.id = id;
+	env.body_case = bc;
+	env.hello = body; /* every oneof member is a pointer */
+	cr_assert(eq(i32, wire_send(fd, &env, NULL, 0), 0));
+	cr_assert(eq(i32, fx_recv(fd, &rep), 0));
+	cr_assert(eq(u64, rep->reply_to, id));
+	cr_assert(eq(i32, rep->status, 0), "%s", rep->error ? rep->error : "");
+	gmb__envelope__free_unpacked(rep, NULL);
+}
+
+/* A watcher (a tool that said hello and watches) that got "subscribed". */
+static int fx_watcher(void)
+{
+	Gmb__Hello h = GMB__HELLO__INIT;
+	Gmb__WatchRequest wr = GMB__WATCH_REQUEST__INIT;
+	Gmb__Envelope *ev = NULL;
+	int sv[2];
+
+	cr_assert(eq(i32, socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv),
+		     0));
+	cr_assert(eq(i32, server_adopt(fx.srv, sv[1]), 0));
+	h.version = GMB_PROTOCOL_VERSION;
+	h.name = "watcher";
+	h.tool = true;
+	fx_send(sv[0], 1, GMB__ENVELOPE__BODY_HELLO, &h);
+	fx_send(sv[0], 2, GMB__ENVELOPE__BODY_WATCH, &wr);
+	cr_assert(eq(i32, fx_recv(sv[0], &ev), 0));
+	cr_assert(eq(str, ev->watch_event->kind, "subscribed"));
+	gmb__envelope__free_unpacked(ev, NULL);
+	return sv[0];
+}
+
+/* @n trim events to every watcher. */
+static void fx_emit(int n)
+{
+	for (int i = 0; i < n; i++) {
+		struct event ev = EVENT_INIT(EVENT_TRIM);
+
+		ev.actor = "test";
+		handlers__emit(&fx.h, &ev);
+	}
+}
+
+/* The next event's kind (and count) on @fd; "" once it is closed. */
+static void fx_next(int fd, char *kind, size_t len, uint64_t *count)
+{
+	Gmb__Envelope *ev = NULL;
+
+	*kind = '\0';
+	if (fx_recv(fd, &ev) < 0)
+		return;
+	cr_assert(eq(i32, ev->body_case, GMB__ENVELOPE__BODY_WATCH_EVENT));
+	snprintf(kind, len, "%s", ev->watch_event->kind);
+	*count = ev->watch_event->count;
+	gmb__envelope__free_unpacked(ev, NULL);
+}
+
+Test(watch, a_watcher_full_while_held_is_counted_then_told_and_served)
+{
+	int fd = fx_watcher(), got = 0, extra = 100;
+	uint64_t count = 0;
+	char kind[32];
+
+	fx.cork_rc = -EFBIG;
+	fx_spin();
+	cr_assert(fx.srv->host.held);
+	fx_emit(HANDLERS_WATCH_MAX_PACKETS + extra);
+	fx_spin();
+	cr_assert(eq(sz, fx.h.nwatchers, 1), "dropped while replies are held");
+	cr_assert(le(u32, fx.h.watchers[0]->out_count, HANDLERS_WATCH_MAX_PACKETS));
+	cr_assert(eq(u64, hconn_of(fx.h.watchers[0])->watch_missed, (uint64_t)extra));
+	/* Nothing else comes: the end of the hold alone brings the count. */
+	fx.cork_rc = 0;
+	for (fx_next(fd, kind, sizeof(kind), &count); !strcmp(kind, "trim");
+	     fx_next(fd, kind, sizeof(kind), &count))
+		got++;
+	cr_assert(eq(str, kind, "missed"));
+	cr_assert(eq(i32, got, HANDLERS_WATCH_MAX_PACKETS));
+	cr_assert(eq(u64, count, (uint64_t)extra));
+	/* Then events as before. */
+	fx_emit(1);
+	fx_next(fd, kind, sizeof(kind), &count);
+	cr_assert(eq(str, kind, "trim"));
+	cr_assert(eq(u64, count, 0));
+	cr_assert(eq(sz, fx.h.nwatchers, 1));
+	close(fd);
+}
+
+/* Caught up with the hold, a watcher that falls behind is dropped as ever. */
+Test(watch, a_watcher_full_outside_a_hold_is_dropped)
+{
+	int fd = fx_watcher(), got = 0;
+	uint64_t count = 0;
+	char kind[32], last[32] = "";
+
+	fx_emit(HANDLERS_WATCH_MAX_PACKETS + 1);
+	cr_assert(eq(sz, fx.h.nwatchers, 0), "not dropped");
+	for (fx_next(fd, kind, sizeof(kind), &count); *kind;
+	     fx_next(fd, kind, sizeof(kind), &count)) {
+		snprintf(last, sizeof(last), "%s", kind);
+		got++;
+	}
+	cr_assert(eq(str, last, "dropped"));
+	cr_assert(eq(i32, got, HANDLERS_WATCH_MAX_PACKETS + 1));
+	close(fd);
+}
+
+/* Held again before it caught up: one count for both holds. */
+Test(watch, a_second_hold_before_the_count_left_adds_to_it)
+{
+	int fd = fx_watcher(), got = 0;
+	uint64_t count = 0;
+	char kind[32];
+
+	fx.cork_rc = -EFBIG;
+	fx_spin();
+	fx_emit(HANDLERS_WATCH_MAX_PACKETS + 3);
+	/* The hold ends, but the queue has no room yet: counted still. */
+	fx.cork_rc = 0;
+	fx_spin();
+	cr_assert(not(fx.srv->host.held));
+	cr_assert(gt(u32, fx.h.watchers[0]->out_count, HANDLERS_WATCH_ROOM_PACKETS));
+	fx_emit(2);
+	fx.cork_rc = -EFBIG;
+	fx_spin();
+	fx_emit(5);
+	fx.cork_rc = 0;
+	for (fx_next(fd, kind, sizeof(kind), &count); !strcmp(kind, "trim");
+	     fx_next(fd, kind, sizeof(kind), &count))
+		got++;
+	cr_assert(eq(str, kind, "missed"));
+	cr_assert(eq(u64, (uint64_t)got + count, (uint64_t)HANDLERS_WATCH_MAX_PACKETS + 10));
+	close(fd);
+}
