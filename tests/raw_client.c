@@ -52,15 +52,23 @@ int raw_client_request(int fd, const Gmb__Envelope *env, int *status, char *erro
 	return rc;
 }
 
+void raw_client_hello_env(Gmb__Envelope *env, Gmb__Hello *h, const char *name)
+{
+	gmb__envelope__init(env);
+	gmb__hello__init(h);
+	h->version = GMB_PROTOCOL_VERSION;
+	h->name = (char *)name;
+	env->id = 1;
+	env->body_case = GMB__ENVELOPE__BODY_HELLO;
+	env->hello = h;
+}
+
 int raw_client_hello(int fd, uint32_t version, int *status)
 {
-	Gmb__Envelope env = GMB__ENVELOPE__INIT;
-	Gmb__Hello h = GMB__HELLO__INIT;
+	Gmb__Envelope env;
+	Gmb__Hello h;
 
+	raw_client_hello_env(&env, &h, "raw");
 	h.version = version;
-	h.name = "raw";
-	env.id = 1;
-	env.body_case = GMB__ENVELOPE__BODY_HELLO;
-	env.hello = &h;
 	return raw_client_request(fd, &env, status, NULL, 0);
 }

@@ -34,6 +34,13 @@ int raw_client_reply(int fd, Gmb__Envelope **out);
  */
 int raw_client_request(int fd, const Gmb__Envelope *env, int *status, char *error, size_t cap);
 
+/*
+ * raw_client_hello_env() - makes *@env (request id 1) carry *@h, a hello of
+ * the current protocol named @name; both are the caller's, to change
+ * further (a tool, a rejoin) before sending.
+ */
+void raw_client_hello_env(Gmb__Envelope *env, Gmb__Hello *h, const char *name);
+
 /* A hello of protocol @version named "raw", request id 1: 0 or -errno as
  * raw_client_request(), the reply's status in *@status. */
 int raw_client_hello(int fd, uint32_t version, int *status);

@@ -22,6 +22,7 @@
 
 #include "common/log.h"
 #include "common/wire.h"
+#include "tests/raw_client.h"
 #include "tests/util.h"
 
 #define MiB (1024ULL * 1024)
@@ -346,20 +347,16 @@ Test(observe, watch_prints_events_and_survives_a_restart)
 /* A raw subscriber that never reads: gmbd drops it with a last event. */
 Test(observe, slow_watcher_is_dropped)
 {
-	Gmb__Envelope env = GMB__ENVELOPE__INIT, *rep = NULL;
-	Gmb__Hello hello = GMB__HELLO__INIT;
+	Gmb__Envelope env, *rep = NULL;
+	Gmb__Hello hello;
 	Gmb__WatchRequest wr = GMB__WATCH_REQUEST__INIT;
 	int fd = -1, fds[WIRE_MAX_FDS], nfds = 0, events = 0, r;
 	struct worker w;
 	char last[32] = "";
 
 	cr_assert(eq(i32, wire_connect(sock, &fd), 0));
-	hello.version = GMB_PROTOCOL_VERSION;
-	hello.name = "slow";
+	raw_client_hello_env(&env, &hello, "slow");
 	hello.tool = true;
-	env.id = 1;
-	env.body_case = GMB__ENVELOPE__BODY_HELLO;
-	env.hello = &hello;
 	cr_assert(eq(i32, wire_send(fd, &env, NULL, 0), 0));
 	cr_assert(eq(i32, wire_recv(fd, &rep, fds, &nfds), 0));
 	gmb__envelope__free_unpacked(rep, NULL);

@@ -426,8 +426,8 @@ Test(persist, a_client_that_keeps_sending_while_replies_are_held_stays)
 /* Before its hello: the time it is not read does not count against it. */
 Test(persist, a_client_not_read_while_replies_are_held_keeps_its_hello_time)
 {
-	Gmb__Envelope env = GMB__ENVELOPE__INIT;
-	Gmb__Hello h = GMB__HELLO__INIT;
+	Gmb__Envelope env;
+	Gmb__Hello h;
 	struct timespec late;
 	char text[512];
 	struct worker w;
@@ -439,12 +439,9 @@ Test(persist, a_client_not_read_while_replies_are_held_keeps_its_hello_time)
 	/* --hello-timeout (2 s), a tick of its timer and as much again. */
 	late = deadline_in_ms(3000);
 	/* Refused (a tool may not rejoin), it leaves the client before hello. */
-	h.version = GMB_PROTOCOL_VERSION;
-	h.name = "raw";
+	raw_client_hello_env(&env, &h, "raw");
 	h.tool = true;
 	h.rejoin_id = 1;
-	env.body_case = GMB__ENVELOPE__BODY_HELLO;
-	env.hello = &h;
 	sent = keep_sending(fd, &env, 1);
 	/* A bound for what must not come. */
 	cr_assert(eq(i32, cap_wait("no hello within", 1, (int)deadline_left_ms(&late)), -ETIMEDOUT),
