@@ -71,11 +71,15 @@ PRELOAD_SRC := client/preload/preload.c common/env.c common/err.c
 CTL_SRC := client/gmbctl/gmbctl.c client/gmbctl/live.c
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_HELPER_SRC := tests/util.c tests/fake_sd.c tests/loadgen.c tests/raw_client.c
+# gmbd's layers on a loop without a listener, for the handler tests and the
+# daemon's fuzz harness: not in TEST_HELPER_SRC, as bench programs link
+# those without the daemon's library.
+HANDLERS_FX_SRC := tests/handlers_fx.c
 TEST_PROG_SRC := $(wildcard tests/prog_*.c)
 # Fuzz harnesses (tests/fuzz/fuzz_<name>.c), each with a corpus in
 # tests/fuzz/corpus/<name>/; fuzz_util.c holds their invariant checks.
 FUZZ_HARNESSES := daemon state client
-FUZZ_OBJS = $(call objs,$(1),tests/fuzz/fuzz_util.c) $(1)/libgmbd.a $(call objs,$(1),$(LIB_SRC)) $(1)/libcommon.a
+FUZZ_OBJS = $(call objs,$(1),tests/fuzz/fuzz_util.c $(HANDLERS_FX_SRC)) $(1)/libgmbd.a $(call objs,$(1),$(LIB_SRC)) $(1)/libcommon.a
 
 CUDA_H := $(CUDA_HOME)/include/cuda.h
 # A fresh clone installs what it lacks once, before the first compile.
@@ -141,7 +145,7 @@ $(1)/gmbctl: $(call objs,$(1),$(CTL_SRC)) $(1)/libgmb.a
 $(1)/tests/prog_%: $(1)/tests/prog_%.o $(1)/libgmb.a
 	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$^ $$(LIB_LIBS)
 
-$(1)/tests/test_%: $(1)/tests/test_%.o $(call objs,$(1),$(TEST_HELPER_SRC)) $(1)/libgmbd.a $(call objs,$(1),$(LIB_SRC)) $(1)/libcommon.a
+$(1)/tests/test_%: $(1)/tests/test_%.o $(call objs,$(1),$(TEST_HELPER_SRC) $(HANDLERS_FX_SRC)) $(1)/libgmbd.a $(call objs,$(1),$(LIB_SRC)) $(1)/libcommon.a
 	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$^ $$(TEST_LIBS) $$(LIBS)
 
 # A harness with a plain main that replays its corpus (make check).

@@ -17,9 +17,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -32,6 +30,7 @@
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/server.h"
 #include "daemon/transport/sess.h"
+#include "tests/handlers_fx.h"
 
 #define GiB	(1ULL << 30)
 #define MiB	(1ULL << 20)
@@ -39,14 +38,8 @@
 
 /* ---- fixture: loop, backend, broker, handlers, server without listener ---- */
 
-static struct {
-	uv_loop_t loop;
-	struct backend *be;
-	struct broker *br;
-	struct handlers h;
-	struct server *srv;
-	uint64_t next_id;
-} fx;
+static struct hfx fx;
+static uint64_t fx_next_id;
 
 static void fx_start(uint64_t pool_keep)
 {
@@ -57,12 +50,8 @@ static void fx_start(uint64_t pool_keep)
 
 	/* GMB_TEST_DEBUG=1 shows every message in and out. */
 	log_max_level = getenv("GMB_TEST_DEBUG") ? LOG_LVL_DEBUG : LOG_LVL_WARNING;
-	cr_assert(eq(i32, uv_loop_init(&fx.loop), 0));
-	cr_assert(eq(i32, backend_host_open(&ho, &fx.be), 0));
-	cr_assert(eq(i32, broker_new(fx.be, &bo, &fx.br), 0));
-	cr_assert(eq(i32, handlers_init(&fx.h, &fx.loop, fx.br, 30000), 0));
-	cr_assert(eq(i32, server_start(&fx.loop, -1, &handlers_sess_ops, &fx.h, &fx.srv), 0));
-	fx.next_id = 0;
+	cr_assert(eq(i32, hfx_start(&fx, &ho, &bo, 30000), 0));
+	fx_next_id = 0;
 }
 
 static void setup(void)
@@ -72,13 +61,9 @@ static void setup(void)
 
 static void teardown(void)
 {
-	server_stop(fx.srv);
-	handlers_close(&fx.h);
-	uv_run(&fx.loop, UV_RUN_DEFAULT);
+	hfx_stop(&fx);
 	cr_assert(eq(u32, fx.br->nclients, 0));
-	broker_free(fx.br);
-	backend_close(fx.be);
-	cr_assert(eq(i32, uv_loop_close(&fx.loop), 0));
+	cr_assert(eq(i32, hfx_free(&fx), 0));
 }
 
 TestSuite(handlers, .init = setup, .fini = teardown, .timeout = 30);
@@ -86,27 +71,10 @@ TestSuite(handlers, .init = setup, .fini = teardown, .timeout = 30);
 /* A new client: the test keeps one end, a session serves the other. */
 static int fx_client(void)
 {
-	int sv[2];
+	int fd = -1;
 
-	cr_assert(eq(i32, socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv),
-		     0));
-	cr_assert(eq(i32, server_adopt(fx.srv, sv[1]), 0));
-	return sv[0];
-}
-
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-/* Turns the loop a few times without blocking. */
-static void fx_spin(void)
-{
-	for (int i = 0; i < 4; i++)
-		uv_run(&fx.loop, UV_RUN_NOWAIT);
+	cr_assert(eq(i32, hfx_client(&fx, &fd), 0));
+	return fd;
 }
 
 /* ---- messages ---- */
@@ -129,21 +97,9 @@ static void msg_free(struct msg *m)
 /* Next packet for @fd, turning the loop meanwhile. 0 or -ECONNRESET. */
 static int fx_recv(int fd, struct msg *m)
 {
-	uint64_t end = now_ms() + WAIT_MS;
-	int r;
+	int r = hfx_recv(&fx, fd, &m->env, m->fds, &m->nfds, WAIT_MS);
 
-	m->env = NULL;
-	m->nfds = 0;
-	for (;;) {
-		struct pollfd p = { .fd = fd, .events = POLLIN };
-
-		r = wire_recv(fd, &m->env, m->fds, &m->nfds);
-		if (r != -EAGAIN)
-			break;
-		cr_assert(lt(u64, now_ms(), end), "no packet within %d ms", WAIT_MS);
-		uv_run(&fx.loop, UV_RUN_NOWAIT);
-		poll(&p, 1, 1);
-	}
+	cr_assert(r != -ETIMEDOUT, "no packet within %d ms", WAIT_MS);
 	cr_assert(r == 0 || r == -ECONNRESET, "wire_recv: %s", strerror(-r));
 	return r;
 }
@@ -163,7 +119,7 @@ static void expect_no_packet(int fd)
 	Gmb__Envelope *env = NULL;
 	int fds[WIRE_MAX_FDS], nfds = 0;
 
-	fx_spin();
+	hfx_spin(&fx);
 	cr_assert(eq(i32, wire_recv(fd, &env, fds, &nfds), -EAGAIN));
 }
 
@@ -172,15 +128,15 @@ static uint64_t send_req(int fd, Gmb__Envelope__BodyCase bc, void *body)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 
-	uint64_t end = now_ms() + WAIT_MS;
+	uint64_t end = hfx_now_ms() + WAIT_MS;
 	int r;
 
-	env.id = ++fx.next_id;
+	env.id = ++fx_next_id;
 	env.body_case = bc;
 	env.hello = body;
 	/* A full socket drains as the daemon's loop turns. */
 	while ((r = wire_send(fd, &env, NULL, 0)) == -EAGAIN) {
-		cr_assert(lt(u64, now_ms(), end), "socket full for %d ms", WAIT_MS);
+		cr_assert(lt(u64, hfx_now_ms(), end), "socket full for %d ms", WAIT_MS);
 		uv_run(&fx.loop, UV_RUN_NOWAIT);
 	}
 	cr_assert(eq(i32, r, 0), "wire_send: %s", strerror(-r));
@@ -382,7 +338,7 @@ Test(handlers, second_hello_disconnects)
 
 	send_hello(fd, GMB_PROTOCOL_VERSION, "w", false, false);
 	expect_eof(fd);
-	fx_spin();
+	hfx_spin(&fx);
 	cr_assert(eq(u32, fx.br->nclients, 0));
 }
 
@@ -393,7 +349,7 @@ Test(handlers, garbage_bytes_disconnect)
 
 	cr_assert(eq(i64, send(fd, junk, sizeof(junk), 0), (long)sizeof(junk)));
 	expect_eof(fd);
-	fx_spin();
+	hfx_spin(&fx);
 	cr_assert(eq(u32, fx.br->nclients, 0));
 }
 
@@ -425,7 +381,7 @@ Test(handlers, fds_from_a_client_disconnect)
 	cr_assert(eq(i32, wire_send(fd, &env, &mfd, 1), 0));
 	close(mfd);
 	expect_eof(fd);
-	fx_spin();
+	hfx_spin(&fx);
 	cr_assert(eq(u32, fx.br->nclients, 0));
 	/* The session's socket and the fd it was sent are closed too. */
 	cr_assert(eq(i32, count_open_fds(), before));
@@ -529,7 +485,7 @@ Test(handlers, free_and_disconnect_return_memory)
 	cr_assert(eq(i32, status_only(fd, send_req(fd, GMB__ENVELOPE__BODY_FREE, &fr), NULL, 0),
 		     -ENOENT));
 	close(fd);
-	fx_spin();
+	hfx_spin(&fx);
 	cr_assert(eq(u32, fx.br->nclients, 0));
 	cr_assert(eq(u64, fx.br->pools[0].lent_bytes, 0));
 }
@@ -622,7 +578,7 @@ Test(handlers, trim_releases_free_chunks)
 	cr_assert(eq(sz, drop.env->drop->n_chunk_ids, 2));
 	send_reply(fd, drop.env->id, 0);
 	msg_free(&drop);
-	fx_spin();
+	hfx_spin(&fx);
 	cr_assert(eq(u64, fx.br->pools[0].held_bytes, 0));
 	tr.device = 3;
 	cr_assert(eq(i32, status_only(t, send_req(t, GMB__ENVELOPE__BODY_TRIM, &tr), NULL, 0),
@@ -732,7 +688,7 @@ Test(parked, resume_splits_fds_and_lends_into_parts)
 	cr_assert(eq(sz, m.env->drop->n_chunk_ids, nallocs));
 	send_reply(a, m.env->id, 0);
 	msg_free(&m);
-	fx_spin();
+	hfx_spin(&fx);
 	cr_assert(eq(u64, fx.br->pools[0].held_bytes, 0));
 	id = send_tag_req(a, GMB__ENVELOPE__BODY_RESUME, "kv");
 	do {
@@ -774,14 +730,14 @@ Test(handlers, replies_queue_while_the_client_does_not_read)
 				&(Gmb__StatusRequest)GMB__STATUS_REQUEST__INIT);
 		first = first ? first : last;
 	}
-	fx_spin();
+	hfx_spin(&fx);
 	cr_assert(gt(u32, server_sessions(fx.srv)->out_count, 0), "nothing was queued");
 	for (uint64_t id = first; id <= last; id++) {
 		cr_assert(eq(i32, fx_recv(t, &m), 0));
 		cr_assert(eq(u64, m.env->reply_to, id), "replies keep their order");
 		msg_free(&m);
 	}
-	fx_spin();
+	hfx_spin(&fx);
 	cr_assert(eq(u32, server_sessions(fx.srv)->out_count, 0));
 	cr_assert(eq(i32, server_sessions(fx.srv)->poll_events, UV_READABLE));
 	close(t);
@@ -792,21 +748,21 @@ Test(handlers, a_client_that_never_reads_is_dropped)
 	int t = hello_client("ctl", false, true);
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__StatusRequest sr = GMB__STATUS_REQUEST__INIT;
-	uint64_t end = now_ms() + WAIT_MS;
+	uint64_t end = hfx_now_ms() + WAIT_MS;
 	int r = 0;
 
 	env.body_case = GMB__ENVELOPE__BODY_STATUS_REQ;
 	env.status_req = &sr;
 	for (int i = 0; i < 2 * SESS_OUT_MAX_PACKETS && fx.br->nclients; i++) {
-		env.id = ++fx.next_id;
-		while ((r = wire_send(t, &env, NULL, 0)) == -EAGAIN && now_ms() < end)
+		env.id = ++fx_next_id;
+		while ((r = wire_send(t, &env, NULL, 0)) == -EAGAIN && hfx_now_ms() < end)
 			uv_run(&fx.loop, UV_RUN_NOWAIT);
 		if (r < 0)
 			break;
 		if ((i & 63) == 0)
 			uv_run(&fx.loop, UV_RUN_NOWAIT);
 	}
-	fx_spin();
+	hfx_spin(&fx);
 	cr_assert(eq(u32, fx.br->nclients, 0), "still connected (last send: %d)", r);
 	expect_eof(t);
 }
@@ -816,10 +772,10 @@ Test(handlers, a_client_that_never_reads_is_dropped)
 /* Turns the loop until @pred holds (WAIT_MS at most). */
 static void spin_until(bool (*pred)(struct server *), struct server *srv)
 {
-	uint64_t end = now_ms() + WAIT_MS;
+	uint64_t end = hfx_now_ms() + WAIT_MS;
 
 	while (!pred(srv)) {
-		cr_assert(lt(u64, now_ms(), end), "condition not met within %d ms", WAIT_MS);
+		cr_assert(lt(u64, hfx_now_ms(), end), "condition not met within %d ms", WAIT_MS);
 		uv_run(&fx.loop, UV_RUN_NOWAIT);
 		poll(NULL, 0, 1);
 	}
@@ -952,7 +908,7 @@ Test(handlers, control_operator_leaving_is_forgotten)
 	send_control(t, "worker", GMB__OP__OP_PAUSE, "");
 	cr_assert(eq(i32, fx_recv(w, &cmd), 0));
 	close(t);
-	fx_spin();
+	hfx_spin(&fx);
 	send_reply(w, cmd.env->id, 0);
 	msg_free(&cmd);
 	alloc_ok(w, 2 * MiB, "kv");
@@ -1092,7 +1048,7 @@ Test(handlers, a_timed_out_pause_is_shown_pausing_until_answered)
 	expect_first_tag_state(t, "pausing");
 	send_reply(w, cmd.env->id, 0);
 	msg_free(&cmd);
-	fx_spin(); /* the late reply first: it is on another socket */
+	hfx_spin(&fx); /* the late reply first: it is on another socket */
 	expect_first_tag_state(t, "active");
 	close(w);
 	close(t);

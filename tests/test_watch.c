@@ -9,11 +9,8 @@
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
 #include <errno.h>
-#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -26,21 +23,17 @@
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/server.h"
 #include "daemon/transport/sess.h"
+#include "tests/handlers_fx.h"
 
 #define WAIT_MS 5000
 
-static struct {
-	uv_loop_t loop;
-	struct backend *be;
-	struct broker *br;
-	struct handlers h;
-	struct server *srv;
-	int cork_rc; /* < 0: replies held */
-} fx;
+static struct hfx fx;
+static int fx_cork_rc; /* < 0: replies held */
 
+/* Runs as the loop turns (hfx_spin(), hfx_recv()). */
 static int fx_cork(void *arg)
 {
-	return fx.cork_rc;
+	return fx_cork_rc;
 }
 
 static void setup(void)
@@ -51,58 +44,26 @@ static void setup(void)
 	struct broker_opts bo = { .max_chunk = 1ULL << 30, .daemon_uid = geteuid() };
 
 	log_max_level = getenv("GMB_TEST_DEBUG") ? LOG_LVL_DEBUG : LOG_LVL_WARNING;
-	cr_assert(eq(i32, uv_loop_init(&fx.loop), 0));
-	cr_assert(eq(i32, backend_host_open(&ho, &fx.be), 0));
-	cr_assert(eq(i32, broker_new(fx.be, &bo, &fx.br), 0));
-	cr_assert(eq(i32, handlers_init(&fx.h, &fx.loop, fx.br, 30000), 0));
-	cr_assert(eq(i32, server_start(&fx.loop, -1, &handlers_sess_ops, &fx.h, &fx.srv), 0));
-	fx.cork_rc = 0;
+	cr_assert(eq(i32, hfx_start(&fx, &ho, &bo, 30000), 0));
+	fx_cork_rc = 0;
 	cr_assert(eq(i32, server_cork(fx.srv, fx_cork, NULL), 0));
 }
 
 static void teardown(void)
 {
-	server_stop(fx.srv);
-	handlers_close(&fx.h);
-	uv_run(&fx.loop, UV_RUN_DEFAULT);
-	broker_free(fx.br);
-	backend_close(fx.be);
-	cr_assert(eq(i32, uv_loop_close(&fx.loop), 0));
+	hfx_stop(&fx);
+	cr_assert(eq(i32, hfx_free(&fx), 0));
 }
 
 TestSuite(watch, .init = setup, .fini = teardown, .timeout = 30);
 
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-/* Turns the loop a few times without blocking: the cork callback runs. */
-static void fx_spin(void)
-{
-	for (int i = 0; i < 4; i++)
-		uv_run(&fx.loop, UV_RUN_NOWAIT);
-}
-
 /* Next packet for @fd, turning the loop meanwhile: 0 or -ECONNRESET. */
 static int fx_recv(int fd, Gmb__Envelope **env)
 {
-	uint64_t end = now_ms() + WAIT_MS;
-	int fds[WIRE_MAX_FDS], nfds = 0, r;
+	int fds[WIRE_MAX_FDS], nfds = 0;
+	int r = hfx_recv(&fx, fd, env, fds, &nfds, WAIT_MS);
 
-	for (;;) {
-		struct pollfd p = { .fd = fd, .events = POLLIN };
-
-		r = wire_recv(fd, env, fds, &nfds);
-		if (r != -EAGAIN)
-			break;
-		cr_assert(lt(u64, now_ms(), end), "no packet within %d ms", WAIT_MS);
-		uv_run(&fx.loop, UV_RUN_NOWAIT);
-		poll(&p, 1, 1);
-	}
+	cr_assert(r != -ETIMEDOUT, "no packet within %d ms", WAIT_MS);
 	cr_assert(r == 0 || r == -ECONNRESET, "wire_recv: %s", strerror(-r));
 	cr_assert(eq(i32, nfds, 0));
 	return r;
@@ -129,20 +90,18 @@ static int fx_watcher(void)
 	Gmb__Hello h = GMB__HELLO__INIT;
 	Gmb__WatchRequest wr = GMB__WATCH_REQUEST__INIT;
 	Gmb__Envelope *ev = NULL;
-	int sv[2];
+	int fd = -1;
 
-	cr_assert(eq(i32, socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv),
-		     0));
-	cr_assert(eq(i32, server_adopt(fx.srv, sv[1]), 0));
+	cr_assert(eq(i32, hfx_client(&fx, &fd), 0));
 	h.version = GMB_PROTOCOL_VERSION;
 	h.name = "watcher";
 	h.tool = true;
-	fx_send(sv[0], 1, GMB__ENVELOPE__BODY_HELLO, &h);
-	fx_send(sv[0], 2, GMB__ENVELOPE__BODY_WATCH, &wr);
-	cr_assert(eq(i32, fx_recv(sv[0], &ev), 0));
+	fx_send(fd, 1, GMB__ENVELOPE__BODY_HELLO, &h);
+	fx_send(fd, 2, GMB__ENVELOPE__BODY_WATCH, &wr);
+	cr_assert(eq(i32, fx_recv(fd, &ev), 0));
 	cr_assert(eq(str, ev->watch_event->kind, "subscribed"));
 	gmb__envelope__free_unpacked(ev, NULL);
-	return sv[0];
+	return fd;
 }
 
 /* @n trim events to every watcher. */
@@ -176,16 +135,16 @@ Test(watch, a_watcher_full_while_held_is_counted_then_told_and_served)
 	uint64_t count = 0;
 	char kind[32];
 
-	fx.cork_rc = -EFBIG;
-	fx_spin();
+	fx_cork_rc = -EFBIG;
+	hfx_spin(&fx);
 	cr_assert(fx.srv->host.held);
 	fx_emit(HANDLERS_WATCH_MAX_PACKETS + extra);
-	fx_spin();
+	hfx_spin(&fx);
 	cr_assert(eq(sz, fx.h.nwatchers, 1), "dropped while replies are held");
 	cr_assert(le(u32, fx.h.watchers[0]->out_count, HANDLERS_WATCH_MAX_PACKETS));
 	cr_assert(eq(u64, hconn_of(fx.h.watchers[0])->watch_missed, (uint64_t)extra));
 	/* Nothing else comes: the end of the hold alone brings the count. */
-	fx.cork_rc = 0;
+	fx_cork_rc = 0;
 	for (fx_next(fd, kind, sizeof(kind), &count); !strcmp(kind, "trim");
 	     fx_next(fd, kind, sizeof(kind), &count))
 		got++;
@@ -227,19 +186,19 @@ Test(watch, a_second_hold_before_the_count_left_adds_to_it)
 	uint64_t count = 0;
 	char kind[32];
 
-	fx.cork_rc = -EFBIG;
-	fx_spin();
+	fx_cork_rc = -EFBIG;
+	hfx_spin(&fx);
 	fx_emit(HANDLERS_WATCH_MAX_PACKETS + 3);
 	/* The hold ends, but the queue has no room yet: counted still. */
-	fx.cork_rc = 0;
-	fx_spin();
+	fx_cork_rc = 0;
+	hfx_spin(&fx);
 	cr_assert(not(fx.srv->host.held));
 	cr_assert(gt(u32, fx.h.watchers[0]->out_count, HANDLERS_WATCH_ROOM_PACKETS));
 	fx_emit(2);
-	fx.cork_rc = -EFBIG;
-	fx_spin();
+	fx_cork_rc = -EFBIG;
+	hfx_spin(&fx);
 	fx_emit(5);
-	fx.cork_rc = 0;
+	fx_cork_rc = 0;
 	for (fx_next(fd, kind, sizeof(kind), &count); !strcmp(kind, "trim");
 	     fx_next(fd, kind, sizeof(kind), &count))
 		got++;

@@ -42,6 +42,7 @@
 #include "daemon/persist/state.h"
 #include "daemon/transport/server.h"
 #include "tests/fuzz/fuzz.h"
+#include "tests/handlers_fx.h"
 
 #define MiB	     (1ULL << 20)
 #define FD_NSOCK     3
@@ -57,14 +58,8 @@ struct fd_sock {
 	int ndreqs;
 };
 
-static struct {
-	uv_loop_t loop;
-	struct backend *be;
-	struct broker *br;
-	struct handlers h;
-	struct server *srv;
-	struct fd_sock socks[FD_NSOCK];
-} fx;
+static struct hfx fx;
+static struct fd_sock fd_socks[FD_NSOCK];
 
 static void fd_setup(void);
 static void fd_teardown(void);
@@ -81,16 +76,14 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
 static void fd_sock_open(struct fd_sock *s)
 {
-	int sv[2];
+	int r;
 
 	s->ndreqs = 0;
 	s->fd = -1;
 	s->eof = false;
-	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) < 0)
-		fuzz_fail("socketpair: %s", strerror(errno));
-	if (server_adopt(fx.srv, sv[1]) < 0)
-		fuzz_fail("server_adopt failed");
-	s->fd = sv[0];
+	r = hfx_client(&fx, &s->fd);
+	if (r < 0)
+		fuzz_fail("cannot connect a client: %s", strerror(-r));
 }
 
 /* Reads everything gmbd sent on @s; remembers its requests. */
@@ -123,10 +116,10 @@ static void fd_drain_all(void)
 	nfds_t n = 0;
 
 	for (int k = 0; k < FD_NSOCK; k++) {
-		if (fx.socks[k].fd < 0 || fx.socks[k].eof)
+		if (fd_socks[k].fd < 0 || fd_socks[k].eof)
 			continue;
-		pfd[n] = (struct pollfd){ .fd = fx.socks[k].fd, .events = POLLIN };
-		of[n++] = &fx.socks[k];
+		pfd[n] = (struct pollfd){ .fd = fd_socks[k].fd, .events = POLLIN };
+		of[n++] = &fd_socks[k];
 	}
 	if (n == 0 || poll(pfd, n, 0) <= 0)
 		return;
@@ -266,44 +259,39 @@ static void fd_setup(void)
 				  .daemon_uid = geteuid() };
 
 	memset(&fx, 0, sizeof(fx));
-	if (uv_loop_init(&fx.loop) < 0 || backend_host_open(&ho, &fx.be) < 0 ||
-	    broker_new(fx.be, &bo, &fx.br) < 0 || handlers_init(&fx.h, &fx.loop, fx.br, 2) < 0 ||
-	    server_start(&fx.loop, -1, &handlers_sess_ops, &fx.h, &fx.srv) < 0)
+	memset(fd_socks, 0, sizeof(fd_socks));
+	if (hfx_start(&fx, &ho, &bo, 2) < 0)
 		fuzz_fail("cannot set up gmbd's layers");
 	/* Short deadlines: parked requests and forwarded control time out too. */
 	fx.h.park_timeout_ms = 2;
 	fd_restore_orphan();
 	handlers_orphans_start(&fx.h, 60000);
 	for (int k = 0; k < FD_NSOCK; k++)
-		fd_sock_open(&fx.socks[k]);
+		fd_sock_open(&fd_socks[k]);
 }
 
 static void fd_teardown(void)
 {
 	for (int k = 0; k < FD_NSOCK; k++)
-		if (fx.socks[k].fd >= 0)
-			close(fx.socks[k].fd);
+		if (fd_socks[k].fd >= 0)
+			close(fd_socks[k].fd);
 	/* Every hang-up is seen and reaped before the server stops. */
 	for (int i = 0; i < 8 && server_sessions(fx.srv); i++)
 		uv_run(&fx.loop, UV_RUN_NOWAIT);
-	server_stop(fx.srv);
-	handlers_close(&fx.h);
-	uv_run(&fx.loop, UV_RUN_DEFAULT);
+	hfx_stop(&fx);
 	fuzz_check_broker(fx.br, 0);
 	for (const struct bclient *c = fx.br->clients; c; c = c->next)
 		if (!c->orphan)
 			fuzz_fail("client %llu (%s) outlived its session",
 				  (unsigned long long)c->id, c->name);
-	broker_free(fx.br);
-	backend_close(fx.be);
-	if (uv_loop_close(&fx.loop) != 0)
+	if (hfx_free(&fx) != 0)
 		fuzz_fail("the loop has handles left");
 }
 
 static void fd_record(const uint8_t **p, const uint8_t *end)
 {
 	unsigned b = (unsigned)fuzz_take(p, end, 1);
-	struct fd_sock *s = &fx.socks[(b >> 3) % FD_NSOCK];
+	struct fd_sock *s = &fd_socks[(b >> 3) % FD_NSOCK];
 	unsigned op = b & 7;
 	size_t len;
 
