@@ -75,6 +75,10 @@ TEST_HELPER_SRC := tests/util.c tests/fake_sd.c tests/loadgen.c tests/raw_client
 # daemon's fuzz harness: not in TEST_HELPER_SRC, as bench programs link
 # those without the daemon's library.
 HANDLERS_FX_SRC := tests/handlers_fx.c
+# The client's messages over that fixture, with Criterion's asserts: linked
+# only into the test binaries that use them.
+HANDLERS_MSG_SRC := tests/handlers_msg.c
+HANDLERS_MSG_TESTS := test_handlers test_control
 TEST_PROG_SRC := $(wildcard tests/prog_*.c)
 # Fuzz harnesses (tests/fuzz/fuzz_<name>.c), each with a corpus in
 # tests/fuzz/corpus/<name>/; fuzz_util.c holds their invariant checks.
@@ -147,6 +151,8 @@ $(1)/tests/prog_%: $(1)/tests/prog_%.o $(1)/libgmb.a
 
 $(1)/tests/test_%: $(1)/tests/test_%.o $(call objs,$(1),$(TEST_HELPER_SRC) $(HANDLERS_FX_SRC)) $(1)/libgmbd.a $(call objs,$(1),$(LIB_SRC)) $(1)/libcommon.a
 	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$^ $$(TEST_LIBS) $$(LIBS)
+
+$(addprefix $(1)/tests/,$(HANDLERS_MSG_TESTS)): $(call objs,$(1),$(HANDLERS_MSG_SRC))
 
 # A harness with a plain main that replays its corpus (make check).
 $(1)/fuzz/replay_%: $(1)/tests/fuzz/fuzz_%.o $(1)/tests/fuzz/replay.o $$(call FUZZ_OBJS,$(1))
