@@ -6,7 +6,7 @@
  * status shows of a pause that timed out. Each client is the test's end of
  * a socketpair whose other end is a real session on a real uv loop (the
  * fixture of tests/handlers_msg.h). Every test ends with uv_loop_close() ==
- * 0 (teardown).
+ * 0 (hm_teardown).
  */
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
@@ -23,44 +23,44 @@
 #include "tests/handlers_fx.h"
 #include "tests/handlers_msg.h"
 
-TestSuite(handlers, .init = setup, .fini = teardown, .timeout = 30);
+TestSuite(handlers, .init = hm_setup, .fini = hm_teardown, .timeout = 30);
 
 /* ---- control forwarding ---- */
 
 Test(handlers, control_is_forwarded_and_answered)
 {
-	int w = hello_client("worker", true, false), t = hello_client("ctl", false, true);
-	uint64_t id = send_control(t, "worker", GMB__OP__OP_PAUSE, "kv");
-	struct msg cmd;
+	int w = hm_hello_client("worker", true, false), t = hm_hello_client("ctl", false, true);
+	uint64_t id = hm_send_control(t, "worker", GMB__OP__OP_PAUSE, "kv");
+	struct hm_msg cmd;
 
-	cr_assert(eq(i32, fx_recv(w, &cmd), 0));
+	cr_assert(eq(i32, hm_recv(w, &cmd), 0));
 	cr_assert(eq(i32, cmd.env->body_case, GMB__ENVELOPE__BODY_CONTROL_CMD));
 	cr_assert(ne(u64, cmd.env->id, 0));
 	cr_assert(eq(i32, cmd.env->control_cmd->op, GMB__OP__OP_PAUSE));
 	cr_assert(eq(str, cmd.env->control_cmd->tag, "kv"));
-	expect_no_packet(t);
-	send_reply(w, cmd.env->id, 0);
-	msg_free(&cmd);
-	cr_assert(eq(i32, status_only(t, id, NULL, 0), 0));
+	hm_expect_no_packet(t);
+	hm_send_reply(w, cmd.env->id, 0);
+	hm_msg_free(&cmd);
+	cr_assert(eq(i32, hm_status_only(t, id, NULL, 0), 0));
 	close(w);
 	close(t);
 }
 
 Test(handlers, control_refusal_reaches_the_operator)
 {
-	int w = hello_client("worker", true, false), t = hello_client("ctl", false, true);
-	uint64_t id = send_control(t, "worker", GMB__OP__OP_RESUME, "");
+	int w = hm_hello_client("worker", true, false), t = hm_hello_client("ctl", false, true);
+	uint64_t id = hm_send_control(t, "worker", GMB__OP__OP_RESUME, "");
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	char err[ERR_MSG_MAX];
-	struct msg cmd;
+	struct hm_msg cmd;
 
-	cr_assert(eq(i32, fx_recv(w, &cmd), 0));
+	cr_assert(eq(i32, hm_recv(w, &cmd), 0));
 	env.reply_to = cmd.env->id;
 	env.status = -EBUSY;
 	env.error = "mid-step";
 	cr_assert(eq(i32, wire_send(w, &env, NULL, 0), 0));
-	msg_free(&cmd);
-	cr_assert(eq(i32, status_only(t, id, err, sizeof(err)), -EBUSY));
+	hm_msg_free(&cmd);
+	cr_assert(eq(i32, hm_status_only(t, id, err, sizeof(err)), -EBUSY));
 	cr_assert(not(eq(ptr, strstr(err, "mid-step"), NULL)), "error: %s", err);
 	close(w);
 	close(t);
@@ -68,65 +68,67 @@ Test(handlers, control_refusal_reaches_the_operator)
 
 Test(handlers, control_times_out_and_a_late_reply_is_fine)
 {
-	int w = hello_client("worker", true, false), t = hello_client("ctl", false, true);
-	struct msg cmd;
+	int w = hm_hello_client("worker", true, false), t = hm_hello_client("ctl", false, true);
+	struct hm_msg cmd;
 	uint64_t id;
 
-	fx.h.control_timeout_ms = 50;
-	id = send_control(t, "worker", GMB__OP__OP_PAUSE, "");
-	cr_assert(eq(i32, fx_recv(w, &cmd), 0));
-	cr_assert(eq(i32, status_only(t, id, NULL, 0), -ETIMEDOUT));
-	send_reply(w, cmd.env->id, 0);
-	msg_free(&cmd);
+	hm_fx.h.control_timeout_ms = 50;
+	id = hm_send_control(t, "worker", GMB__OP__OP_PAUSE, "");
+	cr_assert(eq(i32, hm_recv(w, &cmd), 0));
+	cr_assert(eq(i32, hm_status_only(t, id, NULL, 0), -ETIMEDOUT));
+	hm_send_reply(w, cmd.env->id, 0);
+	hm_msg_free(&cmd);
 	/* The worker is still connected and served. */
-	alloc_ok(w, 2 * MiB, "kv");
+	hm_alloc_ok(w, 2 * MiB, "kv");
 	close(w);
 	close(t);
 }
 
 Test(handlers, control_target_disconnect_answers_econnreset)
 {
-	int w = hello_client("worker", true, false), t = hello_client("ctl", false, true);
-	uint64_t id = send_control(t, "worker", GMB__OP__OP_PAUSE, "");
-	struct msg cmd;
+	int w = hm_hello_client("worker", true, false), t = hm_hello_client("ctl", false, true);
+	uint64_t id = hm_send_control(t, "worker", GMB__OP__OP_PAUSE, "");
+	struct hm_msg cmd;
 
-	cr_assert(eq(i32, fx_recv(w, &cmd), 0));
-	msg_free(&cmd);
+	cr_assert(eq(i32, hm_recv(w, &cmd), 0));
+	hm_msg_free(&cmd);
 	close(w);
-	cr_assert(eq(i32, status_only(t, id, NULL, 0), -ECONNRESET));
+	cr_assert(eq(i32, hm_status_only(t, id, NULL, 0), -ECONNRESET));
 	close(t);
 }
 
 Test(handlers, control_operator_leaving_is_forgotten)
 {
-	int w = hello_client("worker", true, false), t = hello_client("ctl", false, true);
-	struct msg cmd;
+	int w = hm_hello_client("worker", true, false), t = hm_hello_client("ctl", false, true);
+	struct hm_msg cmd;
 
-	send_control(t, "worker", GMB__OP__OP_PAUSE, "");
-	cr_assert(eq(i32, fx_recv(w, &cmd), 0));
+	hm_send_control(t, "worker", GMB__OP__OP_PAUSE, "");
+	cr_assert(eq(i32, hm_recv(w, &cmd), 0));
 	close(t);
-	hfx_spin(&fx);
-	send_reply(w, cmd.env->id, 0);
-	msg_free(&cmd);
-	alloc_ok(w, 2 * MiB, "kv");
+	hfx_spin(&hm_fx);
+	hm_send_reply(w, cmd.env->id, 0);
+	hm_msg_free(&cmd);
+	hm_alloc_ok(w, 2 * MiB, "kv");
 	close(w);
 }
 
 Test(handlers, control_errors)
 {
-	int w = hello_client("worker", true, false), n = hello_client("plain", false, false);
-	int d1 = hello_client("dup", true, false), d2 = hello_client("dup", true, false);
-	int t = hello_client("ctl", false, true);
-	struct msg cmd;
+	int w = hm_hello_client("worker", true, false), n = hm_hello_client("plain", false, false);
+	int d1 = hm_hello_client("dup", true, false), d2 = hm_hello_client("dup", true, false);
+	int t = hm_hello_client("ctl", false, true);
+	struct hm_msg cmd;
 
-	cr_assert(eq(i32, status_only(t, send_control(t, "ghost", 1, ""), NULL, 0), -ENOENT));
-	cr_assert(eq(i32, status_only(t, send_control(t, "plain", 1, ""), NULL, 0), -EOPNOTSUPP));
-	cr_assert(eq(i32, status_only(t, send_control(t, "dup", 1, ""), NULL, 0), -ENOTUNIQ));
-	cr_assert(eq(i32, status_only(t, send_control(t, "worker", 7, ""), NULL, 0), -EINVAL));
-	send_control(t, "worker", GMB__OP__OP_PAUSE, "");
-	cr_assert(eq(i32, fx_recv(w, &cmd), 0));
-	cr_assert(eq(i32, status_only(t, send_control(t, "worker", 2, ""), NULL, 0), -EBUSY));
-	msg_free(&cmd);
+	cr_assert(eq(i32, hm_status_only(t, hm_send_control(t, "ghost", 1, ""), NULL, 0), -ENOENT));
+	cr_assert(eq(i32, hm_status_only(t, hm_send_control(t, "plain", 1, ""), NULL, 0),
+		     -EOPNOTSUPP));
+	cr_assert(eq(i32, hm_status_only(t, hm_send_control(t, "dup", 1, ""), NULL, 0), -ENOTUNIQ));
+	cr_assert(
+		eq(i32, hm_status_only(t, hm_send_control(t, "worker", 7, ""), NULL, 0), -EINVAL));
+	hm_send_control(t, "worker", GMB__OP__OP_PAUSE, "");
+	cr_assert(eq(i32, hm_recv(w, &cmd), 0));
+	cr_assert(eq(i32, hm_status_only(t, hm_send_control(t, "worker", 2, ""), NULL, 0), -EBUSY));
+	hm_msg_free(&cmd);
 	close(w);
 	close(n);
 	close(d1);
@@ -137,30 +139,30 @@ Test(handlers, control_errors)
 Test(handlers, inflight_limit_answers_eagain)
 {
 	int targets[WIRE_MAX_INFLIGHT + 1];
-	int t = hello_client("ctl", false, true);
+	int t = hm_hello_client("ctl", false, true);
 	char name[32];
 	uint64_t last;
 
 	for (int i = 0; i <= WIRE_MAX_INFLIGHT; i++) {
 		snprintf(name, sizeof(name), "t%d", i);
-		targets[i] = hello_client(name, true, false);
+		targets[i] = hm_hello_client(name, true, false);
 	}
 	for (int i = 0; i < WIRE_MAX_INFLIGHT; i++) {
 		snprintf(name, sizeof(name), "t%d", i);
-		send_control(t, name, GMB__OP__OP_PAUSE, "");
+		hm_send_control(t, name, GMB__OP__OP_PAUSE, "");
 	}
 	snprintf(name, sizeof(name), "t%d", WIRE_MAX_INFLIGHT);
-	last = send_control(t, name, GMB__OP__OP_PAUSE, "");
-	cr_assert(eq(i32, status_only(t, last, NULL, 0), -EAGAIN));
+	last = hm_send_control(t, name, GMB__OP__OP_PAUSE, "");
+	cr_assert(eq(i32, hm_status_only(t, last, NULL, 0), -EAGAIN));
 	/* The targets leave without answering: every forward gets ECONNRESET. */
 	for (int i = 0; i <= WIRE_MAX_INFLIGHT; i++)
 		close(targets[i]);
 	for (int i = 0; i < WIRE_MAX_INFLIGHT; i++) {
-		struct msg m;
+		struct hm_msg m;
 
-		cr_assert(eq(i32, fx_recv(t, &m), 0));
+		cr_assert(eq(i32, hm_recv(t, &m), 0));
 		cr_assert(eq(i32, m.env->status, -ECONNRESET));
-		msg_free(&m);
+		hm_msg_free(&m);
 	}
 	close(t);
 }
@@ -182,29 +184,29 @@ Test(handlers, a_rejoin_takes_the_new_session_s_groups)
 	static gid_t now[NGROUPS_MAX];
 	int n = getgroups(NGROUPS_MAX, now), fd;
 	struct bclient *c;
-	struct msg m;
+	struct hm_msg m;
 	uint64_t id;
 
 	cr_assert(ge(i32, n, 0));
-	cr_assert(eq(i32, broker_restore_client(fx.br, &peer, 77, "back", true, &c), 0));
-	fd = fx_client();
+	cr_assert(eq(i32, broker_restore_client(hm_fx.br, &peer, 77, "back", true, &c), 0));
+	fd = hm_client();
 	h.version = GMB_PROTOCOL_VERSION;
 	h.name = "back";
 	h.control = true;
 	h.rejoin_id = 77;
-	id = send_req(fd, GMB__ENVELOPE__BODY_HELLO, &h);
-	recv_reply(fd, id, &m, NULL, NULL);
+	id = hm_send_req(fd, GMB__ENVELOPE__BODY_HELLO, &h);
+	hm_recv_reply(fd, id, &m, NULL, NULL);
 	cr_assert(eq(i32, m.env->status, 0), "rejoin hello: %s", m.env->error);
-	msg_free(&m);
+	hm_msg_free(&m);
 	cr_assert(eq(u32, (unsigned)c->gid, (unsigned)getgid()), "the record's gid stayed");
 	cr_assert(eq(i32, c->ngroups, n), "the record's groups stayed");
 	for (int i = 0; i < c->ngroups; i++)
 		cr_assert(not(eq(u32, (unsigned)c->groups[i], 4243)));
 	rj.last = true;
-	id = send_req(fd, GMB__ENVELOPE__BODY_REJOIN, &rj);
-	recv_reply(fd, id, &m, NULL, NULL);
+	id = hm_send_req(fd, GMB__ENVELOPE__BODY_REJOIN, &rj);
+	hm_recv_reply(fd, id, &m, NULL, NULL);
 	cr_assert(eq(i32, m.env->status, 0), "rejoin: %s", m.env->error);
-	msg_free(&m);
+	hm_msg_free(&m);
 	close(fd);
 }
 
@@ -214,38 +216,38 @@ Test(handlers, a_rejoin_takes_the_new_session_s_groups)
 static void expect_first_tag_state(int fd, const char *want)
 {
 	const Gmb__StatusReply *sr;
-	struct msg m;
+	struct hm_msg m;
 
-	recv_reply(fd,
-		   send_req(fd, GMB__ENVELOPE__BODY_STATUS_REQ,
-			    &(Gmb__StatusRequest)GMB__STATUS_REQUEST__INIT),
-		   &m, NULL, NULL);
+	hm_recv_reply(fd,
+		      hm_send_req(fd, GMB__ENVELOPE__BODY_STATUS_REQ,
+				  &(Gmb__StatusRequest)GMB__STATUS_REQUEST__INIT),
+		      &m, NULL, NULL);
 	sr = m.env->status_reply;
 	cr_assert(eq(sz, sr->n_clients, 1));
 	cr_assert(ge(sz, sr->clients[0]->n_tags, 1));
 	cr_assert(eq(str, sr->clients[0]->tags[0]->state, (char *)want));
-	msg_free(&m);
+	hm_msg_free(&m);
 }
 
 /* The command is with the client: the operator and status say it may still happen. */
 Test(handlers, a_timed_out_pause_is_shown_pausing_until_answered)
 {
-	int w = hello_client("worker", true, false), t = hello_client("ctl", false, true);
+	int w = hm_hello_client("worker", true, false), t = hm_hello_client("ctl", false, true);
 	char err[ERR_MSG_MAX];
-	struct msg cmd;
+	struct hm_msg cmd;
 	uint64_t id;
 
-	alloc_ok(w, 2 * MiB, "kv");
-	fx.h.control_timeout_ms = 50;
-	id = send_control(t, "worker", GMB__OP__OP_PAUSE, "kv");
-	cr_assert(eq(i32, fx_recv(w, &cmd), 0));
-	cr_assert(eq(i32, status_only(t, id, err, sizeof(err)), -ETIMEDOUT));
+	hm_alloc_ok(w, 2 * MiB, "kv");
+	hm_fx.h.control_timeout_ms = 50;
+	id = hm_send_control(t, "worker", GMB__OP__OP_PAUSE, "kv");
+	cr_assert(eq(i32, hm_recv(w, &cmd), 0));
+	cr_assert(eq(i32, hm_status_only(t, id, err, sizeof(err)), -ETIMEDOUT));
 	cr_assert(not(eq(ptr, strstr(err, "may still carry it out"), NULL)), "%s", err);
 	cr_assert(not(eq(ptr, strstr(err, "\"pausing\""), NULL)), "%s", err);
 	expect_first_tag_state(t, "pausing");
-	send_reply(w, cmd.env->id, 0);
-	msg_free(&cmd);
-	hfx_spin(&fx); /* the late reply first: it is on another socket */
+	hm_send_reply(w, cmd.env->id, 0);
+	hm_msg_free(&cmd);
+	hfx_spin(&hm_fx); /* the late reply first: it is on another socket */
 	expect_first_tag_state(t, "active");
 	close(w);
 	close(t);
