@@ -385,6 +385,23 @@ static void setup_keep0(void)
 
 TestSuite(parked, .init = setup_keep0, .fini = hm_teardown, .timeout = 30);
 
+/* Pauses @fd's tag "kv" (nothing kept warm: gmbd then asks for its handles). */
+static void parked_pause(int fd)
+{
+	cr_assert(eq(i32,
+		     hm_status_only(fd, hm_send_tag_req(fd, GMB__ENVELOPE__BODY_PAUSE, "kv"), NULL,
+				    0),
+		     0));
+}
+
+/* A holds 6 GiB of "kv" and pauses it: the drop gmbd sends A lands in *@drop. */
+static void parked_holder(int a, struct hm_msg *drop)
+{
+	hm_alloc_ok(a, 6 * GiB, "kv");
+	parked_pause(a);
+	cr_assert(eq(i32, hm_recv(a, drop), 0));
+}
+
 Test(parked, alloc_completes_after_the_drop_ack)
 {
 	int a = hm_hello_client("a", false, false), b = hm_hello_client("b", false, false);
@@ -392,12 +409,7 @@ Test(parked, alloc_completes_after_the_drop_ack)
 	uint64_t id;
 	int n;
 
-	hm_alloc_ok(a, 6 * GiB, "kv");
-	cr_assert(
-		eq(i32,
-		   hm_status_only(a, hm_send_tag_req(a, GMB__ENVELOPE__BODY_PAUSE, "kv"), NULL, 0),
-		   0));
-	cr_assert(eq(i32, hm_recv(a, &drop), 0));
+	parked_holder(a, &drop);
 	cr_assert(eq(i32, drop.env->body_case, GMB__ENVELOPE__BODY_DROP));
 	id = hm_send_alloc(b, 6 * GiB, "kv");
 	hm_expect_no_packet(b);
@@ -422,12 +434,7 @@ Test(parked, alloc_fails_with_enomem_at_its_deadline)
 	struct hm_msg drop;
 
 	hm_fx.h.park_timeout_ms = 100;
-	hm_alloc_ok(a, 6 * GiB, "kv");
-	cr_assert(
-		eq(i32,
-		   hm_status_only(a, hm_send_tag_req(a, GMB__ENVELOPE__BODY_PAUSE, "kv"), NULL, 0),
-		   0));
-	cr_assert(eq(i32, hm_recv(a, &drop), 0));
+	parked_holder(a, &drop);
 	hm_msg_free(&drop); /* never answered */
 	cr_assert(eq(i32, hm_status_only(b, hm_send_alloc(b, 6 * GiB, "kv"), err, sizeof(err)),
 		     -ENOMEM));
@@ -450,12 +457,7 @@ Test(parked, alloc_completes_when_the_holder_disconnects)
 	uint64_t id;
 	int n;
 
-	hm_alloc_ok(a, 6 * GiB, "kv");
-	cr_assert(
-		eq(i32,
-		   hm_status_only(a, hm_send_tag_req(a, GMB__ENVELOPE__BODY_PAUSE, "kv"), NULL, 0),
-		   0));
-	cr_assert(eq(i32, hm_recv(a, &drop), 0));
+	parked_holder(a, &drop);
 	hm_msg_free(&drop);
 	id = hm_send_alloc(b, 6 * GiB, "kv");
 	hm_expect_no_packet(b);
@@ -478,10 +480,7 @@ Test(parked, resume_splits_fds_and_lends_into_parts)
 
 	for (size_t i = 0; i < nallocs; i++)
 		hm_alloc_ok(a, 2 * MiB, "kv");
-	cr_assert(
-		eq(i32,
-		   hm_status_only(a, hm_send_tag_req(a, GMB__ENVELOPE__BODY_PAUSE, "kv"), NULL, 0),
-		   0));
+	parked_pause(a);
 	/* Nothing kept warm: the handles must go, then the chunks. */
 	cr_assert(eq(i32, hm_recv(a, &m), 0));
 	cr_assert(eq(sz, m.env->drop->n_chunk_ids, nallocs));
