@@ -267,11 +267,11 @@ static int cuda_chunk_create(struct backend *b, int dev, uint64_t size, uint64_t
 }
 
 /*
- * Driver 580 makes the first exported fd of a process that has none open
- * cost about 1 ms to export, and the close of its last one about as much
+ * Driver 580 makes an export in a process that holds no other exported fd
+ * cost about 0.6 ms, and the close that drops the last one about as much
  * in whichever process drops it (the client, after its import); with
- * another exported fd open both cost ~20 and ~10 us (bench/export_probe.cu:
- * a lend round trip 677 us without, 56 us with). gmbd closes each chunk's
+ * another exported fd open they cost ~30 and ~13 us (bench/export_probe.cu:
+ * a lend's round trip 1.3 ms without, 0.1 ms with). gmbd closes each chunk's
  * fd once it is sent, so every lend paid both. One fd per device, of a
  * granularity-sized chunk whose handle is released (the fd keeps those
  * bytes alive, outside the pool), stays open until the backend closes. A

@@ -7,7 +7,8 @@
  *     sess_read_paused(), plus writable while out_head != NULL and the host
  *     is not held; paused, it is stopped (held, nothing is written either);
  *   - chunk fds exist only inside sess_out_send(): exported, sent, closed,
- *     so at most one batch of exported fds is open in the whole daemon;
+ *     so at most one batch of chunk fds is open in the whole daemon (the
+ *     cuda backend's own kept fd, one a device, aside: common/backend/cuda.c);
  *   - the connection's reference is dropped in the poll handle's close
  *     callback, so the struct outlives every libuv callback on it.
  */
