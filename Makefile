@@ -42,14 +42,14 @@ LIB_LIBS := -lprotobuf-c -ldl -lpthread
 LIBS := -luv -lsystemd $(LIB_LIBS)
 TEST_LIBS := -lcriterion
 
-COMMON_SRC := common/env.c common/err.c common/deadline.c common/log.c common/wire.c common/idmap.c common/size.c \
+COMMON_SRC := common/env.c common/err.c common/deadline.c common/log.c common/wire.c common/idmap.c common/size.c common/ipc_handle.c \
 	common/backend/error.c common/backend/open.c common/backend/host.c common/backend/cuda.c \
 	common/backend/cuda_error.c common/backend/cuda_contents.c common/backend/nvml.c
 PROTO_SRC := proto/gmb.pb-c.c
 # The daemon's layers, bottom up: core, persist, handlers, transport; the
 # service (main) wires them; system is the service manager's glue.
 DAEMON_SRC := daemon/core/pool.c daemon/core/broker.c daemon/core/lend.c daemon/core/rejoin.c \
-	daemon/core/proc.c daemon/core/arb.c daemon/core/wait.c daemon/core/event.c daemon/handlers/watch.c \
+	daemon/core/proc.c daemon/core/arb.c daemon/core/wait.c daemon/core/import.c daemon/core/event.c daemon/handlers/watch.c \
 	daemon/persist/state.c daemon/persist/persist.c \
 	daemon/handlers/reply.c daemon/handlers/drops.c daemon/handlers/park.c \
 	daemon/handlers/status.c daemon/handlers/switch.c daemon/handlers/control.c daemon/handlers/memory.c \

@@ -24,6 +24,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "daemon/core/import.h"
 #include "gmb.h"
 
 #define BROKER_DEFAULT_MAX_CHUNK (1ULL << 30)
@@ -91,6 +92,7 @@ void broker_free(struct broker *br)
 		return;
 	while (br->clients)
 		broker_client_remove(br, br->clients);
+	import_deinit(br);
 	for (int d = 0; d < br->ndevices; d++)
 		pool_deinit(&br->pools[d]);
 	idmap_deinit(&br->chunks);
@@ -186,6 +188,7 @@ void broker_client_remove(struct broker *br, struct bclient *c)
 	if (!br || !c)
 		return;
 	broker__wait_forget(br, c);
+	import_client_gone(br, c);
 	for (t = c->tags; t; t = t->next)
 		while (t->allocs)
 			broker__alloc_destroy(br, c, t->allocs);
@@ -312,6 +315,8 @@ void broker__alloc_destroy(struct broker *br, struct bclient *c, struct balloc *
 {
 	struct pool *p = &br->pools[a->dev];
 
+	/* Chunks another process maps stay pinned, out of the pool. */
+	import_alloc_gone(br, a);
 	for (uint32_t i = 0; i < a->nchunks; i++) {
 		struct chunk *ch = a->chunks[i];
 

@@ -52,6 +52,7 @@ struct btag;
 struct bclient;
 struct bhandover;
 struct bwaiter;
+struct import_table;
 
 struct balloc {
 	uint64_t id;
@@ -147,6 +148,9 @@ struct broker {
 	/* Open fds of gmbd but chunk fds: those it held once it served (set
 	 * then), and one a connection (the handlers count them). */
 	uint64_t fds_base, fds_conns;
+	/* Exports and imports of memory shared between processes
+	 * (daemon/core/import.h); NULL until the first export. */
+	struct import_table *imports;
 };
 
 /* What alloc/resume lend: send fds of send[] first, then the lends. The

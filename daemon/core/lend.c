@@ -19,6 +19,7 @@
 #include "common/log.h"
 #include "common/size.h"
 #include "daemon/core/broker_internal.h"
+#include "daemon/core/import.h"
 
 /* One allocation's progress through a request, for commit or rollback. */
 struct lend_step {
@@ -436,7 +437,12 @@ int broker_pause(struct broker *br, struct bclient *c, const char *tag, bool rel
 {
 	uint64_t touched = 0, handover = 0;
 	struct btag *t;
+	int rc;
 
+	/* Another process maps memory of it: its chunks cannot go back. */
+	rc = import_pause_check(br, c, tag, err);
+	if (rc < 0)
+		return rc;
 	if (broker__handover_keeps(c))
 		handover = broker__handover_id(c);
 	if (tag && *tag) {

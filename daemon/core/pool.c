@@ -561,6 +561,9 @@ void pool_put(struct pool *p, struct chunk *c)
 	if (c->free)
 		return;
 	c->lent_to = NULL;
+	/* Mapped by an importer: out of the pool until its last unpin. */
+	if (c->pins)
+		return;
 	p->lent_bytes -= c->size;
 	if (!c->releasing) {
 		pool_free_link(p, c);
@@ -570,6 +573,20 @@ void pool_put(struct pool *p, struct chunk *c)
 	c->releasing = false;
 	pool_free_link(p, c);
 	pool_mark_releasing(p, c);
+}
+
+void pool_pin(struct pool *p, struct chunk *c)
+{
+	(void)p;
+	c->pins++;
+}
+
+void pool_unpin(struct pool *p, struct chunk *c)
+{
+	if (c->pins == 0 || --c->pins > 0 || c->lent_to)
+		return;
+	/* Its allocation put it back while it was pinned: pool_put() now. */
+	pool_put(p, c);
 }
 
 struct chunk_holder *pool_holder(const struct chunk *c, const struct bclient *client)

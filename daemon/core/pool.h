@@ -20,6 +20,10 @@
  *   (daemon/core/arb.c): it is never released nor marked releasing, and
  *   only takes of that switch (pool_take.handover) may use it; a lend
  *   clears the mark.
+ *   A pinned chunk (pins > 0: another process maps it, daemon/core/import.c)
+ *   is never on the free list, never releasing and never released: put
+ *   back by its allocation it stays out of the pool, counted in lent_bytes
+ *   with lent_to NULL, until its last pin goes.
  * The pool owns its chunks and their backend handles.
  *
  * Drops: the pool only marks chunks releasing (pending list); the broker
@@ -61,6 +65,7 @@ struct chunk {
 	bool free;		   /* on the free list */
 	bool acked;		   /* scratch flag of broker_dropped() */
 	uint64_t handover;	   /* free and reserved for this switch; 0: not */
+	uint32_t pins;		   /* imports mapping it (import.c); > 0: kept out */
 };
 
 /*
@@ -180,6 +185,12 @@ void pool_untake(struct pool *p, struct pool_take *t);
 void pool_lend(struct pool *p, struct chunk *c, struct balloc *a);
 /* A lent or taken chunk back to the free list (or released if marked). */
 void pool_put(struct pool *p, struct chunk *c);
+
+/* Pins: another process maps the chunk. pool_pin() takes a lent chunk;
+ * the last pool_unpin() of one its allocation put back (lent_to NULL)
+ * puts it back now: to the free list, the keep limit applying later. */
+void pool_pin(struct pool *p, struct chunk *c);
+void pool_unpin(struct pool *p, struct chunk *c);
 
 /* Holders: add/remove one reference of @client. Removing the last one of a
  * releasing chunk releases it; then the chunk is freed and 1 is returned. */

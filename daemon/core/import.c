@@ -1,0 +1,450 @@
+/*
+ * import.c - memory shared between processes: exports, their handles, the
+ * imports of each, and the pins that keep imported chunks out of the pool
+ * (import.h has the invariants).
+ *
+ * A handle is checked field by field against the export its generation
+ * names (instance, owner, allocation, device, token) before anything else
+ * is looked at, and every mismatch answers the same -ENOENT: a forged or
+ * bit-flipped handle learns nothing and maps nothing.
+ */
+#include "daemon/core/import.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "common/err.h"
+#include "common/list.h"
+#include "common/log.h"
+#include "daemon/core/broker.h"
+
+static int import_random(void *buf, size_t n)
+{
+	size_t got = 0;
+
+	while (got < n) {
+		ssize_t r = getrandom((char *)buf + got, n - got, 0);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return -EIO;
+		got += (size_t)r;
+	}
+	return 0;
+}
+
+static struct import_table *import_table_get(struct broker *br, char *err)
+{
+	struct import_table *t = br->imports;
+
+	if (t)
+		return t;
+	t = calloc(1, sizeof(*t));
+	if (!t) {
+		err_fmt(err, -ENOMEM, "out of memory recording an export");
+		return NULL;
+	}
+	/* Never 0: decode refuses it. */
+	while (!t->instance) {
+		if (import_random(&t->instance, sizeof(t->instance)) < 0) {
+			free(t);
+			err_fmt(err, -EIO, "no randomness for gmbd's instance id");
+			return NULL;
+		}
+	}
+	t->next_id = 1;
+	br->imports = t;
+	return t;
+}
+
+struct import_table *import_table(struct broker *br)
+{
+	return br->imports;
+}
+
+/* The offset of the chunk of @a holding @offset; -EINVAL past its end. */
+static int import_range_of(const struct balloc *a, uint64_t offset, uint64_t *range_off)
+{
+	uint64_t off = 0;
+
+	for (uint32_t i = 0; i < a->nchunks && a->chunks[i]; i++) {
+		if (offset < off + a->chunks[i]->size) {
+			*range_off = off;
+			return 0;
+		}
+		off += a->chunks[i]->size;
+	}
+	return -EINVAL;
+}
+
+/* Does a chunk of @a start at @range_off? */
+static bool import_is_range(const struct balloc *a, uint64_t range_off)
+{
+	uint64_t r;
+
+	return import_range_of(a, range_off, &r) == 0 && r == range_off;
+}
+
+static int import_export_new(struct import_table *t, struct balloc *a, struct import_export **out,
+			     char *err)
+{
+	struct bclient *c = a->tag->client;
+	struct import_export *ex = calloc(1, sizeof(*ex));
+
+	if (!ex)
+		return err_fmt(err, -ENOMEM, "out of memory recording an export");
+	if (import_random(ex->token, sizeof(ex->token)) < 0) {
+		free(ex);
+		return err_fmt(err, -EIO, "no randomness for the export's token");
+	}
+	ex->id = t->next_id;
+	ex->alloc_id = a->id;
+	ex->alloc = a;
+	ex->owner_id = c->id;
+	snprintf(ex->owner, sizeof(ex->owner), "%s", c->name);
+	ex->owner_pid = c->pid;
+	ex->owner_uid = c->uid;
+	ex->dev = a->dev;
+	ex->size = a->size;
+	if (idmap_put(&t->by_id, ex->id, ex) < 0)
+		goto err_free;
+	if (idmap_put(&t->by_alloc, a->id, ex) < 0)
+		goto err_by_id;
+	t->next_id++;
+	DLIST_PUSH(t->exports, ex);
+	t->nexports++;
+	*out = ex;
+	return 0;
+
+err_by_id:
+	idmap_del(&t->by_id, ex->id);
+err_free:
+	free(ex);
+	return err_fmt(err, -ENOMEM, "out of memory recording an export");
+}
+
+static void import_handle_of(const struct import_table *t, const struct import_export *ex,
+			     uint64_t range_off, uint8_t *out)
+{
+	struct ipc_handle h = {
+		.instance = t->instance,
+		.owner = ex->owner_id,
+		.alloc = ex->alloc_id,
+		.gen = ex->id,
+		.range_off = range_off,
+		.dev = (uint32_t)ex->dev,
+	};
+
+	memcpy(h.token, ex->token, sizeof(h.token));
+	ipc_handle_encode(&h, out);
+}
+
+int import_export(struct broker *br, struct bclient *c, uint64_t alloc_id, uint64_t offset,
+		  uint8_t *handle, char *err)
+{
+	struct balloc *a = idmap_get(&c->allocs, alloc_id);
+	struct import_table *t;
+	struct import_export *ex;
+	uint64_t range_off;
+	int rc;
+
+	if (!a)
+		return err_fmt(err, -ENOENT, "client '%s' has no allocation %llu", c->name,
+			       (unsigned long long)alloc_id);
+	if (!a->active)
+		return err_fmt(err, -EBUSY,
+			       "allocation %llu is in paused tag '%s': resume it to share it",
+			       (unsigned long long)alloc_id, a->tag->name);
+	if (import_range_of(a, offset, &range_off) < 0)
+		return err_fmt(err, -EINVAL, "offset %llu is past allocation %llu's %llu bytes",
+			       (unsigned long long)offset, (unsigned long long)alloc_id,
+			       (unsigned long long)a->size);
+	t = import_table_get(br, err);
+	if (!t)
+		return -ENOMEM;
+	ex = idmap_get(&t->by_alloc, alloc_id);
+	if (!ex) {
+		rc = import_export_new(t, a, &ex, err);
+		if (rc < 0)
+			return rc;
+	}
+	import_handle_of(t, ex, range_off, handle);
+	return 0;
+}
+
+/* The export @h names, exactly; NULL for any difference. */
+static struct import_export *import_lookup(const struct import_table *t,
+					   const struct ipc_handle *h)
+{
+	struct import_export *ex = idmap_get(&t->by_id, h->gen);
+	uint8_t diff = 0;
+
+	if (!ex || h->instance != t->instance || h->owner != ex->owner_id ||
+	    h->alloc != ex->alloc_id || h->dev != (uint32_t)ex->dev)
+		return NULL;
+	/* Every byte compared: how long it takes says nothing of where it differs. */
+	for (size_t i = 0; i < IPC_HANDLE_TOKEN; i++)
+		diff |= h->token[i] ^ ex->token[i];
+	return diff ? NULL : ex;
+}
+
+static struct import_rec *import_rec_find(const struct import_export *ex, const struct bclient *c)
+{
+	for (struct import_rec *r = ex->imports; r; r = r->next)
+		if (r->importer == c)
+			return r;
+	return NULL;
+}
+
+/* The first import of @ex: pin the allocation's chunks, once. */
+static int import_pin(struct broker *br, struct import_export *ex, char *err)
+{
+	struct balloc *a = ex->alloc;
+	struct pool *p = &br->pools[ex->dev];
+
+	ex->chunks = malloc((a->nchunks ? a->nchunks : 1) * sizeof(*ex->chunks));
+	if (!ex->chunks)
+		return err_fmt(err, -ENOMEM, "out of memory importing allocation %llu",
+			       (unsigned long long)ex->alloc_id);
+	for (uint32_t i = 0; i < a->nchunks; i++) {
+		ex->chunks[i] = a->chunks[i];
+		pool_pin(p, ex->chunks[i]);
+	}
+	ex->nchunks = a->nchunks;
+	return 0;
+}
+
+/* Check order: form, then identity (one answer for all), then who and when. */
+static int import_open_check(struct import_table *t, const struct bclient *c,
+			     const uint8_t *handle, size_t len, struct ipc_handle *h,
+			     struct import_export **out, char *err)
+{
+	struct import_export *ex;
+
+	if (len != IPC_HANDLE_SIZE)
+		return err_fmt(err, -EINVAL, "a handle of %zu bytes, not %d", len,
+			       IPC_HANDLE_SIZE);
+	if (ipc_handle_decode(handle, h) < 0)
+		return err_fmt(err, -EINVAL, "not a gmbd handle (magic, version or ids)");
+	ex = t ? import_lookup(t, h) : NULL;
+	if (!ex)
+		return err_fmt(err, -ENOENT,
+			       "the handle names no export of this gmbd (forged, or of an"
+			       " earlier gmbd)");
+	if (c->tool)
+		return err_fmt(err, -EPERM, "a tool may not import memory");
+	if (c->uid != ex->owner_uid)
+		return err_fmt(err, -EPERM,
+			       "allocation %llu belongs to client '%s' (pid %d, uid %u): client"
+			       " '%s' of uid %u may not open it",
+			       (unsigned long long)ex->alloc_id, ex->owner, (int)ex->owner_pid,
+			       (unsigned)ex->owner_uid, c->name, (unsigned)c->uid);
+	if (!ex->alloc)
+		return err_fmt(err, -ENOENT, "allocation %llu of client '%s' was freed",
+			       (unsigned long long)ex->alloc_id, ex->owner);
+	if (!ex->alloc->active)
+		return err_fmt(err, -EBUSY, "allocation %llu of client '%s' is in paused tag '%s'",
+			       (unsigned long long)ex->alloc_id, ex->owner,
+			       ex->alloc->tag->name);
+	if (!import_is_range(ex->alloc, h->range_off))
+		return err_fmt(err, -EINVAL, "range offset %llu starts no chunk of allocation %llu",
+			       (unsigned long long)h->range_off, (unsigned long long)ex->alloc_id);
+	*out = ex;
+	return 0;
+}
+
+int import_open(struct broker *br, struct bclient *c, const uint8_t *handle, size_t len,
+		struct import_export **out, uint64_t *range_off, char *err)
+{
+	struct import_table *t = br->imports;
+	struct import_export *ex = NULL;
+	struct import_rec *r;
+	struct ipc_handle h;
+	int rc;
+
+	rc = import_open_check(t, c, handle, len, &h, &ex, err);
+	if (rc < 0)
+		return rc;
+	r = import_rec_find(ex, c);
+	if (r) {
+		r->refs++;
+		goto out;
+	}
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return err_fmt(err, -ENOMEM, "out of memory importing allocation %llu",
+			       (unsigned long long)ex->alloc_id);
+	if (!ex->imports && (rc = import_pin(br, ex, err)) < 0) {
+		free(r);
+		return rc;
+	}
+	r->importer = c;
+	r->ex = ex;
+	r->refs = 1;
+	DLIST_PUSH(ex->imports, r);
+	ex->nimports++;
+	t->nrecs++;
+out:
+	*out = ex;
+	*range_off = h.range_off;
+	return 0;
+}
+
+static void import_export_free(struct import_table *t, struct import_export *ex)
+{
+	idmap_del(&t->by_id, ex->id);
+	if (ex->alloc)
+		idmap_del(&t->by_alloc, ex->alloc_id);
+	DLIST_UNLINK(t->exports, ex);
+	t->nexports--;
+	free(ex->chunks);
+	free(ex);
+}
+
+/* @r goes with all its opens; the last record of @ex unpins its chunks. */
+static void import_rec_drop(struct broker *br, struct import_rec *r)
+{
+	struct import_table *t = br->imports;
+	struct import_export *ex = r->ex;
+	struct pool *p = &br->pools[ex->dev];
+
+	DLIST_UNLINK(ex->imports, r);
+	ex->nimports--;
+	t->nrecs--;
+	free(r);
+	if (ex->imports)
+		return;
+	for (uint32_t i = 0; i < ex->nchunks; i++)
+		pool_unpin(p, ex->chunks[i]);
+	free(ex->chunks);
+	ex->chunks = NULL;
+	ex->nchunks = 0;
+	if (!ex->alloc) {
+		log_debug("imported chunks back alloc=%llu owner=%s dev=%d",
+			  (unsigned long long)ex->alloc_id, ex->owner, ex->dev);
+		import_export_free(t, ex);
+		pool_shrink(p, br->opts.pool_keep, NULL);
+	}
+}
+
+int import_close(struct broker *br, struct bclient *c, uint64_t export_id, char *err)
+{
+	struct import_table *t = br->imports;
+	struct import_export *ex = t ? idmap_get(&t->by_id, export_id) : NULL;
+	struct import_rec *r = ex ? import_rec_find(ex, c) : NULL;
+
+	if (!r)
+		return err_fmt(err, -ENOENT, "client '%s' has no import of export %llu", c->name,
+			       (unsigned long long)export_id);
+	if (--r->refs == 0)
+		import_rec_drop(br, r);
+	return 0;
+}
+
+uint64_t import_client_opens(struct broker *br, const struct bclient *c)
+{
+	uint64_t n = 0;
+
+	if (!br->imports)
+		return 0;
+	for (struct import_export *ex = br->imports->exports; ex; ex = ex->next)
+		for (struct import_rec *r = ex->imports; r; r = r->next)
+			if (r->importer == c)
+				n += r->refs;
+	return n;
+}
+
+void import_alloc_gone(struct broker *br, struct balloc *a)
+{
+	struct import_table *t = br->imports;
+	struct import_export *ex = t ? idmap_del(&t->by_alloc, a->id) : NULL;
+
+	if (!ex)
+		return;
+	ex->alloc = NULL;
+	if (!ex->imports) {
+		import_export_free(t, ex);
+		return;
+	}
+	log_info("imported allocation freed by its owner, kept for its importers alloc=%llu"
+		 " owner=%s importers=%u",
+		 (unsigned long long)ex->alloc_id, ex->owner, ex->nimports);
+}
+
+void import_client_gone(struct broker *br, struct bclient *c)
+{
+	struct import_table *t = br->imports;
+	struct import_export *ex, *next;
+
+	if (!t)
+		return;
+	for (ex = t->exports; ex; ex = next) {
+		struct import_rec *r = import_rec_find(ex, c);
+
+		/* Dropping the last record may free @ex. */
+		next = ex->next;
+		if (r)
+			import_rec_drop(br, r);
+	}
+}
+
+/* Does @ex's allocation belong to @c's tag @tag ("": any)? */
+static bool import_of_tag(const struct import_export *ex, const struct bclient *c,
+			  const char *tag)
+{
+	const struct balloc *a = ex->alloc;
+
+	return a && a->tag->client == c && (!tag || !*tag || strcmp(a->tag->name, tag) == 0);
+}
+
+int import_pause_check(struct broker *br, const struct bclient *c, const char *tag, char *err)
+{
+	struct import_table *t = br->imports;
+	unsigned named = 0;
+
+	if (!t)
+		return 0;
+	for (const struct import_export *ex = t->exports; ex; ex = ex->next) {
+		if (!ex->imports || !import_of_tag(ex, c, tag))
+			continue;
+		for (const struct import_rec *r = ex->imports; r; r = r->next) {
+			if (named++ == 0)
+				err_fmt(err, -EBUSY,
+					"other processes map this memory: tag '%s' stays active"
+					" until they close it:",
+					ex->alloc->tag->name);
+			if (named <= 8)
+				err_append(err, " client '%s' (pid %d) has allocation %llu open",
+					   r->importer->name, (int)r->importer->pid,
+					   (unsigned long long)ex->alloc_id);
+		}
+	}
+	if (named > 8)
+		err_append(err, " and %u more", named - 8);
+	return named ? -EBUSY : 0;
+}
+
+void import_deinit(struct broker *br)
+{
+	struct import_table *t = br->imports;
+
+	if (!t)
+		return;
+	while (t->exports) {
+		struct import_export *ex = t->exports;
+
+		while (ex->imports)
+			import_rec_drop(br, ex->imports);
+		/* The last drop freed an export whose allocation was gone. */
+		if (t->exports == ex)
+			import_export_free(t, ex);
+	}
+	idmap_deinit(&t->by_id);
+	idmap_deinit(&t->by_alloc);
+	free(t);
+	br->imports = NULL;
+}

@@ -1,0 +1,132 @@
+/*
+ * import.h - memory shared between processes (CUDA IPC on gmbd memory):
+ * gmbd's record of which allocations were exported, with which handle,
+ * and which client imported which of them, how many times.
+ *
+ * Pure core, like broker.h: no socket, no protobuf type. The handlers
+ * (daemon/handlers/ipc.c) call import_export(), import_open() and
+ * import_close(); the broker calls the hooks (import_alloc_gone(),
+ * import_client_gone(), import_pause_check()) where allocations and
+ * clients go and tags pause.
+ *
+ * Invariants:
+ *   - One export per allocation (found by its id while the allocation
+ *     lives), made at its first export; its id (the handle's generation)
+ *     and token never change and no later export reuses the id.
+ *   - An export with imports has every chunk of its allocation pinned
+ *     (pool_pin(), once per export, not per import): while some importer
+ *     maps them they are never free, never lent to another allocation and
+ *     never released, whatever the owner does (free, exit, be killed).
+ *   - An import record has refs > 0 and is on its export's list; an export
+ *     whose allocation is gone lives exactly while it has import records.
+ *   - The owner is charged (its allocation's chunks are lent to it while
+ *     it lives); importers are charged nothing. The chunks of a freed
+ *     imported allocation stay counted as lent in their pool until the
+ *     last import closes.
+ */
+#ifndef GMB_IMPORT_H
+#define GMB_IMPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "common/idmap.h"
+#include "common/ipc_handle.h"
+#include "common/wire.h"
+
+struct broker;
+struct bclient;
+struct balloc;
+struct chunk;
+struct import_export;
+
+/* One client's opens of one export. */
+struct import_rec {
+	struct bclient *importer; /* owned by the broker */
+	struct import_export *ex;
+	uint32_t refs; /* opens not closed yet */
+	struct import_rec *prev, *next; /* on ex->imports */
+};
+
+struct import_export {
+	uint64_t id; /* the handle's generation */
+	uint64_t alloc_id;
+	struct balloc *alloc; /* NULL once freed or its owner gone */
+	/* The owner, kept by value: the export may outlive it. */
+	uint64_t owner_id;
+	char owner[WIRE_MAX_NAME + 1];
+	pid_t owner_pid;
+	uid_t owner_uid;
+	int dev;
+	uint64_t size;
+	uint8_t token[IPC_HANDLE_TOKEN];
+	/* While imported: the allocation's chunks, each pinned once. */
+	struct chunk **chunks;
+	uint32_t nchunks;
+	struct import_rec *imports;
+	uint32_t nimports; /* records on the list */
+	struct import_export *prev, *next;
+};
+
+struct import_table {
+	uint64_t instance; /* random at the first export: a handle of another gmbd is stale */
+	uint64_t next_id;
+	struct idmap by_id;		/* export id -> export */
+	struct idmap by_alloc;		/* live allocation id -> export */
+	struct import_export *exports;	/* newest first */
+	uint64_t nexports, nrecs;	/* for status and tests */
+};
+
+/* The broker's table, made on first use; NULL when there is none yet. */
+struct import_table *import_table(struct broker *br);
+
+/**
+ * import_export() - the handle (IPC_HANDLE_SIZE bytes into @handle) of
+ * @c's allocation @alloc_id, naming the chunk that holds byte @offset.
+ * Return: 0; -ENOENT (no such allocation of @c), -EBUSY (paused),
+ * -EINVAL (@offset past its end), -ENOMEM, -EIO (no randomness), with @err.
+ */
+int import_export(struct broker *br, struct bclient *c, uint64_t alloc_id, uint64_t offset,
+		  uint8_t *handle, char *err);
+
+/**
+ * import_open() - @c imports what @handle (@len bytes) names: one open
+ * more. *@out is the export (its chunks are what to send, in order) and
+ * *@range_off the handle's range offset; both the table's.
+ * Return: 0; -EINVAL (not a well-formed gmbd handle, or a range offset
+ * that is no chunk's), -ENOENT (of another gmbd, no such export, a wrong
+ * token: the same answer for each, so that nothing is learnt from it; or
+ * the allocation was freed), -EPERM (another uid, @err naming the owner;
+ * or a tool), -EBUSY (the owner's tag is paused), -ENOMEM; @err says why.
+ */
+int import_open(struct broker *br, struct bclient *c, const uint8_t *handle, size_t len,
+		struct import_export **out, uint64_t *range_off, char *err);
+
+/**
+ * import_close() - one open of export @export_id by @c fewer. On the last
+ * one of the export its chunks are unpinned: back in the pool when their
+ * allocation is gone (released as the keep limit says).
+ * Return: 0; -ENOENT (@c has no open of it) with @err.
+ */
+int import_close(struct broker *br, struct bclient *c, uint64_t export_id, char *err);
+
+/* @c's imports now (every open of every export), for status and tests. */
+uint64_t import_client_opens(struct broker *br, const struct bclient *c);
+
+/* Hooks of the broker. */
+/* @a goes (freed, or its client removed): its export, if any, loses it. */
+void import_alloc_gone(struct broker *br, struct balloc *a);
+/* @c goes: every import of it is dropped. */
+void import_client_gone(struct broker *br, struct bclient *c);
+/**
+ * import_pause_check() - may @c pause @tag ("" or NULL: every tag)?
+ * Return: 0; -EBUSY when another process maps one of its allocations,
+ * @err naming each importer (client, pid) and allocation.
+ */
+int import_pause_check(struct broker *br, const struct bclient *c, const char *tag, char *err);
+/* broker_free(): the table goes (every client removed before). */
+void import_deinit(struct broker *br);
+
+#endif
