@@ -54,7 +54,7 @@ DAEMON_SRC := daemon/core/pool.c daemon/core/broker.c daemon/core/lend.c daemon/
 	daemon/handlers/reply.c daemon/handlers/drops.c daemon/handlers/park.c \
 	daemon/handlers/status.c daemon/handlers/switch.c daemon/handlers/control.c daemon/handlers/memory.c \
 	daemon/handlers/hello.c daemon/handlers/orphans.c daemon/handlers/handlers.c \
-	daemon/handlers/limits.c \
+	daemon/handlers/limits.c daemon/handlers/ipc.c \
 	daemon/transport/sess.c daemon/transport/server.c \
 	daemon/system/sd.c daemon/service/opts.c daemon/service/conf.c \
 	daemon/metrics/metrics.c daemon/metrics/http.c
@@ -64,9 +64,9 @@ DAEMON_MAIN := daemon/service/main.c
 # shim is a library of its own that loads libgmb at run time (no NEEDED on it).
 LIB_SRC := client/lib/api/api.c client/lib/api/status_json.c client/lib/api/status_top.c \
 	client/lib/hook/region.c client/lib/hook/default.c client/lib/hook/alloc.c \
-	client/lib/hook/torch.c client/lib/hook/libpath.c client/lib/hook/tms.c \
+	client/lib/hook/torch.c client/lib/hook/libpath.c client/lib/hook/tms.c client/lib/hook/ipc.c \
 	client/lib/mem/mem.c client/lib/mem/cycle.c client/lib/mem/rejoin.c client/lib/mem/backup.c \
-	client/lib/cache/cache.c client/lib/conn/conn.c client/lib/conn/reconnect.c
+	client/lib/ipc/ipc.c client/lib/cache/cache.c client/lib/conn/conn.c client/lib/conn/reconnect.c
 PRELOAD_SRC := client/preload/preload.c common/env.c common/err.c
 CTL_SRC := client/gmbctl/gmbctl.c client/gmbctl/live.c
 TEST_SRC := $(wildcard tests/test_*.c)

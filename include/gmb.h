@@ -275,6 +275,45 @@ GMB_API int gmb_default_client(const char *socket_path, const char *client_name,
  */
 GMB_API int gmb_owns(gmb_client *c, const void *ptr);
 
+/*
+ * Memory shared between processes (CUDA IPC on gmbd memory; the preload
+ * shim's cudaIpcGetMemHandle/OpenMemHandle/CloseMemHandle call these). A
+ * handle is GMB_IPC_HANDLE_SIZE bytes (cudaIpcMemHandle_t's size), the
+ * same bytes each time for the same pointer, and names the allocation and
+ * the chunk holding the pointer: open returns the import's address of that
+ * chunk (the allocation's base for its base); the caller adds its offset.
+ * A process may open handles of clients of its own uid (-EPERM otherwise).
+ * -ENXIO says "not gmbd's": a pointer in no allocation or import of the
+ * client, a handle without gmbd's magic (pass those to the runtime).
+ */
+#define GMB_IPC_HANDLE_SIZE 64
+
+/* 1 if the GMB_IPC_HANDLE_SIZE bytes at @handle start as gmbd's handles do. */
+GMB_API int gmb_ipc_is_handle(const void *handle);
+/**
+ * gmb_ipc_get_handle() - the handle of the gmbd memory at @ptr (an
+ * allocation of @c, or an import: its handle again) into @handle (@c NULL:
+ * the default client). Return: 0; -ENXIO (not gmbd memory of @c); -EBUSY
+ * (its tag is paused); gmbd's error.
+ */
+GMB_API int gmb_ipc_get_handle(gmb_client *c, const void *ptr, void *handle);
+/**
+ * gmb_ipc_open() - map what @handle names into this process (once per
+ * allocation however often it is opened: each open is counted) and give
+ * this process's @device (-1: the memory's own device) read and write
+ * access (@c NULL: the default client, connected if need be).
+ * Return: 0; -ENXIO (not a gmbd handle); -EINVAL (damaged); -ENOENT
+ * (forged, of an earlier gmbd, or its allocation was freed); -EPERM
+ * (another uid; gmb_last_error() names the owner); -EBUSY (paused).
+ */
+GMB_API int gmb_ipc_open(gmb_client *c, const void *handle, int device, void **ptr);
+/**
+ * gmb_ipc_close() - one open of the import holding @ptr fewer; the last
+ * waits for the device, unmaps it and tells gmbd (@c NULL: the default
+ * client). Return: 0; -ENXIO (@ptr is in no import of @c).
+ */
+GMB_API int gmb_ipc_close(gmb_client *c, void *ptr);
+
 /**
  * gmb_host_copy() - the host copy of [@ptr, @ptr+@size) inside one of @c's
  * allocations (@c NULL: the default client), whenever one exists: while

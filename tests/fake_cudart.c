@@ -136,3 +136,52 @@ FAKE_API void fake_cudart_set_limit(size_t bytes)
 	fake_limit = bytes;
 	pthread_mutex_unlock(&fake_lock);
 }
+
+/*
+ * IPC: the stand-in's handles name its own pointers by address ("FAKEIPC"
+ * + the pointer), which is all a test needs to see that a call of memory
+ * that is not gmbd's reached the runtime; a handle it did not make is an
+ * invalid resource handle, as the runtime says.
+ */
+static const char fake_ipc_magic[8] = "FAKEIPC";
+
+FAKE_API cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
+{
+	cudaError_t r = cudaErrorInvalidValue;
+
+	pthread_mutex_lock(&fake_lock);
+	fake_st.ipc_gets++;
+	for (int i = 0; h && p && i < FAKE_MAX_PTRS; i++) {
+		if (fake_ptrs[i] != p)
+			continue;
+		memset(h, 0, sizeof(*h));
+		memcpy(h->reserved, fake_ipc_magic, sizeof(fake_ipc_magic));
+		memcpy(h->reserved + 8, &p, sizeof(p));
+		r = cudaSuccess;
+	}
+	pthread_mutex_unlock(&fake_lock);
+	return r;
+}
+
+FAKE_API cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned int flags)
+{
+	cudaError_t r = cudaErrorInvalidResourceHandle;
+
+	(void)flags;
+	pthread_mutex_lock(&fake_lock);
+	fake_st.ipc_opens++;
+	if (p && memcmp(h.reserved, fake_ipc_magic, sizeof(fake_ipc_magic)) == 0) {
+		memcpy(p, h.reserved + 8, sizeof(*p));
+		r = cudaSuccess;
+	}
+	pthread_mutex_unlock(&fake_lock);
+	return r;
+}
+
+FAKE_API cudaError_t cudaIpcCloseMemHandle(void *p)
+{
+	pthread_mutex_lock(&fake_lock);
+	fake_st.ipc_closes++;
+	pthread_mutex_unlock(&fake_lock);
+	return p ? cudaSuccess : cudaErrorInvalidValue;
+}

@@ -12,6 +12,7 @@
 /* Calls served by the stand-in since the process started. */
 struct fake_stats {
 	int mallocs, frees, bad_frees, syncs, amallocs, afrees;
+	int ipc_gets, ipc_opens, ipc_closes; /* the cudaIpc*MemHandle calls it served */
 };
 
 FAKE_API void fake_cudart_stats(struct fake_stats *out);

@@ -19,6 +19,7 @@
  *   fill PTR SIZE BYTE     memset (host memory on both sides here)
  *   check PTR SIZE BYTE    0 if every byte equals BYTE, else -EILSEQ
  *   stats                  the stand-in's counters
+ *   ipcstats               its counts of cudaIpc*MemHandle calls served
  *   owns PTR               "0 1" if the default client owns PTR, "0 0" if not
  *   status                 gmb_status_json of the default client, on one line
  *   pause TAG|* / resume TAG|*   of the default client
@@ -31,6 +32,9 @@
  *   tms set tag|interesting|cpu|backend|disk|retain|dir VALUE   its setters
  *   tms copy PTR SIZE        tms_get_cpu_backup_pointer -> "0 <ptr>"
  *   (tms symbols come from the global scope: the shim's when preloaded)
+ *   ipcget PTR             cudaIpcGetMemHandle -> "<err> <128 hex digits>"
+ *   ipcopen HEX            cudaIpcOpenMemHandle(LazyEnablePeerAccess) -> "<err> <ptr>"
+ *   ipcclose PTR           cudaIpcCloseMemHandle
  *   quit
  */
 #include <cuda_runtime_api.h>
@@ -149,6 +153,36 @@ static int prog_thread(size_t size, char *out, size_t cap)
 	return (int)t.rc;
 }
 
+/* The cudaIpc*MemHandle calls; handles travel as hex text. */
+static int prog_ipc(const char *verb, const char *a, char *out, size_t cap)
+{
+	cudaIpcMemHandle_t h;
+	void *p = NULL;
+	cudaError_t r;
+
+	if (!strcmp(verb, "ipcget")) {
+		memset(&h, 0, sizeof(h));
+		r = cudaIpcGetMemHandle(&h, prog_ptr(a));
+		for (size_t i = 0; i < sizeof(h.reserved) && 2 * i + 2 < cap; i++)
+			snprintf(out + 2 * i, 3, "%02x", (unsigned char)h.reserved[i]);
+		return (int)r;
+	}
+	if (!strcmp(verb, "ipcopen")) {
+		memset(&h, 0, sizeof(h));
+		for (size_t i = 0; i < sizeof(h.reserved) && a[2 * i] && a[2 * i + 1]; i++) {
+			char byte[3] = { a[2 * i], a[2 * i + 1], 0 };
+
+			h.reserved[i] = (char)strtoul(byte, NULL, 16);
+		}
+		r = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+		snprintf(out, cap, "%p", p);
+		return (int)r;
+	}
+	if (!strcmp(verb, "ipcclose"))
+		return (int)cudaIpcCloseMemHandle(prog_ptr(a));
+	return -EINVAL;
+}
+
 static int prog_cuda(const char *verb, const char *a, char *out, size_t cap)
 {
 	void *p = NULL;
@@ -166,6 +200,8 @@ static int prog_cuda(const char *verb, const char *a, char *out, size_t cap)
 		return (int)cudaFreeAsync(prog_ptr(a), 0);
 	if (!strcmp(verb, "thread"))
 		return prog_thread(strtoull(a, NULL, 0), out, cap);
+	if (!strcmp(verb, "ipcget") || !strcmp(verb, "ipcopen") || !strcmp(verb, "ipcclose"))
+		return prog_ipc(verb, a, out, cap);
 	return -EINVAL;
 }
 
@@ -184,6 +220,10 @@ static int prog_fake(const char *verb, const char *a, char *out, size_t cap)
 		snprintf(out, cap,
 			 "mallocs=%d frees=%d bad_frees=%d syncs=%d amallocs=%d afrees=%d",
 			 st.mallocs, st.frees, st.bad_frees, st.syncs, st.amallocs, st.afrees);
+	} else if (!strcmp(verb, "ipcstats")) {
+		fake_cudart_stats(&st);
+		snprintf(out, cap, "gets=%d opens=%d closes=%d", st.ipc_gets, st.ipc_opens,
+			 st.ipc_closes);
 	} else
 		return -EINVAL;
 	return 0;

@@ -8,7 +8,11 @@
  * Covered: cudaMalloc and cudaFree (PyTorch's caching allocator, including
  * the private pools of CUDA graphs, which it fills with cudaMalloc under a
  * relaxed capture mode), cudaMallocAsync and cudaFreeAsync (PyTorch's
- * cudaMallocAsync backend) outside stream capture. Not covered: memory the
+ * cudaMallocAsync backend) outside stream capture; cudaIpcGetMemHandle,
+ * cudaIpcOpenMemHandle and cudaIpcCloseMemHandle for gmbd memory and gmbd's
+ * handles (libgmb's gmb_ipc_*), every other pointer and handle going to the
+ * runtime unchanged; a handle without gmbd's magic never loads libgmb. The
+ * event IPC calls are not touched. Not covered: memory the
  * driver API makes directly (PyTorch's expandable segments, NCCL's cuMem
  * buffers), cudaMallocManaged, cudaMallocPitch/3D, the _ptsz variants.
  *
@@ -64,6 +68,9 @@ enum shim_real_fn {
 	SHIM_MALLOC_ASYNC,
 	SHIM_FREE_ASYNC,
 	SHIM_IS_CAPTURING,
+	SHIM_IPC_GET,
+	SHIM_IPC_OPEN,
+	SHIM_IPC_CLOSE,
 	SHIM_NREAL
 };
 
@@ -75,6 +82,9 @@ static const char *const shim_real_names[SHIM_NREAL] = {
 	[SHIM_MALLOC_ASYNC] = "cudaMallocAsync",
 	[SHIM_FREE_ASYNC] = "cudaFreeAsync",
 	[SHIM_IS_CAPTURING] = "cudaStreamIsCapturing",
+	[SHIM_IPC_GET] = "cudaIpcGetMemHandle",
+	[SHIM_IPC_OPEN] = "cudaIpcOpenMemHandle",
+	[SHIM_IPC_CLOSE] = "cudaIpcCloseMemHandle",
 };
 
 /* What the shim calls in libgmb (include/gmb.h). */
@@ -84,6 +94,9 @@ struct shim_gmb {
 	int (*owns)(gmb_client *c, const void *ptr);
 	int (*default_client)(const char *path, const char *name, gmb_client **out);
 	int (*free)(gmb_client *c, void *ptr);
+	int (*ipc_get_handle)(gmb_client *c, const void *ptr, void *handle);
+	int (*ipc_open)(gmb_client *c, const void *handle, int device, void **ptr);
+	int (*ipc_close)(gmb_client *c, void *ptr);
 	void *handle; /* the libgmb the functions come from; a reference, never closed */
 };
 
@@ -165,6 +178,9 @@ typedef cudaError_t (*shim_sync_fn)(void);
 typedef cudaError_t (*shim_malloc_async_fn)(void **, size_t, cudaStream_t);
 typedef cudaError_t (*shim_free_async_fn)(void *, cudaStream_t);
 typedef cudaError_t (*shim_is_capturing_fn)(cudaStream_t, enum cudaStreamCaptureStatus *);
+typedef cudaError_t (*shim_ipc_get_fn)(cudaIpcMemHandle_t *, void *);
+typedef cudaError_t (*shim_ipc_open_fn)(void **, cudaIpcMemHandle_t, unsigned int);
+typedef cudaError_t (*shim_ipc_close_fn)(void *);
 
 /* libgmb. */
 
@@ -184,8 +200,10 @@ static bool shim_default_tag(void)
 
 static int shim_gmb_bind(void *h, struct shim_gmb *fns)
 {
-	static const char *const names[] = { "gmb_region_current", "gmb_region_malloc", "gmb_owns",
-					     "gmb_default_client", "gmb_free" };
+	static const char *const names[] = { "gmb_region_current", "gmb_region_malloc",
+					     "gmb_owns",	   "gmb_default_client",
+					     "gmb_free",	   "gmb_ipc_get_handle",
+					     "gmb_ipc_open",	   "gmb_ipc_close" };
 	void *syms[sizeof(names) / sizeof(names[0])];
 
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
@@ -200,6 +218,9 @@ static int shim_gmb_bind(void *h, struct shim_gmb *fns)
 	memcpy(&fns->owns, &syms[2], sizeof(void *));
 	memcpy(&fns->default_client, &syms[3], sizeof(void *));
 	memcpy(&fns->free, &syms[4], sizeof(void *));
+	memcpy(&fns->ipc_get_handle, &syms[5], sizeof(void *));
+	memcpy(&fns->ipc_open, &syms[6], sizeof(void *));
+	memcpy(&fns->ipc_close, &syms[7], sizeof(void *));
 	return 0;
 }
 
@@ -436,6 +457,76 @@ SHIM_API cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream)
 		return cudaErrorStreamCaptureUnsupported;
 	}
 	return shim_broker_free(g, ptr);
+}
+
+/* Memory shared between processes. */
+
+/* libgmb's -errno of an IPC call as the runtime's: a handle that names
+ * nothing is an invalid resource handle, as the runtime says of its own. */
+static cudaError_t shim_ipc_status(int rc)
+{
+	switch (rc) {
+	case -ENOENT:
+	case -EINVAL:
+	case -EPROTO:
+		return cudaErrorInvalidResourceHandle;
+	case -EPERM:
+		return cudaErrorNotPermitted;
+	default:
+		return shim_status(rc);
+	}
+}
+
+/* gmbd's handles start with its magic (common/ipc_handle.h), the runtime's never do. */
+static bool shim_ipc_is_gmb(const cudaIpcMemHandle_t *h)
+{
+	return memcmp(h->reserved, "GMBIPC", 6) == 0;
+}
+
+SHIM_API cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *ptr)
+{
+	const struct shim_gmb *g = ptr ? shim_gmb(false) : NULL;
+	int rc;
+
+	if (!handle)
+		return cudaErrorInvalidValue;
+	if (g) {
+		rc = g->ipc_get_handle(NULL, ptr, handle->reserved);
+		if (rc != -ENXIO)
+			return shim_ipc_status(rc);
+	}
+	return SHIM_CALL(SHIM_IPC_GET, shim_ipc_get_fn, handle, ptr);
+}
+
+SHIM_API cudaError_t cudaIpcOpenMemHandle(void **ptr, cudaIpcMemHandle_t handle, unsigned int flags)
+{
+	const struct shim_gmb *g;
+	cudaError_t r;
+	int dev = 0;
+
+	if (!ptr || !shim_ipc_is_gmb(&handle))
+		return SHIM_CALL(SHIM_IPC_OPEN, shim_ipc_open_fn, ptr, handle, flags);
+	g = shim_gmb(true);
+	if (!g)
+		return cudaErrorInitializationError;
+	/* The current device gets access (cudaIpcMemLazyEnablePeerAccess when another). */
+	r = SHIM_CALL(SHIM_GET_DEVICE, shim_get_device_fn, &dev);
+	if (r != cudaSuccess)
+		return r;
+	return shim_ipc_status(g->ipc_open(NULL, handle.reserved, dev, ptr));
+}
+
+SHIM_API cudaError_t cudaIpcCloseMemHandle(void *ptr)
+{
+	const struct shim_gmb *g = ptr ? shim_gmb(false) : NULL;
+	int rc;
+
+	if (g) {
+		rc = g->ipc_close(NULL, ptr);
+		if (rc != -ENXIO)
+			return shim_ipc_status(rc);
+	}
+	return SHIM_CALL(SHIM_IPC_CLOSE, shim_ipc_close_fn, ptr);
 }
 
 /*

@@ -177,8 +177,7 @@ int import_export(struct broker *br, struct bclient *c, uint64_t alloc_id, uint6
 }
 
 /* The export @h names, exactly; NULL for any difference. */
-static struct import_export *import_lookup(const struct import_table *t,
-					   const struct ipc_handle *h)
+static struct import_export *import_lookup(const struct import_table *t, const struct ipc_handle *h)
 {
 	struct import_export *ex = idmap_get(&t->by_id, h->gen);
 	uint8_t diff = 0;
@@ -219,15 +218,14 @@ static int import_pin(struct broker *br, struct import_export *ex, char *err)
 }
 
 /* Check order: form, then identity (one answer for all), then who and when. */
-static int import_open_check(struct import_table *t, const struct bclient *c,
-			     const uint8_t *handle, size_t len, struct ipc_handle *h,
-			     struct import_export **out, char *err)
+static int import_open_check(struct import_table *t, const struct bclient *c, const uint8_t *handle,
+			     size_t len, struct ipc_handle *h, struct import_export **out,
+			     char *err)
 {
 	struct import_export *ex;
 
 	if (len != IPC_HANDLE_SIZE)
-		return err_fmt(err, -EINVAL, "a handle of %zu bytes, not %d", len,
-			       IPC_HANDLE_SIZE);
+		return err_fmt(err, -EINVAL, "a handle of %zu bytes, not %d", len, IPC_HANDLE_SIZE);
 	if (ipc_handle_decode(handle, h) < 0)
 		return err_fmt(err, -EINVAL, "not a gmbd handle (magic, version or ids)");
 	ex = t ? import_lookup(t, h) : NULL;
@@ -248,8 +246,7 @@ static int import_open_check(struct import_table *t, const struct bclient *c,
 			       (unsigned long long)ex->alloc_id, ex->owner);
 	if (!ex->alloc->active)
 		return err_fmt(err, -EBUSY, "allocation %llu of client '%s' is in paused tag '%s'",
-			       (unsigned long long)ex->alloc_id, ex->owner,
-			       ex->alloc->tag->name);
+			       (unsigned long long)ex->alloc_id, ex->owner, ex->alloc->tag->name);
 	if (!import_is_range(ex->alloc, h->range_off))
 		return err_fmt(err, -EINVAL, "range offset %llu starts no chunk of allocation %llu",
 			       (unsigned long long)h->range_off, (unsigned long long)ex->alloc_id);
@@ -393,8 +390,7 @@ void import_client_gone(struct broker *br, struct bclient *c)
 }
 
 /* Does @ex's allocation belong to @c's tag @tag ("": any)? */
-static bool import_of_tag(const struct import_export *ex, const struct bclient *c,
-			  const char *tag)
+static bool import_of_tag(const struct import_export *ex, const struct bclient *c, const char *tag)
 {
 	const struct balloc *a = ex->alloc;
 

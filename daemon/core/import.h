@@ -46,7 +46,7 @@ struct import_export;
 struct import_rec {
 	struct bclient *importer; /* owned by the broker */
 	struct import_export *ex;
-	uint32_t refs; /* opens not closed yet */
+	uint32_t refs;			/* opens not closed yet */
 	struct import_rec *prev, *next; /* on ex->imports */
 };
 
@@ -73,10 +73,10 @@ struct import_export {
 struct import_table {
 	uint64_t instance; /* random at the first export: a handle of another gmbd is stale */
 	uint64_t next_id;
-	struct idmap by_id;		/* export id -> export */
-	struct idmap by_alloc;		/* live allocation id -> export */
-	struct import_export *exports;	/* newest first */
-	uint64_t nexports, nrecs;	/* for status and tests */
+	struct idmap by_id;	       /* export id -> export */
+	struct idmap by_alloc;	       /* live allocation id -> export */
+	struct import_export *exports; /* newest first */
+	uint64_t nexports, nrecs;      /* for status and tests */
 };
 
 /* The broker's table, made on first use; NULL when there is none yet. */

@@ -19,6 +19,7 @@
 #include "common/wire.h"
 #include "daemon/core/broker.h"
 #include "daemon/core/event.h"
+#include "daemon/core/import.h"
 #include "daemon/core/proc.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
@@ -85,6 +86,11 @@ static const struct handler handlers_table[] = {
 	[GMB__ENVELOPE__BODY_CONTROL_STATE] = { "control_state", handlers__control_state, H_STATE },
 	[GMB__ENVELOPE__BODY_WATCH] = { "watch", handlers__watch, 0 },
 	[GMB__ENVELOPE__BODY_WATCH_EVENT] = { "watch_event", NULL, 0 },
+	[GMB__ENVELOPE__BODY_IPC_EXPORT] = { "ipc_export", handlers__ipc_export, 0 },
+	[GMB__ENVELOPE__BODY_IPC_EXPORT_REPLY] = { "ipc_export_reply", NULL, 0 },
+	[GMB__ENVELOPE__BODY_IPC_OPEN] = { "ipc_open", handlers__ipc_open, 0 },
+	[GMB__ENVELOPE__BODY_IPC_OPEN_REPLY] = { "ipc_open_reply", NULL, 0 },
+	[GMB__ENVELOPE__BODY_IPC_CLOSE] = { "ipc_close", handlers__ipc_close, H_SETTLE | H_STATE },
 };
 
 #define HANDLERS_N (sizeof(handlers_table) / sizeof(handlers_table[0]))
@@ -291,7 +297,8 @@ static int handlers_export_fds(void *arg, const uint64_t *ids, size_t n, int *fd
 static bool handlers_keep_orphan(struct handlers *h, struct sess *s, struct bclient *c)
 {
 	if (h->handover || h->closed || !s->doomed || s->peer_closed || c->tool ||
-	    c->allocs.count == 0 || !proc_alive(c->pid, c->start_time))
+	    (c->allocs.count == 0 && !import_client_opens(h->broker, c)) ||
+	    !proc_alive(c->pid, c->start_time))
 		return false;
 	log_notice("client kept as an orphan " SESS_FMT " allocations=%zu grace_s=%" PRIu64,
 		   SESS_ARGS(s), (size_t)c->allocs.count, h->orphan_grace_ms / 1000);

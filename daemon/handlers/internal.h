@@ -9,6 +9,7 @@
  *   orphans.c    orphans of a restart: reclaimed when gone or too late
  *   hello.c      hello, the rejoin hello and its claim, Bye
  *   memory.c     alloc, free, tag mode, pause, resume, trim, lend replies
+ *   ipc.c        memory shared between processes: export, open, close
  *   control.c    an operator's pause/resume forwarded to its target
  *   switch.c     switches (pause FROM, resume TO, roll back), priorities
  *   status.c     the status reply
@@ -230,6 +231,11 @@ int handlers__resume(struct hreq *rq);
 int handlers__undeliverable(void *arg, struct sess *s, Gmb__Envelope *const *envs, size_t n,
 			    int err);
 int handlers__trim(struct hreq *rq);
+
+/* ipc.c: memory shared between processes (export, open, close). */
+int handlers__ipc_export(struct hreq *rq);
+int handlers__ipc_open(struct hreq *rq);
+int handlers__ipc_close(struct hreq *rq);
 
 /* orphans.c */
 /* Orphan @c is reclaimed when its process goes or at now + the grace period. */

@@ -163,6 +163,7 @@ GMB_API void gmb_close(gmb_client *c)
 	/* Unmap while still connected: once the socket closes gmbd may lend the
 	 * chunks to another client, and nothing here may still write to them. */
 	gmb__op_begin(&c->conn);
+	gmb__ipc_close_all(&c->mem, &c->ipc);
 	gmb__cycle_close(&c->mem);
 	gmb__op_end(&c->conn);
 	gmb__conn_stop(&c->conn);

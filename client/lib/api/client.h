@@ -13,12 +13,14 @@
 #define GMB_CLIENT_API_CLIENT_H
 
 #include "client/lib/conn/conn.h"
+#include "client/lib/ipc/ipc.h"
 #include "client/lib/mem/mem.h"
 #include "gmb.h"
 
 struct gmb_client {
 	struct gmb__conn conn; /* first: the locks every layer shares */
 	struct gmb__mem mem;
+	struct gmb__ipc ipc; /* imports of other processes' memory, under op_lock */
 	/* Under conn.lock. */
 	gmb_control_fn control_fn;
 	void *control_arg;

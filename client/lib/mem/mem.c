@@ -607,7 +607,47 @@ out_tag:
 
 /* The connection's callbacks (reader thread, no op_lock), init, close. */
 
-/* Imports the chunk fds of reply part @env into the handle cache; the fds stay the caller's. */
+/* One handle more for the IPC open in progress; the state lock is held. */
+static int mem_stage(struct gmb__mem *m, uint64_t id, uint64_t h, uint64_t size)
+{
+	if (m->nstaged == m->cap_staged) {
+		size_t cap = m->cap_staged ? m->cap_staged * 2 : 16;
+		struct gmb__staged *v = realloc(m->staged, cap * sizeof(*v));
+
+		if (!v)
+			return -ENOMEM;
+		m->staged = v;
+		m->cap_staged = cap;
+	}
+	m->staged[m->nstaged++] = (struct gmb__staged){ .id = id, .handle = h, .size = size };
+	return 0;
+}
+
+void gmb__mem_staged_take(struct gmb__mem *m, struct gmb__staged **out, size_t *n)
+{
+	pthread_mutex_lock(&m->conn->lock);
+	*out = m->staged;
+	*n = m->nstaged;
+	m->staged = NULL;
+	m->nstaged = m->cap_staged = 0;
+	pthread_mutex_unlock(&m->conn->lock);
+}
+
+void gmb__mem_staged_clear(struct gmb__mem *m)
+{
+	struct gmb__staged *v;
+	size_t n;
+
+	gmb__mem_staged_take(m, &v, &n);
+	for (size_t i = 0; i < n; i++)
+		m->be->ops->chunk_release(m->be, v[i].handle);
+	free(v);
+}
+
+/*
+ * Imports the chunk fds of reply part @env into the handle cache, or those
+ * of an IPC open's reply aside for that open; the fds stay the caller's.
+ */
 static void mem_import(void *arg, const Gmb__Envelope *env, const int *fds, int nfds,
 		       struct gmb__reply *rep)
 {
@@ -633,7 +673,10 @@ static void mem_import(void *arg, const Gmb__Envelope *env, const int *fds, int 
 			continue;
 		}
 		pthread_mutex_lock(&m->conn->lock);
-		rc = gmb__cache_put(&m->tab, id, h, env->fd_sizes[i], &rel);
+		if (env->body_case == GMB__ENVELOPE__BODY_IPC_OPEN_REPLY)
+			rc = mem_stage(m, id, h, env->fd_sizes[i]);
+		else
+			rc = gmb__cache_put(&m->tab, id, h, env->fd_sizes[i], &rel);
 		pthread_mutex_unlock(&m->conn->lock);
 		if (rc < 0) {
 			be->ops->chunk_release(be, h);
@@ -687,8 +730,10 @@ void gmb__mem_deinit(struct gmb__mem *m)
 		m->tags = t->next;
 		free(t);
 	}
-	if (m->be)
+	if (m->be) {
 		gmb__backup_bufs_free(m->be, &m->bufs);
+		gmb__mem_staged_clear(m);
+	}
 	gmb__cache_clear(&m->tab, &rel);
 	gmb__release_run(m->be, rel);
 	idmap_deinit(&m->tab.by_id);

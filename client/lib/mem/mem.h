@@ -27,6 +27,13 @@
 /* Devices as a bit mask: BACKEND_MAX_DEVICES is 64. */
 #define GMB__DEV_BIT(d) (1ULL << (unsigned)(d))
 
+/* A chunk handle imported for an IPC open (client/lib/ipc/), not for a lend. */
+struct gmb__staged {
+	uint64_t id; /* gmbd's chunk id */
+	uint64_t handle;
+	uint64_t size;
+};
+
 struct gmb__mem {
 	/* Set by gmb__mem_init(): the connection below (its state lock) and gmbd's devices. */
 	struct gmb__conn *conn;
@@ -35,6 +42,11 @@ struct gmb__mem {
 	struct backend *be; /* NULL until needed (tools never map) */
 	/* Under the state lock. */
 	struct gmb__cache tab;
+	/* The handles of an IpcOpenReply's fds, in arrival order, owned here
+	 * until gmb__mem_staged_take() (the open runs under op_lock, so there
+	 * is at most one such reply at a time). */
+	struct gmb__staged *staged;
+	size_t nstaged, cap_staged;
 	/* Under op_lock only. */
 	struct gmb__tag *tags;
 	struct gmb__backup_bufs bufs; /* backup.c's pinned buffers */
@@ -73,6 +85,11 @@ int gmb__mem_sync(struct gmb__mem *m, uint64_t dev_mask, char *err);
 /* @copied: PRESERVE bytes saved to host before it (gmbd counts them). */
 int gmb__mem_send_pause(struct gmb__mem *m, const char *name, uint64_t copied, char *err);
 void gmb__mem_sweep(struct gmb__mem *m);
+/* The staged handles, now the caller's (free *@out; release each handle);
+ * none left staged. *@out NULL when none. */
+void gmb__mem_staged_take(struct gmb__mem *m, struct gmb__staged **out, size_t *n);
+/* Releases staged handles nobody took (a failed or lost open). */
+void gmb__mem_staged_clear(struct gmb__mem *m);
 
 /* cycle.c: the caller holds op_lock. @tag NULL or "": every tag. */
 int gmb__cycle_pause(struct gmb__mem *m, const char *tag, char *err);

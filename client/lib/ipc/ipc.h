@@ -1,0 +1,71 @@
+/*
+ * ipc.h - libgmb's side of memory shared between processes (CUDA IPC on
+ * gmbd memory): handles for this client's allocations, and the imports of
+ * other processes' allocations this client maps.
+ *
+ * Layer: beside the memory layer (client/lib/mem/), whose backend, tables
+ * and connection it uses, below the API and the hooks that export
+ * gmb_ipc_* (client/lib/hook/ipc.c). Includes mem.h and common/.
+ *
+ * An import is one mapping per exported allocation in this process,
+ * however many handles of it are opened (handles differ only in their
+ * range offset): its opens are counted, gmbd is asked once, and the last
+ * close unmaps it and tells gmbd. Every function runs under the
+ * connection's op_lock.
+ */
+#ifndef GMB_CLIENT_IPC_H
+#define GMB_CLIENT_IPC_H
+
+#include <stdint.h>
+
+#include "client/lib/mem/mem.h"
+#include "common/ipc_handle.h"
+
+/* One imported allocation, mapped at [va, va + size). */
+struct gmb__import {
+	uint64_t instance, owner, alloc, gen; /* what its handles name */
+	int dev;			      /* gmbd's index of the memory's device */
+	uint64_t size;
+	uintptr_t va;
+	uint8_t token[IPC_HANDLE_TOKEN];
+	struct gmb__staged *chunks; /* mapping order, handles owned */
+	size_t nchunks;
+	uint32_t opens;
+	struct gmb__import *next;
+};
+
+struct gmb__ipc {
+	struct gmb__import *imports; /* under op_lock */
+};
+
+/**
+ * gmb__ipc_get_handle() - the handle of the memory at @ptr: an allocation
+ * of this client (asked of gmbd), or an import (its handle again).
+ * Return: 0; -ENXIO when @ptr is in neither (not gmbd's: the caller passes
+ * it on to the runtime); gmbd's refusal; -EPROTO.
+ */
+int gmb__ipc_get_handle(struct gmb__mem *m, struct gmb__ipc *ipc, const void *ptr,
+			uint8_t *handle, char *err);
+/**
+ * gmb__ipc_open() - map what @handle names (or count one more open of it)
+ * and give this process's device index @dev_index (gmbd's index; -1: the
+ * memory's own) read and write access. *@ptr: the import's base plus the
+ * handle's range offset.
+ * Return: 0; -ENXIO when @handle is not gmbd's; -EINVAL malformed; gmbd's
+ * refusal (-ENOENT stale or forged, -EPERM another uid, -EBUSY paused);
+ * the backend's error.
+ */
+int gmb__ipc_open(struct gmb__mem *m, struct gmb__ipc *ipc, const uint8_t *handle, int dev_index,
+		  void **ptr, char *err);
+/**
+ * gmb__ipc_close() - one open of the import holding @ptr fewer; the last
+ * drains its device, unmaps it, frees its range and tells gmbd.
+ * Return: 0; -ENXIO when @ptr is in no import; the backend's error.
+ */
+int gmb__ipc_close(struct gmb__mem *m, struct gmb__ipc *ipc, const void *ptr, char *err);
+/* Is @ptr in an import of this client? */
+int gmb__ipc_owns(struct gmb__ipc *ipc, const void *ptr);
+/* gmb_close(): every import unmapped and told to gmbd (while connected). */
+void gmb__ipc_close_all(struct gmb__mem *m, struct gmb__ipc *ipc);
+
+#endif

@@ -1,0 +1,126 @@
+/*
+ * ipc.c - the requests of memory shared between processes (CUDA IPC on
+ * gmbd memory): export (a handle for an allocation of mine), open (import
+ * the allocation a handle names), close. The record is the core's
+ * (daemon/core/import.c); this file decodes, calls it and answers.
+ *
+ * An open's reply lends nothing new to anyone: it sends the fds of every
+ * chunk of the allocation, in mapping order, WIRE_MAX_FDS a part, each
+ * part with an IpcOpenReply body so that libgmb's reader imports them for
+ * the open and not into its cache of lent chunks; the last part carries
+ * the allocation's facts. A refused request gets its status and sentence
+ * through the dispatcher, which logs it (handlers__refused()).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/size.h"
+#include "common/wire.h"
+#include "daemon/core/broker.h"
+#include "daemon/core/import.h"
+#include "daemon/handlers/internal.h"
+#include "daemon/transport/sess.h"
+
+int handlers__ipc_export(struct hreq *rq)
+{
+	const Gmb__IpcExportRequest *m = rq->env->ipc_export;
+	struct bclient *c = hconn_of(rq->s)->client;
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__IpcExportReply er = GMB__IPC_EXPORT_REPLY__INIT;
+	uint8_t handle[IPC_HANDLE_SIZE];
+	int r;
+
+	r = import_export(rq->h->broker, c, m->alloc_id, m->offset, handle, rq->err);
+	if (r < 0)
+		return r;
+	log_debug("handle exported " SESS_FMT " alloc=%" PRIu64 " offset=%" PRIu64,
+		  SESS_ARGS(rq->s), m->alloc_id, m->offset);
+	er.handle.data = handle;
+	er.handle.len = sizeof(handle);
+	env.reply_to = rq->env->id;
+	env.body_case = GMB__ENVELOPE__BODY_IPC_EXPORT_REPLY;
+	env.ipc_export_reply = &er;
+	sess_send(rq->s, &env);
+	return 0;
+}
+
+/* The chunk fds of @ex, WIRE_MAX_FDS a part, then the part with its facts. */
+static int handlers_ipc_send(struct sess *s, uint64_t reply_to, const struct import_export *ex,
+			     uint64_t range_off)
+{
+	uint64_t ids[WIRE_MAX_FDS], sizes[WIRE_MAX_FDS];
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__IpcOpenReply orp = GMB__IPC_OPEN_REPLY__INIT;
+	int r;
+
+	env.reply_to = reply_to;
+	env.body_case = GMB__ENVELOPE__BODY_IPC_OPEN_REPLY;
+	env.ipc_open_reply = &orp;
+	for (uint32_t off = 0; off < ex->nchunks;) {
+		uint32_t n = ex->nchunks - off < WIRE_MAX_FDS ? ex->nchunks - off : WIRE_MAX_FDS;
+
+		for (uint32_t i = 0; i < n; i++) {
+			ids[i] = ex->chunks[off + i]->id;
+			sizes[i] = ex->chunks[off + i]->size;
+		}
+		env.more = true;
+		env.n_fd_chunks = env.n_fd_sizes = n;
+		env.fd_chunks = ids;
+		env.fd_sizes = sizes;
+		r = sess_send(s, &env);
+		if (r < 0)
+			return r;
+		off += n;
+	}
+	env.more = false;
+	env.n_fd_chunks = env.n_fd_sizes = 0;
+	env.fd_chunks = env.fd_sizes = NULL;
+	orp.export_id = ex->id;
+	orp.owner_id = ex->owner_id;
+	orp.owner = (char *)ex->owner;
+	orp.owner_pid = (int32_t)ex->owner_pid;
+	orp.alloc_id = ex->alloc_id;
+	orp.device = (uint32_t)ex->dev;
+	orp.size = ex->size;
+	orp.range_offset = range_off;
+	orp.nchunks = ex->nchunks;
+	return sess_send(s, &env);
+}
+
+int handlers__ipc_open(struct hreq *rq)
+{
+	const Gmb__IpcOpenRequest *m = rq->env->ipc_open;
+	struct bclient *c = hconn_of(rq->s)->client;
+	struct import_export *ex = NULL;
+	uint64_t range_off = 0;
+	char b[SIZE_STR_MAX];
+	int r;
+
+	r = import_open(rq->h->broker, c, m->handle.data, m->handle.len, &ex, &range_off,
+			rq->err);
+	if (r < 0)
+		return r;
+	log_info("memory imported " SESS_FMT " owner=%s owner_pid=%d alloc=%" PRIu64
+		 " bytes=%s chunks=%u",
+		 SESS_ARGS(rq->s), ex->owner, (int)ex->owner_pid, ex->alloc_id,
+		 size_str(ex->size, b), ex->nchunks);
+	/* A reply that cannot go out dooms the session: its imports go with it. */
+	handlers_ipc_send(rq->s, rq->env->id, ex, range_off);
+	return 0;
+}
+
+int handlers__ipc_close(struct hreq *rq)
+{
+	const Gmb__IpcCloseRequest *m = rq->env->ipc_close;
+	int r;
+
+	r = import_close(rq->h->broker, hconn_of(rq->s)->client, m->export_id, rq->err);
+	if (r < 0)
+		return r;
+	log_debug("import closed " SESS_FMT " export=%" PRIu64, SESS_ARGS(rq->s), m->export_id);
+	handlers__reply_status(rq->s, rq->env->id, 0, NULL);
+	return 0;
+}

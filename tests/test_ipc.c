@@ -1,0 +1,372 @@
+/*
+ * test_ipc.c - CUDA IPC on gmbd memory through the preload shim, in real
+ * processes: two tests/prog_preload programs (the stand-in runtime,
+ * libgmb_preload.so preloaded), an exporter whose memory is gmbd's and an
+ * importer, against a real gmbd (host backend). Proves: bytes written by
+ * one are read by the other, both ways; handles are deterministic, name
+ * the chunk of an interior pointer, open once per allocation and count
+ * opens; forged (random, every bit flipped, truncated) and foreign
+ * handles; another uid's EPERM naming the owner; an owner that frees or is
+ * SIGKILLed while imported; an importer SIGKILLed; a pause of an imported
+ * tag refused until the import closes; used memory back to zero after each.
+ */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <cuda_runtime_api.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gmb.h"
+#include "tests/util.h"
+
+#define MiB (1024ULL * 1024)
+
+static struct gmbd_proc gmbd;
+static char build[PATH_MAX];
+
+static void start(void)
+{
+	static const char *const args[] = { "--host-devices", "1", "--host-memory", "64MiB",
+					    "--max-chunk",    "2MiB", "--log-level",   "info",
+					    NULL };
+
+	cr_assert(not(eq(ptr, realpath(test_build_dir(), build), NULL)));
+	cr_assert(eq(i32, gmbd_start_shared(&gmbd, args), 0), "gmbd did not start");
+}
+
+static void stop(void)
+{
+	cr_expect(eq(i32, gmbd_stop(&gmbd), 0), "gmbd did not exit cleanly");
+}
+
+TestSuite(ipc, .init = start, .fini = stop, .timeout = 60);
+
+/* A prog_preload under the shim on gmbd's socket; @uid > 0: run as that uid. */
+static void prog_start(struct worker *w, uid_t uid)
+{
+	char path[PATH_MAX + 32], bin[PATH_MAX + 32], asan[1024];
+	const char *old = getenv("ASAN_OPTIONS");
+	int to[2], from[2];
+
+	snprintf(bin, sizeof(bin), "%s/tests/prog_preload", build);
+	cr_assert(eq(i32, pipe2(to, O_CLOEXEC), 0));
+	cr_assert(eq(i32, pipe2(from, O_CLOEXEC), 0));
+	w->pid = fork();
+	if (w->pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		dup2(to[0], 0);
+		dup2(from[1], 1);
+		setenv("GMB_SOCKET", gmbd.sock, 1);
+		snprintf(path, sizeof(path), "%s/libgmb.so", build);
+		setenv("GMB_LIB", path, 1);
+		snprintf(path, sizeof(path), "%s/libgmb_preload.so", build);
+		setenv("LD_PRELOAD", path, 1);
+		snprintf(asan, sizeof(asan), "%s%sverify_asan_link_order=0", old ? old : "",
+			 old && *old ? ":" : "");
+		setenv("ASAN_OPTIONS", asan, 1);
+		if (uid && (setgid(uid) || setuid(uid)))
+			_exit(126);
+		execl(bin, bin, (char *)NULL);
+		_exit(127);
+	}
+	close(to[0]);
+	close(from[1]);
+	w->in = fdopen(to[1], "w");
+	w->out = fdopen(from[0], "r");
+	cr_assert(w->pid > 0 && w->in && w->out);
+	setvbuf(w->in, NULL, _IOLBF, 0);
+}
+
+/* Sends @cmd, asserts its status is @want; the rest of the answer. */
+static const char *run(struct worker *w, int want, const char *fmt, ...)
+{
+	static char text[1 << 15];
+	char cmd[512];
+	va_list ap;
+	int rc;
+
+	va_start(ap, fmt);
+	vsnprintf(cmd, sizeof(cmd), fmt, ap);
+	va_end(ap);
+	rc = worker_cmd(w, text, sizeof(text), "%s", cmd);
+	cr_assert(eq(i32, rc, want), "\"%s\" answered %d (%s), want %d", cmd, rc, text, want);
+	return text;
+}
+
+static int run_rc(struct worker *w, const char *fmt, const char *arg)
+{
+	static char text[1 << 15];
+
+	return worker_cmd(w, text, sizeof(text), fmt, arg);
+}
+
+/* An exporter with @size bytes of gmbd memory in tag "w", filled with @byte. */
+static void exporter(struct worker *w, size_t size, int byte, char p[32])
+{
+	prog_start(w, 0);
+	run(w, 0, "gmb");
+	run(w, 0, "region w discard");
+	snprintf(p, 32, "%s", run(w, 0, "malloc %zu", size));
+	cr_assert(strcmp(p, "(nil)") != 0);
+	run(w, 0, "fill %s %zu %d", p, size, byte);
+}
+
+/* The exporter's handle of @ptr (128 hex digits). */
+static void get_handle(struct worker *w, const char *ptr, char h[160])
+{
+	snprintf(h, 160, "%s", run(w, 0, "ipcget %s", ptr));
+	cr_assert(eq(sz, strlen(h), 128));
+	cr_assert(eq(i32, strncmp(h, "474d42495043", 12), 0), "gmbd's magic: %s", h);
+}
+
+static void open_handle(struct worker *w, const char *h, char q[32])
+{
+	snprintf(q, 32, "%s", run(w, 0, "ipcopen %s", h));
+	cr_assert(strcmp(q, "(nil)") != 0);
+}
+
+/* Bytes lent on device 0, as @w's client of gmbd sees it. */
+static int64_t used(struct worker *w)
+{
+	return json_i64_after(run(w, 0, "status"), "{\"index\":0,", "used_bytes");
+}
+
+static uintptr_t addr(const char *p)
+{
+	return (uintptr_t)strtoull(p, NULL, 0);
+}
+
+static void quit(struct worker *w)
+{
+	cr_assert(eq(i32, worker_quit(w), 0), "prog_preload did not exit cleanly");
+}
+
+Test(ipc, bytes_cross_both_ways_and_opens_are_counted)
+{
+	struct worker a, b;
+	char p[32], q[32], q2[32], h[160], h2[160];
+
+	exporter(&a, 4 * MiB, 0x5a, p);
+	get_handle(&a, p, h);
+	get_handle(&a, p, h2);
+	cr_assert(eq(str, h, h2), "the same bytes every time");
+	prog_start(&b, 0);
+	run(&b, 0, "gmb");
+	open_handle(&b, h, q);
+	run(&b, 0, "check %s %llu 90", q, 4 * MiB);
+	run(&b, 0, "fill %s %llu 51", q, 1 * MiB);
+	run(&a, 0, "check %s %llu 51", p, 1 * MiB);
+	/* A second open maps nothing new: the same address, one more open. */
+	open_handle(&b, h, q2);
+	cr_assert(eq(str, q, q2));
+	cr_assert(eq(i64, used(&b), (int64_t)(4 * MiB)), "imports are charged nothing");
+	run(&b, 0, "ipcclose %s", q);
+	run(&b, 0, "check %s %llu 51", q, 1 * MiB);
+	/* Imported: the owner's tag does not pause, and stays mapped. */
+	cr_assert(eq(i32, run_rc(&a, "pause %s", "w"), -EBUSY));
+	run(&a, 0, "check %s %llu 51", p, 1 * MiB);
+	run(&b, 0, "ipcclose %s", q);
+	run(&a, 0, "pause w");
+	run(&a, 0, "resume w");
+	/* The runtime was never asked, on either side. */
+	cr_assert(eq(str, (char *)run(&a, 0, "ipcstats"), "gets=0 opens=0 closes=0"));
+	cr_assert(eq(str, (char *)run(&b, 0, "ipcstats"), "gets=0 opens=0 closes=0"));
+	run(&a, 0, "free %s", p);
+	cr_assert(eq(i64, used(&b), 0));
+	quit(&b);
+	quit(&a);
+}
+
+Test(ipc, an_interior_pointer_names_its_chunk_and_maps_the_allocation_once)
+{
+	struct worker a, b;
+	char p[32], q[32], q2[32], h[160], h2[160], ptr[32];
+
+	exporter(&a, 6 * MiB, 0x11, p); /* three chunks of 2 MiB */
+	snprintf(ptr, sizeof(ptr), "%#llx", (unsigned long long)(addr(p) + 3 * MiB));
+	run(&a, 0, "fill %s %llu 34", ptr, 1 * MiB);
+	get_handle(&a, p, h);
+	get_handle(&a, ptr, h2);
+	cr_assert(not(eq(str, h, h2)), "another chunk, another range offset");
+	prog_start(&b, 0);
+	open_handle(&b, h2, q2);
+	open_handle(&b, h, q);
+	cr_assert(eq(u64, addr(q2) - addr(q), 2 * MiB), "the chunk's start, in one mapping");
+	snprintf(ptr, sizeof(ptr), "%#llx", (unsigned long long)(addr(q) + 3 * MiB));
+	run(&b, 0, "check %s %llu 34", ptr, 1 * MiB);
+	run(&b, 0, "check %s %llu 17", q, 3 * MiB);
+	/* Re-exported from the import: the owner's handle. */
+	cr_assert(eq(str, (char *)run(&b, 0, "ipcget %s", q2), h2));
+	run(&b, 0, "ipcclose %s", q);
+	run(&b, 0, "ipcclose %s", q2);
+	/* Closed: the pointer is nobody's here now, so the runtime gets it. */
+	cr_assert(eq(str, (char *)run(&b, 0, "ipcstats"), "gets=0 opens=0 closes=0"));
+	run(&b, 0, "ipcclose %s", q);
+	cr_assert(eq(str, (char *)run(&b, 0, "ipcstats"), "gets=0 opens=0 closes=1"));
+	quit(&b);
+	quit(&a);
+}
+
+/* 400: the runtime's answer to a handle that names nothing. */
+#define INVALID_HANDLE 400
+
+Test(ipc, forged_and_foreign_handles_map_nothing)
+{
+	struct worker a, b;
+	char p[32], h[160], f[160], plain[32];
+	char log[1 << 16];
+	FILE *lf;
+	size_t n;
+
+	exporter(&a, 2 * MiB, 0x22, p);
+	get_handle(&a, p, h);
+	prog_start(&b, 0);
+	srand(7);
+	for (int i = 0; i < 64; i++) {
+		for (int j = 0; j < 128; j++)
+			f[j] = "0123456789abcdef"[rand() % 16];
+		f[128] = 0;
+		memcpy(f, h, 16); /* gmbd's magic and version: reaches gmbd */
+		cr_assert(eq(i32, run_rc(&b, "ipcopen %s", f), INVALID_HANDLE), "%s", f);
+	}
+	for (int bit = 0; bit < 512; bit++) {
+		int byte = bit / 8, v;
+
+		snprintf(f, sizeof(f), "%s", h);
+		sscanf(f + 2 * byte, "%2x", &v);
+		v ^= 1 << (bit % 8);
+		snprintf(f + 2 * byte, 3, "%02x", v);
+		f[2 * byte + 2] = h[2 * byte + 2];
+		/* A flipped magic is no longer gmbd's: the runtime refuses it, also 400. */
+		cr_assert(eq(i32, run_rc(&b, "ipcopen %s", f), INVALID_HANDLE), "bit %d", bit);
+	}
+	/* Truncated: the rest zero. */
+	snprintf(f, sizeof(f), "%.100s", h);
+	cr_assert(eq(i32, run_rc(&b, "ipcopen %s", f), INVALID_HANDLE));
+	/* A handle of the runtime's own goes to the runtime. */
+	run(&a, 0, "end");
+	snprintf(plain, sizeof(plain), "%s", run(&a, 0, "malloc 4096"));
+	snprintf(f, sizeof(f), "%s", run(&a, 0, "ipcget %s", plain));
+	cr_assert(eq(str, (char *)run(&a, 0, "ipcstats"), "gets=1 opens=0 closes=0"));
+	run(&b, 0, "ipcopen %s", f);
+	/* It and the 48 handles whose magic a flipped bit broke: no more. */
+	cr_assert(eq(str, (char *)run(&b, 0, "ipcstats"), "gets=0 opens=49 closes=0"));
+	/* The forged opens of gmbd handles each got a sentence in gmbd's log. */
+	lf = fopen(gmbd.log, "r");
+	cr_assert(not(eq(ptr, lf, NULL)));
+	n = fread(log, 1, sizeof(log) - 1, lf);
+	log[n] = 0;
+	fclose(lf);
+	cr_assert(not(eq(ptr, strstr(log, "the handle names no export of this gmbd"), NULL)));
+	run(&b, 0, "gmb");
+	cr_assert(eq(i64, used(&b), (int64_t)(2 * MiB)), "nothing was imported");
+	quit(&b);
+	quit(&a);
+}
+
+Test(ipc, another_uid_gets_eperm_naming_the_owner)
+{
+	struct worker a, b;
+	char p[32], h[160], text[1024];
+
+	exporter(&a, 2 * MiB, 0x22, p);
+	get_handle(&a, p, h);
+	prog_start(&b, 65534);
+	run(&b, 0, "gmb");
+	cr_assert(eq(i32, worker_cmd(&b, text, sizeof(text), "ipcopen %s", h), 800),
+		  "cudaErrorNotPermitted: %s", text);
+	snprintf(text, sizeof(text), "%s", run(&b, 0, "error"));
+	cr_assert(not(eq(ptr, strstr(text, "belongs to client"), NULL)), "%s", text);
+	cr_assert(not(eq(ptr, strstr(text, "uid 0)"), NULL)), "%s", text);
+	quit(&b);
+	quit(&a);
+}
+
+Test(ipc, an_owner_that_frees_keeps_the_memory_until_the_last_close)
+{
+	struct worker a, b;
+	char p[32], q[32], h[160];
+
+	exporter(&a, 4 * MiB, 0x44, p);
+	get_handle(&a, p, h);
+	prog_start(&b, 0);
+	run(&b, 0, "gmb");
+	open_handle(&b, h, q);
+	run(&a, 0, "free %s", p);
+	run(&b, 0, "check %s %llu 68", q, 4 * MiB);
+	cr_assert(eq(i64, used(&b), (int64_t)(4 * MiB)), "kept for the importer");
+	/* Stale now for new opens, in another process. */
+	quit(&a);
+	prog_start(&a, 0);
+	cr_assert(eq(i32, run_rc(&a, "ipcopen %s", h), INVALID_HANDLE));
+	run(&b, 0, "ipcclose %s", q);
+	cr_assert(eq(i64, used(&b), 0), "back at the last close");
+	quit(&b);
+	quit(&a);
+}
+
+Test(ipc, an_owner_killed_while_imported_leaves_the_importer_working)
+{
+	struct worker a, b;
+	char p[32], q[32], h[160];
+
+	exporter(&a, 4 * MiB, 0x66, p);
+	get_handle(&a, p, h);
+	prog_start(&b, 0);
+	run(&b, 0, "gmb");
+	open_handle(&b, h, q);
+	worker_kill(&a);
+	run(&b, 0, "check %s %llu 102", q, 4 * MiB);
+	run(&b, 0, "fill %s %llu 7", q, 4 * MiB);
+	run(&b, 0, "check %s %llu 7", q, 4 * MiB);
+	cr_assert(eq(i64, used(&b), (int64_t)(4 * MiB)));
+	run(&b, 0, "ipcclose %s", q);
+	cr_assert(eq(i64, used(&b), 0));
+	quit(&b);
+}
+
+static struct worker *pause_w;
+
+static int pause_ok(void *arg)
+{
+	(void)arg;
+	return run_rc(pause_w, "pause %s", "w") == 0;
+}
+
+Test(ipc, a_killed_importer_is_dropped_within_a_second)
+{
+	struct worker a, b;
+	char p[32], q[32], h[160];
+	struct timespec t0, t1;
+	double ms;
+
+	exporter(&a, 4 * MiB, 0x66, p);
+	get_handle(&a, p, h);
+	prog_start(&b, 0);
+	open_handle(&b, h, q);
+	open_handle(&b, h, q);
+	cr_assert(eq(i32, run_rc(&a, "pause %s", "w"), -EBUSY));
+	worker_kill(&b);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	pause_w = &a;
+	cr_assert(eq(i32, wait_until(pause_ok, NULL, 1000), 0), "the import outlived its process");
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+	cr_assert(lt(dbl, ms, 1000.0));
+	cr_assert(eq(i64, used(&a), 0), "paused: nothing lent");
+	run(&a, 0, "resume w");
+	run(&a, 0, "free %s", p);
+	cr_assert(eq(i64, used(&a), 0));
+	quit(&a);
+}
