@@ -37,9 +37,9 @@ static char build[PATH_MAX];
 
 static void start(void)
 {
-	static const char *const args[] = { "--host-devices", "1", "--host-memory", "64MiB",
-					    "--max-chunk",    "2MiB", "--log-level",   "info",
-					    NULL };
+	static const char *const args[] = { "--host-devices", "1",	     "--host-memory",
+					    "64MiB",	      "--max-chunk", "2MiB",
+					    "--log-level",    "info",	     NULL };
 
 	cr_assert(not(eq(ptr, realpath(test_build_dir(), build), NULL)));
 	cr_assert(eq(i32, gmbd_start_shared(&gmbd, args), 0), "gmbd did not start");

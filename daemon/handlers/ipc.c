@@ -99,8 +99,7 @@ int handlers__ipc_open(struct hreq *rq)
 	char b[SIZE_STR_MAX];
 	int r;
 
-	r = import_open(rq->h->broker, c, m->handle.data, m->handle.len, &ex, &range_off,
-			rq->err);
+	r = import_open(rq->h->broker, c, m->handle.data, m->handle.len, &ex, &range_off, rq->err);
 	if (r < 0)
 		return r;
 	log_info("memory imported " SESS_FMT " owner=%s owner_pid=%d alloc=%" PRIu64

@@ -19,6 +19,12 @@
  * turns at most), and every packet gmbd sent is read (its fds closed) after
  * each turn.
  *
+ * Handles: gmbd's handles carry a random instance id and token, which no
+ * input can know. So an IpcOpenRequest whose 64-byte handle has both all
+ * zero is sent with those of the last handle gmbd exported (read from its
+ * IpcExportReply) instead, the rest of the fuzzer's bytes kept: opens then
+ * reach past the identity check, and every other field stays the fuzzer's.
+ *
  * After each record and at the end: the core's counters recomputed
  * (fuzz_check_broker); at the end, with every socket closed, every byte lent
  * belongs to an orphan still waiting, the loop closes (uv_loop_close() == 0)
@@ -35,6 +41,7 @@
 #include <uv.h>
 
 #include "common/backend/backend.h"
+#include "common/ipc_handle.h"
 #include "common/log.h"
 #include "common/wire.h"
 #include "daemon/core/broker.h"
@@ -60,6 +67,9 @@ struct fd_sock {
 
 static struct hfx fx;
 static struct fd_sock fd_socks[FD_NSOCK];
+/* The instance id (bytes 8-15) and token (52-63) of the last handle gmbd exported. */
+static uint8_t fd_handle[IPC_HANDLE_SIZE];
+static bool fd_have_handle;
 
 static void fd_setup(void);
 static void fd_teardown(void);
@@ -101,6 +111,11 @@ static void fd_sock_drain(struct fd_sock *s)
 		if (r < 0)
 			break;
 		wire_close_fds(fds, nfds);
+		if (env->body_case == GMB__ENVELOPE__BODY_IPC_EXPORT_REPLY &&
+		    env->ipc_export_reply->handle.len == IPC_HANDLE_SIZE) {
+			memcpy(fd_handle, env->ipc_export_reply->handle.data, IPC_HANDLE_SIZE);
+			fd_have_handle = true;
+		}
 		if (env->id && env->reply_to == 0 && s->ndreqs < FD_MAX_DREQS)
 			s->dreqs[s->ndreqs++] = env->id;
 		gmb__envelope__free_unpacked(env, NULL);
@@ -182,6 +197,42 @@ static void fd_send(struct fd_sock *s, const uint8_t *buf, size_t len, bool with
 		close(memfd);
 }
 
+static bool fd_zero(const uint8_t *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i])
+			return false;
+	return true;
+}
+
+/*
+ * @buf as it goes out: an IpcOpenRequest with a zero instance and token
+ * gets the last exported handle's (header comment); anything else, or a
+ * packet that does not decode, unchanged. Return: the length in @out.
+ */
+static size_t fd_with_handle(const uint8_t *buf, size_t len, uint8_t *out)
+{
+	Gmb__Envelope *env;
+	uint8_t *h;
+	size_t n = 0;
+
+	if (!fd_have_handle || len > WIRE_MAX_MSG)
+		return 0;
+	env = gmb__envelope__unpack(NULL, len, buf);
+	if (!env)
+		return 0;
+	h = env->body_case == GMB__ENVELOPE__BODY_IPC_OPEN ? env->ipc_open->handle.data : NULL;
+	if (h && env->ipc_open->handle.len == IPC_HANDLE_SIZE && fd_zero(h + 8, 8) &&
+	    fd_zero(h + 52, IPC_HANDLE_TOKEN)) {
+		memcpy(h + 8, fd_handle + 8, 8);
+		memcpy(h + 52, fd_handle + 52, IPC_HANDLE_TOKEN);
+		n = gmb__envelope__get_packed_size(env);
+		n = n <= WIRE_MAX_MSG ? gmb__envelope__pack(env, out) : 0;
+	}
+	gmb__envelope__free_unpacked(env, NULL);
+	return n;
+}
+
 static void fd_answer(struct fd_sock *s, int status)
 {
 	for (int i = 0; i < s->ndreqs; i++) {
@@ -260,6 +311,7 @@ static void fd_setup(void)
 
 	memset(&fx, 0, sizeof(fx));
 	memset(fd_socks, 0, sizeof(fd_socks));
+	fd_have_handle = false;
 	if (hfx_start(&fx, &ho, &bo, 2) < 0)
 		fuzz_fail("cannot set up gmbd's layers");
 	/* Short deadlines: parked requests and forwarded control time out too. */
@@ -299,8 +351,12 @@ static void fd_record(const uint8_t **p, const uint8_t *end)
 		len = (size_t)fuzz_take(p, end, 2);
 		if (len > (size_t)(end - *p))
 			len = (size_t)(end - *p);
-		if (s->fd >= 0)
-			fd_send(s, *p, len, op == 5);
+		if (s->fd >= 0) {
+			static uint8_t with[WIRE_MAX_MSG];
+			size_t n = fd_with_handle(*p, len, with);
+
+			fd_send(s, n ? with : *p, n ? n : len, op == 5);
+		}
 		*p += len;
 	} else if (op == 4) {
 		fd_answer(s, -(int)(fuzz_take(p, end, 1) % 40));

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "daemon/core/broker.h"
+#include "daemon/core/import.h"
 #include "tests/broker_refs.h"
 #include "tests/fuzz/fuzz.h"
 
@@ -177,12 +178,68 @@ static void fuzz_check_holders(const struct broker *br)
 	}
 }
 
+/* One export's imports and pins (daemon/core/import.h's invariants). */
+static void fuzz_check_export(const struct import_export *ex, uint64_t *lent, uint64_t *nrecs)
+{
+	uint32_t n = 0;
+
+	for (const struct import_rec *r = ex->imports; r; r = r->next, n++)
+		if (r->refs == 0 || r->ex != ex)
+			fuzz_fail("export %llu: an import record of no open",
+				  (unsigned long long)ex->id);
+	if (n != ex->nimports || (!ex->alloc && n == 0))
+		fuzz_fail("export %llu: %u records, counted %u, allocation %s",
+			  (unsigned long long)ex->id, n, ex->nimports,
+			  ex->alloc ? "alive" : "gone");
+	*nrecs += n;
+	if (n && ex->alloc && !ex->alloc->active)
+		fuzz_fail("export %llu: imported while paused", (unsigned long long)ex->id);
+	if ((n != 0) != (ex->chunks != NULL))
+		fuzz_fail("export %llu: pinned chunks without imports, or the reverse",
+			  (unsigned long long)ex->id);
+	for (uint32_t i = 0; i < ex->nchunks; i++) {
+		const struct chunk *ch = ex->chunks[i];
+
+		if (ch->pins != 1 || ch->free || ch->releasing)
+			fuzz_fail("export %llu: chunk %llu pins %u, free %d",
+				  (unsigned long long)ex->id, (unsigned long long)ch->id, ch->pins,
+				  ch->free);
+		/* A freed allocation's chunks stay lent, to nobody. */
+		if (!ex->alloc) {
+			if (ch->lent_to)
+				fuzz_fail("chunk %llu of a freed import lent again",
+					  (unsigned long long)ch->id);
+			lent[ch->dev] += ch->size;
+		}
+	}
+}
+
+static void fuzz_check_imports(const struct broker *br, uint64_t *lent)
+{
+	const struct import_table *t = br->imports;
+	uint64_t nrecs = 0, nexports = 0, pinned = 0, pins = 0, key;
+	void *val;
+
+	for (const struct import_export *ex = t ? t->exports : NULL; ex; ex = ex->next) {
+		fuzz_check_export(ex, lent, &nrecs);
+		pinned += ex->nchunks;
+		nexports++;
+	}
+	for (size_t it = 0; idmap_next(&br->chunks, &it, &key, &val);)
+		pins += ((const struct chunk *)val)->pins;
+	if (pins != pinned || (t && (t->nrecs != nrecs || t->nexports != nexports)))
+		fuzz_fail("imports: %llu pins for %llu pinned chunks, records %llu",
+			  (unsigned long long)pins, (unsigned long long)pinned,
+			  (unsigned long long)nrecs);
+}
+
 void fuzz_check_broker(const struct broker *br, int over_budget)
 {
 	uint64_t lent[BACKEND_MAX_DEVICES] = { 0 };
 	uint32_t nchunks = 0;
 
 	fuzz_check_clients(br, lent);
+	fuzz_check_imports(br, lent);
 	for (int d = 0; d < br->ndevices; d++) {
 		fuzz_check_pool(&br->pools[d], over_budget);
 		if (br->pools[d].lent_bytes != lent[d])

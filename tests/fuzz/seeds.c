@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "common/backend/backend.h"
+#include "common/ipc_handle.h"
 #include "common/log.h"
 #include "common/wire.h"
 #include "daemon/core/broker.h"
@@ -181,6 +182,36 @@ static void d_rejoin(struct seed *s, int sock, bool honest)
 	seeds_send(s, sock, GMB__ENVELOPE__BODY_REJOIN, &r);
 }
 
+static void d_ipc_export(struct seed *s, int sock, uint64_t alloc, uint64_t offset)
+{
+	Gmb__IpcExportRequest e = GMB__IPC_EXPORT_REQUEST__INIT;
+
+	e.alloc_id = alloc, e.offset = offset;
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_IPC_EXPORT, &e);
+}
+
+/* A handle of @owner's allocation @alloc, export @gen; instance and token
+ * zero: fuzz_daemon.c puts those of the last export in. @len < 64: cut. */
+static void d_ipc_open(struct seed *s, int sock, uint64_t owner, uint64_t alloc, uint64_t gen,
+		       uint64_t range_off, size_t len)
+{
+	Gmb__IpcOpenRequest o = GMB__IPC_OPEN_REQUEST__INIT;
+	struct ipc_handle h = { .owner = owner, .alloc = alloc, .gen = gen, .range_off = range_off };
+	uint8_t bytes[IPC_HANDLE_SIZE];
+
+	ipc_handle_encode(&h, bytes);
+	o.handle.data = bytes, o.handle.len = len;
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_IPC_OPEN, &o);
+}
+
+static void d_ipc_close(struct seed *s, int sock, uint64_t export_id)
+{
+	Gmb__IpcCloseRequest c = GMB__IPC_CLOSE_REQUEST__INIT;
+
+	c.export_id = export_id;
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_IPC_CLOSE, &c);
+}
+
 static void seeds_daemon(void)
 {
 	struct seed s;
@@ -249,6 +280,41 @@ static void seeds_daemon(void)
 	d_alloc(&s, 2, 0, 2 * MiB, "x");
 	seeds_op(&s, 6 | (2 << 3), 0);
 	seeds_write("daemon", "errors", &s);
+
+	s.len = 0; /* memory shared: export, open twice, a refused pause, owner frees, close */
+	d_hello(&s, 0, "trainer", 0, false);
+	d_alloc(&s, 0, 0, 8 * MiB, "w");
+	d_ipc_export(&s, 0, 10, 0);
+	d_ipc_export(&s, 0, 10, 5 * MiB);
+	d_hello(&s, 1, "engine", 0, false);
+	d_ipc_open(&s, 1, 10, 10, 1, 0, IPC_HANDLE_SIZE);
+	d_ipc_open(&s, 1, 10, 10, 1, 4 * MiB, IPC_HANDLE_SIZE);
+	d_cycle(&s, 0, "w");
+	d_ipc_close(&s, 1, 1);
+	d_free(&s, 0, 10);
+	d_status(&s, 2);
+	d_ipc_close(&s, 1, 1);
+	d_ipc_close(&s, 1, 1);
+	seeds_write("daemon", "ipc", &s);
+
+	s.len = 0; /* handles that name nothing; an importer and an owner that hang up */
+	d_hello(&s, 0, "trainer", 0, false);
+	d_alloc(&s, 0, 0, 4 * MiB, "w");
+	d_ipc_export(&s, 0, 10, 0);
+	d_ipc_export(&s, 0, 99, 0);
+	d_hello(&s, 1, "engine", 0, false);
+	d_ipc_open(&s, 1, 10, 10, 2, 0, IPC_HANDLE_SIZE);
+	d_ipc_open(&s, 1, 10, 10, 1, 0, 20);
+	d_ipc_open(&s, 1, 10, 10, 1, 2 * MiB, IPC_HANDLE_SIZE);
+	d_ipc_open(&s, 1, 10, 10, 1, 0, IPC_HANDLE_SIZE);
+	d_ipc_open(&s, 2, 10, 10, 1, 0, IPC_HANDLE_SIZE);
+	seeds_op(&s, 6 | (1 << 3), 0);
+	d_ipc_close(&s, 2, 7);
+	seeds_op(&s, 6 | (0 << 3), 0);
+	d_hello(&s, 0, "late", 0, false);
+	d_ipc_open(&s, 0, 10, 10, 1, 0, IPC_HANDLE_SIZE);
+	seeds_op(&s, 6 | (2 << 3), 0);
+	seeds_write("daemon", "ipc-refused", &s);
 }
 
 /* ---- state: records ---- */

@@ -55,7 +55,8 @@ GMB_API int gmb_ipc_open(gmb_client *c, const void *handle, int device, void **p
 	if (!c) {
 		rc = gmb_default_client(NULL, NULL, &c);
 		if (rc < 0)
-			return gmb__hook_fail_client(rc, NULL, "connecting to gmbd to open a handle");
+			return gmb__hook_fail_client(rc, NULL,
+						     "connecting to gmbd to open a handle");
 	}
 	gmb__op_begin(&c->conn);
 	rc = device >= 0 ? dev = gmb__mem_dev_index(&c->mem, device, err) : 0;

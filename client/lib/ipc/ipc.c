@@ -77,8 +77,8 @@ static void ipc_handle_of_import(const struct gmb__import *im, uintptr_t p, uint
 	ipc_handle_encode(&h, out);
 }
 
-static int ipc_export(struct gmb__mem *m, const struct gmb__alloc *a, uint64_t off,
-		      uint8_t *handle, char *err)
+static int ipc_export(struct gmb__mem *m, const struct gmb__alloc *a, uint64_t off, uint8_t *handle,
+		      char *err)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__IpcExportRequest req = GMB__IPC_EXPORT_REQUEST__INIT;
@@ -104,8 +104,8 @@ static int ipc_export(struct gmb__mem *m, const struct gmb__alloc *a, uint64_t o
 	return rc;
 }
 
-int gmb__ipc_get_handle(struct gmb__mem *m, struct gmb__ipc *ipc, const void *ptr,
-			uint8_t *handle, char *err)
+int gmb__ipc_get_handle(struct gmb__mem *m, struct gmb__ipc *ipc, const void *ptr, uint8_t *handle,
+			char *err)
 {
 	uintptr_t p = (uintptr_t)ptr;
 	struct gmb__import *im;
@@ -137,9 +137,8 @@ static bool ipc_is_range(const struct gmb__import *im, uint64_t off)
 static struct gmb__import *ipc_find_handle(struct gmb__ipc *ipc, const struct ipc_handle *h)
 {
 	for (struct gmb__import *im = ipc->imports; im; im = im->next)
-		if (im->instance == h->instance && im->owner == h->owner &&
-		    im->alloc == h->alloc && im->gen == h->gen &&
-		    memcmp(im->token, h->token, sizeof(h->token)) == 0)
+		if (im->instance == h->instance && im->owner == h->owner && im->alloc == h->alloc &&
+		    im->gen == h->gen && memcmp(im->token, h->token, sizeof(h->token)) == 0)
 			return im;
 	return NULL;
 }

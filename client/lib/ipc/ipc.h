@@ -44,8 +44,8 @@ struct gmb__ipc {
  * Return: 0; -ENXIO when @ptr is in neither (not gmbd's: the caller passes
  * it on to the runtime); gmbd's refusal; -EPROTO.
  */
-int gmb__ipc_get_handle(struct gmb__mem *m, struct gmb__ipc *ipc, const void *ptr,
-			uint8_t *handle, char *err);
+int gmb__ipc_get_handle(struct gmb__mem *m, struct gmb__ipc *ipc, const void *ptr, uint8_t *handle,
+			char *err);
 /**
  * gmb__ipc_open() - map what @handle names (or count one more open of it)
  * and give this process's device index @dev_index (gmbd's index; -1: the
