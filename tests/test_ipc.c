@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -52,8 +53,9 @@ static void stop(void)
 
 TestSuite(ipc, .init = start, .fini = stop, .timeout = 60);
 
-/* A prog_preload under the shim on gmbd's socket; @uid > 0: run as that uid. */
-static void prog_start(struct worker *w, uid_t uid)
+/* A prog_preload under the shim on gmbd's socket; @uid > 0: run as that
+ * uid; @env (may be NULL): one more VAR=value. */
+static void prog_start_env(struct worker *w, uid_t uid, const char *env)
 {
 	char path[PATH_MAX + 32], bin[PATH_MAX + 32], asan[1024];
 	const char *old = getenv("ASAN_OPTIONS");
@@ -75,6 +77,8 @@ static void prog_start(struct worker *w, uid_t uid)
 		snprintf(asan, sizeof(asan), "%s%sverify_asan_link_order=0", old ? old : "",
 			 old && *old ? ":" : "");
 		setenv("ASAN_OPTIONS", asan, 1);
+		if (env)
+			putenv((char *)env);
 		if (uid && (setgid(uid) || setuid(uid)))
 			_exit(126);
 		execl(bin, bin, (char *)NULL);
@@ -86,6 +90,11 @@ static void prog_start(struct worker *w, uid_t uid)
 	w->out = fdopen(from[0], "r");
 	cr_assert(w->pid > 0 && w->in && w->out);
 	setvbuf(w->in, NULL, _IOLBF, 0);
+}
+
+static void prog_start(struct worker *w, uid_t uid)
+{
+	prog_start_env(w, uid, NULL);
 }
 
 /* Sends @cmd, asserts its status is @want; the rest of the answer. */
@@ -112,14 +121,19 @@ static int run_rc(struct worker *w, const char *fmt, const char *arg)
 }
 
 /* An exporter with @size bytes of gmbd memory in tag "w", filled with @byte. */
-static void exporter(struct worker *w, size_t size, int byte, char p[32])
+static void exporter_env(struct worker *w, size_t size, int byte, char p[32], const char *env)
 {
-	prog_start(w, 0);
+	prog_start_env(w, 0, env);
 	run(w, 0, "gmb");
 	run(w, 0, "region w discard");
 	snprintf(p, 32, "%s", run(w, 0, "malloc %zu", size));
 	cr_assert(strcmp(p, "(nil)") != 0);
 	run(w, 0, "fill %s %zu %d", p, size, byte);
+}
+
+static void exporter(struct worker *w, size_t size, int byte, char p[32])
+{
+	exporter_env(w, size, byte, p, NULL);
 }
 
 /* The exporter's handle of @ptr (128 hex digits). */
@@ -368,5 +382,84 @@ Test(ipc, a_killed_importer_is_dropped_within_a_second)
 	run(&a, 0, "resume w");
 	run(&a, 0, "free %s", p);
 	cr_assert(eq(i64, used(&a), 0));
+	quit(&a);
+}
+
+/* Whether @w answered within @ms (its answer is not read). */
+static bool answered(struct worker *w, int ms)
+{
+	struct pollfd pfd = { .fd = fileno(w->out), .events = POLLIN };
+
+	return poll(&pfd, 1, ms) == 1;
+}
+
+/* The answer of a command sent before: its status. */
+static int answer(struct worker *w)
+{
+	char line[4096];
+
+	cr_assert(not(eq(ptr, fgets(line, sizeof(line), w->out), NULL)), "the program died");
+	return atoi(line);
+}
+
+static double ms_since(const struct timespec *t0)
+{
+	struct timespec t1;
+
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	return (double)(t1.tv_sec - t0->tv_sec) * 1e3 + (double)(t1.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+Test(ipc, a_pause_that_may_wait_waits_for_the_importers_to_close)
+{
+	struct worker a, b;
+	char p[32], q[32], h[160];
+
+	exporter_env(&a, 4 * MiB, 0x3c, p, "GMB_WAIT_MS=20000");
+	get_handle(&a, p, h);
+	prog_start(&b, 0);
+	run(&b, 0, "gmb");
+	open_handle(&b, h, q);
+	fprintf(a.in, "pause w\n");
+	cr_assert(not(answered(&a, 300)), "the pause waits while the import is open");
+	run(&b, 0, "check %s %llu 60", q, 4 * MiB);
+	run(&b, 0, "ipcclose %s", q);
+	cr_assert(answered(&a, 5000), "the pause goes on once the importer closed");
+	cr_assert(eq(i32, answer(&a), 0));
+	cr_assert(eq(i64, used(&b), 0), "paused: the memory is back");
+	run(&a, 0, "resume w");
+	quit(&b);
+	quit(&a);
+}
+
+Test(ipc, a_pause_that_waits_too_long_fails_and_the_tag_stays_active)
+{
+	struct worker a, b;
+	char p[32], q[32], h[160], log[1 << 16];
+	struct timespec t0;
+	size_t n;
+	FILE *lf;
+
+	exporter_env(&a, 4 * MiB, 0x3c, p, "GMB_WAIT_MS=300");
+	get_handle(&a, p, h);
+	prog_start(&b, 0);
+	open_handle(&b, h, q);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	cr_assert(eq(i32, run_rc(&a, "pause %s", "w"), -EBUSY));
+	cr_assert(ge(dbl, ms_since(&t0), 290.0), "it waited its 300 ms first");
+	/* Active and mapped again, the bytes there, on both sides. */
+	run(&a, 0, "check %s %llu 60", p, 4 * MiB);
+	run(&a, 0, "fill %s %llu 61", p, 1 * MiB);
+	run(&b, 0, "check %s %llu 61", q, 1 * MiB);
+	lf = fopen(gmbd.log, "r");
+	cr_assert(not(eq(ptr, lf, NULL)));
+	n = fread(log, 1, sizeof(log) - 1, lf);
+	log[n] = 0;
+	fclose(lf);
+	cr_assert(not(eq(ptr, strstr(log, "has allocation"), NULL)), "the importer is named");
+	cr_assert(not(eq(ptr, strstr(log, "waited 3"), NULL)), "and how long it waited");
+	run(&b, 0, "ipcclose %s", q);
+	run(&a, 0, "pause w");
+	quit(&b);
 	quit(&a);
 }

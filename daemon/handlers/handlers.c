@@ -124,6 +124,7 @@ void handlers_close(struct handlers *h)
 		return;
 	h->closed = true;
 	handlers__switch_close_all(h);
+	handlers__ipc_cancel(h, NULL);
 	idmap_deinit(&h->conns);
 	while (h->nwatchers)
 		handlers__watch_gone(h, h->watchers[h->nwatchers - 1]);
@@ -323,6 +324,7 @@ static void handlers_gone(void *arg, struct sess *s)
 	handlers__limits_fd_closed(hc);
 	handlers__watch_gone(h, s);
 	handlers__park_cancel(h, s);
+	handlers__ipc_cancel(h, s);
 	handlers__dreqs_fail(h, s);
 	handlers__rejoin_gone(h, s);
 	if (!hc->client) {

@@ -57,6 +57,8 @@ struct server;
 struct hpark;
 struct hswitch;
 
+struct hipc_wait;
+
 struct handlers {
 	uv_loop_t *loop;
 	struct broker *broker; /* not owned */
@@ -87,6 +89,8 @@ struct handlers {
 	uv_timer_t hello_timer;
 	bool hello_logged, limit_logged, fds_logged;
 	bool retrying; /* guards against nested retries */
+	/* ipc.c: pauses waiting for the importers of their tags to close. */
+	struct hipc_wait *ipc_waits;
 	bool closed;
 	bool handover; /* stopping, the clients' state kept for the next
 					   gmbd: disconnects return nothing */

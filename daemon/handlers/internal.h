@@ -236,6 +236,14 @@ int handlers__trim(struct hreq *rq);
 int handlers__ipc_export(struct hreq *rq);
 int handlers__ipc_open(struct hreq *rq);
 int handlers__ipc_close(struct hreq *rq);
+/* @rq (a pause of an imported tag) waits @wait_ms for the importers to
+ * close, then @fn runs it again. Return: HANDLERS_KEPT, or -EBUSY. */
+int handlers__ipc_wait(struct hreq *rq, handlers_fn fn, uint32_t wait_ms);
+/* Waiting pauses tried again (handlers__settle()); on a retry their handler
+ * returns HANDLERS_PARK to keep waiting. */
+void handlers__ipc_retry(struct handlers *h);
+/* The waiting pauses of @s (NULL: all) end unanswered. */
+void handlers__ipc_cancel(struct handlers *h, struct sess *s);
 
 /* orphans.c */
 /* Orphan @c is reclaimed when its process goes or at now + the grace period. */

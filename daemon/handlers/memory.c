@@ -21,6 +21,7 @@
 #include "common/wire.h"
 #include "daemon/core/broker.h"
 #include "daemon/core/event.h"
+#include "daemon/core/import.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
 #include "include/gmb.h"
@@ -176,6 +177,11 @@ int handlers__pause(struct hreq *rq)
 	/* With handles_released, what nobody holds goes back to the backend before the reply. */
 	r = broker_pause(rq->h->broker, hconn_of(rq->s)->client, tag,
 			 rq->env->pause->handles_released, rq->err);
+	/* Other processes map the tag's memory: wait for them, if the client may wait. */
+	if (r == -EBUSY && rq->env->pause->wait_ms &&
+	    import_pause_check(rq->h->broker, hconn_of(rq->s)->client, tag, NULL) < 0)
+		return rq->retry ? HANDLERS_PARK :
+				   handlers__ipc_wait(rq, handlers__pause, rq->env->pause->wait_ms);
 	if (r < 0)
 		return r;
 	if (chunks)

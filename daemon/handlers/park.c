@@ -203,6 +203,8 @@ static void handlers_park_preempt(struct handlers *h, struct hpark *p)
 
 void handlers__settle(struct handlers *h)
 {
+	/* A pause that waited for importers gives memory to those below. */
+	handlers__ipc_retry(h);
 	broker_flush_drops(h->broker, handlers__send_drops, h);
 	if (h->retrying || !h->nparked)
 		return;

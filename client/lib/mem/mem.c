@@ -138,6 +138,8 @@ int gmb__mem_send_pause(struct gmb__mem *m, const char *name, uint64_t copied, c
 	/* cycle.c lets go of the paused allocations' chunks once gmbd answers. */
 	req.handles_released = m->devs->release_on_pause;
 	req.host_copied_bytes = copied;
+	/* While other processes map the tag, gmbd waits as long for them to close. */
+	req.wait_ms = m->wait_ms;
 	env.body_case = GMB__ENVELOPE__BODY_PAUSE;
 	env.pause = &req;
 	rc = gmb__request(m->conn, &env, &rep, err);
