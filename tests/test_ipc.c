@@ -463,3 +463,42 @@ Test(ipc, a_pause_that_waits_too_long_fails_and_the_tag_stays_active)
 	quit(&b);
 	quit(&a);
 }
+
+Test(ipc, an_import_of_more_chunks_than_one_packet_carries)
+{
+	static const char *const args[] = { "--host-devices",
+					    "1",
+					    "--host-memory",
+					    "64MiB",
+					    "--host-granularity",
+					    "64KiB",
+					    "--max-chunk",
+					    "64KiB",
+					    "--log-level",
+					    "warning",
+					    NULL };
+	struct worker a, b;
+	char p[32], q[32], h[160], tail[32];
+	const size_t size = 300 * 64 * 1024; /* 300 chunks: two parts of fds */
+
+	cr_assert(eq(i32, gmbd_stop(&gmbd), 0));
+	cr_assert(eq(i32, gmbd_start_shared(&gmbd, args), 0));
+	exporter(&a, size, 0x0f, p);
+	get_handle(&a, p, h);
+	prog_start(&b, 0);
+	run(&b, 0, "gmb");
+	open_handle(&b, h, q);
+	run(&b, 0, "check %s %zu 15", q, size);
+	snprintf(tail, sizeof(tail), "%#llx", (unsigned long long)(addr(q) + size - 65536));
+	run(&b, 0, "fill %s 65536 9", tail);
+	snprintf(tail, sizeof(tail), "%#llx", (unsigned long long)(addr(p) + size - 65536));
+	run(&a, 0, "check %s 65536 9", tail);
+	/* An imported pointer is not the runtime's to free, nor gmbd's: the runtime says no. */
+	cr_assert(eq(i32, run_rc(&b, "free %s", q), (int)cudaErrorInvalidValue));
+	run(&b, 0, "check %s 65536 15", q);
+	run(&b, 0, "ipcclose %s", q);
+	run(&a, 0, "free %s", p);
+	cr_assert(eq(i64, used(&b), 0));
+	quit(&b);
+	quit(&a);
+}

@@ -355,6 +355,18 @@ uint64_t import_client_opens(struct broker *br, const struct bclient *c)
 	return n;
 }
 
+int import_walk(const struct broker *br, import_walk_fn fn, void *arg)
+{
+	const struct import_table *t = br->imports;
+	int r;
+
+	for (const struct import_export *ex = t ? t->exports : NULL; ex; ex = ex->next)
+		for (const struct import_rec *rec = ex->imports; rec; rec = rec->next)
+			if ((r = fn(arg, ex, rec)) != 0)
+				return r;
+	return 0;
+}
+
 void import_alloc_gone(struct broker *br, struct balloc *a)
 {
 	struct import_table *t = br->imports;

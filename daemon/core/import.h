@@ -115,6 +115,15 @@ int import_close(struct broker *br, struct bclient *c, uint64_t export_id, char 
 /* @c's imports now (every open of every export), for status and tests. */
 uint64_t import_client_opens(struct broker *br, const struct bclient *c);
 
+typedef int (*import_walk_fn)(void *arg, const struct import_export *ex,
+			      const struct import_rec *r);
+/**
+ * import_walk() - @fn for every import record (one importer's opens of one
+ * export), newest export first, for status. @fn reads and changes nothing.
+ * Return: 0, or the first nonzero result of @fn.
+ */
+int import_walk(const struct broker *br, import_walk_fn fn, void *arg);
+
 /* Hooks of the broker. */
 /* @a goes (freed, or its client removed): its export, if any, loses it. */
 void import_alloc_gone(struct broker *br, struct balloc *a);
