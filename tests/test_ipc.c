@@ -502,3 +502,82 @@ Test(ipc, an_import_of_more_chunks_than_one_packet_carries)
 	quit(&b);
 	quit(&a);
 }
+
+/* gmbctl watch --json, read until a needle shows (test_observe does the same). */
+struct watcher {
+	pid_t pid;
+	int out;
+	char buf[1 << 16];
+	size_t len;
+};
+
+static void watch_start(struct watcher *c)
+{
+	char bin[PATH_MAX + 16];
+	int p[2];
+
+	snprintf(bin, sizeof(bin), "%s/gmbctl", build);
+	cr_assert(pipe(p) == 0);
+	c->len = 0;
+	c->pid = fork();
+	cr_assert(c->pid >= 0);
+	if (c->pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		dup2(p[1], 1);
+		close(p[0]);
+		close(p[1]);
+		execl(bin, bin, "-s", gmbd.sock, "watch", "--json", (char *)NULL);
+		_exit(127);
+	}
+	close(p[1]);
+	c->out = p[0];
+}
+
+static int watch_wait(struct watcher *c, const char *needle, int ms)
+{
+	struct timespec t0;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		struct pollfd pf = { .fd = c->out, .events = POLLIN };
+		double spent;
+		ssize_t n;
+
+		c->buf[c->len] = '\0';
+		if (strstr(c->buf, needle))
+			return 0;
+		spent = ms_since(&t0);
+		if (spent >= ms || poll(&pf, 1, ms - (int)spent) <= 0)
+			return -ETIMEDOUT;
+		n = read(c->out, c->buf + c->len, sizeof(c->buf) - 1 - c->len);
+		if (n <= 0)
+			return -EPIPE;
+		c->len += (size_t)n;
+	}
+}
+
+Test(ipc, watch_shows_who_imported_whose_allocation)
+{
+	struct watcher c;
+	struct worker a, b;
+	char p[32], q[32], h[160];
+
+	watch_start(&c);
+	cr_assert(eq(i32, watch_wait(&c, "\"kind\":\"subscribed\"", 10000), 0), "%s", c.buf);
+	exporter(&a, 2 * MiB, 0x01, p);
+	get_handle(&a, p, h);
+	prog_start(&b, 0);
+	open_handle(&b, h, q);
+	run(&b, 0, "ipcclose %s", q);
+	cr_assert(eq(i32, watch_wait(&c, "\"kind\":\"import\",", 5000), 0), "%s", c.buf);
+	cr_assert(eq(i32, watch_wait(&c, "\"kind\":\"import_close\",", 5000), 0), "%s", c.buf);
+	cr_assert(eq(i32,
+		     watch_wait(&c, "\"detail\":\"allocation 1 of client 'prog_preload-", 5000), 0),
+		  "%s", c.buf);
+	cr_assert(eq(i32, watch_wait(&c, "\"bytes\":2097152", 5000), 0), "%s", c.buf);
+	kill(c.pid, SIGTERM);
+	waitpid(c.pid, NULL, 0);
+	close(c.out);
+	quit(&b);
+	quit(&a);
+}

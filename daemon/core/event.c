@@ -20,6 +20,8 @@ static const char *const event_kind_names[EVENT_NKINDS] = {
 	[EVENT_CONTROL] = "control",
 	[EVENT_DROPPED] = "dropped",
 	[EVENT_MISSED] = "missed",
+	[EVENT_IMPORT] = "import",
+	[EVENT_IMPORT_CLOSE] = "import_close",
 };
 
 static const char *const event_reason_names[EVENT_NREASONS] = {

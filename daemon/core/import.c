@@ -342,6 +342,11 @@ int import_close(struct broker *br, struct bclient *c, uint64_t export_id, char 
 	return 0;
 }
 
+const struct import_export *import_find(const struct broker *br, uint64_t export_id)
+{
+	return br->imports ? idmap_get(&br->imports->by_id, export_id) : NULL;
+}
+
 uint64_t import_client_opens(struct broker *br, const struct bclient *c)
 {
 	uint64_t n = 0;

@@ -112,6 +112,8 @@ int import_open(struct broker *br, struct bclient *c, const uint8_t *handle, siz
  */
 int import_close(struct broker *br, struct bclient *c, uint64_t export_id, char *err);
 
+/* Export @export_id, NULL if none: the table's, valid until its next change. */
+const struct import_export *import_find(const struct broker *br, uint64_t export_id);
 /* @c's imports now (every open of every export), for status and tests. */
 uint64_t import_client_opens(struct broker *br, const struct bclient *c);
 

@@ -28,6 +28,7 @@
 #include "common/size.h"
 #include "common/wire.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/event.h"
 #include "daemon/core/import.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
@@ -98,6 +99,23 @@ static int handlers_ipc_send(struct sess *s, uint64_t reply_to, const struct imp
 	return sess_send(s, &env);
 }
 
+/* An import event of @rq's client about @ex (@kind: import or its close). */
+static void handlers_ipc_event(struct hreq *rq, enum event_kind kind,
+			       const struct import_export *ex)
+{
+	struct event ev = EVENT_INIT(kind);
+	char detail[ERR_MSG_MAX];
+
+	snprintf(detail, sizeof(detail), "allocation %" PRIu64 " of client '%s' (pid %d)",
+		 ex->alloc_id, ex->owner, (int)ex->owner_pid);
+	handlers__event_client(&ev, rq->s, hconn_of(rq->s)->client);
+	ev.device = ex->dev;
+	ev.bytes = ex->size;
+	ev.detail = detail;
+	ev.duration_ns = uv_hrtime() - rq->start_ns;
+	handlers__emit(rq->h, &ev);
+}
+
 int handlers__ipc_open(struct hreq *rq)
 {
 	const Gmb__IpcOpenRequest *m = rq->env->ipc_open;
@@ -116,17 +134,24 @@ int handlers__ipc_open(struct hreq *rq)
 		 size_str(ex->size, b), ex->nchunks);
 	/* A reply that cannot go out dooms the session: its imports go with it. */
 	handlers_ipc_send(rq->s, rq->env->id, ex, range_off);
+	handlers_ipc_event(rq, EVENT_IMPORT, ex);
 	return 0;
 }
 
 int handlers__ipc_close(struct hreq *rq)
 {
 	const Gmb__IpcCloseRequest *m = rq->env->ipc_close;
+	const struct import_export *ex = import_find(rq->h->broker, m->export_id);
+	struct import_export facts = { 0 };
 	int r;
 
+	/* The export may go with the close: what the event says first. */
+	if (ex)
+		facts = *ex;
 	r = import_close(rq->h->broker, hconn_of(rq->s)->client, m->export_id, rq->err);
 	if (r < 0)
 		return r;
+	handlers_ipc_event(rq, EVENT_IMPORT_CLOSE, &facts);
 	log_debug("import closed " SESS_FMT " export=%" PRIu64, SESS_ARGS(rq->s), m->export_id);
 	handlers__reply_status(rq->s, rq->env->id, 0, NULL);
 	return 0;
