@@ -90,7 +90,9 @@ GMB_API int gmb_tag_set_mode(gmb_client *c, const char *tag, int mode);
 
 /**
  * gmb_pause() - give a tag's physical memory back (NULL: every tag).
- * Drains the device's work first. Pausing a paused tag succeeds.
+ * Drains the device's work first. Pausing a paused tag succeeds. -EBUSY
+ * while another process maps memory of the tag (gmb_ipc_open()), after
+ * waiting gmb_set_wait()'s time for it to close; the tag stays active.
  */
 GMB_API int gmb_pause(gmb_client *c, const char *tag);
 
@@ -472,7 +474,9 @@ GMB_API const char *gmb_library_path(void);
  * first, then first come first served, as memory comes back; at the
  * deadline the call fails with -ENOMEM and gmb_last_error() names who
  * holds the memory. For a tool, it is how long a resume by gmb_control()
- * or the resumes of gmb_switch() may wait.
+ * or the resumes of gmb_switch() may wait. It is also how long a pause
+ * waits for other processes to close their imports of the tag's memory
+ * (then -EBUSY naming them, the tag staying active).
  */
 GMB_API int gmb_set_wait(gmb_client *c, uint32_t ms);
 

@@ -581,3 +581,48 @@ Test(ipc, watch_shows_who_imported_whose_allocation)
 	quit(&b);
 	quit(&a);
 }
+
+/* gmbctl status (--json when @json) into @out. */
+static void ctl_status(bool json, char *out, size_t cap)
+{
+	char bin[PATH_MAX + 16];
+	char *argv[] = { bin, "-s", gmbd.sock, "status", json ? "--json" : NULL, NULL };
+
+	snprintf(bin, sizeof(bin), "%s/gmbctl", build);
+	cr_assert(eq(i32, run_capture(argv, NULL, out, NULL, cap), 0), "%s", out);
+}
+
+Test(ipc, status_shows_who_imported_whose_allocation)
+{
+	static char out[1 << 16];
+	struct worker a, b;
+	char p[32], q[32], h[160], want[256];
+
+	exporter(&a, 4 * MiB, 0x01, p);
+	get_handle(&a, p, h);
+	prog_start(&b, 0);
+	open_handle(&b, h, q);
+	ctl_status(true, out, sizeof(out));
+	snprintf(want, sizeof(want),
+		 "\"importer_pid\":%d,\"owner_id\":1,\"owner\":\"prog_preload-%d\"", (int)b.pid,
+		 (int)a.pid);
+	cr_assert(not(eq(ptr, strstr(out, want), NULL)), "%s", out);
+	cr_assert(not(eq(ptr,
+			 strstr(out, "\"alloc_id\":1,\"device\":0,\"bytes\":4194304,\"opens\":1,"
+				     "\"owner_freed\":false}],\"imports_total\":1}"),
+			 NULL)),
+		  "%s", out);
+	/* The owner frees: the import is kept, and says so. */
+	run(&a, 0, "free %s", p);
+	ctl_status(false, out, sizeof(out));
+	cr_assert(not(eq(ptr, strstr(out, "IMPORTED BY"), NULL)), "%s", out);
+	snprintf(want, sizeof(want), "#1 prog_preload-%d", (int)a.pid);
+	cr_assert(not(eq(ptr, strstr(out, want), NULL)), "%s", out);
+	cr_assert(not(eq(ptr, strstr(out, "4.0 MiB      1  freed\n"), NULL)), "%s", out);
+	run(&b, 0, "ipcclose %s", q);
+	ctl_status(true, out, sizeof(out));
+	cr_assert(not(eq(ptr, strstr(out, "\"imports\":[],\"imports_total\":0}"), NULL)), "%s",
+		  out);
+	quit(&b);
+	quit(&a);
+}

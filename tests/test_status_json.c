@@ -277,7 +277,8 @@ static const char small_json[] =
 	"\"clients\":[{\"id\":1,\"name\":\"w\",\"pid\":123,\"uid\":0,\"gid\":0,\"control\":true,"
 	"\"group\":\"\",\"priority\":0,\"preemptible\":false,"
 	"\"tags\":[{\"name\":\"kv\",\"device\":0,\"state\":\"active\",\"mode\":\"discard\","
-	"\"allocations\":2,\"bytes\":1610612736}]}],\"waiters\":[]}";
+	"\"allocations\":2,\"bytes\":1610612736}]}],\"waiters\":[],\"imports\":[],"
+	"\"imports_total\":0}";
 
 static const char small_table[] =
 	"gmbd 0.1.0, backend host\n"
@@ -353,7 +354,7 @@ Test(status_json, empty_reply_has_empty_lists)
 	json = render_json(&st);
 	cr_expect(eq(str, json,
 		     "{\"backend\":\"\",\"version\":\"\",\"devices\":[],\"clients\":[],"
-		     "\"waiters\":[]}"));
+		     "\"waiters\":[],\"imports\":[],\"imports_total\":0}"));
 	free(json);
 
 	/* A client without tags; NULL strings of a hand-built reply read as "". */
@@ -648,4 +649,70 @@ Test(status_table, sizes_use_binary_units)
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		cr_expect(eq(str, (char *)size_str(cases[i].v, buf), (char *)cases[i].s));
+}
+
+/* One import of the small state's allocation by another client, freed by its owner. */
+static void fixture_import(struct fixture *f, Gmb__ImportInfo *ii, Gmb__ImportInfo **pii)
+{
+	fixture_small(f);
+	gmb__import_info__init(ii);
+	ii->importer_id = 2;
+	ii->importer = "engine\x1b[2J";
+	ii->importer_pid = 456;
+	ii->owner_id = 1;
+	ii->owner = "w";
+	ii->owner_pid = 123;
+	ii->alloc_id = 7;
+	ii->bytes = 4 * MiB;
+	ii->opens = 2;
+	ii->owner_freed = true;
+	pii[0] = ii;
+	pii[1] = NULL; /* a NULL entry is skipped */
+	f->st.n_imports = 2;
+	f->st.imports = pii;
+	f->st.imports_total = 70;
+}
+
+Test(status_json, imports_say_who_maps_whose_allocation)
+{
+	Gmb__ImportInfo ii, *pii[2];
+	struct fixture f;
+	char *json;
+
+	fixture_import(&f, &ii, pii);
+	json = render_json(&f.st);
+	cr_expect(ne(ptr,
+		     strstr(json,
+			    "\"imports\":[{\"importer_id\":2,\"importer\":\"engine\\u001b[2J\","
+			    "\"importer_pid\":456,\"owner_id\":1,\"owner\":\"w\","
+			    "\"owner_pid\":123,\"alloc_id\":7,\"device\":0,\"bytes\":4194304,"
+			    "\"opens\":2,\"owner_freed\":true}],\"imports_total\":70}"),
+		     NULL),
+		  "%s", json);
+	cr_expect(json_valid(json), "%s", json);
+	free(json);
+}
+
+Test(status_table, imports_get_a_table_of_their_own)
+{
+	Gmb__ImportInfo ii, *pii[2];
+	struct fixture f;
+	char *text;
+
+	fixture_import(&f, &ii, pii);
+	text = render_table(&f.st);
+	cr_expect(ne(ptr,
+		     strstr(text, "IMPORTED BY       PID  OWNER  PID  ALLOC  DEV    BYTES  OPENS"
+				  "  OWNER'S\n"
+				  "#2 engine\\x1b[2J  456  #1 w   123      7    0  4.0 MiB      2"
+				  "  freed\n"
+				  "... and 69 more imports\n"),
+		     NULL),
+		  "%s", text);
+	free(text);
+	/* Nobody imports: no table at all. */
+	fixture_small(&f);
+	text = render_table(&f.st);
+	cr_expect(eq(ptr, strstr(text, "IMPORTED BY"), NULL), "%s", text);
+	free(text);
 }

@@ -244,6 +244,19 @@ int handlers__ipc_wait(struct hreq *rq, handlers_fn fn, uint32_t wait_ms);
 void handlers__ipc_retry(struct handlers *h);
 /* The waiting pauses of @s (NULL: all) end unanswered. */
 void handlers__ipc_cancel(struct handlers *h, struct sess *s);
+/* Status: the imports, the first HIPC_STATUS_MAX of them (strings point
+ * into the broker: valid until it changes). */
+#define HIPC_STATUS_MAX 64
+struct hipc_rows {
+	Gmb__ImportInfo *v, **pv;
+	size_t n, cap;
+	uint32_t total; /* listed or not */
+};
+/* Return: 0 or -ENOMEM (@rows then empty). */
+int handlers__ipc_rows(const struct broker *br, struct hipc_rows *rows);
+/* The status reply's last part: the imports (more = false). */
+int handlers__ipc_status_part(struct hreq *rq, const struct hipc_rows *rows);
+void handlers__ipc_rows_free(struct hipc_rows *rows);
 
 /* orphans.c */
 /* Orphan @c is reclaimed when its process goes or at now + the grace period. */

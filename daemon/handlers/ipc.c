@@ -266,3 +266,63 @@ void handlers__ipc_cancel(struct handlers *h, struct sess *s)
 			handlers_ipc_unwait(h, w);
 	}
 }
+
+/* ---- status: who imported whose allocation ---- */
+
+static int handlers_ipc_row(void *arg, const struct import_export *ex, const struct import_rec *r)
+{
+	struct hipc_rows *rows = arg;
+	Gmb__ImportInfo *ii;
+
+	if (rows->n < rows->cap) {
+		ii = &rows->v[rows->n];
+		gmb__import_info__init(ii);
+		ii->importer_id = r->importer->id;
+		ii->importer = (char *)r->importer->name;
+		ii->importer_pid = (int32_t)r->importer->pid;
+		ii->owner_id = ex->owner_id;
+		ii->owner = (char *)ex->owner;
+		ii->owner_pid = (int32_t)ex->owner_pid;
+		ii->alloc_id = ex->alloc_id;
+		ii->device = (uint32_t)ex->dev;
+		ii->bytes = ex->size;
+		ii->opens = r->refs;
+		ii->owner_freed = ex->alloc == NULL;
+		rows->pv[rows->n++] = ii;
+	}
+	rows->total++;
+	return 0;
+}
+
+int handlers__ipc_rows(const struct broker *br, struct hipc_rows *rows)
+{
+	*rows = (struct hipc_rows){ .cap = HIPC_STATUS_MAX };
+	rows->v = calloc(rows->cap, sizeof(*rows->v));
+	rows->pv = calloc(rows->cap, sizeof(*rows->pv));
+	if (!rows->v || !rows->pv) {
+		handlers__ipc_rows_free(rows);
+		return -ENOMEM;
+	}
+	return import_walk(br, handlers_ipc_row, rows);
+}
+
+int handlers__ipc_status_part(struct hreq *rq, const struct hipc_rows *rows)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__StatusReply sr = GMB__STATUS_REPLY__INIT;
+
+	sr.n_imports = rows->n;
+	sr.imports = rows->pv;
+	sr.imports_total = rows->total;
+	env.reply_to = rq->env->id;
+	env.body_case = GMB__ENVELOPE__BODY_STATUS_REPLY;
+	env.status_reply = &sr;
+	return sess_send(rq->s, &env);
+}
+
+void handlers__ipc_rows_free(struct hipc_rows *rows)
+{
+	free(rows->v);
+	free(rows->pv);
+	*rows = (struct hipc_rows){ 0 };
+}

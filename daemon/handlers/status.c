@@ -8,6 +8,8 @@
  * version and devices, every part carries some clients (the client library
  * concatenates them), and the last has more = false. One client with more
  * tags than a part holds takes several entries (ClientInfo.continued).
+ * Imports of memory shared between processes, if any, come last in a part
+ * of their own (ipc.c builds it).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -50,7 +52,7 @@ static int handlers_status_build(const struct broker *br, uint64_t now, struct h
 static size_t handlers_status_fill_client(const struct broker *br, const struct bclient *c,
 					  struct hstatus *st, size_t row, Gmb__ClientInfo *ci);
 static size_t handlers_status_split(struct hstatus *st, size_t i, size_t first);
-static int handlers_status_send(struct hreq *rq, struct hstatus *st);
+static int handlers_status_send(struct hreq *rq, struct hstatus *st, bool last);
 static int handlers_status_part(struct hreq *rq, struct hstatus *st, size_t first, size_t n,
 				bool head, bool last);
 static void handlers_status_free(struct hstatus *st);
@@ -58,16 +60,21 @@ static void handlers_status_free(struct hstatus *st);
 int handlers__status(struct hreq *rq)
 {
 	struct hstatus st = { .h = rq->h };
+	struct hipc_rows imports = { 0 };
 	int r;
 
 	r = handlers_status_build(rq->h->broker, uv_now(rq->h->loop), &st);
+	if (r == 0)
+		r = handlers__ipc_rows(rq->h->broker, &imports);
 	if (r < 0) {
 		r = handlers__fail(rq, r, "out of memory building the status");
 		goto out_free;
 	}
 	/* A failed send dooms the session: nothing more to answer. */
-	handlers_status_send(rq, &st);
+	if (handlers_status_send(rq, &st, imports.total == 0) == 0 && imports.total)
+		handlers__ipc_status_part(rq, &imports);
 out_free:
+	handlers__ipc_rows_free(&imports);
 	handlers_status_free(&st);
 	return r;
 }
@@ -249,7 +256,8 @@ static size_t handlers_status_fill_client(const struct broker *br, const struct 
 	return row;
 }
 
-static int handlers_status_send(struct hreq *rq, struct hstatus *st)
+/* The parts of @st; the last one says more = false when @last. */
+static int handlers_status_send(struct hreq *rq, struct hstatus *st, bool last)
 {
 	/* The first part also carries backend, version and the devices. */
 	size_t base = 64 + (size_t)rq->h->broker->ndevices * 128 +
@@ -271,7 +279,7 @@ static int handlers_status_send(struct hreq *rq, struct hstatus *st)
 		}
 		bytes += sz;
 	}
-	return handlers_status_part(rq, st, first, st->nclients - first, head, true);
+	return handlers_status_part(rq, st, first, st->nclients - first, head, last);
 }
 
 static int handlers_status_part(struct hreq *rq, struct hstatus *st, size_t first, size_t n,

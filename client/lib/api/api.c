@@ -424,6 +424,7 @@ static int api_query(struct gmb_client *c, Gmb__Envelope *env, int want, struct 
  * clients whose tags came in several entries (malloc'd copies). */
 struct api_status_joined {
 	Gmb__StatusReply sr;
+	Gmb__ImportInfo **imports; /* of every part, in order */
 	Gmb__ClientInfo **clients;
 	Gmb__ClientInfo *copies;
 	size_t ncopies;
@@ -435,6 +436,7 @@ static void api_status_unjoin(struct api_status_joined *j)
 		free(j->copies[i].tags);
 	free(j->copies);
 	free(j->clients);
+	free(j->imports);
 }
 
 /* Entry @ci continues @prev (its last client): its tags are added to a copy. */
@@ -470,16 +472,19 @@ static int api_status_continue(struct api_status_joined *j, Gmb__ClientInfo **pr
 /* Joins @rep's StatusReply parts into @j (api_status_unjoin() it, even on failure). */
 static int api_status_join(const struct gmb__reply *rep, struct api_status_joined *j, char *err)
 {
-	size_t n = 0, k = 0;
+	size_t n = 0, k = 0, ni = 0;
 	bool head = false;
 
 	*j = (struct api_status_joined){ .sr = GMB__STATUS_REPLY__INIT };
 	for (size_t p = 0; p < rep->nparts; p++)
-		if (rep->parts[p]->body_case == GMB__ENVELOPE__BODY_STATUS_REPLY)
+		if (rep->parts[p]->body_case == GMB__ENVELOPE__BODY_STATUS_REPLY) {
 			n += rep->parts[p]->status_reply->n_clients;
+			ni += rep->parts[p]->status_reply->n_imports;
+		}
 	j->clients = calloc(n + 1, sizeof(*j->clients));
 	j->copies = calloc(n + 1, sizeof(*j->copies));
-	if (!j->clients || !j->copies)
+	j->imports = calloc(ni + 1, sizeof(*j->imports));
+	if (!j->clients || !j->copies || !j->imports)
 		return err_fmt(err, -ENOMEM, "out of memory reading gmbd's status");
 	for (size_t p = 0; p < rep->nparts; p++) {
 		const Gmb__StatusReply *sr = rep->parts[p]->status_reply;
@@ -496,6 +501,11 @@ static int api_status_join(const struct gmb__reply *rep, struct api_status_joine
 			j->sr.n_waiters = sr->n_waiters;
 			j->sr.waiters = sr->waiters;
 		}
+		/* Imports come in a part of their own, the last. */
+		for (size_t i = 0; i < sr->n_imports; i++)
+			j->imports[j->sr.n_imports++] = sr->imports[i];
+		if (sr->imports_total > j->sr.imports_total)
+			j->sr.imports_total = sr->imports_total;
 		for (size_t i = 0; i < sr->n_clients; i++) {
 			const Gmb__ClientInfo *ci = sr->clients[i];
 
@@ -514,6 +524,7 @@ static int api_status_join(const struct gmb__reply *rep, struct api_status_joine
 	}
 	j->sr.n_clients = k;
 	j->sr.clients = j->clients;
+	j->sr.imports = j->imports;
 	return 0;
 }
 

@@ -90,6 +90,12 @@ static const struct table_col status_wait_cols[] = {
 	{ "NEED", true },     { "PRIO", true }, { "WAITED", true }, { "LEFT", true },
 };
 
+static const struct table_col status_import_cols[] = {
+	{ "IMPORTED BY", false }, { "PID", true },   { "OWNER", false },
+	{ "PID", true },	  { "ALLOC", true }, { "DEV", true },
+	{ "BYTES", true },	  { "OPENS", true }, { "OWNER'S", false },
+};
+
 static const struct table_col status_tag_cols[] = {
 	{ "TAG", false },  { "DEVICE", true }, { "STATE", false },
 	{ "MODE", false }, { "ALLOCS", true }, { "BYTES", true },
@@ -355,6 +361,20 @@ static void json_put_waiter(struct sbuf *b, const Gmb__WaiterInfo *w)
 		    w->bytes, w->priority, w->waited_ms, w->left_ms);
 }
 
+static void json_put_import(struct sbuf *b, const Gmb__ImportInfo *m)
+{
+	sbuf_printf(b, "{\"importer_id\":%" PRIu64 ",\"importer\":", m->importer_id);
+	json_put_str(b, m->importer);
+	sbuf_printf(b, ",\"importer_pid\":%" PRId32 ",\"owner_id\":%" PRIu64 ",\"owner\":",
+		    m->importer_pid, m->owner_id);
+	json_put_str(b, m->owner);
+	sbuf_printf(b,
+		    ",\"owner_pid\":%" PRId32 ",\"alloc_id\":%" PRIu64 ",\"device\":%" PRIu32
+		    ",\"bytes\":%" PRIu64 ",\"opens\":%" PRIu32 ",\"owner_freed\":%s}",
+		    m->owner_pid, m->alloc_id, m->device, m->bytes, m->opens,
+		    m->owner_freed ? "true" : "false");
+}
+
 /**
  * gmb__status_to_json() - the broker's state as one JSON object.
  * @st:  the reply; only read. NULL entries in its lists are skipped.
@@ -386,7 +406,11 @@ int gmb__status_to_json(const Gmb__StatusReply *st, char **out)
 	for (i = 0, n = 0; i < st->n_waiters; i++)
 		if (json_list_next(&b, st->waiters[i], &n))
 			json_put_waiter(&b, st->waiters[i]);
-	sbuf_puts(&b, "]}");
+	sbuf_puts(&b, "],\"imports\":[");
+	for (i = 0, n = 0; i < st->n_imports; i++)
+		if (json_list_next(&b, st->imports[i], &n))
+			json_put_import(&b, st->imports[i]);
+	sbuf_printf(&b, "],\"imports_total\":%" PRIu32 "}", st->imports_total);
 	return sbuf_steal(&b, out);
 }
 
@@ -561,6 +585,56 @@ static void status_add_client(struct table *t, const Gmb__ClientInfo *c)
 	table_add(t, num);
 }
 
+/* "#ID NAME" of a client, for a table cell (table_add() makes it safe). */
+static void status_client_cell(struct table *t, uint64_t id, const char *name)
+{
+	char cell[WIRE_MAX_NAME + 32];
+
+	snprintf(cell, sizeof(cell), "#%" PRIu64 " %s", id, name ? name : "");
+	table_add(t, cell);
+}
+
+/* Who maps whose allocation (CUDA IPC); nothing when nobody does. */
+static int status_put_imports(const Gmb__StatusReply *st, struct sbuf *out)
+{
+	struct table t;
+	size_t n = 0;
+	char num[48];
+	int r;
+
+	table_init(&t, status_import_cols, ARRAY_SIZE(status_import_cols));
+	for (size_t i = 0; i < st->n_imports; i++) {
+		const Gmb__ImportInfo *m = st->imports[i];
+
+		if (!m)
+			continue;
+		status_client_cell(&t, m->importer_id, m->importer);
+		snprintf(num, sizeof(num), "%" PRId32, m->importer_pid);
+		table_add(&t, num);
+		status_client_cell(&t, m->owner_id, m->owner);
+		snprintf(num, sizeof(num), "%" PRId32, m->owner_pid);
+		table_add(&t, num);
+		table_add_u64(&t, m->alloc_id);
+		table_add_u64(&t, m->device);
+		table_add_size(&t, m->bytes);
+		table_add_u64(&t, m->opens);
+		table_add(&t, m->owner_freed ? "freed" : "live");
+		n++;
+	}
+	if (n) {
+		sbuf_putc(out, '\n');
+		table_put_header(&t, out, "");
+	}
+	for (size_t i = 0; i < n; i++)
+		table_put_row(&t, out, "");
+	if (st->imports_total > n)
+		sbuf_printf(out, "... and %" PRIu64 " more imports\n",
+			    (uint64_t)(st->imports_total - n));
+	r = t.text.err;
+	table_deinit(&t);
+	return r;
+}
+
 /* Requests waiting for memory, in serving order; nothing when none. */
 static int status_put_waiters(const Gmb__StatusReply *st, struct sbuf *out)
 {
@@ -720,6 +794,8 @@ int gmb__status_to_table(const Gmb__StatusReply *st, char **out)
 		r = status_put_clients(st, &b);
 	if (!r)
 		r = status_put_waiters(st, &b);
+	if (!r)
+		r = status_put_imports(st, &b);
 	if (r && !b.err)
 		b.err = r;
 	return sbuf_steal(&b, out);
