@@ -37,8 +37,8 @@ GMB_API int gmb_ipc_get_handle(gmb_client *c, const void *ptr, void *handle)
 
 	if (!c)
 		c = gmb__hook_client_peek();
-	if (!c)
-		return -ENXIO; /* no client: nothing here is gmbd's */
+	if (!c || !gmb__ipc_maybe_ours(&c->mem, &c->ipc, ptr))
+		return -ENXIO; /* the runtime's, at once */
 	gmb__op_begin(&c->conn);
 	rc = gmb__ipc_get_handle(&c->mem, &c->ipc, ptr, handle, err);
 	gmb__op_end(&c->conn);
@@ -73,7 +73,7 @@ GMB_API int gmb_ipc_close(gmb_client *c, void *ptr)
 
 	if (!c)
 		c = gmb__hook_client_peek();
-	if (!c)
+	if (!c || !gmb__ipc_maybe_ours(&c->mem, &c->ipc, ptr))
 		return -ENXIO;
 	gmb__op_begin(&c->conn);
 	rc = gmb__ipc_close(&c->mem, &c->ipc, ptr, err);

@@ -37,6 +37,46 @@ int gmb__ipc_owns(struct gmb__ipc *ipc, const void *ptr)
 	return ptr && ipc_find_ptr(ipc, (uintptr_t)ptr) != NULL;
 }
 
+bool gmb__ipc_maybe_ours(struct gmb__mem *m, struct gmb__ipc *ipc, const void *ptr)
+{
+	uintptr_t p = (uintptr_t)ptr;
+	const struct gmb__alloc *a;
+	bool found;
+	void *v;
+
+	if (!ptr)
+		return false;
+	pthread_mutex_lock(&m->conn->lock);
+	found = ipc_find_ptr(ipc, p) != NULL;
+	for (size_t it = 0; !found && idmap_next(&m->tab.by_id, &it, NULL, &v);) {
+		a = v;
+		found = p >= a->va && p - a->va < a->size;
+	}
+	pthread_mutex_unlock(&m->conn->lock);
+	return found;
+}
+
+/* @im in or out of the list, under the state lock too (gmb__ipc_maybe_ours()). */
+static void ipc_link(struct gmb__mem *m, struct gmb__ipc *ipc, struct gmb__import *im)
+{
+	pthread_mutex_lock(&m->conn->lock);
+	im->next = ipc->imports;
+	ipc->imports = im;
+	pthread_mutex_unlock(&m->conn->lock);
+}
+
+static void ipc_unlink(struct gmb__mem *m, struct gmb__ipc *ipc, struct gmb__import *im)
+{
+	struct gmb__import **pos;
+
+	pthread_mutex_lock(&m->conn->lock);
+	for (pos = &ipc->imports; *pos && *pos != im; pos = &(*pos)->next)
+		;
+	if (*pos)
+		*pos = im->next;
+	pthread_mutex_unlock(&m->conn->lock);
+}
+
 /* The allocation of this client holding @p; op_lock held. */
 static struct gmb__alloc *ipc_alloc_holding(struct gmb__mem *m, uintptr_t p)
 {
@@ -266,8 +306,7 @@ static int ipc_open_new(struct gmb__mem *m, struct gmb__ipc *ipc, const struct i
 	}
 	gmb__reply_deinit(&rep);
 	im->opens = 1;
-	im->next = ipc->imports;
-	ipc->imports = im;
+	ipc_link(m, ipc, im);
 	*out = im;
 	return 0;
 
@@ -313,7 +352,6 @@ int gmb__ipc_open(struct gmb__mem *m, struct gmb__ipc *ipc, const uint8_t *handl
 static int ipc_unmap(struct gmb__mem *m, struct gmb__ipc *ipc, struct gmb__import *im, char *err)
 {
 	struct backend *be = m->be;
-	struct gmb__import **pos;
 	int rc;
 
 	/* The runtime's close waits for work on the memory, as a free does. */
@@ -324,9 +362,7 @@ static int ipc_unmap(struct gmb__mem *m, struct gmb__ipc *ipc, struct gmb__impor
 		return backend_fail_msg(err, rc, "unmapping an import");
 	be->ops->va_free(be, im->va, im->size);
 	ipc_send_close(m, im->gen);
-	for (pos = &ipc->imports; *pos != im; pos = &(*pos)->next)
-		;
-	*pos = im->next;
+	ipc_unlink(m, ipc, im);
 	ipc_import_free(m, im);
 	return 0;
 }
@@ -353,7 +389,7 @@ void gmb__ipc_close_all(struct gmb__mem *m, struct gmb__ipc *ipc)
 
 		/* Unmapped or not, the import goes: the process closes its handles. */
 		if (ipc_unmap(m, ipc, im, NULL) < 0) {
-			ipc->imports = im->next;
+			ipc_unlink(m, ipc, im);
 			ipc_import_free(m, im);
 		}
 	}

@@ -11,11 +11,13 @@
  * however many handles of it are opened (handles differ only in their
  * range offset): its opens are counted, gmbd is asked once, and the last
  * close unmaps it and tells gmbd. Every function runs under the
- * connection's op_lock.
+ * connection's op_lock, but gmb__ipc_maybe_ours(), which takes only the
+ * state lock: the list of imports changes under both.
  */
 #ifndef GMB_CLIENT_IPC_H
 #define GMB_CLIENT_IPC_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "client/lib/mem/mem.h"
@@ -35,8 +37,16 @@ struct gmb__import {
 };
 
 struct gmb__ipc {
-	struct gmb__import *imports; /* under op_lock */
+	struct gmb__import *imports; /* changed under op_lock and the state lock */
 };
+
+/*
+ * gmb__ipc_maybe_ours() - may @ptr be in an allocation or an import of
+ * this client? Takes the state lock only, so that the runtime's own
+ * pointers never wait for an operation of gmbd's (a pause, a parked
+ * malloc) to end before they go to the runtime.
+ */
+bool gmb__ipc_maybe_ours(struct gmb__mem *m, struct gmb__ipc *ipc, const void *ptr);
 
 /**
  * gmb__ipc_get_handle() - the handle of the memory at @ptr: an allocation
