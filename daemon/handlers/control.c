@@ -13,6 +13,7 @@
  * the latest when the target disconnects (handlers__dreqs_fail()).
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,27 +99,22 @@ int handlers__control(struct hreq *rq)
 	return handlers_ctl_forward(rq, target);
 }
 
-/* broker_client_find() says NULL for none and for several; tell which. */
+/* The one client @sel names, with a session that can take the command. */
 static int handlers_ctl_target(struct hreq *rq, const char *sel, struct bclient **out)
 {
-	struct broker *br = rq->h->broker;
-	struct bclient *c = broker_client_find(br, sel);
+	struct broker_found f;
+	struct bclient *c = broker_client_find(rq->h->broker, sel, &f);
 	struct sess *ts = c ? handlers__conn_client(rq->h, c) : NULL;
-	int same = 0;
 
-	if (c && ts && ts->state == SESS_OPEN) {
-		*out = c;
-		return 0;
-	}
-	for (struct bclient *o = br->clients; o; o = o->next)
-		if (!o->tool && strcmp(o->name, sel) == 0)
-			same++;
-	if (same > 1)
-		return handlers__fail(rq, -ENOTUNIQ,
-				      "%d clients are named '%s': name one by id"
-				      " (#N) or pid",
-				      same, sel);
-	return handlers__fail(rq, -ENOENT, "no client matches '%s'", sel);
+	if (!c)
+		return broker_found_err(&f, sel, false, rq->err);
+	if (!ts || ts->state != SESS_OPEN)
+		return handlers__fail(rq, -ENOENT,
+				      "client '%s' (#%" PRIu64 ") is not connected now; it may"
+				      " be reconnecting to gmbd",
+				      c->name, c->id);
+	*out = c;
+	return 0;
 }
 
 static int handlers_ctl_forward(struct hreq *rq, struct bclient *target)
