@@ -5,6 +5,14 @@
  * ends: answered, refused, timed out (--control-timeout, plus the wait of
  * a resume), or the target gone.
  *
+ * Before forwarding, gmbd refuses what it can tell itself: a target that
+ * is not one connected client (by name, pid or id: broker_found_err()
+ * says why), an operator without the permission, a target without a
+ * control handler, and a tag the target does not have ("" is every tag,
+ * also of a client that has none; a tag with no allocations yet is one
+ * it has), so that a typo is answered here with the tags it has, and the
+ * application's handler never runs for it.
+ *
  * Lifetimes: a forward (struct hfwd) names its operator's session without
  * a reference: it ends, at the latest, when the operator goes (its request
  * is cancelled then, handlers__control_gone()) or when the target goes.
@@ -79,6 +87,10 @@ int handlers__control(struct hreq *rq)
 				      " install one (gmb_set_control_handler) or run with"
 				      " GMB_CONTROL=accept",
 				      target->name);
+	/* Only once the operator may control it: its tags are its business. */
+	r = broker_tag_check(target, tag, rq->err);
+	if (r < 0)
+		return r;
 	if (hconn_of(ts)->ctl_in)
 		return handlers__fail(rq, -EBUSY,
 				      "client '%s' is still carrying out another"
