@@ -235,7 +235,8 @@ Test(dreq, an_operator_leaving_cancels_its_forward_once)
 	/* Cancelled at once, not at the deadline (30 s) nor at the answer. */
 	cr_assert(eq(i32, ctl_ev.n, 1));
 	cr_assert(eq(i32, ctl_ev.status, -ECANCELED));
-	cr_assert(eq(str, ctl_ev.detail, "the operator disconnected before client 'worker' answered"));
+	cr_assert(eq(str, ctl_ev.detail,
+		     "the operator disconnected before client 'worker' answered"));
 	/* The command is still with the client: status says so. */
 	t2 = hm_hello_client("ctl2", false, true);
 	expect_first_tag_state(t2, "pausing");
@@ -349,8 +350,7 @@ Test(dreq, a_switch_step_times_out_and_rolls_back)
 	hm_send_reply(a, undo, 0);
 	hm_recv_reply(t, id, &m, NULL, NULL);
 	cr_assert(eq(i32, m.env->status, -ETIMEDOUT));
-	cr_assert(not(eq(ptr, strstr(m.env->error, "no answer within"), NULL)), "%s",
-		  m.env->error);
+	cr_assert(not(eq(ptr, strstr(m.env->error, "no answer within"), NULL)), "%s", m.env->error);
 	cr_assert(not(eq(ptr, strstr(m.env->error, "both sides are as before"), NULL)), "%s",
 		  m.env->error);
 	hm_msg_free(&m);
