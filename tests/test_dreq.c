@@ -5,7 +5,9 @@
  * lets the deadline pass or goes, or the initiator gives up on it first
  * (an operator that disconnects); a reply that comes after is neither a
  * protocol error nor a second completion; one timer serves deadlines in
- * their order, whoever set them (forwarded controls, switch steps).
+ * their order, whoever set them (forwarded controls, switch steps); a
+ * preemption the victim leaves unanswered ends when it goes, its mark
+ * cleared.
  *
  * "Once" is counted where it shows: the operator's replies (exactly one
  * per request, nothing after) and the EVENT_CONTROL that every forward
@@ -359,4 +361,58 @@ Test(dreq, a_switch_step_times_out_and_rolls_back)
 	close(a);
 	close(b);
 	close(t);
+}
+
+/* ---- preemption: its request ends when the victim goes, too ---- */
+
+static int hello_arb(const char *name, int priority, bool preemptible)
+{
+	Gmb__Hello h = GMB__HELLO__INIT;
+	int fd = hm_client();
+	struct hm_msg m;
+
+	h.version = GMB_PROTOCOL_VERSION;
+	h.name = (char *)name;
+	h.control = true;
+	h.priority = priority;
+	h.preemptible = preemptible;
+	hm_recv_reply(fd, hm_send_req(fd, GMB__ENVELOPE__BODY_HELLO, &h), &m, NULL, NULL);
+	cr_assert(eq(i32, m.env->status, 0), "hello: %s", m.env->error);
+	hm_msg_free(&m);
+	return fd;
+}
+
+static struct bclient *client_named(const char *name)
+{
+	for (struct bclient *c = hm_fx.br->clients; c; c = c->next)
+		if (strcmp(c->name, name) == 0)
+			return c;
+	return NULL;
+}
+
+/* A victim kept as an orphan must be preemptible again once it is back. */
+Test(dreq, a_preempted_client_that_goes_unanswered_loses_its_mark)
+{
+	int v = hello_arb("batch", 0, true), s = hello_arb("serve", 10, false);
+	Gmb__AllocRequest a = GMB__ALLOC_REQUEST__INIT;
+	struct bclient *c;
+
+	hm_alloc_ok(v, 8 * GiB, "kv");
+	a.size = 1 * GiB;
+	a.tag = "kv";
+	a.wait_ms = 5000;
+	hm_send_req(s, GMB__ENVELOPE__BODY_ALLOC, &a);
+	recv_command(v, GMB__OP__OP_PAUSE, "");
+	c = client_named("batch");
+	cr_assert(ne(u64, c->preempt_for, 0), "asked to pause for serve");
+	close(s);
+	/* gmbd ends the session (a reply to nothing) while the process lives:
+	 * the client is kept as an orphan, its preemption unanswered. */
+	hm_send_reply(v, 99999, 0);
+	hm_expect_eof(v);
+	c = client_named("batch");
+	cr_assert(not(eq(ptr, c, NULL)));
+	cr_assert(c->orphan);
+	cr_assert(eq(u64, c->preempt_for, 0), "still marked: never preempted again");
+	broker_client_remove(hm_fx.br, c);
 }

@@ -222,8 +222,9 @@ static int handlers_check(struct hreq *rq, const struct handler *hd)
 	return 0;
 }
 
-/* A client's reply to a request of gmbd: dreq.c completes the request, and
- * says whether the answer asks for what a request's flags would. */
+/* A client's reply to a request of gmbd: dreq.c completes the request; an
+ * answer that gives memory back (a drop's) is settled here, as H_SETTLE and
+ * H_STATE would have a request's. */
 static void handlers_daemon_reply(struct hreq *rq)
 {
 	unsigned flags = handlers__dreq_reply(rq->s, rq->env);
