@@ -51,7 +51,7 @@ PROTO_SRC := proto/gmb.pb-c.c
 DAEMON_SRC := daemon/core/pool.c daemon/core/broker.c daemon/core/lend.c daemon/core/rejoin.c \
 	daemon/core/proc.c daemon/core/arb.c daemon/core/wait.c daemon/core/import.c daemon/core/event.c daemon/handlers/watch.c \
 	daemon/persist/state.c daemon/persist/persist.c \
-	daemon/handlers/reply.c daemon/handlers/drops.c daemon/handlers/park.c \
+	daemon/handlers/reply.c daemon/handlers/dreq.c daemon/handlers/drops.c daemon/handlers/park.c \
 	daemon/handlers/status.c daemon/handlers/switch.c daemon/handlers/control.c daemon/handlers/memory.c \
 	daemon/handlers/hello.c daemon/handlers/orphans.c daemon/handlers/handlers.c \
 	daemon/handlers/limits.c daemon/handlers/ipc.c \
@@ -78,7 +78,7 @@ HANDLERS_FX_SRC := tests/handlers_fx.c
 # The client's messages over that fixture, with Criterion's asserts: linked
 # only into the test binaries that use them.
 HANDLERS_MSG_SRC := tests/handlers_msg.c
-HANDLERS_MSG_TESTS := test_handlers test_control
+HANDLERS_MSG_TESTS := test_handlers test_control test_dreq
 TEST_PROG_SRC := $(wildcard tests/prog_*.c)
 # Fuzz harnesses (tests/fuzz/fuzz_<name>.c), each with a corpus in
 # tests/fuzz/corpus/<name>/; fuzz_util.c holds their invariant checks.

@@ -702,6 +702,17 @@ Test(broker, may_control_rules)
 	cr_assert(eq(i32, broker_may_control(br, stranger, NULL, err), 0), "primary group");
 }
 
+/* What @sel finds: the client when one matches, and how many matched. */
+static struct bclient *find(const char *sel, size_t want_n)
+{
+	struct broker_found f;
+	struct bclient *c = broker_client_find(br, sel, &f);
+
+	cr_assert(eq(sz, f.n, want_n), "'%s' matched %zu", sel, f.n);
+	cr_assert(eq(ptr, c, want_n == 1 ? f.c[0] : NULL), "'%s'", sel);
+	return c;
+}
+
 Test(broker, client_find_by_id_pid_and_name)
 {
 	struct broker_peer tool_peer = { .pid = 44, .uid = 1000, .gid = 1000 };
@@ -711,23 +722,115 @@ Test(broker, client_find_by_id_pid_and_name)
 
 	cr_assert(eq(i32, broker_client_add(br, &tool_peer, "gmbctl", false, true, &tool), 0));
 	cr_assert(eq(u64, t->id, 1));
-	cr_assert(eq(ptr, broker_client_find(br, "#1"), t));
-	cr_assert(eq(ptr, broker_client_find(br, "1"), t));
-	cr_assert(eq(ptr, broker_client_find(br, "2"), i1));
-	cr_assert(eq(ptr, broker_client_find(br, "43"), i2), "by pid");
-	cr_assert(eq(ptr, broker_client_find(br, "#43"), NULL), "# is an id only");
-	cr_assert(eq(ptr, broker_client_find(br, "trainer"), t));
-	cr_assert(eq(ptr, broker_client_find(br, "infer"), NULL), "ambiguous");
-	cr_assert(eq(ptr, broker_client_find(br, "99999"), num), "digits that are a name");
-	cr_assert(eq(ptr, broker_client_find(br, "gmbctl"), NULL), "tools are not selectable");
-	cr_assert(eq(ptr, broker_client_find(br, "#5"), NULL));
-	cr_assert(eq(ptr, broker_client_find(br, "44"), NULL));
-	cr_assert(eq(ptr, broker_client_find(br, ""), NULL));
-	cr_assert(eq(ptr, broker_client_find(br, "#"), NULL));
-	cr_assert(eq(ptr, broker_client_find(br, "nobody"), NULL));
+	cr_assert(eq(ptr, find("#1", 1), t));
+	cr_assert(eq(ptr, find("1", 1), t));
+	cr_assert(eq(ptr, find("2", 1), i1));
+	cr_assert(eq(ptr, find("43", 1), i2), "by pid");
+	find("#43", 0); /* # is an id only */
+	cr_assert(eq(ptr, find("trainer", 1), t));
+	find("infer", 2); /* several, not none */
+	cr_assert(eq(ptr, find("99999", 1), num), "digits that are a name");
+	find("gmbctl", 0); /* tools are not selectable */
+	find("#5", 0);
+	find("44", 0);
+	find("", 0);
+	find("#", 0);
+	find("nobody", 0);
+	cr_assert(eq(ptr, broker_client_find(br, "trainer", NULL), t), "the result is optional");
 	memset(longname, 'n', sizeof(longname) - 1);
 	longname[sizeof(longname) - 1] = '\0';
 	cr_assert(eq(sz, strlen(client(longname, 50, 1000)->name), (size_t)WIRE_MAX_NAME));
+}
+
+/* None, one, several: the candidates are named, each case has its sentence. */
+Test(broker, client_find_says_none_one_or_several_with_the_candidates)
+{
+	struct bclient *i1 = client("infer", 42, 1000), *i2 = client("infer", 43, 1000);
+	struct bclient *a = client("a", 77, 1000), *b = client("b", 77, 1000);
+	struct broker_found f;
+	char err[ERR_MSG_MAX];
+
+	cr_assert(eq(ptr, broker_client_find(br, "ghost", &f), NULL));
+	cr_assert(eq(sz, f.n, 0));
+	cr_assert(eq(i32, broker_found_err(&f, "ghost", false, err), -ENOENT));
+	cr_assert(eq(str, err, "no client matches 'ghost'"));
+	cr_assert(eq(i32, broker_found_err(&f, "ghost", true, err), -ENOENT));
+	cr_assert(eq(str, err, "no client or group matches 'ghost'"));
+
+	cr_assert(eq(ptr, broker_client_find(br, "infer", &f), NULL));
+	cr_assert(eq(sz, f.n, 2));
+	cr_assert(f.by_pid == false);
+	cr_assert(f.c[0] == i1 ? f.c[1] == i2 : f.c[0] == i2 && f.c[1] == i1);
+	cr_assert(eq(i32, broker_found_err(&f, "infer", false, err), -ENOTUNIQ));
+	cr_assert(eq(str, err,
+		     f.c[0] == i1 ? "2 clients are named 'infer' (#1 pid 42, #2 pid 43): name one"
+				    " by id (#N) or pid" :
+				    "2 clients are named 'infer' (#2 pid 43, #1 pid 42): name one"
+				    " by id (#N) or pid"));
+	cr_assert(eq(i32, broker_found_err(&f, "infer", true, err), -ENOTUNIQ));
+	cr_assert(not(eq(ptr, strstr(err, "or pid, or give them a group"), NULL)), "%s", err);
+
+	/* Two connections of one process share its pid. */
+	cr_assert(eq(ptr, broker_client_find(br, "77", &f), NULL));
+	cr_assert(eq(sz, f.n, 2));
+	cr_assert(f.by_pid);
+	cr_assert(f.c[0] == a ? f.c[1] == b : f.c[0] == b && f.c[1] == a);
+	cr_assert(eq(i32, broker_found_err(&f, "77", false, err), -ENOTUNIQ));
+	cr_assert(not(eq(ptr, strstr(err, "2 clients have pid 77 (#"), NULL)), "%s", err);
+	cr_assert(not(eq(ptr, strstr(err, "'a'"), NULL)), "%s", err);
+	cr_assert(not(eq(ptr, strstr(err, "): name one by id (#N)"), NULL)), "%s", err);
+	cr_assert(eq(ptr, strstr(err, "or pid"), NULL), "a pid cannot tell them apart: %s", err);
+	cr_assert(eq(ptr, broker_client_find(br, "#3", &f), a));
+	cr_assert(eq(sz, f.n, 1));
+}
+
+/* More candidates than the result keeps: the count is right, the rest elided. */
+Test(broker, client_find_keeps_the_first_candidates_and_counts_them_all)
+{
+	struct broker_found f;
+	char err[ERR_MSG_MAX];
+
+	for (int i = 0; i < BROKER_FOUND_MAX + 3; i++)
+		client("rank", 100 + i, 1000);
+	cr_assert(eq(ptr, broker_client_find(br, "rank", &f), NULL));
+	cr_assert(eq(sz, f.n, (size_t)BROKER_FOUND_MAX + 3));
+	for (int i = 0; i < BROKER_FOUND_MAX; i++)
+		cr_assert(eq(str, f.c[i]->name, "rank"));
+	cr_assert(eq(i32, broker_found_err(&f, "rank", false, err), -ENOTUNIQ));
+	cr_assert(not(eq(ptr, strstr(err, "11 clients are named 'rank' (#"), NULL)), "%s", err);
+	cr_assert(not(eq(ptr, strstr(err, ", ...): name one"), NULL)), "%s", err);
+}
+
+/* "" is every tag; a tag exists with or without allocations; the sentence lists the tags. */
+Test(broker, tag_check_knows_every_tag_and_names_the_tags_a_client_has)
+{
+	struct bclient *c = client("trainer", 41, 1000), *empty = client("new", 42, 1000);
+	char err[ERR_MSG_MAX], name[WIRE_MAX_NAME + 1];
+
+	cr_assert(eq(i32, broker_tag_check(empty, "", err), 0), "every tag of none");
+	cr_assert(eq(i32, broker_tag_check(empty, "kv", err), -ENOENT));
+	cr_assert(eq(str, err, "client 'new' has no tag 'kv': it has no tags yet"));
+	alloc_ok(c, 0, 2 * MiB, "kv", UINT32_MAX, ANY);
+	cr_assert(eq(i32, broker_set_mode(br, c, "weights", GMB_MODE_PRESERVE, err), 0), "%s", err);
+	cr_assert(eq(i32, broker_tag_check(c, "kv", err), 0));
+	cr_assert(eq(i32, broker_tag_check(c, "weights", err), 0), "a tag without allocations");
+	cr_assert(eq(i32, broker_tag_check(c, "", err), 0));
+	cr_assert(eq(i32, broker_tag_check(c, "*", err), -ENOENT), "* is a name, not every tag");
+	cr_assert(eq(i32, broker_tag_check(c, "nosuchtag", err), -ENOENT));
+	cr_assert(
+		eq(str, err, "client 'trainer' has no tag 'nosuchtag'; its tags: 'kv', 'weights'"));
+	/* 256 tags of 255 bytes do not fit a sentence: those that do, then a count. */
+	for (int i = 0; i < 20; i++) {
+		memset(name, 'a' + i, WIRE_MAX_NAME);
+		name[WIRE_MAX_NAME] = '\0';
+		cr_assert(eq(i32, broker_set_mode(br, c, name, GMB_MODE_DISCARD, err), 0), "%s",
+			  err);
+	}
+	cr_assert(eq(i32, broker_tag_check(c, "nosuchtag", err), -ENOENT));
+	cr_assert(lt(sz, strlen(err), (size_t)ERR_MSG_MAX - 1), "%s", err);
+	cr_assert(not(eq(ptr, strstr(err, "'kv', 'weights'"), NULL)), "%s", err);
+	cr_assert(not(eq(ptr, strstr(err, " more"), NULL)), "%s", err);
+	cr_assert(eq(i32, broker_tag_check(c, "nosuchtag", NULL), -ENOENT));
 }
 
 Test(broker, alloc_and_mode_arguments_are_checked)

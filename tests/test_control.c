@@ -30,8 +30,11 @@ TestSuite(handlers, .init = hm_setup, .fini = hm_teardown, .timeout = 30);
 Test(handlers, control_is_forwarded_and_answered)
 {
 	int w = hm_hello_client("worker", true, false), t = hm_hello_client("ctl", false, true);
-	uint64_t id = hm_send_control(t, "worker", GMB__OP__OP_PAUSE, "kv");
 	struct hm_msg cmd;
+	uint64_t id;
+
+	hm_alloc_ok(w, 2 * MiB, "kv");
+	id = hm_send_control(t, "worker", GMB__OP__OP_PAUSE, "kv");
 
 	cr_assert(eq(i32, hm_recv(w, &cmd), 0));
 	cr_assert(eq(i32, cmd.env->body_case, GMB__ENVELOPE__BODY_CONTROL_CMD));
@@ -164,6 +167,144 @@ Test(handlers, inflight_limit_answers_eagain)
 		cr_assert(eq(i32, m.env->status, -ECONNRESET));
 		hm_msg_free(&m);
 	}
+	close(t);
+}
+
+/* ---- the target's tags: checked in gmbd ---- */
+
+/* A TagModeRequest: the tag exists from then on, without any allocation. */
+static void set_mode(int fd, const char *tag)
+{
+	Gmb__TagModeRequest tm = GMB__TAG_MODE_REQUEST__INIT;
+
+	tm.tag = (char *)tag;
+	tm.mode = GMB__MODE__MODE_PRESERVE;
+	cr_assert(
+		eq(i32,
+		   hm_status_only(fd, hm_send_req(fd, GMB__ENVELOPE__BODY_TAG_MODE, &tm), NULL, 0),
+		   0));
+}
+
+/* Forwarded: the target gets the command, answers, the operator hears 0. */
+static void expect_forwarded(int t, int w, int op, const char *tag)
+{
+	uint64_t id = hm_send_control(t, "worker", op, tag);
+	struct hm_msg cmd;
+
+	cr_assert(eq(i32, hm_recv(w, &cmd), 0));
+	cr_assert(eq(i32, cmd.env->body_case, GMB__ENVELOPE__BODY_CONTROL_CMD));
+	cr_assert(eq(str, cmd.env->control_cmd->tag, (char *)tag));
+	hm_send_reply(w, cmd.env->id, 0);
+	hm_msg_free(&cmd);
+	cr_assert(eq(i32, hm_status_only(t, id, NULL, 0), 0));
+}
+
+/* Refused by gmbd with @want: the target never hears of it. */
+static void expect_refused(int t, int w, const char *tag, int rc, const char *want)
+{
+	char err[ERR_MSG_MAX];
+
+	cr_assert(eq(i32, hm_status_only(t, hm_send_control(t, "worker", 1, tag), err, sizeof(err)),
+		     rc));
+	cr_assert(eq(str, err, (char *)want));
+	hm_expect_no_packet(w);
+}
+
+Test(handlers, an_unknown_tag_is_refused_in_gmbd_naming_the_tags_the_client_has)
+{
+	int w = hm_hello_client("worker", true, false), t = hm_hello_client("ctl", false, true);
+
+	/* No tags yet: every tag is fine (nothing to do), a named one is not. */
+	expect_forwarded(t, w, GMB__OP__OP_PAUSE, "");
+	expect_refused(t, w, "kv", -ENOENT, "client 'worker' has no tag 'kv': it has no tags yet");
+	hm_alloc_ok(w, 2 * MiB, "kv");
+	set_mode(w, "weights");
+	expect_refused(t, w, "nosuchtag", -ENOENT,
+		       "client 'worker' has no tag 'nosuchtag'; its tags: 'kv', 'weights'");
+	/* "*" is a name on the wire, not every tag (that is ""). */
+	expect_refused(t, w, "*", -ENOENT,
+		       "client 'worker' has no tag '*'; its tags: 'kv', 'weights'");
+	expect_forwarded(t, w, GMB__OP__OP_PAUSE, "kv");
+	expect_forwarded(t, w, GMB__OP__OP_PAUSE, "weights"); /* a tag without allocations */
+	expect_forwarded(t, w, GMB__OP__OP_RESUME, "");
+	close(w);
+	close(t);
+}
+
+/* The tags are told only once the client may be controlled at all. */
+Test(handlers, an_unknown_tag_of_a_client_without_control_says_nothing_of_its_tags)
+{
+	int w = hm_hello_client("worker", false, false), t = hm_hello_client("ctl", false, true);
+	char err[ERR_MSG_MAX];
+
+	hm_alloc_ok(w, 2 * MiB, "secret");
+	cr_assert(eq(i32,
+		     hm_status_only(t, hm_send_control(t, "worker", 1, "nosuchtag"), err,
+				    sizeof(err)),
+		     -EOPNOTSUPP));
+	cr_assert(eq(ptr, strstr(err, "secret"), NULL), "%s", err);
+	close(w);
+	close(t);
+}
+
+/* ---- choosing a client: one sentence for none, several, not connected ---- */
+
+Test(handlers, a_client_is_chosen_with_one_sentence_for_none_and_for_several)
+{
+	int d1 = hm_hello_client("dup", true, false), d2 = hm_hello_client("dup", true, false);
+	int t = hm_hello_client("ctl", false, true);
+	Gmb__PriorityRequest pr = GMB__PRIORITY_REQUEST__INIT;
+	char err[ERR_MSG_MAX], want[ERR_MSG_MAX], pid[16];
+	int n;
+
+	cr_assert(eq(i32, hm_status_only(t, hm_send_control(t, "ghost", 1, ""), err, sizeof(err)),
+		     -ENOENT));
+	cr_assert(eq(str, err, "no client matches 'ghost'"));
+	cr_assert(eq(i32, hm_status_only(t, hm_send_control(t, "dup", 1, ""), err, sizeof(err)),
+		     -ENOTUNIQ));
+	n = snprintf(want, sizeof(want), "2 clients are named 'dup' (#");
+	cr_assert(eq(i32, strncmp(err, want, (size_t)n), 0), "%s", err);
+	snprintf(want, sizeof(want), " pid %d): name one by id (#N) or pid", (int)getpid());
+	cr_assert(not(eq(ptr, strstr(err, want), NULL)), "%s", err);
+	/* A priority (and a switch) may name a group too: the same sentences say so. */
+	pr.target = "dup";
+	cr_assert(eq(i32,
+		     hm_status_only(t, hm_send_req(t, GMB__ENVELOPE__BODY_PRIORITY, &pr), err,
+				    sizeof(err)),
+		     -ENOTUNIQ));
+	cr_assert(not(eq(ptr, strstr(err, "or pid, or give them a group"), NULL)), "%s", err);
+	pr.target = "ghost";
+	cr_assert(eq(i32,
+		     hm_status_only(t, hm_send_req(t, GMB__ENVELOPE__BODY_PRIORITY, &pr), err,
+				    sizeof(err)),
+		     -ENOENT));
+	cr_assert(eq(str, err, "no client or group matches 'ghost'"));
+	/* Every client here is one process: its pid names them all. */
+	snprintf(pid, sizeof(pid), "%d", (int)getpid());
+	cr_assert(eq(i32, hm_status_only(t, hm_send_control(t, pid, 1, ""), err, sizeof(err)),
+		     -ENOTUNIQ));
+	snprintf(want, sizeof(want), "2 clients have pid %s (#", pid);
+	cr_assert(eq(i32, strncmp(err, want, strlen(want)), 0), "%s", err);
+	cr_assert(not(eq(ptr, strstr(err, "'dup'): name one by id (#N)"), NULL)), "%s", err);
+	close(d1);
+	close(d2);
+	close(t);
+}
+
+/* A client that matches but has no session now (an orphan) is not "none". */
+Test(handlers, a_client_that_is_not_connected_is_said_to_be_so)
+{
+	struct broker_peer peer = { .pid = getpid(), .uid = getuid(), .gid = getgid() };
+	int t = hm_hello_client("ctl", false, true);
+	char err[ERR_MSG_MAX];
+	struct bclient *c;
+
+	cr_assert(eq(i32, broker_restore_client(hm_fx.br, &peer, 77, "back", true, &c), 0));
+	cr_assert(eq(i32, hm_status_only(t, hm_send_control(t, "back", 1, ""), err, sizeof(err)),
+		     -ENOENT));
+	cr_assert(eq(str, err,
+		     "client 'back' (#77) is not connected now; it may be reconnecting to gmbd"));
+	broker_client_remove(hm_fx.br, c);
 	close(t);
 }
 

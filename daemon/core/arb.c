@@ -48,18 +48,17 @@ int broker_select(struct broker *br, const char *sel, struct bclient **out, size
 {
 	bool group_only = sel[0] == '@';
 	const char *g = group_only ? sel + 1 : sel;
-	struct bclient *c = group_only ? NULL : broker_client_find(br, sel);
-	size_t n = 0, same = 0;
+	struct broker_found f = { 0 };
+	struct bclient *c = group_only ? NULL : broker_client_find(br, sel, &f);
+	size_t n = 0;
 
 	if (c && max >= 1) {
 		out[0] = c;
 		return 1;
 	}
+	/* None or several by that name: a group of that name, then. */
 	for (c = br->clients; c; c = c->next) {
-		if (c->tool || c->orphan)
-			continue;
-		same += strcmp(c->name, sel) == 0;
-		if (!g[0] || strcmp(c->group, g) != 0)
+		if (c->tool || c->orphan || !g[0] || strcmp(c->group, g) != 0)
 			continue;
 		if (n == max)
 			return err_fmt(err, -E2BIG, "group '%s' has more than %zu clients", g, max);
@@ -67,12 +66,7 @@ int broker_select(struct broker *br, const char *sel, struct bclient **out, size
 	}
 	if (n > 0)
 		return (int)n;
-	if (same > 1)
-		return err_fmt(err, -ENOTUNIQ,
-			       "%zu clients are named '%s': name one by id (#N) or"
-			       " pid, or give them a group",
-			       same, sel);
-	return err_fmt(err, -ENOENT, "no client or group matches '%s'", sel);
+	return broker_found_err(&f, sel, true, err);
 }
 
 /* ---- switches ---- */

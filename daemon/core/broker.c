@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <grp.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -255,31 +256,72 @@ struct bclient *broker_client_get(struct broker *br, uint64_t id)
 	return NULL;
 }
 
-struct bclient *broker_client_find(struct broker *br, const char *selector)
+/* Adds @c to what @f found; only the first BROKER_FOUND_MAX are kept. */
+static void broker_found_add(struct broker_found *f, struct bclient *c)
 {
-	struct bclient *found = NULL, *c;
+	if (f->n < BROKER_FOUND_MAX)
+		f->c[f->n] = c;
+	f->n++;
+}
+
+struct bclient *broker_client_find(struct broker *br, const char *selector,
+				   struct broker_found *out)
+{
+	struct broker_found f = { 0 };
+	struct bclient *c;
 	uint64_t v;
 
 	if (!br || !selector || !*selector)
-		return NULL;
-	if (selector[0] == '#')
-		return broker_parse_u64(selector + 1, &v) ? broker_client_get(br, v) : NULL;
+		goto out;
+	if (selector[0] == '#') {
+		if (broker_parse_u64(selector + 1, &v) && (c = broker_client_get(br, v)))
+			broker_found_add(&f, c);
+		goto out;
+	}
 	if (broker_parse_u64(selector, &v)) {
-		if ((c = broker_client_get(br, v)))
-			return c;
+		if ((c = broker_client_get(br, v))) {
+			broker_found_add(&f, c);
+			goto out;
+		}
+		/* One process may hold several connections: all of them match. */
 		for (c = br->clients; c; c = c->next)
 			if (!c->tool && (uint64_t)c->pid == v)
-				return c;
+				broker_found_add(&f, c);
+		f.by_pid = f.n > 0;
+		if (f.n)
+			goto out;
 	}
-	for (c = br->clients; c; c = c->next) {
-		if (c->tool || strcmp(c->name, selector) != 0)
-			continue;
-		/* Two workers of one name: the operator must say which. */
-		if (found)
-			return NULL;
-		found = c;
+	for (c = br->clients; c; c = c->next)
+		if (!c->tool && strcmp(c->name, selector) == 0)
+			broker_found_add(&f, c);
+out:
+	if (out)
+		*out = f;
+	return f.n == 1 ? f.c[0] : NULL;
+}
+
+int broker_found_err(const struct broker_found *f, const char *selector, bool groups, char *err)
+{
+	size_t shown = f->n < BROKER_FOUND_MAX ? f->n : BROKER_FOUND_MAX;
+
+	if (f->n == 0)
+		return err_fmt(err, -ENOENT, "no client%s matches '%s'", groups ? " or group" : "",
+			       selector);
+	if (f->by_pid)
+		err_fmt(err, 0, "%zu clients have pid %s (", f->n, selector);
+	else
+		err_fmt(err, 0, "%zu clients are named '%s' (", f->n, selector);
+	for (size_t i = 0; i < shown; i++) {
+		const struct bclient *c = f->c[i];
+
+		if (f->by_pid)
+			err_append(err, "%s#%" PRIu64 " '%s'", i ? ", " : "", c->id, c->name);
+		else
+			err_append(err, "%s#%" PRIu64 " pid %d", i ? ", " : "", c->id, (int)c->pid);
 	}
-	return found;
+	err_append(err, "%s): name one by id (#N)%s%s", f->n > shown ? ", ..." : "",
+		   f->by_pid ? "" : " or pid", groups ? ", or give them a group" : "");
+	return -ENOTUNIQ;
 }
 
 /* ---- tags ---- */
@@ -339,6 +381,34 @@ struct btag *broker__tag_find(const struct bclient *c, const char *name)
 		if (strcmp(t->name, name) == 0)
 			return t;
 	return NULL;
+}
+
+/* Room kept at the end of broker_tag_check()'s sentence for " and N more". */
+#define BROKER_TAGS_MORE_ROOM 24
+
+int broker_tag_check(const struct bclient *c, const char *tag, char *err)
+{
+	uint32_t shown = 0;
+
+	if (!tag[0] || broker__tag_find(c, tag))
+		return 0;
+	if (!err)
+		return -ENOENT;
+	err_fmt(err, 0, "client '%s' has no tag '%s'", c->name, tag);
+	if (!c->tags) {
+		err_append(err, ": it has no tags yet");
+		return -ENOENT;
+	}
+	err_append(err, "; its tags:");
+	for (const struct btag *t = c->tags; t; t = t->next) {
+		/* Up to 256 tags of 255 bytes: those that fit, then how many more. */
+		if (strlen(err) + strlen(t->name) + 4 + BROKER_TAGS_MORE_ROOM >= ERR_MSG_MAX)
+			break;
+		err_append(err, "%s '%s'", shown++ ? "," : "", t->name);
+	}
+	if (shown < c->ntags)
+		err_append(err, " and %u more", c->ntags - shown);
+	return -ENOENT;
 }
 
 uint64_t broker__active_bytes(const struct bclient *c, int dev)

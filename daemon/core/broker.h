@@ -181,8 +181,46 @@ int broker_client_add(struct broker *br, const struct broker_peer *peer, const c
 void broker_client_remove(struct broker *br, struct bclient *c);
 /* The client (not a tool) of id @id; NULL if none. */
 struct bclient *broker_client_get(struct broker *br, uint64_t id);
-/* By id ("#12" or "12"), then pid, then name; NULL if none or ambiguous. */
-struct bclient *broker_client_find(struct broker *br, const char *selector);
+
+/* The candidates a lookup keeps to name when several clients match. */
+#define BROKER_FOUND_MAX 8
+
+/* What a selector matched: none (n == 0), one, or several. */
+struct broker_found {
+	size_t n;			     /* how many clients match */
+	struct bclient *c[BROKER_FOUND_MAX]; /* the first min(n, BROKER_FOUND_MAX), the broker's */
+	bool by_pid;			     /* they matched by pid, not by name */
+};
+
+/**
+ * broker_client_find() - the client @selector names, for an operator who
+ * chooses one: "#N" is an id; digits are an id, else a pid; anything else
+ * (digits matching neither too) a name. Tools are never chosen; orphans
+ * are, like any client (the caller says when one cannot be acted on).
+ * @out, when not NULL, says how many matched and which: a pid or a name
+ * that several clients share is an answer of its own, not "none".
+ * Return: the client when exactly one matches (the broker's), else NULL.
+ */
+struct bclient *broker_client_find(struct broker *br, const char *selector,
+				   struct broker_found *out);
+
+/**
+ * broker_found_err() - the one sentence, into @err, for a lookup of
+ * @selector that did not find exactly one client: "no client matches"
+ * (with @groups, "no client or group", for callers that take a group
+ * name too), or the clients that match, with how to name one of them.
+ * Return: -ENOENT (none) or -ENOTUNIQ (several).
+ */
+int broker_found_err(const struct broker_found *f, const char *selector, bool groups, char *err);
+
+/**
+ * broker_tag_check() - whether @tag names one of @c's tags ("" names every
+ * tag, and is always fine, also for a client without tags). A tag exists
+ * from its first allocation or mode on, with or without allocations.
+ * Return: 0, or -ENOENT with @err naming the client, the tag and the tags
+ * it has.
+ */
+int broker_tag_check(const struct bclient *c, const char *tag, char *err);
 
 /**
  * broker_export_fds() - new fds for @n chunk ids, owned by the caller

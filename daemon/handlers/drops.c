@@ -1,11 +1,9 @@
 /*
- * drops.c - requests gmbd sends to clients, and the first kind of them:
- * DropRequests (the core wants handles back) and their acks.
- *
- * Each daemon request gets an id from the target connection's counter and
- * an entry in its dreqs map until the client's last reply part arrives; a
- * reply to an id not in the map is a protocol error (handlers.c). Control
- * commands (control.c) use the same table.
+ * drops.c - gmbd's own requests to clients, two kinds of daemon request
+ * (dreq.c): DropRequests (the core wants handles back) and their acks, and
+ * preemption (pause every tag so that a request of higher priority may be
+ * served). Neither has a deadline nor an initiator that may go: a drop
+ * waits for its ack or for the client to go, which frees its holds too.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -18,27 +16,7 @@
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
 
-static int handlers_send_drop(struct handlers *h, struct sess *s, const uint64_t *ids, size_t n);
-
-int handlers__dreq_add(struct sess *s, struct hdreq *d, uint64_t *id)
-{
-	struct hconn *hc = hconn_of(s);
-	int r = idmap_put(&hc->dreqs, hc->next_req_id + 1, d);
-
-	if (r < 0)
-		return r;
-	*id = ++hc->next_req_id;
-	return 0;
-}
-
-void handlers__dreq_free(struct hdreq *d)
-{
-	if (!d)
-		return;
-	free(d->ids);
-	free(d->tag);
-	free(d);
-}
+static int handlers_send_drop(struct sess *s, const uint64_t *ids, size_t n);
 
 void handlers__send_drops(void *arg, struct bclient *c, const uint64_t *ids, size_t n)
 {
@@ -60,103 +38,73 @@ void handlers__send_drops(void *arg, struct bclient *c, const uint64_t *ids, siz
 	for (size_t off = 0; off < n; off += HANDLERS_DROP_BATCH) {
 		size_t k = n - off < HANDLERS_DROP_BATCH ? n - off : HANDLERS_DROP_BATCH;
 
-		if (handlers_send_drop(arg, s, ids + off, k) < 0)
+		if (handlers_send_drop(s, ids + off, k) < 0)
 			return;
 	}
 }
 
-static int handlers_send_drop(struct handlers *h, struct sess *s, const uint64_t *ids, size_t n)
+static int handlers_send_drop(struct sess *s, const uint64_t *ids, size_t n)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__DropRequest dr = GMB__DROP_REQUEST__INIT;
-	struct hconn *hc = hconn_of(s);
-	struct hdreq *d;
-	uint64_t id;
+	struct hdreq *d = handlers__dreq_new(HDREQ_DROP, NULL);
 	int r = -ENOMEM;
 
-	if (hc->dreqs.count >= HANDLERS_MAX_DREQS) {
-		sess_doom(s, LOG_LVL_WARNING, "%zu requests of gmbd unanswered", hc->dreqs.count);
-		return -EBUSY;
-	}
-	d = calloc(1, sizeof(*d));
-	if (!d)
-		goto err_doom;
-	d->ids = malloc(n * sizeof(*d->ids));
-	if (!d->ids)
+	if (!d || !(d->ids = malloc(n * sizeof(*d->ids))))
 		goto err_free;
 	memcpy(d->ids, ids, n * sizeof(*d->ids));
 	d->nids = n;
-	d->kind = HDREQ_DROP;
-	r = handlers__dreq_add(s, d, &id);
-	if (r < 0)
-		goto err_free;
-	env.id = id;
 	env.body_case = GMB__ENVELOPE__BODY_DROP;
 	env.drop = &dr;
 	dr.n_chunk_ids = n;
 	dr.chunk_ids = (uint64_t *)ids;
-	return sess_send(s, &env);
+	r = handlers__dreq_send(s, d, &env, 0);
+	if (r == 0)
+		return 0;
 
 err_free:
 	handlers__dreq_free(d);
-err_doom:
 	/* The core counts the drop as sent: a client that never gets it would
 	 * pin that memory, so it goes (and the memory comes back). */
-	sess_doom(s, LOG_LVL_ERR, "out of memory asking it to drop %zu handles", n);
+	if (r == -EBUSY)
+		sess_doom(s, LOG_LVL_WARNING, "%zu requests of gmbd unanswered",
+			  hconn_of(s)->dreqs.count);
+	else if (r != -EPIPE)
+		sess_doom(s, LOG_LVL_ERR, "out of memory asking it to drop %zu handles", n);
 	return r;
 }
 
-bool handlers__drop_acked(struct handlers *h, struct sess *s, struct hdreq *d, int status,
-			  const char *error)
+void handlers__drop_done(struct hdreq *d, const struct hdreq_result *res)
 {
-	if (status != 0) {
+	struct sess *s = d->target;
+	struct bclient *c = hconn_of(s)->client;
+
+	if (res->end == HDREQ_REFUSED) {
 		/* Its handles stay, so the memory is not back: it returns when
 		 * the client goes. */
 		log_warn("client refused to drop handles " SESS_FMT " chunks=%zu status=%d"
 			 " error=\"%s\"",
-			 SESS_ARGS(s), d->nids, status, error ? error : "");
-		return false;
+			 SESS_ARGS(s), d->nids, res->status, res->error);
+		return;
 	}
-	broker_dropped(h->broker, hconn_of(s)->client, d->ids, d->nids);
-	return true;
+	/* Gone: the client's removal (or its orphan's reclaim) lets go of
+	 * its holds; the caller settles once the memory is back. */
+	if (res->end == HDREQ_ANSWERED && c)
+		broker_dropped(d->h->broker, c, d->ids, d->nids);
 }
 
-/* ---- control commands of gmbd's own: switches and preemption ---- */
-
-int handlers__send_command(struct sess *s, struct hdreq *d, int op, const char *tag,
-			   uint32_t wait_ms)
-{
-	Gmb__Envelope env = GMB__ENVELOPE__INIT;
-	Gmb__ControlCommand cc = GMB__CONTROL_COMMAND__INIT;
-	uint64_t id;
-	int r;
-
-	if (hconn_of(s)->dreqs.count >= HANDLERS_MAX_DREQS)
-		return -EBUSY;
-	r = handlers__dreq_add(s, d, &id);
-	if (r < 0)
-		return r;
-	env.id = id;
-	env.body_case = GMB__ENVELOPE__BODY_CONTROL_CMD;
-	env.control_cmd = &cc;
-	cc.op = (Gmb__Op)op;
-	cc.tag = (char *)tag;
-	cc.wait_ms = wait_ms;
-	/* A failed send dooms the client; its disconnect completes the entry. */
-	sess_send(s, &env);
-	return 0;
-}
+/* ---- preemption ---- */
 
 void handlers__send_preempt(struct handlers *h, struct bclient *victim, const struct bclient *for_c,
 			    int dev, uint64_t need)
 {
 	struct sess *s = handlers__conn_client(h, victim);
-	struct hdreq *d = calloc(1, sizeof(*d));
+	struct hdreq *d = handlers__dreq_new(HDREQ_PREEMPT, NULL);
 
-	if (!s || s->state != SESS_OPEN || !d)
+	if (!s || !d)
 		goto err_undo;
-	*d = (struct hdreq){ .kind = HDREQ_PREEMPT, .for_client = for_c->id };
-	if (handlers__send_command(s, d, GMB__OP__OP_PAUSE, "", 0) < 0)
+	d->for_client = for_c->id;
+	if (handlers__dreq_command(s, d, GMB__OP__OP_PAUSE, "", 0, 0) < 0)
 		goto err_undo;
 	log_notice("client preempted " SESS_FMT " for=%s for_id=%llu for_priority=%d"
 		   " priority=%d device=%d need=%llu",
@@ -165,23 +113,23 @@ void handlers__send_preempt(struct handlers *h, struct bclient *victim, const st
 	return;
 
 err_undo:
-	free(d);
+	handlers__dreq_free(d);
 	broker_preempt_done(victim);
 }
 
-void handlers__preempt_answered(struct handlers *h, struct sess *s, struct hdreq *d, int status,
-				const char *error)
+void handlers__preempt_done(struct hdreq *d, const struct hdreq_result *res)
 {
+	struct sess *s = d->target;
 	struct bclient *c = hconn_of(s)->client;
 
+	/* Gone too: a client kept as an orphan may be preempted again once back. */
 	if (c)
 		broker_preempt_done(c);
-	if (status == 0)
+	if (res->end == HDREQ_ANSWERED)
 		log_info("client paused for preemption " SESS_FMT " for_id=%llu", SESS_ARGS(s),
 			 (unsigned long long)d->for_client);
-	else
+	else if (res->end == HDREQ_REFUSED)
 		log_warn("client refused preemption " SESS_FMT " for_id=%llu status=%d"
 			 " error=\"%s\"",
-			 SESS_ARGS(s), (unsigned long long)d->for_client, status,
-			 error ? error : "");
+			 SESS_ARGS(s), (unsigned long long)d->for_client, res->status, res->error);
 }

@@ -1,8 +1,9 @@
 /*
  * handlers.c - the top of the handlers: the one dispatch table, the checks
- * every envelope passes, replies to gmbd's own requests, and the callbacks
- * the transport calls (handlers_sess_ops). The handlers of each message
- * family live in their own file (internal.h lists them).
+ * every envelope passes, replies to gmbd's own requests (handed to dreq.c,
+ * which completes them), and the callbacks the transport calls
+ * (handlers_sess_ops). The handlers of each message family live in their
+ * own file (internal.h lists them).
  *
  * Every envelope passes handlers_recv(), which checks what the protocol
  * requires of it (an id, hello first, a body a client may send), runs the
@@ -115,6 +116,8 @@ int handlers_init(struct handlers *h, uv_loop_t *loop, struct broker *br,
 	h->hello_timer.data = h;
 	uv_timer_init(loop, &h->watch_timer);
 	h->watch_timer.data = h;
+	uv_timer_init(loop, &h->dreq_timer);
+	h->dreq_timer.data = h;
 	return 0;
 }
 
@@ -132,6 +135,7 @@ void handlers_close(struct handlers *h)
 	uv_close((uv_handle_t *)&h->orphan_timer, NULL);
 	uv_close((uv_handle_t *)&h->hello_timer, NULL);
 	uv_close((uv_handle_t *)&h->watch_timer, NULL);
+	uv_close((uv_handle_t *)&h->dreq_timer, NULL);
 	idmap_deinit(&h->uid_conns);
 }
 
@@ -225,33 +229,17 @@ static int handlers_check(struct hreq *rq, const struct handler *hd)
 	return 0;
 }
 
-/* A client's reply to a request of gmbd: the last part settles it. */
+/* A client's reply to a request of gmbd: dreq.c completes the request; an
+ * answer that gives memory back (a drop's) is settled here, as H_SETTLE and
+ * H_STATE would have a request's. */
 static void handlers_daemon_reply(struct hreq *rq)
 {
-	const Gmb__Envelope *env = rq->env;
-	struct sess *s = rq->s;
-	struct hconn *hc = hconn_of(s);
-	struct hdreq *d = idmap_get(&hc->dreqs, env->reply_to);
+	unsigned flags = handlers__dreq_reply(rq->s, rq->env);
 
-	if (!d) {
-		sess_protocol_error(s, "a reply to request %" PRIu64 ", which gmbd did not send",
-				    env->reply_to);
-		return;
-	}
-	if (env->more)
-		return; /* the last part carries the status */
-	idmap_del(&hc->dreqs, env->reply_to);
-	if (d->kind == HDREQ_CONTROL) {
-		handlers__fwd_answered(d, env, s);
-	} else if (d->kind == HDREQ_SWITCH) {
-		handlers__switch_answered(rq->h, d, env);
-	} else if (d->kind == HDREQ_PREEMPT) {
-		handlers__preempt_answered(rq->h, s, d, env->status, env->error);
-	} else if (handlers__drop_acked(rq->h, s, d, env->status, env->error)) {
+	if (flags & HDREQ_SETTLE)
 		handlers__settle(rq->h);
+	if (flags & HDREQ_STATE)
 		handlers__changed(rq->h);
-	}
-	handlers__dreq_free(d);
 }
 
 /* ---- the transport's callbacks ---- */
@@ -325,7 +313,8 @@ static void handlers_gone(void *arg, struct sess *s)
 	handlers__watch_gone(h, s);
 	handlers__park_cancel(h, s);
 	handlers__ipc_cancel(h, s);
-	handlers__dreqs_fail(h, s);
+	handlers__dreqs_gone(s);
+	handlers__control_gone(s);
 	handlers__rejoin_gone(h, s);
 	if (!hc->client) {
 		log_debug("connection closed pid=%d uid=%u", (int)s->pid, (unsigned)s->uid);

@@ -3,20 +3,23 @@
  * the caller and the arguments, call the core (daemon/core/broker.h), encode the
  * reply. Dispatch comes from one table keyed by the envelope's body case.
  *
- * Besides plain request/reply, the handlers keep three kinds of pending
- * work, all owned here and cancelled when a session goes (the handlers'
- * state of one connection is a struct hconn, daemon/handlers/internal.h):
+ * Besides plain request/reply, the handlers keep pending work, all owned
+ * here and ended when a session goes (the handlers' state of one
+ * connection is a struct hconn, daemon/handlers/internal.h):
  *   - parked requests: an alloc/resume the core answered with -EAGAIN
  *     (memory returns once clients drop handles), or with -ENOMEM when
  *     the request may wait (wait_ms). Retried in the core's serving order
  *     (priority, then arrival, per device) after every drop ack and every
  *     operation that frees memory; answered -ENOMEM at their deadline.
+ *   - daemon requests to a client (daemon/handlers/dreq.c): one type for
+ *     DropRequests and the ControlCommands of forwarded controls, switch
+ *     steps and preemption, keyed by the session's own request ids (a
+ *     client reply must match one), with one timer for every deadline and
+ *     a done handler that runs exactly once per request.
+ *   - forwarded control requests (gmbctl pause/resume of another client):
+ *     at most one in flight per target; cancelled when the operator goes.
  *   - switches (gmbctl switch): a sequence of control commands to the
  *     clients of both sides, with their rollback.
- *   - daemon requests to a client (DropRequest, ControlCommand), keyed by
- *     the session's own request ids; a client reply must match one.
- *   - forwarded control requests (gmbctl pause/resume of another client),
- *     with a timer; at most one in flight per target.
  * Parked and forwarded requests count against WIRE_MAX_INFLIGHT.
  */
 #ifndef GMB_HANDLERS_H
@@ -54,6 +57,7 @@ struct bclient;
 struct broker;
 struct event;
 struct server;
+struct hdreq;
 struct hpark;
 struct hswitch;
 
@@ -67,6 +71,10 @@ struct handlers {
 	uint32_t nparked;	  /* in the broker's waiting queue */
 	uv_timer_t park_timer;	  /* the earliest parked request's deadline */
 	struct hswitch *switches; /* switches in progress (switch.c) */
+	/* dreq.c: daemon requests with a deadline, earliest first, and the
+	 * one timer for all of them (armed for the first). */
+	struct hdreq *dreqs_due;
+	uv_timer_t dreq_timer;
 	/* Called after anything that changes the broker's record (gmbd: the
 	 * fd store's state and STATUS=); NULL: nobody cares. */
 	void (*changed)(void *arg);
@@ -124,11 +132,12 @@ void handlers_goodbye(struct handlers *h, struct server *srv, const char *reason
  * What the transport calls (server_start(..., &handlers_sess_ops, h, ...)):
  * open makes a connection's struct hconn, recv dispatches one envelope
  * (taking it: freed here or kept by a parked request; a protocol error
- * dooms the session), gone drops the session's parked requests, answers
- * the operators whose control it was carrying out (-ECONNRESET), forgets
- * its daemon requests and removes its client from the broker (the memory
- * goes back to the pools and parked requests are retried), export_fds
- * makes the fds of chunks at send time.
+ * dooms the session), gone drops the session's parked requests, ends its
+ * daemon requests (the operators whose control it was carrying out are
+ * answered -ECONNRESET), cancels the controls it was waiting on as an
+ * operator, and removes its client from the broker (the memory goes back
+ * to the pools and parked requests are retried), export_fds makes the fds
+ * of chunks at send time.
  */
 extern const struct sess_ops handlers_sess_ops;
 

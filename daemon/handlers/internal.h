@@ -9,16 +9,20 @@
  *   orphans.c    orphans of a restart: reclaimed when gone or too late
  *   hello.c      hello, the rejoin hello and its claim, Bye
  *   memory.c     alloc, free, tag mode, pause, resume, trim, lend replies
- *   ipc.c        memory shared between processes: export, open, close
  *   control.c    an operator's pause/resume forwarded to its target
  *   switch.c     switches (pause FROM, resume TO, roll back), priorities
  *   status.c     the status reply
  *   park.c       requests waiting for memory; settling after a change
- *   drops.c      daemon -> client requests (their table) and DropRequests
+ *   ipc.c        memory shared between processes: export, open, close; pauses
+ *                waiting for importers; the imports' status part
+ *   drops.c      DropRequests and preemption: gmbd's own requests
+ *   dreq.c       the daemon -> client request: kinds, deadlines, completion
  *   watch.c      events: to the watchers (WatchRequest) and on_event; refusals
  *   reply.c      sentences, status replies, names, devices, client -> session
- * A file calls only files below it; the one way up is the handler function
- * a parked request keeps (park.c calls it back).
+ * A file calls only files below it. The ways up are function pointers
+ * kept for later: the handler a parked request keeps (park.c calls it
+ * back), the one a pause waiting for importers keeps (ipc.c), and the done handler of each kind of daemon request (dreq.c's
+ * table of kinds names them; dreq.c calls them once a request ends).
  */
 #ifndef GMB_HANDLERS_INTERNAL_H
 #define GMB_HANDLERS_INTERNAL_H
@@ -35,6 +39,7 @@
 #include "daemon/transport/sess.h"
 #include "proto/gmb.pb-c.h"
 
+struct hdreq;
 struct hfwd;
 struct hrejoin;
 
@@ -46,6 +51,7 @@ struct hconn {
 	struct idmap dreqs;	/* id -> struct hdreq: daemon requests unanswered */
 	uint32_t inflight;	/* parked + forwarded requests of this client */
 	struct hfwd *ctl_in;	/* the control request this client carries out */
+	struct hfwd *fwds;	/* the control requests this operator is waiting on */
 	struct hrejoin *rejoin; /* between a rejoin hello and the end of its claim */
 	bool watching;		/* in handlers->watchers */
 	/* watch.c: events not queued to this watcher while replies were held,
@@ -93,41 +99,63 @@ struct hreq {
 
 typedef int (*handlers_fn)(struct hreq *rq);
 
+/*
+ * A request gmbd sends to a client (dreq.c says its lifetime once): a
+ * kind, a target, a deadline, and the kind's done handler that runs
+ * exactly once, however it ends.
+ */
 enum hdreq_kind {
-	HDREQ_DROP,
-	HDREQ_CONTROL,
-	HDREQ_SWITCH,
-	HDREQ_PREEMPT
+	HDREQ_DROP,    /* DropRequest: the core wants handles back */
+	HDREQ_CONTROL, /* ControlCommand of an operator's pause/resume (control.c) */
+	HDREQ_SWITCH,  /* ControlCommand of one step of a switch (switch.c) */
+	HDREQ_PREEMPT, /* ControlCommand: pause every tag for a higher priority */
+	HDREQ_NKINDS
 };
 
-struct hswitch_lane;
+/* How a daemon request ended. */
+enum hdreq_end {
+	HDREQ_ANSWERED,	 /* the client's last reply part, status 0 */
+	HDREQ_REFUSED,	 /* the same, with a negative status */
+	HDREQ_TIMED_OUT, /* its deadline passed first */
+	HDREQ_GONE,	 /* the target's session went first */
+	HDREQ_CANCELLED, /* its initiator gave up on it (handlers__dreq_cancel) */
+};
 
-/* A daemon -> client request waiting for its reply, in hconn->dreqs. */
+/* What a done handler is told. */
+struct hdreq_result {
+	enum hdreq_end end;
+	/* 0, the client's -errno (a positive status, the client's bug, is
+	 * -EIO), -ETIMEDOUT, -ECONNRESET or -ECANCELED. */
+	int status;
+	const char *error; /* REFUSED: the client's sentence, "" when none; else "" */
+};
+
 struct hdreq {
 	enum hdreq_kind kind;
-	uint64_t *ids; /* DROP: the chunks asked for, owned */
+	struct handlers *h;
+	struct sess *target;	   /* no reference: the request is freed before it goes */
+	uint64_t id;		   /* in target's dreqs */
+	void *arg;		   /* the initiator's; NULL once done */
+	bool done;		   /* its done handler ran: a late reply is ignored */
+	uint64_t deadline;	   /* uv_now() ms while due; 0: none, or done */
+	struct hdreq *prev, *next; /* handlers->dreqs_due while it has a deadline, not done */
+	/* ControlCommand kinds: what the client was told (status.c reads them). */
+	int op;
+	char *tag; /* owned; "": every tag */
+	/* HDREQ_DROP: the chunks asked for, owned. */
+	uint64_t *ids;
 	size_t nids;
-	struct hfwd *fwd;	   /* CONTROL: NULL once the operator was answered */
-	struct hswitch_lane *lane; /* SWITCH: NULL once the switch gave up on it */
-	uint64_t for_client;	   /* PREEMPT: the client it pauses for */
-	int op;			   /* CONTROL: what the client was told to do */
-	char *tag;		   /* CONTROL: of which tag ("": every), owned */
+	/* HDREQ_PREEMPT: the client it pauses for. */
+	uint64_t for_client;
 };
 
-/* A control request forwarded from an operator (actor) to a target. */
-struct hfwd {
-	uv_timer_t timer; /* --control-timeout; frees the struct on close */
-	struct handlers *h;
-	struct sess *actor;  /* reference held until the timer is closed */
-	uint64_t actor_req;  /* the ControlRequest's id */
-	struct sess *target; /* no reference: done before the target goes */
-	struct hdreq *dreq;  /* the target's ControlCommand entry */
-	int op;		     /* GMB__OP__PAUSE or GMB__OP__RESUME */
-	bool done;
-	uint64_t start_ns; /* uv_hrtime() when the operator asked */
-	char tag[WIRE_MAX_NAME + 1];
-	char target_name[WIRE_MAX_NAME + 1];
-};
+/* A kind's done handler: @d ended as @res says. @d is valid during the
+ * call and stays the target connection's; d->arg is cleared after it. */
+typedef void (*hdreq_done_fn)(struct hdreq *d, const struct hdreq_result *res);
+
+/* What the caller of handlers__dreq_reply() does after an answer. */
+#define HDREQ_SETTLE 0x1 /* the answer may give memory back: settle */
+#define HDREQ_STATE  0x2 /* it changed the broker's record */
 
 /* reply.c */
 /* Writes rq->err (through err_vfmt) and returns @rc. */
@@ -173,25 +201,49 @@ void handlers__refused(struct handlers *h, struct sess *s, const char *request, 
 		       const char *err);
 
 /* drops.c */
-/* Enters @d in @s's daemon requests under a new id (*@id). -ENOMEM. */
-int handlers__dreq_add(struct sess *s, struct hdreq *d, uint64_t *id);
-void handlers__dreq_free(struct hdreq *d);
-/* ControlCommand @op of @tag to @s as a daemon request @d of @d->kind
- * (entered here). 0, or -errno (nothing entered; @d stays the caller's). */
-int handlers__send_command(struct sess *s, struct hdreq *d, int op, const char *tag,
-			   uint32_t wait_ms);
+/* broker_drop_cb: DropRequests to @c, HANDLERS_DROP_BATCH ids a packet. */
+void handlers__send_drops(void *arg, struct bclient *c, const uint64_t *ids, size_t n);
+/* HDREQ_DROP's done handler: an ack gives the memory back to the core. */
+void handlers__drop_done(struct hdreq *d, const struct hdreq_result *res);
 /* Asks @victim to pause every tag so that @for_c may be served (logged). */
 void handlers__send_preempt(struct handlers *h, struct bclient *victim, const struct bclient *for_c,
 			    int dev, uint64_t need);
-/* @victim's answer to a preemption (logged; its mark cleared). */
-void handlers__preempt_answered(struct handlers *h, struct sess *s, struct hdreq *d, int status,
-				const char *error);
-/* broker_drop_cb: DropRequests to @c, HANDLERS_DROP_BATCH ids a packet. */
-void handlers__send_drops(void *arg, struct bclient *c, const uint64_t *ids, size_t n);
-/* The client's answer to DropRequest @d. Return: true when the memory is
- * back (settle then). */
-bool handlers__drop_acked(struct handlers *h, struct sess *s, struct hdreq *d, int status,
-			  const char *error);
+/* HDREQ_PREEMPT's done handler: logged, the victim's mark cleared. */
+void handlers__preempt_done(struct hdreq *d, const struct hdreq_result *res);
+
+/* dreq.c */
+/* A request of @kind for the initiator's @arg, not sent yet, zeroed
+ * payload (the caller fills it in). Return: it, or NULL (out of memory). */
+struct hdreq *handlers__dreq_new(enum hdreq_kind kind, void *arg);
+/* Frees a request never sent, or one whose send failed; NULL is fine. */
+void handlers__dreq_free(struct hdreq *d);
+/**
+ * handlers__dreq_send() - send @env (its body that of @d's kind; its id
+ * set here) to @s as request @d, due in @timeout_ms (0: no deadline).
+ * Return: 0, and @d is @s's connection's until it is answered or @s goes:
+ * its done handler runs exactly once, never inside this call (a send that
+ * fails dooms @s, and @s going completes @d); or -EPIPE (@s is not open),
+ * -EBUSY (@s leaves HANDLERS_MAX_DREQS unanswered) or -ENOMEM: nothing was
+ * sent and @d stays the caller's.
+ */
+int handlers__dreq_send(struct sess *s, struct hdreq *d, Gmb__Envelope *env, uint64_t timeout_ms);
+/* handlers__dreq_send() of a ControlCommand @op of @tag ("": every tag),
+ * with @wait_ms for a resume; d->op and d->tag say it (a copy of @tag). */
+int handlers__dreq_command(struct sess *s, struct hdreq *d, int op, const char *tag,
+			   uint32_t wait_ms, uint64_t timeout_ms);
+/* The initiator gives up on @d: its done handler runs now (CANCELLED)
+ * unless it ran already; @d stays for the client's late reply. */
+void handlers__dreq_cancel(struct hdreq *d);
+/**
+ * handlers__dreq_reply() - @env, from @s, replies to a request of gmbd:
+ * its last part completes it (unless it was done already: a late reply)
+ * and frees it; a reply to an id gmbd did not send is a protocol error.
+ * Return: HDREQ_SETTLE/HDREQ_STATE of the answered request's kind (status
+ * 0) for the caller to apply; 0 otherwise.
+ */
+unsigned handlers__dreq_reply(struct sess *s, const Gmb__Envelope *env);
+/* @s goes: its requests not done yet end GONE; all of them are freed. */
+void handlers__dreqs_gone(struct sess *s);
 
 /* park.c */
 /* Park @rq (it keeps rq->env and @fn, retried by handlers__settle()). */
@@ -207,19 +259,17 @@ int handlers__status(struct hreq *rq);
 /* switch.c */
 int handlers__switch(struct hreq *rq);
 int handlers__priority(struct hreq *rq);
-/* A lane's client answered its command (@env: the last part). */
-void handlers__switch_answered(struct handlers *h, struct hdreq *d, const Gmb__Envelope *env);
-/* The lane's client went before answering. */
-void handlers__switch_lane_lost(struct handlers *h, struct hdreq *d, const char *name);
+/* HDREQ_SWITCH's done handler: one step of a lane ended. */
+void handlers__switch_step_done(struct hdreq *d, const struct hdreq_result *res);
 /* gmbd stops: switches still running end unanswered, their handover too. */
 void handlers__switch_close_all(struct handlers *h);
 
 /* control.c */
 int handlers__control(struct hreq *rq);
-/* The target's answer to ControlCommand @d. */
-void handlers__fwd_answered(struct hdreq *d, const Gmb__Envelope *env, struct sess *s);
-/* @s is going: answer forwarded controls (-ECONNRESET), free its dreqs. */
-void handlers__dreqs_fail(struct handlers *h, struct sess *s);
+/* HDREQ_CONTROL's done handler: the operator is answered (if still there). */
+void handlers__fwd_done(struct hdreq *d, const struct hdreq_result *res);
+/* Operator @s goes: the controls it waits on are cancelled. */
+void handlers__control_gone(struct sess *s);
 
 /* memory.c */
 int handlers__alloc(struct hreq *rq);

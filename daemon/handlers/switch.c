@@ -18,9 +18,11 @@
  *
  * Lifetimes: a switch holds a reference to the operator's session and
  * answers it if still there. A lane names its client by id (a client may
- * go at any time; handlers__switch_lane_lost() then completes its step),
- * and its command's daemon request points back to it until answered or
- * timed out (then the late answer is ignored).
+ * go at any time). Each step is a daemon request of kind HDREQ_SWITCH
+ * (dreq.c) whose done handler, handlers__switch_step_done(), ends the step
+ * however the request ended (answered, refused, timed out after
+ * --control-timeout plus the wait of a resume, the client gone); a switch
+ * that ends while gmbd stops cancels the steps it still waits for.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -64,8 +66,8 @@ struct hswitch_lane {
 	size_t sent;	    /* forward steps sent: what a rollback may undo */
 	hswitch_name *undo; /* this phase's undo steps */
 	size_t nundo;
-	struct hdreq *dreq;    /* the command in flight; NULL: none */
-	uint64_t t0, deadline; /* uv_hrtime() of its send; uv_now() limit */
+	struct hdreq *dreq; /* the command in flight; NULL: none */
+	uint64_t t0;	    /* uv_hrtime() of its send */
 	bool gone;
 };
 
@@ -95,14 +97,12 @@ struct hswitch {
 	bool undo_failed;
 	char undo_why[ERR_MSG_MAX];
 	uint64_t t0;
-	uv_timer_t timer; /* the earliest step deadline; frees the switch */
 	struct hswitch *prev, *next;
 };
 
 static void hswitch_advance(struct hswitch *sw);
 static void hswitch_finish(struct hswitch *sw);
-static void hswitch_on_timer(uv_timer_t *t);
-static void hswitch_on_closed(uv_handle_t *hd);
+static void hswitch_destroy(struct hswitch *sw);
 
 /* ---- setting up ---- */
 
@@ -271,8 +271,6 @@ int handlers__switch(struct hreq *rq)
 	sw->t0 = uv_hrtime();
 	snprintf(sw->from, sizeof(sw->from), "%s", m->from);
 	snprintf(sw->to, sizeof(sw->to), "%s", m->to);
-	uv_timer_init(rq->h->loop, &sw->timer);
-	sw->timer.data = sw;
 	DLIST_PUSH(rq->h->switches, sw);
 	hconn_of(rq->s)->inflight++;
 	log_info("switch started " SESS_FMT " from=%s to=%s from_clients=%d to_clients=%d"
@@ -365,13 +363,14 @@ static void hswitch_step_done(struct hswitch_lane *l, int status, const char *er
 	}
 }
 
-static void hswitch_lane_send(struct hswitch_lane *l, uint64_t now)
+static void hswitch_lane_send(struct hswitch_lane *l)
 {
 	struct hswitch *sw = l->sw;
 	struct bclient *c = broker_client_get(sw->h->broker, l->client_id);
 	struct sess *s = c ? handlers__conn_client(sw->h, c) : NULL;
 	uint32_t wait = hswitch_op(sw) == GMB__OP__OP_RESUME ? sw->wait_ms : 0;
 	struct hdreq *d;
+	int r;
 
 	l->t0 = uv_hrtime();
 	l->next++;
@@ -382,20 +381,19 @@ static void hswitch_lane_send(struct hswitch_lane *l, uint64_t now)
 		hswitch_step_done(l, -ECONNRESET, "the client is gone");
 		return;
 	}
-	d = calloc(1, sizeof(*d));
+	d = handlers__dreq_new(HDREQ_SWITCH, l);
 	if (!d) {
 		hswitch_step_done(l, -ENOMEM, "out of memory sending the command");
 		return;
 	}
-	*d = (struct hdreq){ .kind = HDREQ_SWITCH, .lane = l };
-	if (handlers__send_command(s, d, hswitch_op(sw), hswitch_step_tag(l, l->next - 1), wait) <
-	    0) {
-		free(d);
-		hswitch_step_done(l, -ENOMEM, "cannot send the command");
+	r = handlers__dreq_command(s, d, hswitch_op(sw), hswitch_step_tag(l, l->next - 1), wait,
+				   sw->h->control_timeout_ms + wait);
+	if (r < 0) {
+		handlers__dreq_free(d);
+		hswitch_step_done(l, r, "cannot send the command");
 		return;
 	}
 	l->dreq = d;
-	l->deadline = now + sw->h->control_timeout_ms + wait;
 }
 
 /* The undo steps of a phase: what @l's forward steps sent (the failed one
@@ -452,8 +450,6 @@ static enum hswitch_phase hswitch_next_phase(const struct hswitch *sw)
 /* Sends what can be sent; moves to the next phase when this one is over. */
 static void hswitch_advance(struct hswitch *sw)
 {
-	uint64_t now = uv_now(sw->h->loop), first = UINT64_MAX;
-
 	while (sw->phase != HSW_DONE) {
 		bool busy = false;
 
@@ -465,66 +461,41 @@ static void hswitch_advance(struct hswitch *sw)
 			/* After a failure no forward step starts: the rollback comes. */
 			while (!l->dreq && !l->gone && l->next < hswitch_nsteps(l) &&
 			       !(hswitch_forward(sw) && sw->status))
-				hswitch_lane_send(l, now);
-			if (l->dreq) {
-				busy = true;
-				first = l->deadline < first ? l->deadline : first;
-			}
+				hswitch_lane_send(l);
+			busy |= l->dreq != NULL;
 		}
 		if (busy)
-			break;
+			return;
 		hswitch_enter(sw, hswitch_next_phase(sw));
 	}
-	if (sw->phase == HSW_DONE) {
-		hswitch_finish(sw);
-		return;
-	}
-	uv_timer_start(&sw->timer, hswitch_on_timer, first > now ? first - now : 0, 0);
+	hswitch_finish(sw);
 }
 
-void handlers__switch_answered(struct handlers *h, struct hdreq *d, const Gmb__Envelope *env)
+void handlers__switch_step_done(struct hdreq *d, const struct hdreq_result *res)
 {
-	struct hswitch_lane *l = d->lane;
-	int status = env->status > 0 ? -EIO : env->status;
-
-	if (!l) {
-		log_info("late switch step answer ignored status=%d", env->status);
-		return;
-	}
-	hswitch_step_done(l, status, env->error);
-	hswitch_advance(l->sw);
-}
-
-void handlers__switch_lane_lost(struct handlers *h, struct hdreq *d, const char *name)
-{
-	struct hswitch_lane *l = d->lane;
+	struct hswitch_lane *l = d->arg;
 	char msg[ERR_MSG_MAX];
 
-	if (!l)
-		return;
-	d->lane = NULL;
-	l->gone = true;
-	err_fmt(msg, 0, "client '%s' disconnected before it answered", name);
-	hswitch_step_done(l, -ECONNRESET, msg);
-	hswitch_advance(l->sw);
-}
-
-static void hswitch_on_timer(uv_timer_t *t)
-{
-	struct hswitch *sw = t->data;
-	uint64_t now = uv_now(sw->h->loop);
-	char msg[ERR_MSG_MAX];
-
-	for (size_t i = 0; i < sw->nfrom + sw->nto; i++) {
-		struct hswitch_lane *l = &sw->lanes[i];
-
-		if (!l->dreq || l->deadline > now)
-			continue;
-		l->dreq->lane = NULL; /* its late answer is ignored */
+	l->dreq = NULL;
+	switch (res->end) {
+	case HDREQ_CANCELLED:
+		return; /* the switch ends without it */
+	case HDREQ_ANSWERED:
+	case HDREQ_REFUSED:
+		hswitch_step_done(l, res->status, res->error);
+		break;
+	case HDREQ_TIMED_OUT:
 		err_fmt(msg, 0, "no answer within %.3f s", (double)(uv_hrtime() - l->t0) / 1e9);
-		hswitch_step_done(l, -ETIMEDOUT, msg);
+		hswitch_step_done(l, res->status, msg);
+		break;
+	case HDREQ_GONE:
+		l->gone = true;
+		err_fmt(msg, 0, "client '%s' disconnected before it answered",
+			sess_name(d->target));
+		hswitch_step_done(l, res->status, msg);
+		break;
 	}
-	hswitch_advance(sw);
+	hswitch_advance(l->sw);
 }
 
 /* ---- the answer ---- */
@@ -621,16 +592,13 @@ static void hswitch_finish(struct hswitch *sw)
 	if (sw->actor->state == SESS_OPEN)
 		hswitch_reply(sw, &hs, total, msg);
 	DLIST_UNLINK(sw->h->switches, sw);
-	uv_timer_stop(&sw->timer);
-	uv_close((uv_handle_t *)&sw->timer, hswitch_on_closed);
 	handlers__settle(sw->h);
 	handlers__changed(sw->h);
+	hswitch_destroy(sw);
 }
 
-static void hswitch_on_closed(uv_handle_t *hd)
+static void hswitch_destroy(struct hswitch *sw)
 {
-	struct hswitch *sw = hd->data;
-
 	sess_unref(sw->actor);
 	hswitch_free(sw);
 }
@@ -641,13 +609,11 @@ void handlers__switch_close_all(struct handlers *h)
 		struct hswitch *sw = h->switches;
 
 		for (size_t i = 0; i < sw->nfrom + sw->nto; i++)
-			if (sw->lanes[i].dreq)
-				sw->lanes[i].dreq->lane = NULL;
+			handlers__dreq_cancel(sw->lanes[i].dreq);
 		broker_handover_end(h->broker, sw->ho, NULL);
 		sw->ho = NULL;
 		DLIST_UNLINK(h->switches, sw);
-		uv_timer_stop(&sw->timer);
-		uv_close((uv_handle_t *)&sw->timer, hswitch_on_closed);
+		hswitch_destroy(sw);
 	}
 }
 

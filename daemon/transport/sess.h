@@ -6,9 +6,9 @@
  * layer's per-connection state (sess->data) without looking into it.
  *
  * Lifetime. A session is reference-counted: the connection holds one
- * reference until its poll handle is closed; parked requests and forwarded
- * control requests hold more, because their callbacks may outlive the
- * socket. The last sess_unref() frees it.
+ * reference until its poll handle is closed; parked requests, switches and
+ * watchers hold more, because their callbacks may outlive the socket. The
+ * last sess_unref() frees it.
  *
  * States. OPEN -> DOOMED -> CLOSED. sess_doom() logs the reason once, stops
  * reading and asks the server to disconnect the session on the next loop
