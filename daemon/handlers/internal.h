@@ -21,8 +21,9 @@
  *   reply.c      sentences, status replies, names, devices, client -> session
  * A file calls only files below it. The ways up are function pointers
  * kept for later: the handler a parked request keeps (park.c calls it
- * back), the one a pause waiting for importers keeps (ipc.c), and the done handler of each kind of daemon request (dreq.c's
- * table of kinds names them; dreq.c calls them once a request ends).
+ * back), the one a pause waiting for importers keeps (ipc.c), and the done
+ * handler of each kind of daemon request (dreq.c's table of kinds names
+ * them; dreq.c calls them once a request ends).
  */
 #ifndef GMB_HANDLERS_INTERNAL_H
 #define GMB_HANDLERS_INTERNAL_H
