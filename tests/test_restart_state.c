@@ -352,7 +352,7 @@ Test(state, a_claim_cut_short_by_the_restart_is_reconciled)
 	cr_assert(eq(u64, res.drop[0], stale));
 	broker_rejoin_result_deinit(&res);
 	cr_assert(eq(u64, fx.br2->pools[0].lent_bytes, 2 * MiB), "only the engine's 2 MiB");
-	t = broker__tag_find(a, "kv");
+	t = broker_tag_find(a, "kv");
 	cr_assert(eq(ptr, t->allocs->chunks[0], NULL), "kv's last lend is cleared");
 	cr_assert(not(t->allocs->active));
 }
@@ -375,7 +375,7 @@ Test(state, an_unclaimed_allocation_is_freed)
 	cr_assert(eq(i32, broker_rejoin(fx.br2, a, &k.cl, &res, err), 0), "%s", err);
 	broker_rejoin_result_deinit(&res);
 	cr_assert(eq(u32, a->allocs.count, 1));
-	cr_assert(eq(u32, broker__tag_find(a, "kv")->nallocs, 0));
+	cr_assert(eq(u32, broker_tag_find(a, "kv")->nallocs, 0));
 }
 
 /* ---- the state memfd ---- */

@@ -328,12 +328,22 @@ void broker__alloc_destroy(struct broker *br, struct bclient *c, struct balloc *
 	free(a);
 }
 
-struct btag *broker__tag_find(const struct bclient *c, const char *name)
+struct btag *broker_tag_find(const struct bclient *c, const char *name)
 {
 	for (struct btag *t = c->tags; t; t = t->next)
 		if (strcmp(t->name, name) == 0)
 			return t;
 	return NULL;
+}
+
+struct balloc *broker_alloc_get(const struct bclient *c, uint64_t id)
+{
+	return idmap_get(&c->allocs, id);
+}
+
+struct chunk *broker_chunk_get(const struct broker *br, uint64_t id)
+{
+	return idmap_get(&br->chunks, id);
 }
 
 uint64_t broker__active_bytes(const struct bclient *c, int dev)
@@ -358,7 +368,7 @@ int broker__tag_get(struct bclient *c, const char *name, struct btag **out, bool
 		return err_fmt(err, -EINVAL, "empty tag");
 	if (len > WIRE_MAX_NAME)
 		return err_fmt(err, -EINVAL, "tag is longer than %d bytes", WIRE_MAX_NAME);
-	t = broker__tag_find(c, name);
+	t = broker_tag_find(c, name);
 	if (t) {
 		*out = t;
 		return 0;

@@ -180,6 +180,13 @@ struct bclient *broker_client_get(struct broker *br, uint64_t id);
 /* By id ("#12" or "12"), then pid, then name; NULL if none or ambiguous. */
 struct bclient *broker_client_find(struct broker *br, const char *selector);
 
+/* @c's tag @name; NULL if none. It stays @c's. */
+struct btag *broker_tag_find(const struct bclient *c, const char *name);
+/* @c's allocation @id; NULL if none. It stays @c's. */
+struct balloc *broker_alloc_get(const struct bclient *c, uint64_t id);
+/* The chunk alive of id @id on any device; NULL if none. It stays the pool's. */
+struct chunk *broker_chunk_get(const struct broker *br, uint64_t id);
+
 /**
  * broker_export_fds() - new fds for @n chunk ids, owned by the caller
  * (close them after sending). On failure none are left open.

@@ -11,7 +11,6 @@
  * Internals shared by daemon/core/broker.c (clients, tags, drops, control) and
  * daemon/core/lend.c (allocations, pause, resume); nothing else calls them.
  */
-struct btag *broker__tag_find(const struct bclient *c, const char *name);
 /* Bytes of @c's mapped (active) allocations on @dev. */
 uint64_t broker__active_bytes(const struct bclient *c, int dev);
 /* Finds or creates @name (checked: non-empty, <= WIRE_MAX_NAME, tag limit);

@@ -440,7 +440,7 @@ int broker_pause(struct broker *br, struct bclient *c, const char *tag, bool rel
 	if (broker__handover_keeps(c))
 		handover = broker__handover_id(c);
 	if (tag && *tag) {
-		t = broker__tag_find(c, tag);
+		t = broker_tag_find(c, tag);
 		if (!t)
 			return err_fmt(err, -ENOENT, "client '%s' has no tag '%s'", c->name, tag);
 		lend_pause_tag(br, t, released, handover, &touched);
@@ -632,7 +632,7 @@ int broker_resume(struct broker *br, struct bclient *c, const char *tag, struct 
 
 	*res = (struct broker_result)BROKER_RESULT_INIT;
 	if (tag && *tag) {
-		only = broker__tag_find(c, tag);
+		only = broker_tag_find(c, tag);
 		if (!only)
 			return err_fmt(err, -ENOENT, "client '%s' has no tag '%s'", c->name, tag);
 		if (!only->paused)

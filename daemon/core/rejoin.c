@@ -290,8 +290,8 @@ static int rejoin_make_tags(struct rejoin *rj, uint8_t *created)
 			for (size_t j = 0; j < i; j++)
 				if (created[j])
 					broker__tag_remove(rj->c,
-							   broker__tag_find(rj->c,
-									    rj->cl->tags[j].name));
+							   broker_tag_find(rj->c,
+									   rj->cl->tags[j].name));
 			return rc;
 		}
 		created[i] = made;
