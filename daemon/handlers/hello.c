@@ -25,6 +25,7 @@
 #include "daemon/core/broker.h"
 #include "daemon/core/event.h"
 #include "daemon/core/proc.h"
+#include "daemon/core/walk.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/server.h"
 #include "daemon/transport/sess.h"
@@ -382,11 +383,28 @@ static void handlers_rejoin_reply(struct sess *s, uint64_t reply_to,
 	} while (c < res->ncleared || d < res->ndrop);
 }
 
+/* What a client holds, summed over its tags. */
+struct hello_sum {
+	size_t allocs;
+	uint64_t bytes;
+};
+
+static int handlers_sum_tag(void *arg, const struct btag *t)
+{
+	struct hello_sum *sum = arg;
+
+	sum->allocs += t->nallocs;
+	sum->bytes += t->bytes;
+	return 0;
+}
+
+static const struct walk_ops handlers_sum_ops = { .tag = handlers_sum_tag };
+
 static void handlers_rejoin_attach(struct hreq *rq, struct hrejoin *r,
 				   const struct broker_rejoin_result *res)
 {
 	struct bclient *c = r->c;
-	uint64_t bytes = 0;
+	struct hello_sum sum = { 0 };
 	char b[SIZE_STR_MAX];
 
 	c->control = r->control;
@@ -394,11 +412,9 @@ static void handlers_rejoin_attach(struct hreq *rq, struct hrejoin *r,
 	/* The entry exists since the rejoin hello: this cannot fail. */
 	(void)handlers__conn_bind(rq->h, rq->s, c);
 	r->c = NULL;
-	for (const struct btag *t = c->tags; t; t = t->next)
-		bytes += t->bytes;
+	walk_client(c, &handlers_sum_ops, &sum);
 	log_info("client rejoined " SESS_FMT " allocations=%zu bytes=%s cleared=%zu dropped=%zu",
-		 SESS_ARGS(rq->s), (size_t)c->allocs.count, size_str(bytes, b), res->ncleared,
-		 res->ndrop);
+		 SESS_ARGS(rq->s), sum.allocs, size_str(sum.bytes, b), res->ncleared, res->ndrop);
 }
 
 /* The last part: check and apply the whole claim, or reclaim and hang up. */

@@ -127,7 +127,7 @@ int handlers__alloc(struct hreq *rq)
 int handlers__free(struct hreq *rq)
 {
 	struct bclient *c = hconn_of(rq->s)->client;
-	const struct balloc *a = idmap_get(&c->allocs, rq->env->free->alloc_id);
+	const struct balloc *a = broker_alloc_get(c, rq->env->free->alloc_id);
 	char tag[WIRE_MAX_NAME + 1];
 	struct event ev;
 	int r;

@@ -35,6 +35,7 @@
 #include "common/size.h"
 #include "common/wire.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/walk.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
 
@@ -118,6 +119,18 @@ static int hswitch_tag_push(hswitch_name **v, size_t *n, const char *tag)
 	return 0;
 }
 
+/* A tag of @l's client a step will change goes on l->changed. */
+static int hswitch_changed_tag(void *arg, const struct btag *t)
+{
+	struct hswitch_lane *l = arg;
+
+	if (t->paused == l->from)
+		return 0;
+	return hswitch_tag_push(&l->changed, &l->nchanged, t->name);
+}
+
+static const struct walk_ops hswitch_changed_ops = { .tag = hswitch_changed_tag };
+
 /*
  * @l's steps from @c's tags: the named ones it has (in the order given),
  * else one step for every tag; changed[] lists the tags a step will change
@@ -129,10 +142,8 @@ static int hswitch_lane_plan(struct hreq *rq, struct hswitch_lane *l, const stru
 	bool any = false;
 
 	for (size_t i = 0; i < ntags; i++) {
-		const struct btag *t;
+		const struct btag *t = broker_tag_find(c, tags[i]);
 
-		for (t = c->tags; t && strcmp(t->name, tags[i]) != 0; t = t->next)
-			;
 		if (!t)
 			continue;
 		any = true;
@@ -146,10 +157,8 @@ static int hswitch_lane_plan(struct hreq *rq, struct hswitch_lane *l, const stru
 				      c->name);
 	if (ntags)
 		return 0;
-	for (const struct btag *t = c->tags; t; t = t->next)
-		if (t->paused != l->from &&
-		    hswitch_tag_push(&l->changed, &l->nchanged, t->name) < 0)
-			return handlers__fail(rq, -ENOMEM, "out of memory planning a switch");
+	if (walk_client(c, &hswitch_changed_ops, l) < 0)
+		return handlers__fail(rq, -ENOMEM, "out of memory planning a switch");
 	if (l->nchanged && hswitch_tag_push(&l->fwd, &l->nfwd, "") < 0)
 		return handlers__fail(rq, -ENOMEM, "out of memory planning a switch");
 	return 0;
