@@ -87,8 +87,8 @@ static void lend_msg_away(const struct broker *br, int dev, char *err)
 	}
 }
 
-void broker__take_error(const struct broker *br, int dev, int rc, const struct pool_take *t,
-			char *err)
+static void broker__take_error(const struct broker *br, int dev, int rc, const struct pool_take *t,
+			       char *err)
 {
 	const struct pool *p = &br->pools[dev];
 	char b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];

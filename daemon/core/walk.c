@@ -6,6 +6,7 @@
  * allowed to remove the node it was handed (walk_clients(), walk_waiters())
  * leaves the walk on solid ground.
  */
+#include "daemon/core/wait.h"
 #include "daemon/core/walk.h"
 
 #include <stddef.h>

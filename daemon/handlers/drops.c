@@ -13,6 +13,7 @@
 
 #include "common/log.h"
 #include "common/wire.h"
+#include "daemon/core/arb.h"
 #include "daemon/core/broker.h"
 #include "daemon/core/event.h"
 #include "daemon/handlers/internal.h"

@@ -20,6 +20,7 @@
 #include "daemon/core/broker.h"
 #include "daemon/core/event.h"
 #include "daemon/core/proc.h"
+#include "daemon/core/rejoin.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
 #include "include/gmb.h"

@@ -21,6 +21,8 @@
 #include "common/wire.h"
 #include "daemon/core/broker.h"
 #include "daemon/core/event.h"
+#include "daemon/core/lend.h"
+#include "daemon/core/wait.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
 #include "include/gmb.h"

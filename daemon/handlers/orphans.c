@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "daemon/core/broker.h"
 #include "daemon/core/proc.h"
+#include "daemon/core/rejoin.h"
 #include "daemon/core/walk.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"

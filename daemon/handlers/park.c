@@ -18,7 +18,9 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "daemon/core/arb.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/wait.h"
 #include "daemon/core/walk.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"

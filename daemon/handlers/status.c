@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/wire.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/wait.h"
 #include "daemon/core/walk.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"

@@ -17,6 +17,7 @@
 
 #include "common/log.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/rejoin.h"
 #include "daemon/core/walk.h"
 #include "daemon/persist/state.h"
 

@@ -33,6 +33,7 @@
 #include "common/size.h"
 #include "common/wire.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/lend.h"
 #include "daemon/core/walk.h"
 #include "daemon/handlers/handlers.h"
 #include "daemon/metrics/http.h"

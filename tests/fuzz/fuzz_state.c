@@ -19,6 +19,7 @@
 #include "common/backend/backend.h"
 #include "common/log.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/rejoin.h"
 #include "daemon/persist/state.h"
 #include "tests/fuzz/fuzz.h"
 

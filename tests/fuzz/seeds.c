@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/wire.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/lend.h"
 #include "daemon/persist/state.h"
 #include "gmb.h"
 
