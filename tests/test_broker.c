@@ -254,7 +254,7 @@ static struct balloc *alloc_ok(struct bclient *c, int dev, uint64_t size, const 
 	char err[ERR_MSG_MAX] = "";
 	struct balloc *a;
 
-	cr_assert(eq(i32, broker_alloc(br, c, dev, size, tag, &res, err), 0), "alloc: %s", err);
+	cr_assert(eq(i32, lend_alloc(br, c, dev, size, tag, &res, err), 0), "alloc: %s", err);
 	cr_assert(eq(sz, res.nallocs, 1));
 	a = res.allocs[0];
 	if (want_chunks != UINT32_MAX)
@@ -269,7 +269,7 @@ static struct balloc *alloc_ok(struct bclient *c, int dev, uint64_t size, const 
 static int alloc_rc(struct bclient *c, int dev, uint64_t size, const char *tag, char *err)
 {
 	struct broker_result res;
-	int rc = broker_alloc(br, c, dev, size, tag, &res, err);
+	int rc = lend_alloc(br, c, dev, size, tag, &res, err);
 
 	if (rc < 0) {
 		cr_assert(eq(sz, res.nallocs, 0));
@@ -285,7 +285,7 @@ static void resume_ok(struct bclient *c, const char *tag, size_t want_allocs, si
 	struct broker_result res;
 	char err[ERR_MSG_MAX] = "";
 
-	cr_assert(eq(i32, broker_resume(br, c, tag, &res, err), 0), "resume: %s", err);
+	cr_assert(eq(i32, lend_resume(br, c, tag, &res, err), 0), "resume: %s", err);
 	cr_assert(eq(sz, res.nallocs, want_allocs));
 	cr_assert(eq(sz, res.nsend, want_send));
 	broker_result_deinit(&res);
@@ -295,7 +295,7 @@ static void resume_ok(struct bclient *c, const char *tag, size_t want_allocs, si
 static int resume_rc(struct bclient *c, const char *tag, char *err)
 {
 	struct broker_result res;
-	int rc = broker_resume(br, c, tag, &res, err);
+	int rc = lend_resume(br, c, tag, &res, err);
 
 	broker_result_deinit(&res);
 	check_broker();
@@ -306,7 +306,7 @@ static void pause_ok(struct bclient *c, const char *tag)
 {
 	char err[ERR_MSG_MAX] = "";
 
-	cr_assert(eq(i32, broker_pause(br, c, tag, false, err), 0), "pause: %s", err);
+	cr_assert(eq(i32, lend_pause(br, c, tag, false, err), 0), "pause: %s", err);
 	check_broker();
 }
 
@@ -314,7 +314,7 @@ static void free_ok(struct bclient *c, struct balloc *a)
 {
 	char err[ERR_MSG_MAX] = "";
 
-	cr_assert(eq(i32, broker_free_alloc(br, c, a->id, err), 0), "free: %s", err);
+	cr_assert(eq(i32, lend_free(br, c, a->id, err), 0), "free: %s", err);
 	check_broker();
 }
 
@@ -480,7 +480,7 @@ Test(broker, pause_resume_reuses_the_exact_chunks)
 	resume_ok(a, "kv", 0, 0);
 	pause_ok(a, NULL);
 	resume_ok(a, "", 2, 0);
-	cr_assert(eq(i32, broker_pause(br, a, "nope", false, err), -ENOENT));
+	cr_assert(eq(i32, lend_pause(br, a, "nope", false, err), -ENOENT));
 	cr_assert(eq(str, err, "client 'infer' has no tag 'nope'"));
 	cr_assert(eq(i32, resume_rc(a, "nope", err), -ENOENT));
 }
@@ -496,7 +496,7 @@ Test(broker, a_pause_with_handles_released_gives_the_chunks_back_at_once)
 	b = client("old", 43, 1000);
 	x = alloc_ok(a, 0, 3 * GiB, "kv", 3, 3);
 	y = alloc_ok(b, 0, 1 * GiB, "kv", 1, 1);
-	cr_assert(eq(i32, broker_pause(br, a, "kv", true, err), 0), "%s", err);
+	cr_assert(eq(i32, lend_pause(br, a, "kv", true, err), 0), "%s", err);
 	check_broker();
 	cr_assert(eq(u64, br->pools[0].held_bytes, 1 * GiB), "released within the call");
 	cr_assert(eq(u64, br->pools[0].pending_bytes, 0), "no drop to wait for");
@@ -586,12 +586,12 @@ Test(broker, free_of_paused_and_unknown_allocations)
 	char err[ERR_MSG_MAX];
 
 	pause_ok(a, "kv");
-	cr_assert(eq(i32, broker_free_alloc(br, b, id, err), -ENOENT), "not b's allocation");
+	cr_assert(eq(i32, lend_free(br, b, id, err), -ENOENT), "not b's allocation");
 	cr_assert(eq(str, err, "allocation 1 does not exist"));
 	free_ok(a, x);
 	cr_assert(cx->free && cx->nholders == 0, "back in the pool, nobody holds it");
 	cr_assert(eq(u64, broker_tag_find(a, "kv")->bytes, 0));
-	cr_assert(eq(i32, broker_free_alloc(br, a, id, err), -ENOENT));
+	cr_assert(eq(i32, lend_free(br, a, id, err), -ENOENT));
 
 	/* Keep nothing warm: a free goes straight back to the backend. */
 	open_broker(0, 0);
@@ -799,8 +799,8 @@ Test(broker, a_switch_keeps_from_chunks_for_to_whatever_the_keep_limit)
 	created = br->pools[0].chunks_created;
 
 	struct bclient *from[] = { a }, *to[] = { b };
-	cr_assert(eq(i32, broker_handover_begin(br, from, 1, to, 1, &h, err), 0), "%s", err);
-	cr_assert(eq(i32, broker_handover_begin(br, to, 1, from, 1, &h, err), -EBUSY));
+	cr_assert(eq(i32, arb_handover_begin(br, from, 1, to, 1, &h, err), 0), "%s", err);
+	cr_assert(eq(i32, arb_handover_begin(br, to, 1, from, 1, &h, err), -EBUSY));
 	pause_ok(a, "w");
 	flush(0); /* kept for TO: no drop, no release under --pool-keep 0 */
 	cr_assert(eq(u64, br->pools[0].free_bytes, 2 * GiB));
@@ -809,7 +809,7 @@ Test(broker, a_switch_keeps_from_chunks_for_to_whatever_the_keep_limit)
 	resume_ok(b, "kv", 1, 2);
 	cr_assert(eq(u64, br->pools[0].chunks_created, created), "handed over, none created");
 	cr_assert(eq(u64, br->pools[0].chunks_handed_over, 2));
-	broker_handover_end(br, h, &st);
+	arb_handover_end(br, h, &st);
 	cr_assert(eq(u64, st.handed_bytes, 2 * GiB));
 	cr_assert(eq(u64, st.created_bytes, 0));
 	cr_assert(eq(ptr, (void *)a->handover, NULL));
@@ -827,10 +827,10 @@ Test(broker, a_switch_between_users_reserves_nothing)
 	b = client("to", 11, 1001);
 	alloc_ok(a, 0, 2 * GiB, "w", 2, 2);
 	struct bclient *from[] = { a }, *to[] = { b };
-	cr_assert(eq(i32, broker_handover_begin(br, from, 1, to, 1, &h, err), 0), "%s", err);
+	cr_assert(eq(i32, arb_handover_begin(br, from, 1, to, 1, &h, err), 0), "%s", err);
 	pause_ok(a, "w");
 	flush(1); /* released as any pause under --pool-keep 0 */
-	broker_handover_end(br, h, NULL);
+	arb_handover_end(br, h, NULL);
 	check_broker();
 }
 
@@ -846,24 +846,24 @@ Test(broker, waiters_queue_by_priority_then_arrival)
 	const struct bwaiter *order[4], *p;
 	size_t n = 0;
 
-	broker_client_set_arb(hi, "g", 5, false);
+	arb_client_set(hi, "g", 5, false);
 	for (int i = 0; i < 4; i++)
-		broker_wait_add(br, &w[i]);
+		wait_add(br, &w[i]);
 	for (p = br->waiters; p; p = p->next)
 		order[n++] = p;
 	cr_assert(eq(sz, n, 4));
 	cr_assert(order[0] == &w[1] && order[1] == &w[3] && order[2] == &w[0] && order[3] == &w[2]);
-	cr_assert(broker_wait_ahead(br, lo, 0));
-	cr_assert(not(broker_wait_ahead(br, hi, 1)), "a lower priority is not ahead");
-	broker_set_priority(br, lo, 9);
+	cr_assert(wait_ahead(br, lo, 0));
+	cr_assert(not(wait_ahead(br, hi, 1)), "a lower priority is not ahead");
+	wait_set_priority(br, lo, 9);
 	cr_assert(eq(ptr, (void *)br->waiters, &w[0]), "lo first now, arrival kept");
 	cr_assert(eq(ptr, (void *)br->waiters->next, &w[2]));
 	broker_client_remove(br, lo);
 	cr_assert(eq(ptr, (void *)br->waiters, &w[1]), "a removed client's waiters leave");
 	cr_assert(not(w[0].linked));
-	broker_wait_remove(br, &w[0]); /* no-op */
-	broker_wait_remove(br, &w[1]);
-	broker_wait_remove(br, &w[3]);
+	wait_remove(br, &w[0]); /* no-op */
+	wait_remove(br, &w[1]);
+	wait_remove(br, &w[3]);
 	cr_assert(eq(ptr, (void *)br->waiters, NULL));
 }
 
@@ -874,24 +874,24 @@ Test(broker, preemption_picks_low_priority_opted_in_clients_that_cover_the_need)
 	struct bclient *out[8];
 	struct bwaiter w = { .client = hi, .dev = 0, .need = 3 * GiB };
 
-	broker_client_set_arb(hi, "", 10, false);
-	broker_client_set_arb(a, "", 1, true);
-	broker_client_set_arb(b, "", 0, true);
-	broker_client_set_arb(no, "", 0, false);
+	arb_client_set(hi, "", 10, false);
+	arb_client_set(a, "", 1, true);
+	arb_client_set(b, "", 0, true);
+	arb_client_set(no, "", 0, false);
 	alloc_ok(a, 0, 2 * GiB, "x", 2, 2);
 	alloc_ok(b, 0, 2 * GiB, "x", 2, 2);
 	alloc_ok(no, 0, 2 * GiB, "x", 2, 2);
 	w.need = 5 * GiB;
-	cr_assert(eq(sz, broker_preempt_pick(br, &w, out, 8), 0), "4 GiB cannot cover 5");
+	cr_assert(eq(sz, arb_preempt_pick(br, &w, out, 8), 0), "4 GiB cannot cover 5");
 	w.need = 3 * GiB;
-	cr_assert(eq(sz, broker_preempt_pick(br, &w, out, 8), 2));
+	cr_assert(eq(sz, arb_preempt_pick(br, &w, out, 8), 2));
 	cr_assert(out[0] == b && out[1] == a, "lowest priority first");
 	cr_assert(eq(u64, a->preempt_for, hi->id));
-	cr_assert(eq(sz, broker_preempt_pick(br, &w, out, 8), 0), "not asked twice");
-	broker_preempt_done(a);
-	broker_preempt_done(b);
+	cr_assert(eq(sz, arb_preempt_pick(br, &w, out, 8), 0), "not asked twice");
+	arb_preempt_done(a);
+	arb_preempt_done(b);
 	w.need = 1 * GiB;
-	cr_assert(eq(sz, broker_preempt_pick(br, &w, out, 8), 1));
+	cr_assert(eq(sz, arb_preempt_pick(br, &w, out, 8), 1));
 	cr_assert(eq(ptr, (void *)out[0], b));
 }
 
@@ -912,7 +912,7 @@ Test(broker, memory_an_orphan_holds_is_refused_at_once_with_its_name)
 	char err[ERR_MSG_MAX] = "";
 
 	trainer_and_other(&a, &c);
-	broker_orphan(br, a);
+	rejoin_orphan(br, a);
 	cr_assert(eq(i32, alloc_rc(c, 0, 2 * GiB, "kv", err), -ENOMEM),
 		  "a request waited for a drop nobody can send: %s", err);
 	cr_assert(not(eq(ptr, strstr(err, "not connected"), NULL)), "%s", err);
@@ -929,7 +929,7 @@ Test(broker, a_wait_for_a_holder_that_went_ends_at_once)
 
 	trainer_and_other(&a, &c);
 	cr_assert(eq(i32, alloc_rc(c, 0, 2 * GiB, "kv", err), -EAGAIN));
-	broker_orphan(br, a);
+	rejoin_orphan(br, a);
 	err[0] = 0;
 	cr_assert(eq(i32, alloc_rc(c, 0, 2 * GiB, "kv", err), -ENOMEM),
 		  "still waiting for an orphan's drop: %s", err);
@@ -966,7 +966,7 @@ Test(broker, the_chunk_bound_is_per_uid_over_its_clients_and_devices)
 	cr_assert(eq(i32, resume_rc(a, "t", err), -ENOSPC), "%s", err);
 	cr_assert(a->tags->paused, "a refused resume leaves the tag paused");
 	cr_assert(not(big->active));
-	cr_assert(eq(i32, broker_free_alloc(br, b, b->tags->next->allocs->id, err), 0), "%s", err);
+	cr_assert(eq(i32, lend_free(br, b, b->tags->next->allocs->id, err), 0), "%s", err);
 	cr_assert(eq(i32, resume_rc(a, "t", err), 0), "%s", err);
 	cr_assert(eq(u64, broker_uid_chunks(br, 1000), 3));
 }
@@ -1053,10 +1053,10 @@ static void walk_tree_fixture(struct bclient **a, struct bclient **b, struct bal
 	*kept = spare->chunks[0];
 	broker_client_remove(br, tmp); /* its chunk stays in the pool */
 	cr_assert(eq(i32, broker_restore_client(br, &peer, 77, "b", true, b), 0));
-	cr_assert(eq(i32, broker_restore_tag(*b, "x", GMB_MODE_DISCARD, true, &t), 0));
+	cr_assert(eq(i32, rejoin_restore_tag(*b, "x", GMB_MODE_DISCARD, true, &t), 0));
 	chunks[0] = *kept;
 	chunks[1] = NULL;
-	cr_assert(eq(i32, broker_restore_alloc(br, *b, t, 900, 0, 4 * MiB, false, chunks, 2), 0));
+	cr_assert(eq(i32, rejoin_restore_alloc(br, *b, t, 900, 0, 4 * MiB, false, chunks, 2), 0));
 	check_broker();
 }
 
@@ -1171,7 +1171,7 @@ static int take_every_second(void *arg, const struct bwaiter *w)
 		i++;
 	seen[i] = w;
 	if (i % 2)
-		broker_wait_remove(br, (struct bwaiter *)w);
+		wait_remove(br, (struct bwaiter *)w);
 	return 0;
 }
 
@@ -1186,12 +1186,12 @@ Test(broker, the_waiter_walk_goes_in_serving_order_and_survives_removal)
 	};
 	const struct bwaiter *seen[5] = { 0 }, *left[5] = { 0 };
 
-	broker_client_set_arb(hi, "g", 5, false);
+	arb_client_set(hi, "g", 5, false);
 	for (int i = 0; i < 4; i++)
-		broker_wait_add(br, &w[i]);
+		wait_add(br, &w[i]);
 	cr_assert(eq(i32, walk_waiters(br, take_every_second, seen), 0));
 	cr_assert(seen[0] == &w[1] && seen[1] == &w[3] && seen[2] == &w[0] && seen[3] == &w[2]);
 	cr_assert(eq(i32, walk_waiters(br, take_every_second, left), 0));
 	cr_assert(left[0] == &w[1] && left[1] == &w[0] && !left[2], "the second and fourth left");
-	broker_wait_remove(br, &w[1]);
+	wait_remove(br, &w[1]);
 }

@@ -185,7 +185,7 @@ void broker_client_remove(struct broker *br, struct bclient *c)
 
 	if (!br || !c)
 		return;
-	broker__wait_forget(br, c);
+	wait__forget(br, c);
 	for (t = c->tags; t; t = t->next)
 		while (t->allocs)
 			broker__alloc_destroy(br, c, t->allocs);

@@ -74,7 +74,7 @@ struct btag {
 	int mode; /* GMB_MODE_* */
 	bool paused;
 	/* The resume of its client (bclient.resumes) that made it active last:
-	 * broker_unlend() pauses again every tag that resume named. */
+	 * lend_undo() pauses again every tag that resume named. */
 	uint64_t resumed_by;
 	struct bclient *client;
 	struct balloc *allocs;
@@ -103,7 +103,7 @@ struct bclient {
 	bool control, tool;
 	uint64_t start_time; /* tells a reused pid from the client's own */
 	/* Restored from a previous gmbd and not back yet (daemon/core/rejoin.c),
-	 * or a live client whose connection gmbd ended (broker_orphan()): its
+	 * or a live client whose connection gmbd ended (rejoin_orphan()): its
 	 * memory stays counted and lent until it rejoins or is reclaimed. */
 	bool orphan;
 	uint64_t orphan_deadline; /* the handlers' clock (ms): reclaimed past it */

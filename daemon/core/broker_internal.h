@@ -32,11 +32,11 @@ void broker__alloc_destroy(struct broker *br, struct bclient *c, struct balloc *
 
 /* arb.c, for lend.c: the switch @c's takes belong to (0: none); whether
  * @c's pause keeps its chunks for the switch; a take's figures. */
-uint64_t broker__handover_id(const struct bclient *c);
-bool broker__handover_keeps(const struct bclient *c);
-void broker__handover_took(struct pool *pool, struct bclient *c, const struct pool_take *t,
-			   uint64_t handed_bytes, uint32_t handed_chunks);
+uint64_t arb__handover_id(const struct bclient *c);
+bool arb__handover_keeps(const struct bclient *c);
+void arb__handover_took(struct pool *pool, struct bclient *c, const struct pool_take *t,
+			uint64_t handed_bytes, uint32_t handed_chunks);
 /* wait.c, for broker_client_remove(): @c's waiters leave the queue. */
-void broker__wait_forget(struct broker *br, struct bclient *c);
+void wait__forget(struct broker *br, struct bclient *c);
 
 #endif

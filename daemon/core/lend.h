@@ -30,7 +30,7 @@
 #include "daemon/core/broker.h"
 
 /**
- * broker_alloc() - a new allocation of @size bytes on @dev in @c's tag
+ * lend_alloc() - a new allocation of @size bytes on @dev in @c's tag
  * @tag (made if new), lent at once: @res (always initialized here) gets
  * it and the chunks whose fds must go out first.
  * Return: 0; -ENODEV, -EINVAL (size 0 or a bad tag name), -EBUSY (the tag
@@ -40,16 +40,16 @@
  * releasing: park it, flush the drops, retry after broker_dropped()),
  * -EMFILE; @res->short_dev and short_bytes say what was missing.
  */
-int broker_alloc(struct broker *br, struct bclient *c, int dev, uint64_t size, const char *tag,
-		 struct broker_result *res, char *err);
+int lend_alloc(struct broker *br, struct bclient *c, int dev, uint64_t size, const char *tag,
+	       struct broker_result *res, char *err);
 /**
- * broker_free_alloc() - allocation @alloc_id of @c is freed: its chunks
+ * lend_free() - allocation @alloc_id of @c is freed: its chunks
  * back to the pool, its client's holds of them dropped.
  * Return: 0, or -ENOENT for an allocation @c does not have.
  */
-int broker_free_alloc(struct broker *br, struct bclient *c, uint64_t alloc_id, char *err);
+int lend_free(struct broker *br, struct bclient *c, uint64_t alloc_id, char *err);
 /**
- * broker_pause() - @c's tag @tag (NULL or "": every tag) stops being lent:
+ * lend_pause() - @c's tag @tag (NULL or "": every tag) stops being lent:
  * its chunks go back to the pool, still held by @c, unless @released
  * (HelloReply.release_on_pause: the client lets go of the paused
  * allocations' handles), then @c stops holding them and chunks nobody
@@ -57,18 +57,18 @@ int broker_free_alloc(struct broker *br, struct bclient *c, uint64_t alloc_id, c
  * Pausing a paused tag succeeds and does nothing.
  * Return: 0, or -ENOENT for a tag @c does not have.
  */
-int broker_pause(struct broker *br, struct bclient *c, const char *tag, bool released, char *err);
+int lend_pause(struct broker *br, struct bclient *c, const char *tag, bool released, char *err);
 /**
- * broker_resume() - @c's tag @tag (NULL or "": every tag) is lent again,
+ * lend_resume() - @c's tag @tag (NULL or "": every tag) is lent again,
  * onto its last lend's chunks when they are still free, else onto others;
- * @res as for broker_alloc(). Resuming an active tag succeeds and does
+ * @res as for lend_alloc(). Resuming an active tag succeeds and does
  * nothing.
- * Return: 0; -ENOENT for a tag @c does not have; else as broker_alloc().
+ * Return: 0; -ENOENT for a tag @c does not have; else as lend_alloc().
  */
-int broker_resume(struct broker *br, struct bclient *c, const char *tag, struct broker_result *res,
-		  char *err);
+int lend_resume(struct broker *br, struct bclient *c, const char *tag, struct broker_result *res,
+		char *err);
 /**
- * broker_unlend() - the lends of @ids (allocations of @c a resume lent)
+ * lend_undo() - the lends of @ids (allocations of @c a resume lent)
  * never reached the client: each is paused again with its last lend
  * cleared (the client clears its own: ResumeReply.lends_cleared), its
  * chunks back in the pool, and its tag paused, as is every other tag that
@@ -77,13 +77,13 @@ int broker_resume(struct broker *br, struct bclient *c, const char *tag, struct 
  * the reply, has them all paused. Ids @c does not have are skipped.
  * Return: nothing; it cannot fail.
  */
-void broker_unlend(struct broker *br, struct bclient *c, const uint64_t *ids, size_t n);
+void lend_undo(struct broker *br, struct bclient *c, const uint64_t *ids, size_t n);
 /**
- * broker_warn_uid_bounds() - logs each uid whose clients hold more chunks
+ * lend_warn_uid_bounds() - logs each uid whose clients hold more chunks
  * than --max-chunks-per-uid (restored under a lower bound: all kept, more
  * refused until under).
  * Return: nothing.
  */
-void broker_warn_uid_bounds(const struct broker *br);
+void lend_warn_uid_bounds(const struct broker *br);
 
 #endif

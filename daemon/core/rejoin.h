@@ -12,12 +12,12 @@
  *     holding less (memory it stopped mapping back to the pool, a last lend
  *     the sides disagree on cleared on both); a mapped allocation matches
  *     the record chunk for chunk.
- *   - broker_rejoin() accepts all of a claim or none: nothing changes on
+ *   - rejoin_accept() accepts all of a claim or none: nothing changes on
  *     failure.
  *
  * Ownership: the claim is the caller's, read during the call; a
  * broker_rejoin_result's arrays are malloc'd and the caller's
- * (broker_rejoin_result_deinit()); restored tags and allocations are the
+ * (rejoin_result_deinit()); restored tags and allocations are the
  * broker's. @err (ERR_MSG_MAX bytes, may be NULL) gets a sentence on
  * failure. The restored client itself is broker.h's
  * broker_restore_client().
@@ -65,23 +65,23 @@ struct broker_rejoin_result {
 };
 
 /**
- * broker_restore_tag() - tag @name of restored @c, as it was; *@out stays @c's.
+ * rejoin_restore_tag() - tag @name of restored @c, as it was; *@out stays @c's.
  * Return: 0; -EINVAL (an empty or too long name), -ENOSPC (the tag limit), -EEXIST
  * (the record named it before), -ENOMEM.
  */
-int broker_restore_tag(struct bclient *c, const char *name, int mode, bool paused,
+int rejoin_restore_tag(struct bclient *c, const char *name, int mode, bool paused,
 		       struct btag **out);
 /**
- * broker_restore_alloc() - an allocation of @t as it was: @chunks (NULL
+ * rejoin_restore_alloc() - an allocation of @t as it was: @chunks (NULL
  * entries: dropped; the array is copied) become its last lend, held by the
  * client, and lent to it when @active (each must then be free, named once,
  * adding up to @size, and @t not paused; else it is restored paused).
  * Return: 0, -EINVAL (id 0 or taken, bad device or size), -ENOMEM.
  */
-int broker_restore_alloc(struct broker *br, struct bclient *c, struct btag *t, uint64_t id, int dev,
+int rejoin_restore_alloc(struct broker *br, struct bclient *c, struct btag *t, uint64_t id, int dev,
 			 uint64_t size, bool active, struct chunk **chunks, uint32_t n);
 /**
- * broker_rejoin() - orphan @c is back with @claim: check it (same
+ * rejoin_accept() - orphan @c is back with @claim: check it (same
  * allocations, devices, sizes and tags; a mapped allocation over exactly its
  * recorded chunks, each lent to it or free; no chunk mapped twice) and make
  * the record agree with it: unclaimed allocations freed, mapped ones lent,
@@ -90,26 +90,26 @@ int broker_restore_alloc(struct broker *br, struct bclient *c, struct btag *t, u
  * Return: 0 with @res filled; -EPERM (a claim gmbd did not grant) or
  * -EPROTO (a claim that contradicts itself) with @err saying which; -ENOMEM.
  */
-int broker_rejoin(struct broker *br, struct bclient *c, const struct broker_claim *claim,
+int rejoin_accept(struct broker *br, struct bclient *c, const struct broker_claim *claim,
 		  struct broker_rejoin_result *res, char *err);
 /**
- * broker_rejoin_result_deinit() - frees @res's arrays (@res itself is the
+ * rejoin_result_deinit() - frees @res's arrays (@res itself is the
  * caller's).
  * Return: nothing.
  */
-void broker_rejoin_result_deinit(struct broker_rejoin_result *res);
+void rejoin_result_deinit(struct broker_rejoin_result *res);
 /**
- * broker_orphan() - gmbd ended live @c's connection while its process may
+ * rejoin_orphan() - gmbd ended live @c's connection while its process may
  * still map what it was lent: @c becomes an orphan, as after a restart, so
  * that nothing it holds is lent again until it rejoins or is reclaimed.
  * Return: nothing.
  */
-void broker_orphan(struct broker *br, struct bclient *c);
+void rejoin_orphan(struct broker *br, struct bclient *c);
 /**
- * broker_reclaim() - orphan @c will not be back (@why, logged): its memory
+ * rejoin_reclaim() - orphan @c will not be back (@why, logged): its memory
  * returns; @c is freed.
  * Return: nothing.
  */
-void broker_reclaim(struct broker *br, struct bclient *c, const char *why);
+void rejoin_reclaim(struct broker *br, struct bclient *c, const char *why);
 
 #endif

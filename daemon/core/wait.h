@@ -45,27 +45,27 @@ struct bwaiter {
 };
 
 /**
- * broker_wait_add() - enters @w (client, kind, dev, ... set) in serving
+ * wait_add() - enters @w (client, kind, dev, ... set) in serving
  * order: higher priority first, then first come first served.
  * Return: nothing; it cannot fail.
  */
-void broker_wait_add(struct broker *br, struct bwaiter *w);
+void wait_add(struct broker *br, struct bwaiter *w);
 /**
- * broker_wait_remove() - takes @w out (no-op when it is not in).
+ * wait_remove() - takes @w out (no-op when it is not in).
  * Return: nothing.
  */
-void broker_wait_remove(struct broker *br, struct bwaiter *w);
+void wait_remove(struct broker *br, struct bwaiter *w);
 /**
- * broker_wait_ahead() - does a request of another client, of @c's priority
+ * wait_ahead() - does a request of another client, of @c's priority
  * or higher, wait for @dev already?
  * Return: true if one does.
  */
-bool broker_wait_ahead(const struct broker *br, const struct bclient *c, int dev);
+bool wait_ahead(const struct broker *br, const struct bclient *c, int dev);
 /**
- * broker_set_priority() - @c's priority; its waiting requests take their
+ * wait_set_priority() - @c's priority; its waiting requests take their
  * new place.
  * Return: nothing.
  */
-void broker_set_priority(struct broker *br, struct bclient *c, int priority);
+void wait_set_priority(struct broker *br, struct bclient *c, int priority);
 
 #endif

@@ -74,7 +74,7 @@ typedef int (*walk_client_fn)(void *arg, struct bclient *c);
 /**
  * walk_clients() - every client, tools too, in the order they were added,
  * to act on: @fn may change @c and may remove it (broker_client_remove(),
- * broker_reclaim()), no other client.
+ * rejoin_reclaim()), no other client.
  * Return: 0, or the first nonzero result of @fn.
  */
 int walk_clients(struct broker *br, walk_client_fn fn, void *arg);

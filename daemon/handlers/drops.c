@@ -167,7 +167,7 @@ void handlers__send_preempt(struct handlers *h, struct bclient *victim, const st
 
 err_undo:
 	free(d);
-	broker_preempt_done(victim);
+	arb_preempt_done(victim);
 }
 
 void handlers__preempt_answered(struct handlers *h, struct sess *s, struct hdreq *d, int status,
@@ -176,7 +176,7 @@ void handlers__preempt_answered(struct handlers *h, struct sess *s, struct hdreq
 	struct bclient *c = hconn_of(s)->client;
 
 	if (c)
-		broker_preempt_done(c);
+		arb_preempt_done(c);
 	if (status == 0)
 		log_info("client paused for preemption " SESS_FMT " for_id=%llu", SESS_ARGS(s),
 			 (unsigned long long)d->for_client);

@@ -299,7 +299,7 @@ static bool handlers_keep_orphan(struct handlers *h, struct sess *s, struct bcli
 	handlers__conn_unbind(h, c);
 	hconn_of(s)->client = NULL;
 	sess_set_name(s, NULL, 0);
-	broker_orphan(h->broker, c);
+	rejoin_orphan(h->broker, c);
 	handlers__orphan_watch(h, c);
 	handlers__settle(h);
 	handlers__changed(h);

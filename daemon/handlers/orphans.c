@@ -51,9 +51,9 @@ static int handlers_orphan_check(void *arg, struct bclient *c)
 			  " grace period");
 	}
 	if (!proc_alive(c->pid, c->start_time))
-		broker_reclaim(h->broker, c, "its process is gone");
+		rejoin_reclaim(h->broker, c, "its process is gone");
 	else if (expired)
-		broker_reclaim(h->broker, c, k->why);
+		rejoin_reclaim(h->broker, c, k->why);
 	else
 		return 0;
 	k->any = true;

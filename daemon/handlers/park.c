@@ -80,7 +80,7 @@ int handlers__park(struct hreq *rq, handlers_fn fn)
 				 .owner = p };
 	snprintf(p->w.tag, sizeof(p->w.tag), "%s", rq->wait_tag ? rq->wait_tag : "");
 	handlers_park_note(p, rq);
-	broker_wait_add(h->broker, &p->w);
+	wait_add(h->broker, &p->w);
 	h->nparked++;
 	p->start_ns = rq->start_ns;
 	hconn_of(rq->s)->inflight++;
@@ -93,7 +93,7 @@ int handlers__park(struct hreq *rq, handlers_fn fn)
 
 static void handlers_unpark(struct handlers *h, struct hpark *p)
 {
-	broker_wait_remove(h->broker, &p->w);
+	wait_remove(h->broker, &p->w);
 	h->nparked--;
 	hconn_of(p->s)->inflight--;
 	gmb__envelope__free_unpacked(p->env, NULL);
@@ -222,7 +222,7 @@ static void handlers_park_preempt(struct handlers *h, struct hpark *p)
 	if (!p->may_wait || p->w.preempt_asked || p->w.dev < 0 || p->w.need == 0)
 		return;
 	p->w.preempt_asked = true;
-	n = broker_preempt_pick(h->broker, &p->w, victims, HPARK_MAX_VICTIMS);
+	n = arb_preempt_pick(h->broker, &p->w, victims, HPARK_MAX_VICTIMS);
 	for (size_t i = 0; i < n; i++)
 		handlers__send_preempt(h, victims[i], p->w.client, p->w.dev, p->w.need);
 }

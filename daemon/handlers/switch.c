@@ -11,7 +11,7 @@
  * paused tags resumed again, so that both sides end as they began, and the
  * answer says which step failed and whether the rollback succeeded.
  *
- * The core's switch (broker_handover_begin) keeps the chunks of FROM's
+ * The core's switch (arb_handover_begin) keeps the chunks of FROM's
  * pauses for TO's resumes, so that between clients of one user TO maps
  * FROM's memory with no release, zeroing or create; it ends with the
  * switch, successful or not.
@@ -171,7 +171,7 @@ static int hswitch_side(struct hreq *rq, const char *sel, struct bclient **out)
 {
 	struct broker *br = rq->h->broker;
 	struct bclient *actor = hconn_of(rq->s)->client;
-	int n = broker_select(br, sel, out, HSWITCH_MAX_LANES, rq->err);
+	int n = arb_select(br, sel, out, HSWITCH_MAX_LANES, rq->err);
 
 	for (int i = 0; i < n; i++) {
 		struct sess *ts = handlers__conn_client(rq->h, out[i]);
@@ -269,8 +269,8 @@ int handlers__switch(struct hreq *rq)
 	sw->nto = (size_t)nt;
 	r = hswitch_lanes(rq, sw, c, sw->nfrom + sw->nto, m->tags, m->n_tags);
 	if (r == 0)
-		r = broker_handover_begin(rq->h->broker, c, sw->nfrom, c + nf, sw->nto, &sw->ho,
-					  rq->err);
+		r = arb_handover_begin(rq->h->broker, c, sw->nfrom, c + nf, sw->nto, &sw->ho,
+				       rq->err);
 	if (r < 0) {
 		hswitch_free(sw);
 		return r;
@@ -619,7 +619,7 @@ static void hswitch_finish(struct hswitch *sw)
 	double total = (double)(uv_hrtime() - sw->t0) / 1e6;
 	char msg[ERR_MSG_MAX] = "", b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
 
-	broker_handover_end(sw->h->broker, sw->ho, &hs);
+	arb_handover_end(sw->h->broker, sw->ho, &hs);
 	sw->ho = NULL;
 	if (sw->status)
 		hswitch_failure_text(sw, msg);
@@ -654,7 +654,7 @@ void handlers__switch_close_all(struct handlers *h)
 		for (size_t i = 0; i < sw->nfrom + sw->nto; i++)
 			if (sw->lanes[i].dreq)
 				sw->lanes[i].dreq->lane = NULL;
-		broker_handover_end(h->broker, sw->ho, NULL);
+		arb_handover_end(h->broker, sw->ho, NULL);
 		sw->ho = NULL;
 		DLIST_UNLINK(h->switches, sw);
 		uv_timer_stop(&sw->timer);
@@ -676,7 +676,7 @@ int handlers__priority(struct hreq *rq)
 		return handlers__fail(rq, -EINVAL, "no target client given");
 	if ((r = handlers__check_name(rq, "the target", sel)) < 0)
 		return r;
-	n = broker_select(br, sel, c, HSWITCH_MAX_LANES, rq->err);
+	n = arb_select(br, sel, c, HSWITCH_MAX_LANES, rq->err);
 	for (int i = 0; i < n; i++)
 		if ((r = broker_may_control(br, hconn_of(rq->s)->client, c[i], rq->err)) < 0)
 			return r;
@@ -686,7 +686,7 @@ int handlers__priority(struct hreq *rq)
 		log_info("priority set " SESS_FMT " target=%s target_id=%" PRIu64 " priority=%d"
 			 " was=%d",
 			 SESS_ARGS(rq->s), c[i]->name, c[i]->id, m->priority, c[i]->priority);
-		broker_set_priority(br, c[i], m->priority);
+		wait_set_priority(br, c[i], m->priority);
 	}
 	handlers__reply_status(rq->s, rq->env->id, 0, NULL);
 	return 0;

@@ -332,7 +332,7 @@ static int state_restore_alloc(struct broker *br, struct bclient *c, struct btag
 
 		chunks[i] = ch && ch->dev == (int)sa->device ? ch : NULL;
 	}
-	rc = broker_restore_alloc(br, c, t, sa->id, (int)sa->device, sa->size, sa->active, chunks,
+	rc = rejoin_restore_alloc(br, c, t, sa->id, (int)sa->device, sa->size, sa->active, chunks,
 				  (uint32_t)sa->n_chunk_ids);
 	free(chunks);
 	return rc;
@@ -343,7 +343,7 @@ static int state_restore_tag(struct broker *br, struct bclient *c, const Gmb__St
 	struct btag *t;
 	int rc;
 
-	rc = broker_restore_tag(c, st->name, (int)st->mode, st->paused, &t);
+	rc = rejoin_restore_tag(c, st->name, (int)st->mode, st->paused, &t);
 	if (rc < 0)
 		return rc;
 	/* Allocations are linked first in their tag: last recorded first. */

@@ -664,5 +664,5 @@ static void gmbd_fd_budget(struct gmbd *g, uint64_t limit)
 		 " kept_free=%" PRIu64 " max_chunks_per_uid=%" PRIu64,
 		 br->opts.fd_limit, br->fds_base, chunk_fds, kept, br->opts.max_chunks_per_uid);
 	/* Restored chunks were not checked against a bound set only now. */
-	broker_warn_uid_bounds(br);
+	lend_warn_uid_bounds(br);
 }
