@@ -46,7 +46,7 @@ struct hstatus {
 	struct hstatus_tag {
 		uint32_t count[BACKEND_MAX_DEVICES];
 		uint64_t bytes[BACKEND_MAX_DEVICES];
-		size_t rows; /* devices with allocations, at least 1 */
+		size_t rows; /* devices with allocations */
 	} tag;
 };
 
