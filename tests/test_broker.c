@@ -13,6 +13,7 @@
 #include <criterion/new/assert.h>
 #include <dirent.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,8 @@
 #include "tests/util.h"
 #include "tests/broker_refs.h"
 #include "daemon/core/broker_internal.h"
+#include "daemon/core/walk.h"
+#include "daemon/core/walk.h"
 #include "gmb.h"
 
 #define MiB (1024ULL * 1024)
@@ -251,7 +254,7 @@ static struct balloc *alloc_ok(struct bclient *c, int dev, uint64_t size, const 
 	char err[ERR_MSG_MAX] = "";
 	struct balloc *a;
 
-	cr_assert(eq(i32, broker_alloc(br, c, dev, size, tag, &res, err), 0), "alloc: %s", err);
+	cr_assert(eq(i32, lend_alloc(br, c, dev, size, tag, &res, err), 0), "alloc: %s", err);
 	cr_assert(eq(sz, res.nallocs, 1));
 	a = res.allocs[0];
 	if (want_chunks != UINT32_MAX)
@@ -266,7 +269,7 @@ static struct balloc *alloc_ok(struct bclient *c, int dev, uint64_t size, const 
 static int alloc_rc(struct bclient *c, int dev, uint64_t size, const char *tag, char *err)
 {
 	struct broker_result res;
-	int rc = broker_alloc(br, c, dev, size, tag, &res, err);
+	int rc = lend_alloc(br, c, dev, size, tag, &res, err);
 
 	if (rc < 0) {
 		cr_assert(eq(sz, res.nallocs, 0));
@@ -282,7 +285,7 @@ static void resume_ok(struct bclient *c, const char *tag, size_t want_allocs, si
 	struct broker_result res;
 	char err[ERR_MSG_MAX] = "";
 
-	cr_assert(eq(i32, broker_resume(br, c, tag, &res, err), 0), "resume: %s", err);
+	cr_assert(eq(i32, lend_resume(br, c, tag, &res, err), 0), "resume: %s", err);
 	cr_assert(eq(sz, res.nallocs, want_allocs));
 	cr_assert(eq(sz, res.nsend, want_send));
 	broker_result_deinit(&res);
@@ -292,7 +295,7 @@ static void resume_ok(struct bclient *c, const char *tag, size_t want_allocs, si
 static int resume_rc(struct bclient *c, const char *tag, char *err)
 {
 	struct broker_result res;
-	int rc = broker_resume(br, c, tag, &res, err);
+	int rc = lend_resume(br, c, tag, &res, err);
 
 	broker_result_deinit(&res);
 	check_broker();
@@ -303,7 +306,7 @@ static void pause_ok(struct bclient *c, const char *tag)
 {
 	char err[ERR_MSG_MAX] = "";
 
-	cr_assert(eq(i32, broker_pause(br, c, tag, false, err), 0), "pause: %s", err);
+	cr_assert(eq(i32, lend_pause(br, c, tag, false, err), 0), "pause: %s", err);
 	check_broker();
 }
 
@@ -311,7 +314,7 @@ static void free_ok(struct bclient *c, struct balloc *a)
 {
 	char err[ERR_MSG_MAX] = "";
 
-	cr_assert(eq(i32, broker_free_alloc(br, c, a->id, err), 0), "free: %s", err);
+	cr_assert(eq(i32, lend_free(br, c, a->id, err), 0), "free: %s", err);
 	check_broker();
 }
 
@@ -477,7 +480,7 @@ Test(broker, pause_resume_reuses_the_exact_chunks)
 	resume_ok(a, "kv", 0, 0);
 	pause_ok(a, NULL);
 	resume_ok(a, "", 2, 0);
-	cr_assert(eq(i32, broker_pause(br, a, "nope", false, err), -ENOENT));
+	cr_assert(eq(i32, lend_pause(br, a, "nope", false, err), -ENOENT));
 	cr_assert(eq(str, err, "client 'infer' has no tag 'nope'"));
 	cr_assert(eq(i32, resume_rc(a, "nope", err), -ENOENT));
 }
@@ -493,7 +496,7 @@ Test(broker, a_pause_with_handles_released_gives_the_chunks_back_at_once)
 	b = client("old", 43, 1000);
 	x = alloc_ok(a, 0, 3 * GiB, "kv", 3, 3);
 	y = alloc_ok(b, 0, 1 * GiB, "kv", 1, 1);
-	cr_assert(eq(i32, broker_pause(br, a, "kv", true, err), 0), "%s", err);
+	cr_assert(eq(i32, lend_pause(br, a, "kv", true, err), 0), "%s", err);
 	check_broker();
 	cr_assert(eq(u64, br->pools[0].held_bytes, 1 * GiB), "released within the call");
 	cr_assert(eq(u64, br->pools[0].pending_bytes, 0), "no drop to wait for");
@@ -583,12 +586,12 @@ Test(broker, free_of_paused_and_unknown_allocations)
 	char err[ERR_MSG_MAX];
 
 	pause_ok(a, "kv");
-	cr_assert(eq(i32, broker_free_alloc(br, b, id, err), -ENOENT), "not b's allocation");
+	cr_assert(eq(i32, lend_free(br, b, id, err), -ENOENT), "not b's allocation");
 	cr_assert(eq(str, err, "allocation 1 does not exist"));
 	free_ok(a, x);
 	cr_assert(cx->free && cx->nholders == 0, "back in the pool, nobody holds it");
-	cr_assert(eq(u64, broker__tag_find(a, "kv")->bytes, 0));
-	cr_assert(eq(i32, broker_free_alloc(br, a, id, err), -ENOENT));
+	cr_assert(eq(u64, broker_tag_find(a, "kv")->bytes, 0));
+	cr_assert(eq(i32, lend_free(br, a, id, err), -ENOENT));
 
 	/* Keep nothing warm: a free goes straight back to the backend. */
 	open_broker(0, 0);
@@ -848,7 +851,7 @@ Test(broker, alloc_and_mode_arguments_are_checked)
 	cr_assert(eq(i32, alloc_rc(a, 0, 1 * MiB, tag, err), -EINVAL));
 	cr_assert(eq(i32, broker_set_mode(br, a, "w", 3, err), -EINVAL));
 	cr_assert(eq(i32, broker_set_mode(br, a, "w", GMB_MODE_PRESERVE, err), 0));
-	cr_assert(eq(i32, broker__tag_find(a, "w")->mode, GMB_MODE_PRESERVE));
+	cr_assert(eq(i32, broker_tag_find(a, "w")->mode, GMB_MODE_PRESERVE));
 	for (int i = 1; i < BROKER_MAX_TAGS; i++) {
 		snprintf(tag, sizeof(tag), "t%d", i);
 		cr_assert(eq(i32, broker_set_mode(br, a, tag, GMB_MODE_ZERO, err), 0));
@@ -871,7 +874,7 @@ Test(broker, failed_alloc_leaks_nothing)
 	cr_assert(eq(i32, alloc_rc(a, 0, 4 * GiB, "kv", err), -EIO));
 	cr_assert(not(eq(ptr, strstr(err, "injected chunk_create failure"), NULL)), "%s", err);
 	cr_assert(eq(u32, br->pools[0].nchunks, 1));
-	cr_assert(eq(ptr, broker__tag_find(a, "kv"), NULL), "no tag left behind");
+	cr_assert(eq(ptr, broker_tag_find(a, "kv"), NULL), "no tag left behind");
 	cr_assert(eq(sz, a->allocs.count, 1));
 	test_backend_restore(be);
 	alloc_ok(a, 0, 4 * GiB, "kv", 4, 4);
@@ -899,8 +902,8 @@ Test(broker, a_switch_keeps_from_chunks_for_to_whatever_the_keep_limit)
 	created = br->pools[0].chunks_created;
 
 	struct bclient *from[] = { a }, *to[] = { b };
-	cr_assert(eq(i32, broker_handover_begin(br, from, 1, to, 1, &h, err), 0), "%s", err);
-	cr_assert(eq(i32, broker_handover_begin(br, to, 1, from, 1, &h, err), -EBUSY));
+	cr_assert(eq(i32, arb_handover_begin(br, from, 1, to, 1, &h, err), 0), "%s", err);
+	cr_assert(eq(i32, arb_handover_begin(br, to, 1, from, 1, &h, err), -EBUSY));
 	pause_ok(a, "w");
 	flush(0); /* kept for TO: no drop, no release under --pool-keep 0 */
 	cr_assert(eq(u64, br->pools[0].free_bytes, 2 * GiB));
@@ -909,7 +912,7 @@ Test(broker, a_switch_keeps_from_chunks_for_to_whatever_the_keep_limit)
 	resume_ok(b, "kv", 1, 2);
 	cr_assert(eq(u64, br->pools[0].chunks_created, created), "handed over, none created");
 	cr_assert(eq(u64, br->pools[0].chunks_handed_over, 2));
-	broker_handover_end(br, h, &st);
+	arb_handover_end(br, h, &st);
 	cr_assert(eq(u64, st.handed_bytes, 2 * GiB));
 	cr_assert(eq(u64, st.created_bytes, 0));
 	cr_assert(eq(ptr, (void *)a->handover, NULL));
@@ -927,10 +930,10 @@ Test(broker, a_switch_between_users_reserves_nothing)
 	b = client("to", 11, 1001);
 	alloc_ok(a, 0, 2 * GiB, "w", 2, 2);
 	struct bclient *from[] = { a }, *to[] = { b };
-	cr_assert(eq(i32, broker_handover_begin(br, from, 1, to, 1, &h, err), 0), "%s", err);
+	cr_assert(eq(i32, arb_handover_begin(br, from, 1, to, 1, &h, err), 0), "%s", err);
 	pause_ok(a, "w");
 	flush(1); /* released as any pause under --pool-keep 0 */
-	broker_handover_end(br, h, NULL);
+	arb_handover_end(br, h, NULL);
 	check_broker();
 }
 
@@ -946,24 +949,24 @@ Test(broker, waiters_queue_by_priority_then_arrival)
 	const struct bwaiter *order[4], *p;
 	size_t n = 0;
 
-	broker_client_set_arb(hi, "g", 5, false);
+	arb_client_set(hi, "g", 5, false);
 	for (int i = 0; i < 4; i++)
-		broker_wait_add(br, &w[i]);
+		wait_add(br, &w[i]);
 	for (p = br->waiters; p; p = p->next)
 		order[n++] = p;
 	cr_assert(eq(sz, n, 4));
 	cr_assert(order[0] == &w[1] && order[1] == &w[3] && order[2] == &w[0] && order[3] == &w[2]);
-	cr_assert(broker_wait_ahead(br, lo, 0));
-	cr_assert(not(broker_wait_ahead(br, hi, 1)), "a lower priority is not ahead");
-	broker_set_priority(br, lo, 9);
+	cr_assert(wait_ahead(br, lo, 0));
+	cr_assert(not(wait_ahead(br, hi, 1)), "a lower priority is not ahead");
+	wait_set_priority(br, lo, 9);
 	cr_assert(eq(ptr, (void *)br->waiters, &w[0]), "lo first now, arrival kept");
 	cr_assert(eq(ptr, (void *)br->waiters->next, &w[2]));
 	broker_client_remove(br, lo);
 	cr_assert(eq(ptr, (void *)br->waiters, &w[1]), "a removed client's waiters leave");
 	cr_assert(not(w[0].linked));
-	broker_wait_remove(br, &w[0]); /* no-op */
-	broker_wait_remove(br, &w[1]);
-	broker_wait_remove(br, &w[3]);
+	wait_remove(br, &w[0]); /* no-op */
+	wait_remove(br, &w[1]);
+	wait_remove(br, &w[3]);
 	cr_assert(eq(ptr, (void *)br->waiters, NULL));
 }
 
@@ -974,24 +977,24 @@ Test(broker, preemption_picks_low_priority_opted_in_clients_that_cover_the_need)
 	struct bclient *out[8];
 	struct bwaiter w = { .client = hi, .dev = 0, .need = 3 * GiB };
 
-	broker_client_set_arb(hi, "", 10, false);
-	broker_client_set_arb(a, "", 1, true);
-	broker_client_set_arb(b, "", 0, true);
-	broker_client_set_arb(no, "", 0, false);
+	arb_client_set(hi, "", 10, false);
+	arb_client_set(a, "", 1, true);
+	arb_client_set(b, "", 0, true);
+	arb_client_set(no, "", 0, false);
 	alloc_ok(a, 0, 2 * GiB, "x", 2, 2);
 	alloc_ok(b, 0, 2 * GiB, "x", 2, 2);
 	alloc_ok(no, 0, 2 * GiB, "x", 2, 2);
 	w.need = 5 * GiB;
-	cr_assert(eq(sz, broker_preempt_pick(br, &w, out, 8), 0), "4 GiB cannot cover 5");
+	cr_assert(eq(sz, arb_preempt_pick(br, &w, out, 8), 0), "4 GiB cannot cover 5");
 	w.need = 3 * GiB;
-	cr_assert(eq(sz, broker_preempt_pick(br, &w, out, 8), 2));
+	cr_assert(eq(sz, arb_preempt_pick(br, &w, out, 8), 2));
 	cr_assert(out[0] == b && out[1] == a, "lowest priority first");
 	cr_assert(eq(u64, a->preempt_for, hi->id));
-	cr_assert(eq(sz, broker_preempt_pick(br, &w, out, 8), 0), "not asked twice");
-	broker_preempt_done(a);
-	broker_preempt_done(b);
+	cr_assert(eq(sz, arb_preempt_pick(br, &w, out, 8), 0), "not asked twice");
+	arb_preempt_done(a);
+	arb_preempt_done(b);
 	w.need = 1 * GiB;
-	cr_assert(eq(sz, broker_preempt_pick(br, &w, out, 8), 1));
+	cr_assert(eq(sz, arb_preempt_pick(br, &w, out, 8), 1));
 	cr_assert(eq(ptr, (void *)out[0], b));
 }
 
@@ -1012,7 +1015,7 @@ Test(broker, memory_an_orphan_holds_is_refused_at_once_with_its_name)
 	char err[ERR_MSG_MAX] = "";
 
 	trainer_and_other(&a, &c);
-	broker_orphan(br, a);
+	rejoin_orphan(br, a);
 	cr_assert(eq(i32, alloc_rc(c, 0, 2 * GiB, "kv", err), -ENOMEM),
 		  "a request waited for a drop nobody can send: %s", err);
 	cr_assert(not(eq(ptr, strstr(err, "not connected"), NULL)), "%s", err);
@@ -1029,7 +1032,7 @@ Test(broker, a_wait_for_a_holder_that_went_ends_at_once)
 
 	trainer_and_other(&a, &c);
 	cr_assert(eq(i32, alloc_rc(c, 0, 2 * GiB, "kv", err), -EAGAIN));
-	broker_orphan(br, a);
+	rejoin_orphan(br, a);
 	err[0] = 0;
 	cr_assert(eq(i32, alloc_rc(c, 0, 2 * GiB, "kv", err), -ENOMEM),
 		  "still waiting for an orphan's drop: %s", err);
@@ -1066,7 +1069,232 @@ Test(broker, the_chunk_bound_is_per_uid_over_its_clients_and_devices)
 	cr_assert(eq(i32, resume_rc(a, "t", err), -ENOSPC), "%s", err);
 	cr_assert(a->tags->paused, "a refused resume leaves the tag paused");
 	cr_assert(not(big->active));
-	cr_assert(eq(i32, broker_free_alloc(br, b, b->tags->next->allocs->id, err), 0), "%s", err);
+	cr_assert(eq(i32, lend_free(br, b, b->tags->next->allocs->id, err), 0), "%s", err);
 	cr_assert(eq(i32, resume_rc(a, "t", err), 0), "%s", err);
 	cr_assert(eq(u64, broker_uid_chunks(br, 1000), 3));
+}
+
+/* ---- walk.h ---- */
+
+/* What the tree walk saw, as text, and where to stop. */
+struct trace {
+	char buf[2048];
+	size_t len;
+	int calls, stop_at, stop_rc;
+};
+
+/* Appends to the trace; the callback's result: stop_rc at the stop_at-th call. */
+__attribute__((format(printf, 2, 3))) static int trace_put(struct trace *tr, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	tr->len += (size_t)vsnprintf(tr->buf + tr->len, sizeof(tr->buf) - tr->len, fmt, ap);
+	va_end(ap);
+	cr_assert(lt(sz, tr->len, sizeof(tr->buf)));
+	return ++tr->calls == tr->stop_at ? tr->stop_rc : 0;
+}
+
+static int trace_client(void *arg, const struct bclient *c)
+{
+	return trace_put(arg, "c%llu[", (unsigned long long)c->id);
+}
+
+static int trace_tag(void *arg, const struct btag *t)
+{
+	return trace_put(arg, "%s(", t->name);
+}
+
+static int trace_alloc(void *arg, const struct balloc *a)
+{
+	return trace_put(arg, " a%llu:", (unsigned long long)a->id);
+}
+
+static int trace_chunk(void *arg, const struct balloc *a, uint32_t i, const struct chunk *ch)
+{
+	cr_assert(eq(ptr, (void *)ch, a->chunks[i]), "the chunk handed is the lend's i-th");
+	return trace_put(arg, " k%llu", ch ? (unsigned long long)ch->id : 0ULL);
+}
+
+static int trace_tag_end(void *arg, const struct btag *t)
+{
+	(void)t;
+	return trace_put(arg, ")");
+}
+
+static int trace_client_end(void *arg, const struct bclient *c)
+{
+	(void)c;
+	return trace_put(arg, "]");
+}
+
+static const struct walk_ops trace_ops = { .client = trace_client,
+					   .tag = trace_tag,
+					   .alloc = trace_alloc,
+					   .chunk = trace_chunk,
+					   .tag_end = trace_tag_end,
+					   .client_end = trace_client_end };
+
+/* Two clients and a tool: a's tags w (two allocations) and kv (none), and
+ * orphan b restored with an allocation whose second chunk was dropped. */
+static void walk_tree_fixture(struct bclient **a, struct bclient **b, struct balloc **w1,
+			      struct balloc **w2, struct chunk **kept)
+{
+	struct broker_peer peer = { .pid = 30, .uid = 1000, .gid = 1000 };
+	char err[ERR_MSG_MAX] = "";
+	struct bclient *tool = NULL, *tmp = client("tmp", 29, 1000);
+	struct balloc *spare;
+	struct chunk *chunks[2];
+	struct btag *t;
+
+	*a = client("a", 20, 1000);
+	cr_assert(eq(i32, broker_client_add(br, &peer, "gmbctl", false, true, &tool), 0));
+	*w1 = alloc_ok(*a, 0, 4 * MiB, "w", 1, ANY);
+	*w2 = alloc_ok(*a, 1, 2 * MiB, "w", 1, ANY);
+	cr_assert(eq(i32, broker_set_mode(br, *a, "kv", GMB_MODE_PRESERVE, err), 0), "%s", err);
+	spare = alloc_ok(tmp, 0, 2 * MiB, "s", 1, ANY);
+	*kept = spare->chunks[0];
+	broker_client_remove(br, tmp); /* its chunk stays in the pool */
+	cr_assert(eq(i32, broker_restore_client(br, &peer, 77, "b", true, b), 0));
+	cr_assert(eq(i32, rejoin_restore_tag(*b, "x", GMB_MODE_DISCARD, true, &t), 0));
+	chunks[0] = *kept;
+	chunks[1] = NULL;
+	cr_assert(eq(i32, rejoin_restore_alloc(br, *b, t, 900, 0, 4 * MiB, false, chunks, 2), 0));
+	check_broker();
+}
+
+Test(broker, the_walk_visits_every_node_once_in_the_records_order)
+{
+	struct bclient *a, *b;
+	struct balloc *w1, *w2;
+	struct chunk *kept;
+	struct trace tr = { 0 };
+	char want[512];
+
+	walk_tree_fixture(&a, &b, &w1, &w2, &kept);
+	cr_assert(eq(i32, walk_tree(br, &trace_ops, &tr), 0));
+	/* Clients as added (no tool), tags as made, allocations newest first,
+	 * a lend's chunks in mapping order with the dropped one as 0. */
+	snprintf(want, sizeof(want),
+		 "c%llu[w( a%llu: k%llu a%llu: k%llu)kv()]c77[x( a900: k%llu k0)]",
+		 (unsigned long long)a->id, (unsigned long long)w2->id,
+		 (unsigned long long)w2->chunks[0]->id, (unsigned long long)w1->id,
+		 (unsigned long long)w1->chunks[0]->id, (unsigned long long)kept->id);
+	cr_assert(eq(str, tr.buf, want));
+}
+
+Test(broker, a_walk_stops_at_the_first_nonzero_callback_and_returns_it)
+{
+	struct bclient *a, *b;
+	struct balloc *w1, *w2;
+	struct chunk *kept;
+	struct trace tr = { .stop_at = 3, .stop_rc = 7 };
+	char want[128];
+
+	walk_tree_fixture(&a, &b, &w1, &w2, &kept);
+	cr_assert(eq(i32, walk_tree(br, &trace_ops, &tr), 7), "a positive result: found");
+	snprintf(want, sizeof(want), "c%llu[w( a%llu:", (unsigned long long)a->id,
+		 (unsigned long long)w2->id);
+	cr_assert(eq(str, tr.buf, want), "nothing after the stop, no _end either");
+	tr = (struct trace){ .stop_at = 1, .stop_rc = -ENOMEM };
+	cr_assert(eq(i32, walk_client(b, &trace_ops, &tr), -ENOMEM), "a failure");
+	cr_assert(eq(str, tr.buf, "c77["));
+}
+
+Test(broker, a_walk_of_one_client_sees_only_the_levels_asked_for)
+{
+	static const struct walk_ops tags_only = { .tag = trace_tag, .tag_end = trace_tag_end };
+	struct bclient *a, *b;
+	struct balloc *w1, *w2;
+	struct chunk *kept;
+	struct trace tr = { 0 };
+
+	walk_tree_fixture(&a, &b, &w1, &w2, &kept);
+	cr_assert(eq(i32, walk_client(a, &tags_only, &tr), 0));
+	cr_assert(eq(str, tr.buf, "w()kv()"));
+}
+
+static int count_chunk(void *arg, const struct chunk *ch)
+{
+	uint64_t *v = arg;
+
+	cr_assert(eq(ptr, idmap_get(&br->chunks, ch->id), (void *)ch));
+	v[0]++;
+	v[1] += ch->size;
+	return 0;
+}
+
+Test(broker, the_chunk_walk_visits_every_chunk_alive_once)
+{
+	struct bclient *a, *b;
+	struct balloc *w1, *w2;
+	struct chunk *kept;
+	uint64_t v[2] = { 0 }, held = 0;
+
+	walk_tree_fixture(&a, &b, &w1, &w2, &kept);
+	cr_assert(eq(i32, walk_chunks(br, count_chunk, v), 0));
+	for (int d = 0; d < br->ndevices; d++)
+		held += br->pools[d].held_bytes;
+	cr_assert(eq(u64, v[0], br->chunks.count));
+	cr_assert(eq(u64, v[1], held));
+}
+
+/* Removes every client it is handed but the first, and counts them all. */
+static int remove_but_first(void *arg, struct bclient *c)
+{
+	int *n = arg;
+
+	if ((*n)++ > 0)
+		broker_client_remove(br, c);
+	return 0;
+}
+
+Test(broker, the_client_walk_lets_its_callback_remove_the_client)
+{
+	struct bclient *a = client("a", 20, 1000);
+	int n = 0;
+
+	client("b", 21, 1000);
+	alloc_ok(client("c", 22, 1001), 0, 4 * MiB, "w", 1, ANY);
+	client("d", 23, 1000);
+	cr_assert(eq(i32, walk_clients(br, remove_but_first, &n), 0));
+	cr_assert(eq(i32, n, 4), "each client once");
+	cr_assert(eq(ptr, br->clients, a));
+	cr_assert(eq(u32, br->nclients, 1));
+	check_broker();
+}
+
+/* Records the order and takes each second waiter out as it goes. */
+static int take_every_second(void *arg, const struct bwaiter *w)
+{
+	const struct bwaiter **seen = arg;
+	size_t i = 0;
+
+	while (seen[i])
+		i++;
+	seen[i] = w;
+	if (i % 2)
+		wait_remove(br, (struct bwaiter *)w);
+	return 0;
+}
+
+Test(broker, the_waiter_walk_goes_in_serving_order_and_survives_removal)
+{
+	struct bclient *lo = client("lo", 10, 1000), *hi = client("hi", 11, 1000);
+	struct bwaiter w[4] = {
+		{ .client = lo, .dev = 0 },
+		{ .client = hi, .dev = 0 },
+		{ .client = lo, .dev = 1 },
+		{ .client = hi, .dev = 0 },
+	};
+	const struct bwaiter *seen[5] = { 0 }, *left[5] = { 0 };
+
+	arb_client_set(hi, "g", 5, false);
+	for (int i = 0; i < 4; i++)
+		wait_add(br, &w[i]);
+	cr_assert(eq(i32, walk_waiters(br, take_every_second, seen), 0));
+	cr_assert(seen[0] == &w[1] && seen[1] == &w[3] && seen[2] == &w[0] && seen[3] == &w[2]);
+	cr_assert(eq(i32, walk_waiters(br, take_every_second, left), 0));
+	cr_assert(left[0] == &w[1] && left[1] == &w[0] && !left[2], "the second and fourth left");
+	wait_remove(br, &w[1]);
 }

@@ -32,8 +32,8 @@ static void teardown(void)
 	struct gmb__handle *all = NULL;
 
 	gmb__cache_clear(&mem, &all);
-	gmb__release_run(NULL, all);
-	gmb__release_run(NULL, rel);
+	gmb__cache_release_run(NULL, all);
+	gmb__cache_release_run(NULL, rel);
 	idmap_deinit(&mem.by_id);
 	idmap_deinit(&mem.by_va);
 }
@@ -60,14 +60,14 @@ static struct gmb__alloc *alloc_new(uint64_t id, uint64_t size)
 
 static void alloc_free(struct gmb__alloc *a)
 {
-	gmb__lend_clear(&mem, a, &rel);
+	gmb__cache_lend_clear(&mem, a, &rel);
 	idmap_del(&mem.by_id, a->id);
 	free(a);
 }
 
 static void lend(struct gmb__alloc *a, const uint64_t *ids, const uint64_t *sizes, uint32_t n)
 {
-	cr_assert(eq(i32, gmb__lend_set(&mem, a, ids, sizes, n, &rel), 0));
+	cr_assert(eq(i32, gmb__cache_lend_set(&mem, a, ids, sizes, n, &rel), 0));
 }
 
 static uint32_t refs(uint64_t id)
@@ -195,10 +195,10 @@ Test(client_mem, mapping_a_lend_with_a_dropped_chunk_fails)
 
 	import(1, 2 * MiB);
 	lend(a, ids, sizes, 1);
-	cr_assert(eq(i32, gmb__lend_handles(&mem, a, h, err), 0));
+	cr_assert(eq(i32, gmb__cache_lend_handles(&mem, a, h, err), 0));
 	cr_assert(eq(u64, h[0], 1001));
 	cr_assert(eq(i32, gmb__cache_drop(&mem, ids, 1, &rel, err), 0));
-	cr_assert(eq(i32, gmb__lend_handles(&mem, a, h, err), -EPROTO));
+	cr_assert(eq(i32, gmb__cache_lend_handles(&mem, a, h, err), -EPROTO));
 	cr_assert(ne(sz, strlen(err), 0));
 	alloc_free(a);
 }
@@ -241,7 +241,7 @@ Test(client_mem, lend_set_with_an_unknown_chunk_changes_nothing)
 
 	import(1, 2 * MiB);
 	lend(a, good, sizes, 1);
-	cr_assert(eq(i32, gmb__lend_set(&mem, a, bad, sizes, 2, &rel), -EPROTO));
+	cr_assert(eq(i32, gmb__cache_lend_set(&mem, a, bad, sizes, 2, &rel), -EPROTO));
 	cr_assert(eq(u32, refs(1), 1), "no reference taken or dropped");
 	cr_assert(eq(u32, a->nchunks, 1));
 	alloc_free(a);
@@ -269,21 +269,24 @@ Test(client_mem, lend_check_refuses_what_cannot_be_mapped)
 
 	import(1, 2 * MiB);
 	l = make_lend(10, 4 * MiB, ids, sizes, 2);
-	cr_assert(eq(i32, gmb__lend_check(&mem, a, &l, err), -EPROTO), "chunk 2 never sent");
+	cr_assert(eq(i32, gmb__cache_lend_check(&mem, a, &l, err), -EPROTO), "chunk 2 never sent");
 	cr_assert(not(eq(ptr, strstr(err, "without sending"), NULL)), "%s", err);
 	import(2, 2 * MiB);
-	cr_assert(eq(i32, gmb__lend_check(&mem, a, &l, err), 0), "%s", err);
+	cr_assert(eq(i32, gmb__cache_lend_check(&mem, a, &l, err), 0), "%s", err);
 	l = make_lend(11, 4 * MiB, ids, sizes, 2);
-	cr_assert(eq(i32, gmb__lend_check(&mem, a, &l, err), -EPROTO), "another allocation's lend");
+	cr_assert(eq(i32, gmb__cache_lend_check(&mem, a, &l, err), -EPROTO),
+		  "another allocation's lend");
 	l = make_lend(10, 4 * MiB, ids, wrong, 2);
-	cr_assert(eq(i32, gmb__lend_check(&mem, a, &l, err), -EPROTO),
+	cr_assert(eq(i32, gmb__cache_lend_check(&mem, a, &l, err), -EPROTO),
 		  "size differs from the chunk");
 	l = make_lend(10, 4 * MiB, ids, sizes, 1);
-	cr_assert(eq(i32, gmb__lend_check(&mem, a, &l, err), -EPROTO), "chunks do not cover it");
+	cr_assert(eq(i32, gmb__cache_lend_check(&mem, a, &l, err), -EPROTO),
+		  "chunks do not cover it");
 	l = make_lend(10, 4 * MiB, ids, sizes, 2);
 	l.n_chunk_sizes = 1;
-	cr_assert(eq(i32, gmb__lend_check(&mem, a, &l, err), -EPROTO), "ids and sizes differ");
-	cr_assert(eq(i32, gmb__lend_check(&mem, a, NULL, err), -EPROTO));
+	cr_assert(eq(i32, gmb__cache_lend_check(&mem, a, &l, err), -EPROTO),
+		  "ids and sizes differ");
+	cr_assert(eq(i32, gmb__cache_lend_check(&mem, a, NULL, err), -EPROTO));
 	alloc_free(a);
 }
 

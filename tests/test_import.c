@@ -71,7 +71,7 @@ static struct balloc *alloc_ok(struct bclient *c, uint64_t size, const char *tag
 	char err[ERR_MSG_MAX] = "";
 	struct balloc *a;
 
-	cr_assert(eq(i32, broker_alloc(br, c, 0, size, tag, &res, err), 0), "alloc: %s", err);
+	cr_assert(eq(i32, lend_alloc(br, c, 0, size, tag, &res, err), 0), "alloc: %s", err);
 	a = res.allocs[0];
 	broker_result_deinit(&res);
 	return a;
@@ -164,7 +164,7 @@ Test(import, handle_is_deterministic_and_names_the_chunk)
 	cr_assert(not(eq(i32, memcmp(h1, h2, IPC_HANDLE_SIZE), 0)));
 	cr_assert(eq(i32, import_export(br, a, x->id, 10 * MiB, h2, err), -EINVAL));
 	cr_assert(eq(i32, import_export(br, a, 999, 0, h2, err), -ENOENT));
-	cr_assert(eq(i32, broker_pause(br, a, "w", false, err), 0));
+	cr_assert(eq(i32, lend_pause(br, a, "w", false, err), 0));
 	cr_assert(eq(i32, import_export(br, a, x->id, 0, h2, err), -EBUSY));
 	cr_assert(not(eq(ptr, strstr(err, "paused"), NULL)), "%s", err);
 	broker_client_remove(br, a);
@@ -201,7 +201,7 @@ Test(import, opens_are_counted_and_pin_once)
 	cr_assert(eq(i32, import_close(br, b, ex->id, err), -ENOENT));
 	cr_assert(eq(i32, import_close(br, b, 12345, err), -ENOENT));
 	cr_assert(eq(u64, pool0()->lent_bytes, 8 * MiB), "still the owner's");
-	cr_assert(eq(i32, broker_free_alloc(br, a, x->id, err), 0));
+	cr_assert(eq(i32, lend_free(br, a, x->id, err), 0));
 	check_zero();
 }
 
@@ -238,7 +238,7 @@ Test(import, forged_flipped_truncated_and_stale_handles_map_nothing)
 	cr_assert(eq(u64, import_table(br)->nrecs, 0));
 	cr_assert(eq(u32, x->chunks[0]->pins, 0));
 	/* A handle of a freed allocation is stale, even once its id would be reused. */
-	cr_assert(eq(i32, broker_free_alloc(br, a, x->id, err), 0));
+	cr_assert(eq(i32, lend_free(br, a, x->id, err), 0));
 	cr_assert(eq(i32, open_rc(b, h, IPC_HANDLE_SIZE, err), -ENOENT));
 	x = alloc_ok(a, 2 * MiB, "w");
 	export_ok(a, x, 0, f);
@@ -285,7 +285,7 @@ Test(import, owner_free_keeps_chunks_until_the_last_close)
 	export_ok(a, x, 0, h);
 	ex = open_ok(b, h, NULL);
 	id = ex->id;
-	cr_assert(eq(i32, broker_free_alloc(br, a, x->id, err), 0));
+	cr_assert(eq(i32, lend_free(br, a, x->id, err), 0));
 	/* Out of the pool: lent, not free, not lent to anyone, not released. */
 	cr_assert(eq(u64, pool0()->lent_bytes, 8 * MiB));
 	cr_assert(eq(u64, free_list_bytes(), 0));
@@ -299,7 +299,7 @@ Test(import, owner_free_keeps_chunks_until_the_last_close)
 	cr_assert(eq(i32, import_close(br, b, id, err), 0));
 	cr_assert(eq(u64, pool0()->lent_bytes, 8 * MiB), "only c's now");
 	cr_assert(eq(u64, import_table(br)->nexports, 0));
-	cr_assert(eq(i32, broker_free_alloc(br, c, x->id, err), 0));
+	cr_assert(eq(i32, lend_free(br, c, x->id, err), 0));
 	check_zero();
 	cr_assert(eq(u64, pool0()->held_bytes, 0), "keep 0: every chunk back to the backend");
 }
@@ -342,8 +342,8 @@ Test(import, importer_gone_drops_its_imports)
 	cr_assert(eq(u64, import_table(br)->nrecs, 0));
 	cr_assert(eq(u32, x->chunks[0]->pins, 0));
 	/* Nothing imported now: the owner pauses and frees as usual. */
-	cr_assert(eq(i32, broker_pause(br, a, "w", false, err), 0), "%s", err);
-	cr_assert(eq(i32, broker_free_alloc(br, a, x->id, err), 0));
+	cr_assert(eq(i32, lend_pause(br, a, "w", false, err), 0), "%s", err);
+	cr_assert(eq(i32, lend_free(br, a, x->id, err), 0));
 	check_zero();
 	broker_client_remove(br, a);
 }
@@ -359,16 +359,16 @@ Test(import, pause_of_an_imported_tag_fails_naming_the_importer)
 
 	export_ok(a, x, 0, h);
 	id = open_ok(b, h, NULL)->id;
-	cr_assert(eq(i32, broker_pause(br, a, "weights", false, err), -EBUSY));
+	cr_assert(eq(i32, lend_pause(br, a, "weights", false, err), -EBUSY));
 	cr_assert(not(eq(ptr, strstr(err, "client 'engine' (pid 777)"), NULL)), "%s", err);
 	cr_assert(x->active, "the tag stays active");
 	cr_assert(not(x->tag->paused));
-	cr_assert(eq(i32, broker_pause(br, a, NULL, false, err), -EBUSY), "every tag: refused");
+	cr_assert(eq(i32, lend_pause(br, a, NULL, false, err), -EBUSY), "every tag: refused");
 	cr_assert(not(y->tag->paused));
 	/* Another tag of the owner pauses. */
-	cr_assert(eq(i32, broker_pause(br, a, "kv", false, err), 0), "%s", err);
+	cr_assert(eq(i32, lend_pause(br, a, "kv", false, err), 0), "%s", err);
 	cr_assert(eq(i32, import_close(br, b, id, err), 0));
-	cr_assert(eq(i32, broker_pause(br, a, "weights", false, err), 0), "%s", err);
+	cr_assert(eq(i32, lend_pause(br, a, "weights", false, err), 0), "%s", err);
 	/* An open of a paused allocation waits for nobody: EBUSY. */
 	cr_assert(eq(i32, open_rc(b, h, IPC_HANDLE_SIZE, err), -EBUSY));
 	broker_client_remove(br, a);

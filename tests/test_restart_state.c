@@ -62,7 +62,7 @@ static struct balloc *alloc(struct broker *br, struct bclient *c, uint64_t size,
 	char err[ERR_MSG_MAX];
 	struct balloc *a;
 
-	cr_assert(eq(i32, broker_alloc(br, c, 0, size, tag, &res, err), 0), "%s", err);
+	cr_assert(eq(i32, lend_alloc(br, c, 0, size, tag, &res, err), 0), "%s", err);
 	a = res.allocs[0];
 	broker_result_deinit(&res);
 	return a;
@@ -105,7 +105,7 @@ static void setup(void)
 	cr_assert(eq(i32, broker_set_mode(fx.br, fx.a, "weights", GMB_MODE_PRESERVE, err), 0));
 	alloc(fx.br, fx.a, 6 * MiB, "weights");
 	alloc(fx.br, fx.a, 4 * MiB, "kv");
-	cr_assert(eq(i32, broker_pause(fx.br, fx.a, "kv", false, err), 0));
+	cr_assert(eq(i32, lend_pause(fx.br, fx.a, "kv", false, err), 0));
 	alloc(fx.br, fx.b, 2 * MiB, "act");
 }
 
@@ -300,23 +300,23 @@ Test(state, a_true_claim_is_taken_and_a_false_one_changes_nothing)
 	/* The trainer says its weights lie on the engine's chunk. */
 	claimed(&ka, "weights")->chunk_ids = kb.allocs[0].chunk_ids;
 	claimed(&ka, "weights")->nchunks = 1;
-	cr_assert(eq(i32, broker_rejoin(fx.br2, a, &ka.cl, &res, err), -EPERM));
+	cr_assert(eq(i32, rejoin_accept(fx.br2, a, &ka.cl, &res, err), -EPERM));
 	cr_assert(not(eq(ptr, strstr(err, "did not lend it"), NULL)), "%s", err);
 	cr_assert(a->orphan);
 	cr_assert(eq(u64, fx.br2->pools[0].lent_bytes, lent), "a refused claim changed the pool");
 	/* An allocation of someone else. */
 	claim_of(a, &ka);
 	ka.allocs[0].id = kb.allocs[0].id;
-	cr_assert(eq(i32, broker_rejoin(fx.br2, a, &ka.cl, &res, err), -EPERM));
+	cr_assert(eq(i32, rejoin_accept(fx.br2, a, &ka.cl, &res, err), -EPERM));
 	/* The truth. */
 	claim_of(a, &ka);
-	cr_assert(eq(i32, broker_rejoin(fx.br2, a, &ka.cl, &res, err), 0), "%s", err);
+	cr_assert(eq(i32, rejoin_accept(fx.br2, a, &ka.cl, &res, err), 0), "%s", err);
 	cr_assert(not(a->orphan));
 	cr_assert(eq(sz, res.ncleared, 0));
 	cr_assert(eq(sz, res.ndrop, 0));
 	cr_assert(eq(u64, fx.br2->pools[0].lent_bytes, lent));
-	broker_rejoin_result_deinit(&res);
-	cr_assert(eq(i32, broker_rejoin(fx.br2, a, &ka.cl, &res, err), -EPERM), "twice");
+	rejoin_result_deinit(&res);
+	cr_assert(eq(i32, rejoin_accept(fx.br2, a, &ka.cl, &res, err), -EPERM), "twice");
 	cr_assert(eq(u32, broker_orphans(fx.br2), 1));
 }
 
@@ -345,14 +345,14 @@ Test(state, a_claim_cut_short_by_the_restart_is_reconciled)
 			k.held[i] = stale;
 	kv->chunk_ids = &stale;
 	kv->nchunks = 1;
-	cr_assert(eq(i32, broker_rejoin(fx.br2, a, &k.cl, &res, err), 0), "%s", err);
+	cr_assert(eq(i32, rejoin_accept(fx.br2, a, &k.cl, &res, err), 0), "%s", err);
 	cr_assert(eq(sz, res.ncleared, 1));
 	cr_assert(eq(u64, res.cleared[0], kv->id));
 	cr_assert(eq(sz, res.ndrop, 1));
 	cr_assert(eq(u64, res.drop[0], stale));
-	broker_rejoin_result_deinit(&res);
+	rejoin_result_deinit(&res);
 	cr_assert(eq(u64, fx.br2->pools[0].lent_bytes, 2 * MiB), "only the engine's 2 MiB");
-	t = broker__tag_find(a, "kv");
+	t = broker_tag_find(a, "kv");
 	cr_assert(eq(ptr, t->allocs->chunks[0], NULL), "kv's last lend is cleared");
 	cr_assert(not(t->allocs->active));
 }
@@ -372,10 +372,10 @@ Test(state, an_unclaimed_allocation_is_freed)
 	for (size_t i = 0; i < k.cl.nallocs; i++)
 		if (strcmp(k.allocs[i].tag, "kv") == 0)
 			k.allocs[i] = k.allocs[--k.cl.nallocs];
-	cr_assert(eq(i32, broker_rejoin(fx.br2, a, &k.cl, &res, err), 0), "%s", err);
-	broker_rejoin_result_deinit(&res);
+	cr_assert(eq(i32, rejoin_accept(fx.br2, a, &k.cl, &res, err), 0), "%s", err);
+	rejoin_result_deinit(&res);
 	cr_assert(eq(u32, a->allocs.count, 1));
-	cr_assert(eq(u32, broker__tag_find(a, "kv")->nallocs, 0));
+	cr_assert(eq(u32, broker_tag_find(a, "kv")->nallocs, 0));
 }
 
 /* ---- the state memfd ---- */

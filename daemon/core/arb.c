@@ -34,7 +34,7 @@ struct bhandover {
 
 /* ---- groups and priorities ---- */
 
-void broker_client_set_arb(struct bclient *c, const char *group, int priority, bool preemptible)
+void arb_client_set(struct bclient *c, const char *group, int priority, bool preemptible)
 {
 	size_t len = group ? strnlen(group, WIRE_MAX_NAME) : 0;
 
@@ -44,7 +44,7 @@ void broker_client_set_arb(struct bclient *c, const char *group, int priority, b
 	c->preemptible = preemptible;
 }
 
-int broker_select(struct broker *br, const char *sel, struct bclient **out, size_t max, char *err)
+int arb_select(struct broker *br, const char *sel, struct bclient **out, size_t max, char *err)
 {
 	bool group_only = sel[0] == '@';
 	const char *g = group_only ? sel + 1 : sel;
@@ -71,8 +71,8 @@ int broker_select(struct broker *br, const char *sel, struct bclient **out, size
 
 /* ---- switches ---- */
 
-int broker_handover_begin(struct broker *br, struct bclient *const *from, size_t nfrom,
-			  struct bclient *const *to, size_t nto, struct bhandover **out, char *err)
+int arb_handover_begin(struct broker *br, struct bclient *const *from, size_t nfrom,
+		       struct bclient *const *to, size_t nto, struct bhandover **out, char *err)
 {
 	struct bhandover *h;
 
@@ -103,7 +103,7 @@ int broker_handover_begin(struct broker *br, struct bclient *const *from, size_t
 	return 0;
 }
 
-void broker_handover_end(struct broker *br, struct bhandover *h, struct broker_handover_stats *st)
+void arb_handover_end(struct broker *br, struct bhandover *h, struct broker_handover_stats *st)
 {
 	if (!h)
 		return;
@@ -125,12 +125,12 @@ void broker_handover_end(struct broker *br, struct bhandover *h, struct broker_h
 	free(h);
 }
 
-uint64_t broker__handover_id(const struct bclient *c)
+uint64_t arb__handover_id(const struct bclient *c)
 {
 	return c->handover ? c->handover->id : 0;
 }
 
-bool broker__handover_keeps(const struct bclient *c)
+bool arb__handover_keeps(const struct bclient *c)
 {
 	const struct bhandover *h = c->handover;
 
@@ -142,8 +142,8 @@ bool broker__handover_keeps(const struct bclient *c)
 	return false;
 }
 
-void broker__handover_took(struct pool *pool, struct bclient *c, const struct pool_take *t,
-			   uint64_t handed_bytes, uint32_t handed_chunks)
+void arb__handover_took(struct pool *pool, struct bclient *c, const struct pool_take *t,
+			uint64_t handed_bytes, uint32_t handed_chunks)
 {
 	struct bhandover *h = c->handover;
 	uint32_t reused = t->nchunks - t->ncreated;
@@ -164,7 +164,7 @@ void broker__handover_took(struct pool *pool, struct bclient *c, const struct po
 
 /* ---- preemption ---- */
 
-static bool broker_preemptible(const struct bclient *c, const struct bwaiter *w)
+static bool arb_preemptible(const struct bclient *c, const struct bwaiter *w)
 {
 	return c != w->client && !c->tool && !c->orphan && c->control && c->preemptible &&
 	       !c->preempt_for && !c->handover && c->priority < w->client->priority &&
@@ -172,8 +172,8 @@ static bool broker_preemptible(const struct bclient *c, const struct bwaiter *w)
 }
 
 /* The next victim: lowest priority, then most memory on the device. */
-static struct bclient *broker_preempt_next(struct broker *br, const struct bwaiter *w,
-					   struct bclient *const *taken, size_t ntaken)
+static struct bclient *arb_preempt_next(struct broker *br, const struct bwaiter *w,
+					struct bclient *const *taken, size_t ntaken)
 {
 	struct bclient *best = NULL;
 	uint64_t best_bytes = 0;
@@ -184,7 +184,7 @@ static struct bclient *broker_preempt_next(struct broker *br, const struct bwait
 
 		for (size_t i = 0; i < ntaken; i++)
 			seen |= taken[i] == c;
-		if (seen || !broker_preemptible(c, w))
+		if (seen || !arb_preemptible(c, w))
 			continue;
 		bytes = broker__active_bytes(c, w->dev);
 		if (!best || c->priority < best->priority ||
@@ -196,14 +196,14 @@ static struct bclient *broker_preempt_next(struct broker *br, const struct bwait
 	return best;
 }
 
-size_t broker_preempt_pick(struct broker *br, const struct bwaiter *w, struct bclient **out,
-			   size_t max)
+size_t arb_preempt_pick(struct broker *br, const struct bwaiter *w, struct bclient **out,
+			size_t max)
 {
 	uint64_t covered = 0;
 	size_t n = 0;
 	struct bclient *c;
 
-	while (covered < w->need && n < max && (c = broker_preempt_next(br, w, out, n))) {
+	while (covered < w->need && n < max && (c = arb_preempt_next(br, w, out, n))) {
 		out[n++] = c;
 		covered += broker__active_bytes(c, w->dev);
 	}
@@ -214,7 +214,7 @@ size_t broker_preempt_pick(struct broker *br, const struct bwaiter *w, struct bc
 	return n;
 }
 
-void broker_preempt_done(struct bclient *c)
+void arb_preempt_done(struct bclient *c)
 {
 	c->preempt_for = 0;
 }

@@ -188,7 +188,7 @@ void broker_client_remove(struct broker *br, struct bclient *c)
 
 	if (!br || !c)
 		return;
-	broker__wait_forget(br, c);
+	wait__forget(br, c);
 	import_client_gone(br, c);
 	for (t = c->tags; t; t = t->next)
 		while (t->allocs)
@@ -375,7 +375,7 @@ void broker__alloc_destroy(struct broker *br, struct bclient *c, struct balloc *
 	free(a);
 }
 
-struct btag *broker__tag_find(const struct bclient *c, const char *name)
+struct btag *broker_tag_find(const struct bclient *c, const char *name)
 {
 	for (struct btag *t = c->tags; t; t = t->next)
 		if (strcmp(t->name, name) == 0)
@@ -390,7 +390,7 @@ int broker_tag_check(const struct bclient *c, const char *tag, char *err)
 {
 	uint32_t shown = 0;
 
-	if (!tag[0] || broker__tag_find(c, tag))
+	if (!tag[0] || broker_tag_find(c, tag))
 		return 0;
 	if (!err)
 		return -ENOENT;
@@ -409,6 +409,16 @@ int broker_tag_check(const struct bclient *c, const char *tag, char *err)
 	if (shown < c->ntags)
 		err_append(err, " and %u more", c->ntags - shown);
 	return -ENOENT;
+}
+
+struct balloc *broker_alloc_get(const struct bclient *c, uint64_t id)
+{
+	return idmap_get(&c->allocs, id);
+}
+
+struct chunk *broker_chunk_get(const struct broker *br, uint64_t id)
+{
+	return idmap_get(&br->chunks, id);
 }
 
 uint64_t broker__active_bytes(const struct bclient *c, int dev)
@@ -433,7 +443,7 @@ int broker__tag_get(struct bclient *c, const char *name, struct btag **out, bool
 		return err_fmt(err, -EINVAL, "empty tag");
 	if (len > WIRE_MAX_NAME)
 		return err_fmt(err, -EINVAL, "tag is longer than %d bytes", WIRE_MAX_NAME);
-	t = broker__tag_find(c, name);
+	t = broker_tag_find(c, name);
 	if (t) {
 		*out = t;
 		return 0;

@@ -1,17 +1,20 @@
 /*
- * broker_internal.h - what the core's files share beyond broker.h; nothing
- * outside daemon/core/ includes it.
+ * broker_internal.h - what the core's files share beyond their headers
+ * (included here, all of them); nothing outside daemon/core/ includes it.
  */
 #ifndef GMB_BROKER_INTERNAL_H
 #define GMB_BROKER_INTERNAL_H
 
+#include "daemon/core/arb.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/lend.h"
+#include "daemon/core/rejoin.h"
+#include "daemon/core/wait.h"
 
 /*
  * Internals shared by daemon/core/broker.c (clients, tags, drops, control) and
  * daemon/core/lend.c (allocations, pause, resume); nothing else calls them.
  */
-struct btag *broker__tag_find(const struct bclient *c, const char *name);
 /* Bytes of @c's mapped (active) allocations on @dev. */
 uint64_t broker__active_bytes(const struct bclient *c, int dev);
 /* Finds or creates @name (checked: non-empty, <= WIRE_MAX_NAME, tag limit);
@@ -26,17 +29,14 @@ void broker__tag_link(struct btag *t, struct balloc *a);
 void broker__alloc_activate(struct balloc *a, bool active);
 /* Chunks back to the pool, holds removed, unlinked and freed; no shrink. */
 void broker__alloc_destroy(struct broker *br, struct bclient *c, struct balloc *a);
-/* err: why pool_take() failed with @rc, naming who holds @dev's memory. */
-void broker__take_error(const struct broker *br, int dev, int rc, const struct pool_take *t,
-			char *err);
 
 /* arb.c, for lend.c: the switch @c's takes belong to (0: none); whether
  * @c's pause keeps its chunks for the switch; a take's figures. */
-uint64_t broker__handover_id(const struct bclient *c);
-bool broker__handover_keeps(const struct bclient *c);
-void broker__handover_took(struct pool *pool, struct bclient *c, const struct pool_take *t,
-			   uint64_t handed_bytes, uint32_t handed_chunks);
-/* arb.c, for broker_client_remove(): @c's waiters leave the queue. */
-void broker__wait_forget(struct broker *br, struct bclient *c);
+uint64_t arb__handover_id(const struct bclient *c);
+bool arb__handover_keeps(const struct bclient *c);
+void arb__handover_took(struct pool *pool, struct bclient *c, const struct pool_take *t,
+			uint64_t handed_bytes, uint32_t handed_chunks);
+/* wait.c, for broker_client_remove(): @c's waiters leave the queue. */
+void wait__forget(struct broker *br, struct bclient *c);
 
 #endif

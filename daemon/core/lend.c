@@ -88,8 +88,8 @@ static void lend_msg_away(const struct broker *br, int dev, char *err)
 	}
 }
 
-void broker__take_error(const struct broker *br, int dev, int rc, const struct pool_take *t,
-			char *err)
+static void lend_take_error(const struct broker *br, int dev, int rc, const struct pool_take *t,
+			    char *err)
 {
 	const struct pool *p = &br->pools[dev];
 	char b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
@@ -179,7 +179,7 @@ static void lend_bound_error(const struct broker *br, const struct bclient *c, i
  * under a lower --max-chunks-per-uid: they stay (its clients map them) and
  * count, so its new requests get ENOSPC until it is under. Said once a uid.
  */
-void broker_warn_uid_bounds(const struct broker *br)
+void lend_warn_uid_bounds(const struct broker *br)
 {
 	uint64_t max = br->opts.max_chunks_per_uid, n;
 	bool seen;
@@ -247,7 +247,7 @@ static int lend_acquire(struct broker *br, struct bclient *c, struct lend_step *
 	int rc;
 
 	s->t = (struct pool_take){
-		.size = s->a->size, .uid = c->uid, .prefer = c, .handover = broker__handover_id(c)
+		.size = s->a->size, .uid = c->uid, .prefer = c, .handover = arb__handover_id(c)
 	};
 	lend_bounds(br, uid_lent, &s->t);
 	rc = pool_take(p, &s->t);
@@ -261,7 +261,7 @@ static int lend_acquire(struct broker *br, struct bclient *c, struct lend_step *
 		return rc;
 	}
 	if (rc < 0) {
-		broker__take_error(br, s->a->dev, rc, &s->t, err);
+		lend_take_error(br, s->a->dev, rc, &s->t, err);
 		if (rc == -EAGAIN || (rc == -ENOMEM && s->t.shortfall)) {
 			res->short_dev = s->a->dev;
 			res->short_bytes = s->t.shortfall;
@@ -315,8 +315,8 @@ static int lend_check_alloc(const struct broker *br, const struct bclient *c, in
 	return 0;
 }
 
-int broker_alloc(struct broker *br, struct bclient *c, int dev, uint64_t size, const char *tag,
-		 struct broker_result *res, char *err)
+int lend_alloc(struct broker *br, struct bclient *c, int dev, uint64_t size, const char *tag,
+	       struct broker_result *res, char *err)
 {
 	struct lend_step s = { 0 };
 	struct btag *t;
@@ -359,7 +359,7 @@ int broker_alloc(struct broker *br, struct bclient *c, int dev, uint64_t size, c
 	s.a->nchunks = s.t.nchunks;
 	broker__tag_link(t, s.a);
 	broker__alloc_activate(s.a, true);
-	broker__handover_took(&br->pools[dev], c, &s.t, s.handed_bytes, s.handed_chunks);
+	arb__handover_took(&br->pools[dev], c, &s.t, s.handed_bytes, s.handed_chunks);
 	res->allocs[0] = s.a;
 	res->nallocs = 1;
 	if (err)
@@ -380,7 +380,7 @@ err_tag:
 	return rc;
 }
 
-int broker_free_alloc(struct broker *br, struct bclient *c, uint64_t alloc_id, char *err)
+int lend_free(struct broker *br, struct bclient *c, uint64_t alloc_id, char *err)
 {
 	struct balloc *a = idmap_get(&c->allocs, alloc_id);
 	int dev;
@@ -433,7 +433,7 @@ static void lend_pause_tag(struct broker *br, struct btag *t, bool released, uin
 	t->paused = true;
 }
 
-int broker_pause(struct broker *br, struct bclient *c, const char *tag, bool released, char *err)
+int lend_pause(struct broker *br, struct bclient *c, const char *tag, bool released, char *err)
 {
 	uint64_t touched = 0, handover = 0;
 	struct btag *t;
@@ -443,10 +443,10 @@ int broker_pause(struct broker *br, struct bclient *c, const char *tag, bool rel
 	rc = import_pause_check(br, c, tag, err);
 	if (rc < 0)
 		return rc;
-	if (broker__handover_keeps(c))
-		handover = broker__handover_id(c);
+	if (arb__handover_keeps(c))
+		handover = arb__handover_id(c);
 	if (tag && *tag) {
-		t = broker__tag_find(c, tag);
+		t = broker_tag_find(c, tag);
 		if (!t)
 			return err_fmt(err, -ENOENT, "client '%s' has no tag '%s'", c->name, tag);
 		lend_pause_tag(br, t, released, handover, &touched);
@@ -478,7 +478,7 @@ static void lend_unresume_tags(struct bclient *c, uint64_t seq)
 			t->paused = true;
 }
 
-void broker_unlend(struct broker *br, struct bclient *c, const uint64_t *ids, size_t n)
+void lend_undo(struct broker *br, struct bclient *c, const uint64_t *ids, size_t n)
 {
 	uint64_t touched = 0, seq = 0;
 
@@ -531,7 +531,7 @@ static size_t lend_collect(struct bclient *c, struct btag *only, struct lend_ste
 static bool lend_try_exact(struct broker *br, const struct bclient *c, struct lend_step *s)
 {
 	struct pool *p = &br->pools[s->a->dev];
-	uint64_t handover = broker__handover_id(c);
+	uint64_t handover = arb__handover_id(c);
 
 	for (uint32_t i = 0; i < s->a->nchunks; i++) {
 		const struct chunk *ch = s->a->chunks[i];
@@ -568,8 +568,8 @@ static void lend_commit(struct broker *br, struct bclient *c, struct lend_step *
 		struct balloc *a = steps[i].a;
 
 		if (!steps[i].exact) {
-			broker__handover_took(&br->pools[a->dev], c, &steps[i].t,
-					      steps[i].handed_bytes, steps[i].handed_chunks);
+			arb__handover_took(&br->pools[a->dev], c, &steps[i].t,
+					   steps[i].handed_bytes, steps[i].handed_chunks);
 			for (uint32_t j = 0; j < a->nchunks; j++)
 				if (a->chunks[j])
 					pool_unhold(&br->pools[a->dev], a->chunks[j], c, false);
@@ -628,8 +628,8 @@ err_rollback:
 	return rc;
 }
 
-int broker_resume(struct broker *br, struct bclient *c, const char *tag, struct broker_result *res,
-		  char *err)
+int lend_resume(struct broker *br, struct bclient *c, const char *tag, struct broker_result *res,
+		char *err)
 {
 	struct lend_step *steps = NULL;
 	struct btag *only = NULL;
@@ -638,7 +638,7 @@ int broker_resume(struct broker *br, struct bclient *c, const char *tag, struct 
 
 	*res = (struct broker_result)BROKER_RESULT_INIT;
 	if (tag && *tag) {
-		only = broker__tag_find(c, tag);
+		only = broker_tag_find(c, tag);
 		if (!only)
 			return err_fmt(err, -ENOENT, "client '%s' has no tag '%s'", c->name, tag);
 		if (!only->paused)

@@ -1,9 +1,9 @@
 /*
  * rejoin.c - gmbd's core, part three: clients that outlive a restart of
  * gmbd. daemon/persist/state.c rebuilds the previous instance's record with
- * broker_restore_client() and broker_restore_alloc(); every restored client
+ * broker_restore_client() and rejoin_restore_alloc(); every restored client
  * is an orphan, its memory still counted and lent, until its process
- * reconnects and broker_rejoin() checks what it claims against the record.
+ * reconnects and rejoin_accept() checks what it claims against the record.
  *
  * The rule that protects everyone else: a claim never gives a client a
  * chunk the record did not give it. Where the client knows better than a
@@ -13,7 +13,7 @@
  * back to the pool, a last lend the two sides disagree on is cleared on
  * both. A mapped allocation must match the record chunk for chunk.
  *
- * broker_rejoin() checks everything first and changes nothing until the
+ * rejoin_accept() checks everything first and changes nothing until the
  * whole claim is known to be acceptable; the only step that can fail after
  * that (creating tags the record lacks) is undone.
  */
@@ -80,7 +80,7 @@ static bool rejoin_restore_can_lend(const struct balloc *a)
 	return ok && sum == a->size;
 }
 
-int broker_restore_tag(struct bclient *c, const char *name, int mode, bool paused,
+int rejoin_restore_tag(struct bclient *c, const char *name, int mode, bool paused,
 		       struct btag **out)
 {
 	bool created;
@@ -97,7 +97,7 @@ int broker_restore_tag(struct bclient *c, const char *name, int mode, bool pause
 	return 0;
 }
 
-int broker_restore_alloc(struct broker *br, struct bclient *c, struct btag *t, uint64_t id, int dev,
+int rejoin_restore_alloc(struct broker *br, struct bclient *c, struct btag *t, uint64_t id, int dev,
 			 uint64_t size, bool active, struct chunk **chunks, uint32_t n)
 {
 	struct balloc *a;
@@ -144,7 +144,7 @@ err_free:
 
 /* ---- checking a claim ---- */
 
-/* A claim being checked and applied; scratch owned by broker_rejoin(). */
+/* A claim being checked and applied; scratch owned by rejoin_accept(). */
 struct rejoin {
 	struct broker *br;
 	struct bclient *c;
@@ -290,8 +290,8 @@ static int rejoin_make_tags(struct rejoin *rj, uint8_t *created)
 			for (size_t j = 0; j < i; j++)
 				if (created[j])
 					broker__tag_remove(rj->c,
-							   broker__tag_find(rj->c,
-									    rj->cl->tags[j].name));
+							   broker_tag_find(rj->c,
+									   rj->cl->tags[j].name));
 			return rc;
 		}
 		created[i] = made;
@@ -410,7 +410,7 @@ static void rejoin_apply(struct rejoin *rj, struct broker_rejoin_result *res)
 			pool_shrink(&rj->br->pools[d], rj->br->opts.pool_keep, NULL);
 }
 
-int broker_rejoin(struct broker *br, struct bclient *c, const struct broker_claim *claim,
+int rejoin_accept(struct broker *br, struct bclient *c, const struct broker_claim *claim,
 		  struct broker_rejoin_result *res, char *err)
 {
 	struct rejoin rj = { .br = br,
@@ -440,21 +440,21 @@ int broker_rejoin(struct broker *br, struct bclient *c, const struct broker_clai
 	rejoin_apply(&rj, res);
 out:
 	if (rc < 0)
-		broker_rejoin_result_deinit(res);
+		rejoin_result_deinit(res);
 	free(created);
 	idmap_deinit(&rj.claimed);
 	idmap_deinit(&rj.mapped);
 	return rc;
 }
 
-void broker_rejoin_result_deinit(struct broker_rejoin_result *res)
+void rejoin_result_deinit(struct broker_rejoin_result *res)
 {
 	free(res->cleared);
 	free(res->drop);
 	*res = (struct broker_rejoin_result){ 0 };
 }
 
-void broker_orphan(struct broker *br, struct bclient *c)
+void rejoin_orphan(struct broker *br, struct bclient *c)
 {
 	(void)br;
 	/* Drops asked of it are lost with the connection: asked again once
@@ -462,7 +462,7 @@ void broker_orphan(struct broker *br, struct bclient *c)
 	c->orphan = true;
 }
 
-void broker_reclaim(struct broker *br, struct bclient *c, const char *why)
+void rejoin_reclaim(struct broker *br, struct bclient *c, const char *why)
 {
 	uint64_t bytes = 0;
 	uint32_t allocs = 0;

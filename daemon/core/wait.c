@@ -14,18 +14,18 @@
 #include "common/log.h"
 
 /* Does @a come before @b in serving order? */
-static bool broker_wait_before(const struct bwaiter *a, const struct bwaiter *b)
+static bool wait_before(const struct bwaiter *a, const struct bwaiter *b)
 {
 	if (a->client->priority != b->client->priority)
 		return a->client->priority > b->client->priority;
 	return a->seq < b->seq;
 }
 
-static void broker_wait_insert(struct broker *br, struct bwaiter *w)
+static void wait_insert(struct broker *br, struct bwaiter *w)
 {
 	struct bwaiter *pos = br->waiters, *prev = NULL;
 
-	while (pos && broker_wait_before(pos, w)) {
+	while (pos && wait_before(pos, w)) {
 		prev = pos;
 		pos = pos->next;
 	}
@@ -40,16 +40,16 @@ static void broker_wait_insert(struct broker *br, struct bwaiter *w)
 	w->linked = true;
 }
 
-void broker_wait_add(struct broker *br, struct bwaiter *w)
+void wait_add(struct broker *br, struct bwaiter *w)
 {
 	w->seq = ++br->next_wait_seq;
-	broker_wait_insert(br, w);
+	wait_insert(br, w);
 	log_debug("request waits client=%s kind=%s dev=%d need=%llu priority=%d", w->client->name,
 		  w->kind == BROKER_WAIT_ALLOC ? "alloc" : "resume", w->dev,
 		  (unsigned long long)w->need, w->client->priority);
 }
 
-void broker_wait_remove(struct broker *br, struct bwaiter *w)
+void wait_remove(struct broker *br, struct bwaiter *w)
 {
 	if (!w->linked)
 		return;
@@ -57,7 +57,7 @@ void broker_wait_remove(struct broker *br, struct bwaiter *w)
 	w->linked = false;
 }
 
-bool broker_wait_ahead(const struct broker *br, const struct bclient *c, int dev)
+bool wait_ahead(const struct broker *br, const struct bclient *c, int dev)
 {
 	for (const struct bwaiter *w = br->waiters; w; w = w->next)
 		if (w->dev == dev && w->client != c && w->client->priority >= c->priority)
@@ -65,7 +65,7 @@ bool broker_wait_ahead(const struct broker *br, const struct bclient *c, int dev
 	return false;
 }
 
-void broker_set_priority(struct broker *br, struct bclient *c, int priority)
+void wait_set_priority(struct broker *br, struct bclient *c, int priority)
 {
 	struct bwaiter *mine = NULL, *w, *next;
 
@@ -81,17 +81,17 @@ void broker_set_priority(struct broker *br, struct bclient *c, int priority)
 	}
 	for (w = mine; w; w = next) {
 		next = w->next;
-		broker_wait_insert(br, w);
+		wait_insert(br, w);
 	}
 }
 
-void broker__wait_forget(struct broker *br, struct bclient *c)
+void wait__forget(struct broker *br, struct bclient *c)
 {
 	struct bwaiter *w, *next;
 
 	for (w = br->waiters; w; w = next) {
 		next = w->next;
 		if (w->client == c)
-			broker_wait_remove(br, w);
+			wait_remove(br, w);
 	}
 }

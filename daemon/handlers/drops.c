@@ -11,6 +11,7 @@
 
 #include "common/log.h"
 #include "common/wire.h"
+#include "daemon/core/arb.h"
 #include "daemon/core/broker.h"
 #include "daemon/core/event.h"
 #include "daemon/handlers/internal.h"
@@ -114,7 +115,7 @@ void handlers__send_preempt(struct handlers *h, struct bclient *victim, const st
 
 err_undo:
 	handlers__dreq_free(d);
-	broker_preempt_done(victim);
+	arb_preempt_done(victim);
 }
 
 void handlers__preempt_done(struct hdreq *d, const struct hdreq_result *res)
@@ -124,7 +125,7 @@ void handlers__preempt_done(struct hdreq *d, const struct hdreq_result *res)
 
 	/* Gone too: a client kept as an orphan may be preempted again once back. */
 	if (c)
-		broker_preempt_done(c);
+		arb_preempt_done(c);
 	if (res->end == HDREQ_ANSWERED)
 		log_info("client paused for preemption " SESS_FMT " for_id=%llu", SESS_ARGS(s),
 			 (unsigned long long)d->for_client);

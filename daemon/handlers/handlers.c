@@ -22,6 +22,7 @@
 #include "daemon/core/event.h"
 #include "daemon/core/import.h"
 #include "daemon/core/proc.h"
+#include "daemon/core/rejoin.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
 #include "include/gmb.h"
@@ -294,7 +295,7 @@ static bool handlers_keep_orphan(struct handlers *h, struct sess *s, struct bcli
 	handlers__conn_unbind(h, c);
 	hconn_of(s)->client = NULL;
 	sess_set_name(s, NULL, 0);
-	broker_orphan(h->broker, c);
+	rejoin_orphan(h->broker, c);
 	handlers__orphan_watch(h, c);
 	handlers__settle(h);
 	handlers__changed(h);

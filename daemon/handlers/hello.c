@@ -9,7 +9,7 @@
  * uid and pid are the peer's, and whose process is the same one (start
  * time). The session then holds the orphan (handlers->conns) while the claim
  * arrives in parts; each part is kept (struct hrejoin owns the envelopes)
- * until the last, when broker_rejoin() checks all of it and the session
+ * until the last, when rejoin_accept() checks all of it and the session
  * becomes the client's transport. A refused claim closes the connection
  * and the orphan's memory goes back to the pool.
  */
@@ -22,9 +22,12 @@
 #include "common/log.h"
 #include "common/size.h"
 #include "common/wire.h"
+#include "daemon/core/arb.h"
 #include "daemon/core/broker.h"
 #include "daemon/core/event.h"
 #include "daemon/core/proc.h"
+#include "daemon/core/rejoin.h"
+#include "daemon/core/walk.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/server.h"
 #include "daemon/transport/sess.h"
@@ -122,7 +125,7 @@ int handlers__hello(struct hreq *rq)
 		return handlers__fail(rq, -ENOMEM, "cannot register client '%s': %s", name,
 				      strerror(ENOMEM));
 	}
-	broker_client_set_arb(c, m->group, m->priority, m->preemptible);
+	arb_client_set(c, m->group, m->priority, m->preemptible);
 	/* Tools come and go all the time (gmbctl status): not worth a line. */
 	log_at(m->tool ? LOG_LVL_DEBUG : LOG_LVL_INFO,
 	       "client connected " SESS_FMT
@@ -382,23 +385,38 @@ static void handlers_rejoin_reply(struct sess *s, uint64_t reply_to,
 	} while (c < res->ncleared || d < res->ndrop);
 }
 
+/* What a client holds, summed over its tags. */
+struct hello_sum {
+	size_t allocs;
+	uint64_t bytes;
+};
+
+static int handlers_sum_tag(void *arg, const struct btag *t)
+{
+	struct hello_sum *sum = arg;
+
+	sum->allocs += t->nallocs;
+	sum->bytes += t->bytes;
+	return 0;
+}
+
+static const struct walk_ops handlers_sum_ops = { .tag = handlers_sum_tag };
+
 static void handlers_rejoin_attach(struct hreq *rq, struct hrejoin *r,
 				   const struct broker_rejoin_result *res)
 {
 	struct bclient *c = r->c;
-	uint64_t bytes = 0;
+	struct hello_sum sum = { 0 };
 	char b[SIZE_STR_MAX];
 
 	c->control = r->control;
-	broker_client_set_arb(c, r->group, r->priority, r->preemptible);
+	arb_client_set(c, r->group, r->priority, r->preemptible);
 	/* The entry exists since the rejoin hello: this cannot fail. */
 	(void)handlers__conn_bind(rq->h, rq->s, c);
 	r->c = NULL;
-	for (const struct btag *t = c->tags; t; t = t->next)
-		bytes += t->bytes;
+	walk_client(c, &handlers_sum_ops, &sum);
 	log_info("client rejoined " SESS_FMT " allocations=%zu bytes=%s cleared=%zu dropped=%zu",
-		 SESS_ARGS(rq->s), (size_t)c->allocs.count, size_str(bytes, b), res->ncleared,
-		 res->ndrop);
+		 SESS_ARGS(rq->s), sum.allocs, size_str(sum.bytes, b), res->ncleared, res->ndrop);
 }
 
 /* The last part: check and apply the whole claim, or reclaim and hang up. */
@@ -426,7 +444,7 @@ static void handlers_rejoin_finish(struct hreq *rq, struct hrejoin *r)
 
 	rc = handlers_rejoin_claim(rq, r, &cl);
 	if (rc == 0)
-		rc = broker_rejoin(rq->h->broker, c, &cl, &res, rq->err);
+		rc = rejoin_accept(rq->h->broker, c, &cl, &res, rq->err);
 	handlers_rejoin_claim_free(&cl);
 	if (rc == -ENOMEM) {
 		handlers_rejoin_fail(rq, req, rc);
@@ -436,14 +454,14 @@ static void handlers_rejoin_finish(struct hreq *rq, struct hrejoin *r)
 		snprintf(why, sizeof(why), "%s", rq->err);
 		handlers__fail(rq, rc, "client '%s' (%" PRIu64 ") %s", c->name, c->id, why);
 		handlers_rejoin_fail(rq, req, rc);
-		broker_reclaim(rq->h->broker, c, "its claim was refused");
+		rejoin_reclaim(rq->h->broker, c, "its claim was refused");
 		handlers__changed(rq->h);
 		return;
 	}
 	handlers_rejoin_attach(rq, r, &res);
 	handlers__rejoin_gone(rq->h, rq->s);
 	handlers_rejoin_reply(rq->s, req, &res);
-	broker_rejoin_result_deinit(&res);
+	rejoin_result_deinit(&res);
 	handlers__changed(rq->h);
 }
 

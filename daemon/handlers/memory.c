@@ -22,6 +22,8 @@
 #include "daemon/core/broker.h"
 #include "daemon/core/event.h"
 #include "daemon/core/import.h"
+#include "daemon/core/lend.h"
+#include "daemon/core/wait.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
 #include "include/gmb.h"
@@ -102,8 +104,7 @@ int handlers__alloc(struct hreq *rq)
 		return handlers__fail(rq, -ENODEV, "device %u does not exist (%d devices)",
 				      m->device, br->ndevices);
 	/* A request that may wait queues behind those that wait already. */
-	if (m->wait_ms && !rq->retry &&
-	    broker_wait_ahead(br, hconn_of(rq->s)->client, (int)m->device)) {
+	if (m->wait_ms && !rq->retry && wait_ahead(br, hconn_of(rq->s)->client, (int)m->device)) {
 		handlers__fail(rq, -ENOMEM,
 			       "device %u: requests of the same or higher priority"
 			       " wait already",
@@ -111,7 +112,7 @@ int handlers__alloc(struct hreq *rq)
 		return handlers_wait(rq, m->wait_ms, false, (int)m->device, 0, BROKER_WAIT_ALLOC,
 				     tag);
 	}
-	r = broker_alloc(br, hconn_of(rq->s)->client, (int)m->device, m->size, tag, &res, rq->err);
+	r = lend_alloc(br, hconn_of(rq->s)->client, (int)m->device, m->size, tag, &res, rq->err);
 	if (r == -EAGAIN || (r == -ENOMEM && m->wait_ms && res.short_dev >= 0))
 		return handlers_wait(rq, m->wait_ms, r == -EAGAIN, res.short_dev, res.short_bytes,
 				     BROKER_WAIT_ALLOC, tag);
@@ -128,7 +129,7 @@ int handlers__alloc(struct hreq *rq)
 int handlers__free(struct hreq *rq)
 {
 	struct bclient *c = hconn_of(rq->s)->client;
-	const struct balloc *a = idmap_get(&c->allocs, rq->env->free->alloc_id);
+	const struct balloc *a = broker_alloc_get(c, rq->env->free->alloc_id);
 	char tag[WIRE_MAX_NAME + 1];
 	struct event ev;
 	int r;
@@ -136,7 +137,7 @@ int handlers__free(struct hreq *rq)
 	/* The allocation is gone after the call: what the event says first. */
 	snprintf(tag, sizeof(tag), "%s", a ? a->tag->name : "");
 	handlers_mem_event(rq, EVENT_FREE, tag, a ? a->dev : -1, a ? a->size : 0, &ev);
-	r = broker_free_alloc(rq->h->broker, c, rq->env->free->alloc_id, rq->err);
+	r = lend_free(rq->h->broker, c, rq->env->free->alloc_id, rq->err);
 	if (r < 0)
 		return r;
 	handlers__reply_status(rq->s, rq->env->id, 0, NULL);
@@ -175,8 +176,8 @@ int handlers__pause(struct hreq *rq)
 		return r;
 	broker_client_usage(hconn_of(rq->s)->client, tag, &bytes, &chunks);
 	/* With handles_released, what nobody holds goes back to the backend before the reply. */
-	r = broker_pause(rq->h->broker, hconn_of(rq->s)->client, tag,
-			 rq->env->pause->handles_released, rq->err);
+	r = lend_pause(rq->h->broker, hconn_of(rq->s)->client, tag,
+		       rq->env->pause->handles_released, rq->err);
 	/* Other processes map the tag's memory: wait for them, if the client may wait. */
 	if (r == -EBUSY && rq->env->pause->wait_ms &&
 	    import_pause_check(rq->h->broker, hconn_of(rq->s)->client, tag, NULL) < 0)
@@ -211,7 +212,7 @@ int handlers__resume(struct hreq *rq)
 	r = handlers_holder_tag(rq, tag, "resume memory");
 	if (r < 0)
 		return r;
-	r = broker_resume(rq->h->broker, hconn_of(rq->s)->client, tag, &res, rq->err);
+	r = lend_resume(rq->h->broker, hconn_of(rq->s)->client, tag, &res, rq->err);
 	if (r == -EAGAIN || (r == -ENOMEM && rq->env->resume->wait_ms && res.short_dev >= 0))
 		return handlers_wait(rq, rq->env->resume->wait_ms, r == -EAGAIN, res.short_dev,
 				     res.short_bytes, BROKER_WAIT_RESUME, tag);
@@ -319,9 +320,9 @@ int handlers__undeliverable(void *arg, struct sess *s, Gmb__Envelope *const *env
 	if (k == 0)
 		goto err_ids;
 	if (resume)
-		broker_unlend(h->broker, c, ids, k);
+		lend_undo(h->broker, c, ids, k);
 	else
-		broker_free_alloc(h->broker, c, ids[0], NULL);
+		lend_free(h->broker, c, ids[0], NULL);
 	free(ids);
 	err_fmt(msg, err,
 		"gmbd lent the memory but could not send its chunk fds (%s), and took it"

@@ -13,6 +13,8 @@
 #include "common/log.h"
 #include "daemon/core/broker.h"
 #include "daemon/core/proc.h"
+#include "daemon/core/rejoin.h"
+#include "daemon/core/walk.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
 
@@ -20,42 +22,52 @@
 
 static void handlers_on_orphan_timer(uv_timer_t *t);
 
+/* What one look at the orphans needs: the handlers, the time, the sentence. */
+struct horphans_check {
+	struct handlers *h;
+	uint64_t now;
+	char why[96];
+	bool any;
+};
+
 /*
- * Reclaims orphans whose process is gone, and those past their deadline,
- * in the middle of a claim too: a client that connected and then hangs
- * must not keep its memory lent for ever.
+ * Reclaims @c if it is an orphan whose process is gone, or one past its
+ * deadline, in the middle of a claim too: a client that connected and
+ * then hangs must not keep its memory lent for ever.
  */
+static int handlers_orphan_check(void *arg, struct bclient *c)
+{
+	struct horphans_check *k = arg;
+	struct handlers *h = k->h;
+	struct sess *s = c->orphan ? handlers_sess_of(h, c) : NULL;
+	bool expired = k->now >= c->orphan_deadline;
+
+	if (!c->orphan || (s && !expired))
+		return 0;
+	if (s) {
+		handlers__rejoin_gone(h, s);
+		sess_doom(s, LOG_LVL_NOTICE,
+			  "its rejoin claim did not arrive within the"
+			  " grace period");
+	}
+	if (!proc_alive(c->pid, c->start_time))
+		rejoin_reclaim(h->broker, c, "its process is gone");
+	else if (expired)
+		rejoin_reclaim(h->broker, c, k->why);
+	else
+		return 0;
+	k->any = true;
+	return 0;
+}
+
 static void handlers_orphans_check(struct handlers *h)
 {
-	uint64_t now = uv_now(h->loop);
-	struct bclient *c, *next;
-	char why[96];
-	bool any = false;
+	struct horphans_check k = { .h = h, .now = uv_now(h->loop) };
 
-	snprintf(why, sizeof(why), "it did not come back within %" PRIu64 " s",
+	snprintf(k.why, sizeof(k.why), "it did not come back within %" PRIu64 " s",
 		 h->orphan_grace_ms / 1000);
-	for (c = h->broker->clients; c; c = next) {
-		struct sess *s = c->orphan ? handlers_sess_of(h, c) : NULL;
-		bool expired = now >= c->orphan_deadline;
-
-		next = c->next;
-		if (!c->orphan || (s && !expired))
-			continue;
-		if (s) {
-			handlers__rejoin_gone(h, s);
-			sess_doom(s, LOG_LVL_NOTICE,
-				  "its rejoin claim did not arrive within the"
-				  " grace period");
-		}
-		if (!proc_alive(c->pid, c->start_time))
-			broker_reclaim(h->broker, c, "its process is gone");
-		else if (expired)
-			broker_reclaim(h->broker, c, why);
-		else
-			continue;
-		any = true;
-	}
-	if (any) {
+	walk_clients(h->broker, handlers_orphan_check, &k);
+	if (k.any) {
 		handlers__changed(h);
 		handlers__settle(h);
 	}
@@ -70,14 +82,19 @@ static void handlers_orphans_tick(struct handlers *h)
 			       HORPHANS_TICK_MS);
 }
 
+static int handlers_orphan_deadline(void *arg, struct bclient *c)
+{
+	if (c->orphan)
+		c->orphan_deadline = *(const uint64_t *)arg;
+	return 0;
+}
+
 void handlers_orphans_start(struct handlers *h, uint64_t grace_ms)
 {
 	uint64_t until = uv_now(h->loop) + grace_ms;
 
 	h->orphan_grace_ms = grace_ms;
-	for (struct bclient *c = h->broker->clients; c; c = c->next)
-		if (c->orphan)
-			c->orphan_deadline = until;
+	walk_clients(h->broker, handlers_orphan_deadline, &until);
 	if (broker_orphans(h->broker) == 0)
 		return;
 	handlers_orphans_check(h);

@@ -18,7 +18,10 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "daemon/core/arb.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/wait.h"
+#include "daemon/core/walk.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
 
@@ -77,7 +80,7 @@ int handlers__park(struct hreq *rq, handlers_fn fn)
 				 .owner = p };
 	snprintf(p->w.tag, sizeof(p->w.tag), "%s", rq->wait_tag ? rq->wait_tag : "");
 	handlers_park_note(p, rq);
-	broker_wait_add(h->broker, &p->w);
+	wait_add(h->broker, &p->w);
 	h->nparked++;
 	p->start_ns = rq->start_ns;
 	hconn_of(rq->s)->inflight++;
@@ -90,7 +93,7 @@ int handlers__park(struct hreq *rq, handlers_fn fn)
 
 static void handlers_unpark(struct handlers *h, struct hpark *p)
 {
-	broker_wait_remove(h->broker, &p->w);
+	wait_remove(h->broker, &p->w);
 	h->nparked--;
 	hconn_of(p->s)->inflight--;
 	gmb__envelope__free_unpacked(p->env, NULL);
@@ -98,47 +101,67 @@ static void handlers_unpark(struct handlers *h, struct hpark *p)
 	free(p);
 }
 
+/* What a walk of the waiting queue carries: the handlers, and each walk's own. */
+struct hpark_walk {
+	struct handlers *h;
+	uint64_t now;	  /* park timer: the time; arm: the earliest deadline */
+	uint64_t blocked; /* retry: devices a request still waits for */
+	const struct sess *s;
+};
+
+static int handlers_park_first(void *arg, const struct bwaiter *w)
+{
+	struct hpark_walk *k = arg;
+
+	if (w->deadline < k->now)
+		k->now = w->deadline;
+	return 0;
+}
+
 /* The earliest deadline of the queue (deadlines differ: each caller's wait). */
 static void handlers_park_arm(struct handlers *h)
 {
-	uint64_t now = uv_now(h->loop), first = UINT64_MAX;
+	uint64_t now = uv_now(h->loop);
+	struct hpark_walk k = { .h = h, .now = UINT64_MAX };
 
 	if (h->closed)
 		return;
-	for (const struct bwaiter *w = h->broker->waiters; w; w = w->next)
-		if (w->deadline < first)
-			first = w->deadline;
-	if (first == UINT64_MAX) {
+	walk_waiters(h->broker, handlers_park_first, &k);
+	if (k.now == UINT64_MAX) {
 		uv_timer_stop(&h->park_timer);
 		return;
 	}
-	uv_timer_start(&h->park_timer, handlers_on_park_timer, first > now ? first - now : 0, 0);
+	uv_timer_start(&h->park_timer, handlers_on_park_timer, k.now > now ? k.now - now : 0, 0);
+}
+
+static int handlers_park_expire(void *arg, const struct bwaiter *w)
+{
+	struct hpark_walk *k = arg;
+	struct hpark *p = w->owner;
+	uint64_t now = k->now;
+	char msg[ERR_MSG_MAX];
+
+	if (w->deadline > now)
+		return 0;
+	if (p->may_wait)
+		err_fmt(msg, 0, "%.400s; waited %" PRIu64 " ms", p->why, now - w->since);
+	else
+		err_fmt(msg, 0, "%.400s; still waiting after %" PRIu64 " ms", p->why,
+			now - w->since);
+	log_info("wait expired " SESS_FMT " req=%" PRIu64 " waited_ms=%" PRIu64, SESS_ARGS(p->s),
+		 p->env->id, now - w->since);
+	handlers__refused(k->h, p->s, handlers_park_name(p), -ENOMEM, msg);
+	handlers__reply_status(p->s, p->env->id, -ENOMEM, msg);
+	handlers_unpark(k->h, p);
+	return 0;
 }
 
 static void handlers_on_park_timer(uv_timer_t *timer)
 {
 	struct handlers *h = timer->data;
-	uint64_t now = uv_now(h->loop);
-	struct bwaiter *w, *next;
+	struct hpark_walk k = { .h = h, .now = uv_now(h->loop) };
 
-	for (w = h->broker->waiters; w; w = next) {
-		struct hpark *p = w->owner;
-		char msg[ERR_MSG_MAX];
-
-		next = w->next;
-		if (w->deadline > now)
-			continue;
-		if (p->may_wait)
-			err_fmt(msg, 0, "%.400s; waited %" PRIu64 " ms", p->why, now - w->since);
-		else
-			err_fmt(msg, 0, "%.400s; still waiting after %" PRIu64 " ms", p->why,
-				now - w->since);
-		log_info("wait expired " SESS_FMT " req=%" PRIu64 " waited_ms=%" PRIu64,
-			 SESS_ARGS(p->s), p->env->id, now - w->since);
-		handlers__refused(h, p->s, handlers_park_name(p), -ENOMEM, msg);
-		handlers__reply_status(p->s, p->env->id, -ENOMEM, msg);
-		handlers_unpark(h, p);
-	}
+	walk_waiters(h->broker, handlers_park_expire, &k);
 	handlers_park_arm(h);
 }
 
@@ -146,44 +169,47 @@ static void handlers_on_park_timer(uv_timer_t *timer)
  * In serving order. A request still short of device d keeps its place and
  * blocks every request behind it on d (first come, first served within a
  * priority, and no lower priority first); one short for drops only too.
+ * Only this walk, the park timer and handlers__park_cancel() unpark, and a
+ * handler never parks anew on a retry: the walk's next waiter survives the
+ * handler.
  */
+static int handlers_park_retry(void *arg, const struct bwaiter *w)
+{
+	struct hpark_walk *k = arg;
+	struct hpark *p = w->owner;
+	struct hreq rq = { .h = k->h,
+			   .s = p->s,
+			   .env = p->env,
+			   .retry = true,
+			   .short_dev = -1,
+			   .start_ns = p->start_ns };
+	int r;
+
+	if (p->s->state != SESS_OPEN)
+		return 0;
+	if (w->dev >= 0 && w->dev < 64 && (k->blocked & (1ULL << w->dev)))
+		return 0;
+	r = p->fn(&rq);
+	if (r == HANDLERS_PARK) {
+		handlers_park_note(p, &rq);
+		if (w->dev >= 0 && w->dev < 64)
+			k->blocked |= 1ULL << w->dev;
+		handlers_park_preempt(k->h, p);
+		return 0;
+	}
+	if (r < 0) {
+		handlers__refused(k->h, p->s, handlers_park_name(p), r, rq.err);
+		handlers__reply_status(p->s, p->env->id, r, rq.err);
+	}
+	handlers_unpark(k->h, p);
+	return 0;
+}
+
 static void handlers_retry_parked(struct handlers *h)
 {
-	uint64_t blocked = 0;
-	struct bwaiter *w, *next;
+	struct hpark_walk k = { .h = h };
 
-	for (w = h->broker->waiters; w; w = next) {
-		struct hpark *p = w->owner;
-		struct hreq rq = { .h = h,
-				   .s = p->s,
-				   .env = p->env,
-				   .retry = true,
-				   .short_dev = -1,
-				   .start_ns = p->start_ns };
-		int r;
-
-		/* Only this function, the park timer and handlers__park_cancel()
-		 * unpark, and a handler never parks anew on a retry: @next
-		 * survives the handler. */
-		next = w->next;
-		if (p->s->state != SESS_OPEN)
-			continue;
-		if (w->dev >= 0 && w->dev < 64 && (blocked & (1ULL << w->dev)))
-			continue;
-		r = p->fn(&rq);
-		if (r == HANDLERS_PARK) {
-			handlers_park_note(p, &rq);
-			if (w->dev >= 0 && w->dev < 64)
-				blocked |= 1ULL << w->dev;
-			handlers_park_preempt(h, p);
-			continue;
-		}
-		if (r < 0) {
-			handlers__refused(h, p->s, handlers_park_name(p), r, rq.err);
-			handlers__reply_status(p->s, p->env->id, r, rq.err);
-		}
-		handlers_unpark(h, p);
-	}
+	walk_waiters(h->broker, handlers_park_retry, &k);
 	handlers_park_arm(h);
 }
 
@@ -196,7 +222,7 @@ static void handlers_park_preempt(struct handlers *h, struct hpark *p)
 	if (!p->may_wait || p->w.preempt_asked || p->w.dev < 0 || p->w.need == 0)
 		return;
 	p->w.preempt_asked = true;
-	n = broker_preempt_pick(h->broker, &p->w, victims, HPARK_MAX_VICTIMS);
+	n = arb_preempt_pick(h->broker, &p->w, victims, HPARK_MAX_VICTIMS);
 	for (size_t i = 0; i < n; i++)
 		handlers__send_preempt(h, victims[i], p->w.client, p->w.dev, p->w.need);
 }
@@ -215,16 +241,20 @@ void handlers__settle(struct handlers *h)
 	handlers__changed(h);
 }
 
+static int handlers_park_cancel_one(void *arg, const struct bwaiter *w)
+{
+	struct hpark_walk *k = arg;
+	struct hpark *p = w->owner;
+
+	if (p->s == k->s)
+		handlers_unpark(k->h, p);
+	return 0;
+}
+
 void handlers__park_cancel(struct handlers *h, struct sess *s)
 {
-	struct bwaiter *w, *next;
+	struct hpark_walk k = { .h = h, .s = s };
 
-	for (w = h->broker->waiters; w; w = next) {
-		struct hpark *p = w->owner;
-
-		next = w->next;
-		if (p->s == s)
-			handlers_unpark(h, p);
-	}
+	walk_waiters(h->broker, handlers_park_cancel_one, &k);
 	handlers_park_arm(h);
 }

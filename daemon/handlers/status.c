@@ -18,6 +18,8 @@
 #include "common/log.h"
 #include "common/wire.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/wait.h"
+#include "daemon/core/walk.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
 #include "include/gmb.h"
@@ -38,19 +40,19 @@ struct hstatus {
 	Gmb__WaiterInfo *wi, **pwi;
 	size_t nwaiters;
 	const struct handlers *h;
+	int ndevices;
+	uint64_t now;
+	/* The walk's place: the entry and row being filled, the client's
+	 * first row, and the tag whose allocations are being summed. */
+	size_t entry, row, first;
+	struct hstatus_tag {
+		uint32_t count[BACKEND_MAX_DEVICES];
+		uint64_t bytes[BACKEND_MAX_DEVICES];
+		size_t rows; /* devices with allocations */
+	} tag;
 };
 
-/* One tag's allocations per device. */
-struct hstatus_tag {
-	uint32_t count[BACKEND_MAX_DEVICES];
-	uint64_t bytes[BACKEND_MAX_DEVICES];
-	size_t rows; /* devices with allocations, at least 1 */
-};
-
-static void handlers_status_tag(const struct btag *t, int ndev, struct hstatus_tag *out);
-static int handlers_status_build(const struct broker *br, uint64_t now, struct hstatus *st);
-static size_t handlers_status_fill_client(const struct broker *br, const struct bclient *c,
-					  struct hstatus *st, size_t row, Gmb__ClientInfo *ci);
+static int handlers_status_build(const struct broker *br, struct hstatus *st);
 static size_t handlers_status_split(struct hstatus *st, size_t i, size_t first);
 static int handlers_status_send(struct hreq *rq, struct hstatus *st, bool last);
 static int handlers_status_part(struct hreq *rq, struct hstatus *st, size_t first, size_t n,
@@ -59,11 +61,13 @@ static void handlers_status_free(struct hstatus *st);
 
 int handlers__status(struct hreq *rq)
 {
-	struct hstatus st = { .h = rq->h };
+	struct hstatus st = { .h = rq->h,
+			      .ndevices = rq->h->broker->ndevices,
+			      .now = uv_now(rq->h->loop) };
 	struct hipc_rows imports = { 0 };
 	int r;
 
-	r = handlers_status_build(rq->h->broker, uv_now(rq->h->loop), &st);
+	r = handlers_status_build(rq->h->broker, &st);
 	if (r == 0)
 		r = handlers__ipc_rows(rq->h->broker, &imports);
 	if (r < 0) {
@@ -102,65 +106,159 @@ static const char *handlers_status_state(const struct handlers *h, const struct 
 	return t->paused ? "paused" : "active";
 }
 
-static void handlers_status_tag(const struct btag *t, int ndev, struct hstatus_tag *out)
+/* One tag's allocations per device (st->tag), counted as the walk goes. */
+static int handlers_status_tag(void *arg, const struct btag *t)
 {
-	memset(out, 0, sizeof(*out));
-	for (const struct balloc *a = t->allocs; a; a = a->next) {
-		if (a->dev < 0 || a->dev >= ndev)
-			continue;
-		if (out->count[a->dev]++ == 0)
-			out->rows++;
-		out->bytes[a->dev] += a->size;
-	}
-	if (out->rows == 0)
-		out->rows = 1;
+	struct hstatus *st = arg;
+
+	(void)t;
+	memset(&st->tag, 0, sizeof(st->tag));
+	return 0;
 }
 
-/* The waiting requests, in serving order. */
-static int handlers_status_waiters(const struct broker *br, uint64_t now, struct hstatus *st)
+static int handlers_status_alloc(void *arg, const struct balloc *a)
 {
-	size_t n = 0;
+	struct hstatus *st = arg;
 
-	/* The first part carries them: a bounded number fits it. */
-	for (const struct bwaiter *w = br->waiters; w && n < HSTATUS_MAX_WAITERS; w = w->next)
-		n++;
+	if (a->dev < 0 || a->dev >= st->ndevices)
+		return 0;
+	if (st->tag.count[a->dev]++ == 0)
+		st->tag.rows++;
+	st->tag.bytes[a->dev] += a->size;
+	return 0;
+}
+
+static int handlers_status_count_client(void *arg, const struct bclient *c)
+{
+	(void)c;
+	((struct hstatus *)arg)->nclients++;
+	return 0;
+}
+
+static int handlers_status_count_tag_end(void *arg, const struct btag *t)
+{
+	struct hstatus *st = arg;
+
+	(void)t;
+	st->nrows += st->tag.rows ? st->tag.rows : 1;
+	return 0;
+}
+
+/* The waiting requests, in serving order; the first part carries them: a
+ * bounded number fits it. */
+static int handlers_status_count_waiter(void *arg, const struct bwaiter *w)
+{
+	struct hstatus *st = arg;
+
+	(void)w;
+	return ++st->nwaiters >= HSTATUS_MAX_WAITERS;
+}
+
+static int handlers_status_waiter(void *arg, const struct bwaiter *w)
+{
+	struct hstatus *st = arg;
+	Gmb__WaiterInfo *wi = &st->wi[st->nwaiters];
+	uint64_t now = st->now;
+
+	gmb__waiter_info__init(wi);
+	wi->client_id = w->client->id;
+	wi->client = (char *)w->client->name;
+	wi->device = w->dev < 0 ? 0 : (uint32_t)w->dev;
+	wi->kind = (char *)(w->kind == BROKER_WAIT_ALLOC ? "alloc" : "resume");
+	wi->tag = (char *)w->tag;
+	wi->bytes = w->need;
+	wi->priority = w->client->priority;
+	wi->waited_ms = now > w->since ? now - w->since : 0;
+	wi->left_ms = w->deadline > now ? w->deadline - now : 0;
+	st->pwi[st->nwaiters++] = wi;
+	return st->nwaiters >= HSTATUS_MAX_WAITERS;
+}
+
+static int handlers_status_waiters(const struct broker *br, struct hstatus *st)
+{
+	size_t n;
+
+	walk_waiters(br, handlers_status_count_waiter, st);
+	n = st->nwaiters;
+	st->nwaiters = 0;
 	st->wi = calloc(n + 1, sizeof(*st->wi));
 	st->pwi = calloc(n + 1, sizeof(*st->pwi));
 	if (!st->wi || !st->pwi)
 		return -ENOMEM;
-	for (const struct bwaiter *w = br->waiters; w && st->nwaiters < n; w = w->next) {
-		Gmb__WaiterInfo *wi = &st->wi[st->nwaiters];
+	if (n)
+		walk_waiters(br, handlers_status_waiter, st);
+	return 0;
+}
 
-		gmb__waiter_info__init(wi);
-		wi->client_id = w->client->id;
-		wi->client = (char *)w->client->name;
-		wi->device = w->dev < 0 ? 0 : (uint32_t)w->dev;
-		wi->kind = (char *)(w->kind == BROKER_WAIT_ALLOC ? "alloc" : "resume");
-		wi->tag = (char *)w->tag;
-		wi->bytes = w->need;
-		wi->priority = w->client->priority;
-		wi->waited_ms = now > w->since ? now - w->since : 0;
-		wi->left_ms = w->deadline > now ? w->deadline - now : 0;
-		st->pwi[st->nwaiters++] = wi;
+/* A client's entry, its rows from st->ti[st->row]. */
+static int handlers_status_client(void *arg, const struct bclient *c)
+{
+	struct hstatus *st = arg;
+	Gmb__ClientInfo *ci = &st->ci[st->entry];
+
+	gmb__client_info__init(ci);
+	ci->id = c->id;
+	ci->name = (char *)c->name;
+	ci->pid = (int32_t)c->pid;
+	ci->uid = (uint32_t)c->uid;
+	ci->gid = (uint32_t)c->gid;
+	ci->control = c->control;
+	ci->group = (char *)c->group;
+	ci->priority = c->priority;
+	ci->preemptible = c->preemptible;
+	ci->tags = &st->pti[st->row];
+	st->pci[st->entry] = ci;
+	st->first = st->row;
+	return 0;
+}
+
+/* A tag's rows: one a device it has allocations on, device -1 when none. */
+static int handlers_status_tag_end(void *arg, const struct btag *t)
+{
+	struct hstatus *st = arg;
+	Gmb__ClientInfo *ci = &st->ci[st->entry];
+
+	for (int d = -1; d < st->ndevices; d++) {
+		Gmb__TagInfo *ti = &st->ti[st->row];
+
+		if (d == -1 ? t->nallocs != 0 : st->tag.count[d] == 0)
+			continue;
+		gmb__tag_info__init(ti);
+		ti->name = (char *)t->name;
+		ti->device = d;
+		ti->state = (char *)handlers_status_state(st->h, t->client, t);
+		ti->mode = (Gmb__Mode)t->mode;
+		ti->allocations = d < 0 ? 0 : st->tag.count[d];
+		ti->bytes = d < 0 ? 0 : st->tag.bytes[d];
+		st->pti[st->row++] = ti;
+		ci->n_tags++;
 	}
 	return 0;
 }
 
-static int handlers_status_build(const struct broker *br, uint64_t now, struct hstatus *st)
+static int handlers_status_client_end(void *arg, const struct bclient *c)
 {
-	struct hstatus_tag tt;
-	size_t row = 0, i = 0;
+	struct hstatus *st = arg;
+
+	(void)c;
+	st->entry = handlers_status_split(st, st->entry, st->first);
+	return 0;
+}
+
+static int handlers_status_build(const struct broker *br, struct hstatus *st)
+{
+	static const struct walk_ops count = { .client = handlers_status_count_client,
+					       .tag = handlers_status_tag,
+					       .alloc = handlers_status_alloc,
+					       .tag_end = handlers_status_count_tag_end };
+	static const struct walk_ops fill = { .client = handlers_status_client,
+					      .tag = handlers_status_tag,
+					      .alloc = handlers_status_alloc,
+					      .tag_end = handlers_status_tag_end,
+					      .client_end = handlers_status_client_end };
 
 	handlers__devices(br, st->di, st->pdi);
-	for (const struct bclient *c = br->clients; c; c = c->next) {
-		if (c->tool)
-			continue;
-		st->nclients++;
-		for (const struct btag *t = c->tags; t; t = t->next) {
-			handlers_status_tag(t, br->ndevices, &tt);
-			st->nrows += tt.rows;
-		}
-	}
+	walk_tree(br, &count, st);
 	/* A client may take several entries: at most one a row more. */
 	st->ci = calloc(st->nclients + st->nrows + 1, sizeof(*st->ci));
 	st->pci = calloc(st->nclients + st->nrows + 1, sizeof(*st->pci));
@@ -168,18 +266,10 @@ static int handlers_status_build(const struct broker *br, uint64_t now, struct h
 	st->pti = calloc(st->nrows + 1, sizeof(*st->pti));
 	if (!st->ci || !st->pci || !st->ti || !st->pti)
 		return -ENOMEM;
-	if (handlers_status_waiters(br, now, st) < 0)
+	if (handlers_status_waiters(br, st) < 0)
 		return -ENOMEM;
-	for (const struct bclient *c = br->clients; c; c = c->next) {
-		size_t first = row;
-
-		if (c->tool)
-			continue;
-		st->pci[i] = &st->ci[i];
-		row = handlers_status_fill_client(br, c, st, row, &st->ci[i]);
-		i = handlers_status_split(st, i, first);
-	}
-	st->nclients = i;
+	walk_tree(br, &fill, st);
+	st->nclients = st->entry;
 	return 0;
 }
 
@@ -215,45 +305,6 @@ static size_t handlers_status_split(struct hstatus *st, size_t i, size_t first)
 		bytes += sz;
 	}
 	return next;
-}
-
-/* Fills @ci and its rows from st->ti[@row]; returns the next free row. */
-static size_t handlers_status_fill_client(const struct broker *br, const struct bclient *c,
-					  struct hstatus *st, size_t row, Gmb__ClientInfo *ci)
-{
-	struct hstatus_tag tt;
-
-	gmb__client_info__init(ci);
-	ci->id = c->id;
-	ci->name = (char *)c->name;
-	ci->pid = (int32_t)c->pid;
-	ci->uid = (uint32_t)c->uid;
-	ci->gid = (uint32_t)c->gid;
-	ci->control = c->control;
-	ci->group = (char *)c->group;
-	ci->priority = c->priority;
-	ci->preemptible = c->preemptible;
-	ci->tags = &st->pti[row];
-	for (const struct btag *t = c->tags; t; t = t->next) {
-		handlers_status_tag(t, br->ndevices, &tt);
-		for (int d = -1; d < br->ndevices; d++) {
-			Gmb__TagInfo *ti = &st->ti[row];
-
-			/* Device -1 is the row of a tag without allocations. */
-			if (d == -1 ? t->nallocs != 0 : tt.count[d] == 0)
-				continue;
-			gmb__tag_info__init(ti);
-			ti->name = (char *)t->name;
-			ti->device = d;
-			ti->state = (char *)handlers_status_state(st->h, c, t);
-			ti->mode = (Gmb__Mode)t->mode;
-			ti->allocations = d < 0 ? 0 : tt.count[d];
-			ti->bytes = d < 0 ? 0 : tt.bytes[d];
-			st->pti[row++] = ti;
-			ci->n_tags++;
-		}
-	}
-	return row;
 }
 
 /* The parts of @st; the last one says more = false when @last. */

@@ -11,7 +11,7 @@
  * paused tags resumed again, so that both sides end as they began, and the
  * answer says which step failed and whether the rollback succeeded.
  *
- * The core's switch (broker_handover_begin) keeps the chunks of FROM's
+ * The core's switch (arb_handover_begin) keeps the chunks of FROM's
  * pauses for TO's resumes, so that between clients of one user TO maps
  * FROM's memory with no release, zeroing or create; it ends with the
  * switch, successful or not.
@@ -36,7 +36,10 @@
 #include "common/log.h"
 #include "common/size.h"
 #include "common/wire.h"
+#include "daemon/core/arb.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/wait.h"
+#include "daemon/core/walk.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
 
@@ -118,6 +121,18 @@ static int hswitch_tag_push(hswitch_name **v, size_t *n, const char *tag)
 	return 0;
 }
 
+/* A tag of @l's client a step will change goes on l->changed. */
+static int hswitch_changed_tag(void *arg, const struct btag *t)
+{
+	struct hswitch_lane *l = arg;
+
+	if (t->paused == l->from)
+		return 0;
+	return hswitch_tag_push(&l->changed, &l->nchanged, t->name);
+}
+
+static const struct walk_ops hswitch_changed_ops = { .tag = hswitch_changed_tag };
+
 /*
  * @l's steps from @c's tags: the named ones it has (in the order given),
  * else one step for every tag; changed[] lists the tags a step will change
@@ -129,10 +144,8 @@ static int hswitch_lane_plan(struct hreq *rq, struct hswitch_lane *l, const stru
 	bool any = false;
 
 	for (size_t i = 0; i < ntags; i++) {
-		const struct btag *t;
+		const struct btag *t = broker_tag_find(c, tags[i]);
 
-		for (t = c->tags; t && strcmp(t->name, tags[i]) != 0; t = t->next)
-			;
 		if (!t)
 			continue;
 		any = true;
@@ -146,10 +159,8 @@ static int hswitch_lane_plan(struct hreq *rq, struct hswitch_lane *l, const stru
 				      c->name);
 	if (ntags)
 		return 0;
-	for (const struct btag *t = c->tags; t; t = t->next)
-		if (t->paused != l->from &&
-		    hswitch_tag_push(&l->changed, &l->nchanged, t->name) < 0)
-			return handlers__fail(rq, -ENOMEM, "out of memory planning a switch");
+	if (walk_client(c, &hswitch_changed_ops, l) < 0)
+		return handlers__fail(rq, -ENOMEM, "out of memory planning a switch");
 	if (l->nchanged && hswitch_tag_push(&l->fwd, &l->nfwd, "") < 0)
 		return handlers__fail(rq, -ENOMEM, "out of memory planning a switch");
 	return 0;
@@ -160,7 +171,7 @@ static int hswitch_side(struct hreq *rq, const char *sel, struct bclient **out)
 {
 	struct broker *br = rq->h->broker;
 	struct bclient *actor = hconn_of(rq->s)->client;
-	int n = broker_select(br, sel, out, HSWITCH_MAX_LANES, rq->err);
+	int n = arb_select(br, sel, out, HSWITCH_MAX_LANES, rq->err);
 
 	for (int i = 0; i < n; i++) {
 		struct sess *ts = handlers__conn_client(rq->h, out[i]);
@@ -258,8 +269,8 @@ int handlers__switch(struct hreq *rq)
 	sw->nto = (size_t)nt;
 	r = hswitch_lanes(rq, sw, c, sw->nfrom + sw->nto, m->tags, m->n_tags);
 	if (r == 0)
-		r = broker_handover_begin(rq->h->broker, c, sw->nfrom, c + nf, sw->nto, &sw->ho,
-					  rq->err);
+		r = arb_handover_begin(rq->h->broker, c, sw->nfrom, c + nf, sw->nto, &sw->ho,
+				       rq->err);
 	if (r < 0) {
 		hswitch_free(sw);
 		return r;
@@ -579,7 +590,7 @@ static void hswitch_finish(struct hswitch *sw)
 	double total = (double)(uv_hrtime() - sw->t0) / 1e6;
 	char msg[ERR_MSG_MAX] = "", b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
 
-	broker_handover_end(sw->h->broker, sw->ho, &hs);
+	arb_handover_end(sw->h->broker, sw->ho, &hs);
 	sw->ho = NULL;
 	if (sw->status)
 		hswitch_failure_text(sw, msg);
@@ -610,7 +621,7 @@ void handlers__switch_close_all(struct handlers *h)
 
 		for (size_t i = 0; i < sw->nfrom + sw->nto; i++)
 			handlers__dreq_cancel(sw->lanes[i].dreq);
-		broker_handover_end(h->broker, sw->ho, NULL);
+		arb_handover_end(h->broker, sw->ho, NULL);
 		sw->ho = NULL;
 		DLIST_UNLINK(h->switches, sw);
 		hswitch_destroy(sw);
@@ -631,7 +642,7 @@ int handlers__priority(struct hreq *rq)
 		return handlers__fail(rq, -EINVAL, "no target client given");
 	if ((r = handlers__check_name(rq, "the target", sel)) < 0)
 		return r;
-	n = broker_select(br, sel, c, HSWITCH_MAX_LANES, rq->err);
+	n = arb_select(br, sel, c, HSWITCH_MAX_LANES, rq->err);
 	for (int i = 0; i < n; i++)
 		if ((r = broker_may_control(br, hconn_of(rq->s)->client, c[i], rq->err)) < 0)
 			return r;
@@ -641,7 +652,7 @@ int handlers__priority(struct hreq *rq)
 		log_info("priority set " SESS_FMT " target=%s target_id=%" PRIu64 " priority=%d"
 			 " was=%d",
 			 SESS_ARGS(rq->s), c[i]->name, c[i]->id, m->priority, c[i]->priority);
-		broker_set_priority(br, c[i], m->priority);
+		wait_set_priority(br, c[i], m->priority);
 	}
 	handlers__reply_status(rq->s, rq->env->id, 0, NULL);
 	return 0;

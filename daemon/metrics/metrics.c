@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "daemon/core/broker.h"
+#include "daemon/core/walk.h"
 #include "daemon/metrics/metrics.h"
 
 /* Upper bounds in seconds; the last bucket is +Inf. */
@@ -211,33 +212,48 @@ static void metrics_tag_labels(struct mbuf *b, const struct bclient *c, const st
 	mbuf_printf(b, "\"}");
 }
 
+static int metrics_count_client(void *arg, const struct bclient *c)
+{
+	(void)c;
+	(*(uint32_t *)arg)++;
+	return 0;
+}
+
+static int metrics_tag_bytes(void *arg, const struct btag *t)
+{
+	struct mbuf *b = arg;
+
+	mbuf_printf(b, "gmbd_tag_bytes");
+	metrics_tag_labels(b, t->client, t);
+	mbuf_printf(b, " %" PRIu64 "\n", t->bytes);
+	return 0;
+}
+
+static int metrics_tag_paused(void *arg, const struct btag *t)
+{
+	struct mbuf *b = arg;
+
+	mbuf_printf(b, "gmbd_tag_paused");
+	metrics_tag_labels(b, t->client, t);
+	mbuf_printf(b, " %d\n", t->paused ? 1 : 0);
+	return 0;
+}
+
 static void metrics_tags(struct mbuf *b, const struct broker *br)
 {
+	static const struct walk_ops count = { .client = metrics_count_client };
+	static const struct walk_ops bytes = { .tag = metrics_tag_bytes };
+	static const struct walk_ops paused = { .tag = metrics_tag_paused };
 	uint32_t clients = 0;
 
-	for (const struct bclient *c = br->clients; c; c = c->next)
-		clients += !c->tool;
+	walk_tree(br, &count, &clients);
 	metrics_family(b, "gmbd_clients", "gauge", "Clients connected (tools not counted).");
 	mbuf_printf(b, "gmbd_clients %" PRIu32 "\n", clients);
 	metrics_family(b, "gmbd_tag_bytes", "gauge",
 		       "Bytes of a client's tag, lent (active) or to be lent again (paused).");
-	for (const struct bclient *c = br->clients; c; c = c->next)
-		for (const struct btag *t = c->tags; t && !c->tool; t = t->next) {
-			uint64_t bytes = 0;
-
-			for (const struct balloc *a = t->allocs; a; a = a->next)
-				bytes += a->size;
-			mbuf_printf(b, "gmbd_tag_bytes");
-			metrics_tag_labels(b, c, t);
-			mbuf_printf(b, " %" PRIu64 "\n", bytes);
-		}
+	walk_tree(br, &bytes, b);
 	metrics_family(b, "gmbd_tag_paused", "gauge", "1 while a client's tag is paused, else 0.");
-	for (const struct bclient *c = br->clients; c; c = c->next)
-		for (const struct btag *t = c->tags; t && !c->tool; t = t->next) {
-			mbuf_printf(b, "gmbd_tag_paused");
-			metrics_tag_labels(b, c, t);
-			mbuf_printf(b, " %d\n", t->paused ? 1 : 0);
-		}
+	walk_tree(br, &paused, b);
 }
 
 static void metrics_counters(struct mbuf *b, const struct metrics *m)

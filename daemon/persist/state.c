@@ -17,6 +17,8 @@
 
 #include "common/log.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/rejoin.h"
+#include "daemon/core/walk.h"
 #include "daemon/persist/state.h"
 
 #define STATE_VERSION 1
@@ -30,28 +32,46 @@ struct state_enc {
 	Gmb__StateAlloc *allocs, **pallocs;
 	uint64_t *ids;
 	uint32_t *groups;
+	size_t ntags, nallocs, nids, ngroups; /* entries filled */
 };
 
 struct state_count {
 	size_t clients, tags, allocs, ids, groups;
 };
 
+static int state_count_client(void *arg, const struct bclient *c)
+{
+	struct state_count *n = arg;
+
+	n->clients++;
+	n->groups += (size_t)c->ngroups;
+	return 0;
+}
+
+static int state_count_tag(void *arg, const struct btag *t)
+{
+	(void)t;
+	((struct state_count *)arg)->tags++;
+	return 0;
+}
+
+static int state_count_alloc(void *arg, const struct balloc *a)
+{
+	struct state_count *n = arg;
+
+	n->allocs++;
+	n->ids += a->nchunks;
+	return 0;
+}
+
 static void state_count(const struct broker *br, struct state_count *n)
 {
+	static const struct walk_ops ops = { .client = state_count_client,
+					     .tag = state_count_tag,
+					     .alloc = state_count_alloc };
+
 	*n = (struct state_count){ 0 };
-	for (const struct bclient *c = br->clients; c; c = c->next) {
-		if (c->tool)
-			continue;
-		n->clients++;
-		n->groups += (size_t)c->ngroups;
-		for (const struct btag *t = c->tags; t; t = t->next) {
-			n->tags++;
-			for (const struct balloc *a = t->allocs; a; a = a->next) {
-				n->allocs++;
-				n->ids += a->nchunks;
-			}
-		}
-	}
+	walk_tree(br, &ops, n);
 }
 
 static void state_enc_free(struct state_enc *e)
@@ -86,85 +106,107 @@ static int state_enc_alloc(struct state_enc *e, size_t nchunks, const struct sta
 	return 0;
 }
 
-static void state_enc_chunks(const struct broker *br, struct state_enc *e)
+static int state_enc_chunk(void *arg, const struct chunk *ch)
 {
-	struct chunk *ch;
-	uint64_t id;
-	size_t it = 0, i = 0;
+	struct state_enc *e = arg;
+	Gmb__StateChunk *sc = &e->chunks[e->st.n_chunks];
 
-	while (idmap_next(&br->chunks, &it, &id, (void **)&ch)) {
-		Gmb__StateChunk *sc = &e->chunks[i];
-
-		gmb__state_chunk__init(sc);
-		sc->id = ch->id;
-		sc->device = (uint32_t)ch->dev;
-		sc->size = ch->size;
-		sc->uid = (uint32_t)ch->uid;
-		sc->uid_set = ch->uid_set;
-		e->pchunks[i++] = sc;
-	}
-	e->st.n_chunks = i;
-	e->st.chunks = e->pchunks;
+	gmb__state_chunk__init(sc);
+	sc->id = ch->id;
+	sc->device = (uint32_t)ch->dev;
+	sc->size = ch->size;
+	sc->uid = (uint32_t)ch->uid;
+	sc->uid_set = ch->uid_set;
+	e->pchunks[e->st.n_chunks++] = sc;
+	return 0;
 }
 
-/* @t's allocations from e->allocs[*na], chunk ids from e->ids[*ni]. */
-static void state_enc_tag(const struct btag *t, struct state_enc *e, Gmb__StateTag *st, size_t *na,
-			  size_t *ni)
+static void state_enc_chunks(const struct broker *br, struct state_enc *e)
 {
+	e->st.n_chunks = 0;
+	e->st.chunks = e->pchunks;
+	walk_chunks(br, state_enc_chunk, e);
+}
+
+/*
+ * The walk fills the arrays in order: a client's tags, a tag's allocations
+ * and an allocation's chunk ids each take the next entries, so the one
+ * being filled is always the last one begun.
+ */
+static int state_enc_client(void *arg, const struct bclient *c)
+{
+	struct state_enc *e = arg;
+	Gmb__StateClient *sc = &e->clients[e->st.n_clients];
+
+	gmb__state_client__init(sc);
+	sc->id = c->id;
+	sc->name = (char *)c->name;
+	sc->pid = (int32_t)c->pid;
+	sc->uid = (uint32_t)c->uid;
+	sc->gid = (uint32_t)c->gid;
+	sc->control = c->control;
+	sc->start_time = c->start_time;
+	sc->groups = &e->groups[e->ngroups];
+	sc->n_groups = (size_t)c->ngroups;
+	for (int i = 0; i < c->ngroups; i++)
+		e->groups[e->ngroups++] = (uint32_t)c->groups[i];
+	sc->tags = &e->ptags[e->ntags];
+	e->pclients[e->st.n_clients++] = sc;
+	return 0;
+}
+
+static int state_enc_tag(void *arg, const struct btag *t)
+{
+	struct state_enc *e = arg;
+	Gmb__StateTag *st = &e->tags[e->ntags];
+
 	gmb__state_tag__init(st);
 	st->name = (char *)t->name;
 	st->mode = (Gmb__Mode)t->mode;
 	st->paused = t->paused;
-	st->allocs = &e->pallocs[*na];
-	for (const struct balloc *a = t->allocs; a; a = a->next) {
-		Gmb__StateAlloc *sa = &e->allocs[*na];
+	st->allocs = &e->pallocs[e->nallocs];
+	e->ptags[e->ntags++] = st;
+	e->pclients[e->st.n_clients - 1]->n_tags++;
+	return 0;
+}
 
-		gmb__state_alloc__init(sa);
-		sa->id = a->id;
-		sa->device = (uint32_t)a->dev;
-		sa->size = a->size;
-		sa->active = a->active;
-		sa->chunk_ids = &e->ids[*ni];
-		sa->n_chunk_ids = a->nchunks;
-		for (uint32_t i = 0; i < a->nchunks; i++)
-			e->ids[(*ni)++] = a->chunks[i] ? a->chunks[i]->id : 0;
-		e->pallocs[(*na)++] = sa;
-		st->n_allocs++;
-	}
+static int state_enc_alloc_one(void *arg, const struct balloc *a)
+{
+	struct state_enc *e = arg;
+	Gmb__StateAlloc *sa = &e->allocs[e->nallocs];
+
+	gmb__state_alloc__init(sa);
+	sa->id = a->id;
+	sa->device = (uint32_t)a->dev;
+	sa->size = a->size;
+	sa->active = a->active;
+	sa->chunk_ids = &e->ids[e->nids];
+	e->pallocs[e->nallocs++] = sa;
+	e->ptags[e->ntags - 1]->n_allocs++;
+	return 0;
+}
+
+static int state_enc_chunk_id(void *arg, const struct balloc *a, uint32_t i, const struct chunk *ch)
+{
+	struct state_enc *e = arg;
+
+	(void)a;
+	(void)i;
+	e->ids[e->nids++] = ch ? ch->id : 0;
+	e->pallocs[e->nallocs - 1]->n_chunk_ids++;
+	return 0;
 }
 
 static void state_enc_clients(const struct broker *br, struct state_enc *e)
 {
-	size_t nc = 0, nt = 0, na = 0, ni = 0, ng = 0;
+	static const struct walk_ops ops = { .client = state_enc_client,
+					     .tag = state_enc_tag,
+					     .alloc = state_enc_alloc_one,
+					     .chunk = state_enc_chunk_id };
 
-	for (const struct bclient *c = br->clients; c; c = c->next) {
-		Gmb__StateClient *sc = &e->clients[nc];
-
-		if (c->tool)
-			continue;
-		gmb__state_client__init(sc);
-		sc->id = c->id;
-		sc->name = (char *)c->name;
-		sc->pid = (int32_t)c->pid;
-		sc->uid = (uint32_t)c->uid;
-		sc->gid = (uint32_t)c->gid;
-		sc->control = c->control;
-		sc->start_time = c->start_time;
-		sc->groups = &e->groups[ng];
-		sc->n_groups = (size_t)c->ngroups;
-		for (int i = 0; i < c->ngroups; i++)
-			e->groups[ng++] = (uint32_t)c->groups[i];
-		sc->tags = &e->ptags[nt];
-		for (const struct btag *t = c->tags; t; t = t->next) {
-			state_enc_tag(t, e, &e->tags[nt], &na, &ni);
-			e->ptags[nt] = &e->tags[nt];
-			nt++;
-			sc->n_tags++;
-		}
-		e->pclients[nc++] = sc;
-	}
-	e->st.n_clients = nc;
+	e->st.n_clients = 0;
 	e->st.clients = e->pclients;
+	walk_tree(br, &ops, e);
 }
 
 int state_encode(const struct broker *br, uint8_t **buf, size_t *len)
@@ -286,12 +328,11 @@ static int state_restore_alloc(struct broker *br, struct bclient *c, struct btag
 	if (!chunks)
 		return -ENOMEM;
 	for (size_t i = 0; i < sa->n_chunk_ids; i++) {
-		struct chunk *ch = sa->chunk_ids[i] ? idmap_get(&br->chunks, sa->chunk_ids[i]) :
-						      NULL;
+		struct chunk *ch = sa->chunk_ids[i] ? broker_chunk_get(br, sa->chunk_ids[i]) : NULL;
 
 		chunks[i] = ch && ch->dev == (int)sa->device ? ch : NULL;
 	}
-	rc = broker_restore_alloc(br, c, t, sa->id, (int)sa->device, sa->size, sa->active, chunks,
+	rc = rejoin_restore_alloc(br, c, t, sa->id, (int)sa->device, sa->size, sa->active, chunks,
 				  (uint32_t)sa->n_chunk_ids);
 	free(chunks);
 	return rc;
@@ -302,7 +343,7 @@ static int state_restore_tag(struct broker *br, struct bclient *c, const Gmb__St
 	struct btag *t;
 	int rc;
 
-	rc = broker_restore_tag(c, st->name, (int)st->mode, st->paused, &t);
+	rc = rejoin_restore_tag(c, st->name, (int)st->mode, st->paused, &t);
 	if (rc < 0)
 		return rc;
 	/* Allocations are linked first in their tag: last recorded first. */

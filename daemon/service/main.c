@@ -33,6 +33,8 @@
 #include "common/size.h"
 #include "common/wire.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/lend.h"
+#include "daemon/core/walk.h"
 #include "daemon/handlers/handlers.h"
 #include "daemon/metrics/http.h"
 #include "daemon/metrics/metrics.h"
@@ -463,18 +465,25 @@ static int gmbd_flush(void *arg)
 	return r;
 }
 
+static int gmbd_count_client(void *arg, const struct bclient *c)
+{
+	(void)c;
+	(*(uint32_t *)arg)++;
+	return 0;
+}
+
 /* "2 clients, 1.5GiB lent of 2.0GiB held on 1 device (host)[, 1 rejoining]" */
 static void gmbd_status(void *arg, char *buf, size_t len)
 {
 	const struct gmbd *g = arg;
+	static const struct walk_ops count = { .client = gmbd_count_client };
 	const struct broker *br = g->broker;
 	uint64_t lent = 0, held = 0;
 	uint32_t clients = 0, orphans = broker_orphans(br);
 	char b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
 	int n;
 
-	for (const struct bclient *c = br->clients; c; c = c->next)
-		clients += !c->tool;
+	walk_tree(br, &count, &clients);
 	for (int d = 0; d < br->ndevices; d++) {
 		lent += br->pools[d].lent_bytes;
 		held += br->pools[d].held_bytes;
@@ -655,5 +664,5 @@ static void gmbd_fd_budget(struct gmbd *g, uint64_t limit)
 		 " kept_free=%" PRIu64 " max_chunks_per_uid=%" PRIu64,
 		 br->opts.fd_limit, br->fds_base, chunk_fds, kept, br->opts.max_chunks_per_uid);
 	/* Restored chunks were not checked against a bound set only now. */
-	broker_warn_uid_bounds(br);
+	lend_warn_uid_bounds(br);
 }

@@ -19,6 +19,7 @@
 #include "common/backend/backend.h"
 #include "common/log.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/rejoin.h"
 #include "daemon/persist/state.h"
 #include "tests/fuzz/fuzz.h"
 
@@ -60,7 +61,7 @@ static struct broker *fs_broker(struct backend *be)
 static void fs_reclaim_all(struct broker *br)
 {
 	while (br->clients)
-		broker_reclaim(br, br->clients, "fuzz: not back");
+		rejoin_reclaim(br, br->clients, "fuzz: not back");
 	fuzz_check_broker(br, 1);
 	for (int d = 0; d < br->ndevices; d++)
 		if (br->pools[d].lent_bytes || br->pools[d].pending_bytes)

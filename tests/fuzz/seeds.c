@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "common/wire.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/lend.h"
 #include "daemon/persist/state.h"
 #include "gmb.h"
 
@@ -401,12 +402,12 @@ static void seeds_state_real(void)
 	 * harness's stored fds (ids 1-4 and 5-8) mostly agree. */
 	broker_set_mode(br, c, "w", GMB_MODE_PRESERVE, NULL);
 	for (int i = 0; i < 5; i++) {
-		broker_alloc(br, c, i < 3 ? 0 : 1, (i < 3 ? 2 : 4) * MiB, i < 2 ? "w" : "kv", &res,
-			     NULL);
+		lend_alloc(br, c, i < 3 ? 0 : 1, (i < 3 ? 2 : 4) * MiB, i < 2 ? "w" : "kv", &res,
+			   NULL);
 		broker_result_deinit(&res);
 	}
-	broker_pause(br, c, "kv", false, NULL);
-	broker_free_alloc(br, c, 1, NULL);
+	lend_pause(br, c, "kv", false, NULL);
+	lend_free(br, c, 1, NULL);
 	if (state_encode(br, &buf, &len) < 0)
 		exit(1);
 	memcpy(s.buf, buf, len);

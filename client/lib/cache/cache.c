@@ -17,7 +17,7 @@
  * Nothing here calls the backend or takes a lock: handles leaving the cache
  * go onto a release list (linked through the entries, so that dropping one
  * can never fail for lack of memory) that the caller hands to
- * gmb__release_run() once it dropped the lock.
+ * gmb__cache_release_run() once it dropped the lock.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -73,8 +73,8 @@ static void cache_unref(struct gmb__cache *m, uint64_t id, struct gmb__handle **
 		cache_push(rel, idmap_del(&m->cache, id));
 }
 
-static int lend_check_chunks(const struct gmb__cache *m, const uint64_t *ids, const uint64_t *sizes,
-			     size_t n, uint64_t want, char *err)
+static int cache_lend_check_chunks(const struct gmb__cache *m, const uint64_t *ids,
+				   const uint64_t *sizes, size_t n, uint64_t want, char *err)
 {
 	uint64_t total = 0;
 
@@ -126,8 +126,8 @@ static int lends_append(Gmb__Lend *j, const Gmb__Lend *l, char *err)
 }
 
 /* The lend that starts at @in[@i] and the pieces after it; *@next past them. */
-static int lends_join_one(const Gmb__Lend *const *in, size_t n, size_t i, struct gmb__lends *out,
-			  size_t *next, char *err)
+static int cache_lends_join_one(const Gmb__Lend *const *in, size_t n, size_t i,
+				struct gmb__lends *out, size_t *next, char *err)
 {
 	Gmb__Lend *j;
 	size_t k = i + 1;
@@ -155,7 +155,7 @@ static int lends_join_one(const Gmb__Lend *const *in, size_t n, size_t i, struct
 	return rc;
 }
 
-int gmb__lends_join(const Gmb__Lend *const *in, size_t n, struct gmb__lends *out, char *err)
+int gmb__cache_lends_join(const Gmb__Lend *const *in, size_t n, struct gmb__lends *out, char *err)
 {
 	size_t i = 0;
 	int rc = 0;
@@ -168,12 +168,12 @@ int gmb__lends_join(const Gmb__Lend *const *in, size_t n, struct gmb__lends *out
 	while (i < n && rc == 0) {
 		if (!in[i])
 			return err_fmt(err, -EPROTO, "gmbd's reply lacks the lend");
-		rc = lends_join_one(in, n, i, out, &i, err);
+		rc = cache_lends_join_one(in, n, i, out, &i, err);
 	}
 	return rc;
 }
 
-void gmb__lends_free(struct gmb__lends *ls)
+void gmb__cache_lends_free(struct gmb__lends *ls)
 {
 	for (size_t i = 0; i < ls->njoined; i++) {
 		free(ls->joined[i].chunk_ids);
@@ -185,11 +185,11 @@ void gmb__lends_free(struct gmb__lends *ls)
 }
 
 /*
- * gmb__lend_check() - is @l a lend this client can map for @a?
+ * gmb__cache_lend_check() - is @l a lend this client can map for @a?
  * Return: 0, or -EPROTO with a sentence in @err.
  */
-int gmb__lend_check(const struct gmb__cache *m, const struct gmb__alloc *a, const Gmb__Lend *l,
-		    char *err)
+int gmb__cache_lend_check(const struct gmb__cache *m, const struct gmb__alloc *a,
+			  const Gmb__Lend *l, char *err)
 {
 	if (!l)
 		return err_fmt(err, -EPROTO, "gmbd's reply lacks the lend");
@@ -203,17 +203,18 @@ int gmb__lend_check(const struct gmb__cache *m, const struct gmb__alloc *a, cons
 	    l->n_chunk_ids > UINT32_MAX)
 		return err_fmt(err, -EPROTO, "gmbd lent %zu chunk ids with %zu sizes",
 			       l->n_chunk_ids, l->n_chunk_sizes);
-	return lend_check_chunks(m, l->chunk_ids, l->chunk_sizes, l->n_chunk_ids, a->size, err);
+	return cache_lend_check_chunks(m, l->chunk_ids, l->chunk_sizes, l->n_chunk_ids, a->size,
+				       err);
 }
 
 /*
- * gmb__lend_set() - make @ids/@sizes the last lend of @a.
+ * gmb__cache_lend_set() - make @ids/@sizes the last lend of @a.
  * Every id must be cached (-EPROTO otherwise, nothing changed); -ENOMEM
  * changes nothing either. Handles of the old list that no allocation names
  * any more move to @rel.
  */
-int gmb__lend_set(struct gmb__cache *m, struct gmb__alloc *a, const uint64_t *ids,
-		  const uint64_t *sizes, uint32_t n, struct gmb__handle **rel)
+int gmb__cache_lend_set(struct gmb__cache *m, struct gmb__alloc *a, const uint64_t *ids,
+			const uint64_t *sizes, uint32_t n, struct gmb__handle **rel)
 {
 	uint64_t *nids, *nsizes;
 
@@ -232,15 +233,15 @@ int gmb__lend_set(struct gmb__cache *m, struct gmb__alloc *a, const uint64_t *id
 	/* New references first: a chunk in both lists must not touch 0 between. */
 	for (uint32_t i = 0; i < n; i++)
 		((struct gmb__handle *)idmap_get(&m->cache, ids[i]))->refs++;
-	gmb__lend_clear(m, a, rel);
+	gmb__cache_lend_clear(m, a, rel);
 	a->chunk_ids = nids;
 	a->chunk_sizes = nsizes;
 	a->nchunks = n;
 	return 0;
 }
 
-/* gmb__lend_clear() - forget @a's last lend (a free); unnamed handles to @rel. */
-void gmb__lend_clear(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel)
+/* gmb__cache_lend_clear() - forget @a's last lend (a free); unnamed handles to @rel. */
+void gmb__cache_lend_clear(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel)
 {
 	for (uint32_t i = 0; i < a->nchunks; i++)
 		cache_unref(m, a->chunk_ids[i], rel);
@@ -252,12 +253,12 @@ void gmb__lend_clear(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__han
 }
 
 /*
- * gmb__lend_let_go() - @a's last lend stops holding its chunks (a pause
+ * gmb__cache_let_go() - @a's last lend stops holding its chunks (a pause
  * whose memory goes back to the driver): each is unreferenced, unnamed
  * handles move to @rel, and the ids become 0 as dropped ones do, so the
  * lend keeps its shape for the re-announcement and the next resume.
  */
-void gmb__lend_let_go(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel)
+void gmb__cache_let_go(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel)
 {
 	for (uint32_t i = 0; i < a->nchunks; i++) {
 		cache_unref(m, a->chunk_ids[i], rel);
@@ -274,7 +275,7 @@ void gmb__lend_let_go(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__ha
 int gmb__cache_adopt(struct gmb__cache *m, struct gmb__alloc *a, const Gmb__Lend *l,
 		     struct gmb__handle **rel, char *err)
 {
-	int rc = gmb__lend_check(m, a, l, err);
+	int rc = gmb__cache_lend_check(m, a, l, err);
 
 	if (rc == 0 && idmap_get(&m->by_id, a->id))
 		rc = err_fmt(err, -EPROTO, "gmbd lent allocation %" PRIu64 " twice", a->id);
@@ -283,8 +284,8 @@ int gmb__cache_adopt(struct gmb__cache *m, struct gmb__alloc *a, const Gmb__Lend
 	if (rc == 0) {
 		rc = idmap_put(&m->by_va, a->va, a);
 		if (rc == 0)
-			rc = gmb__lend_set(m, a, l->chunk_ids, l->chunk_sizes,
-					   (uint32_t)l->n_chunk_ids, rel);
+			rc = gmb__cache_lend_set(m, a, l->chunk_ids, l->chunk_sizes,
+						 (uint32_t)l->n_chunk_ids, rel);
 		if (rc < 0) {
 			idmap_del(&m->by_va, a->va);
 			idmap_del(&m->by_id, a->id);
@@ -300,7 +301,7 @@ void gmb__cache_forget(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__h
 		idmap_del(&m->by_id, a->id);
 	if (idmap_get(&m->by_va, a->va) == a)
 		idmap_del(&m->by_va, a->va);
-	gmb__lend_clear(m, a, rel);
+	gmb__cache_lend_clear(m, a, rel);
 }
 
 /* The first chunk marked dropping in the last lend of an allocation in use, or 0. */
@@ -399,12 +400,12 @@ void gmb__cache_clear(struct gmb__cache *m, struct gmb__handle **rel)
 }
 
 /*
- * gmb__lend_handles() - the backend handles of @a's last lend, in mapping
+ * gmb__cache_lend_handles() - the backend handles of @a's last lend, in mapping
  * order, into @handles (a->nchunks entries). -EPROTO when a chunk of it was
  * dropped: the lend can no longer be mapped.
  */
-int gmb__lend_handles(const struct gmb__cache *m, const struct gmb__alloc *a, uint64_t *handles,
-		      char *err)
+int gmb__cache_lend_handles(const struct gmb__cache *m, const struct gmb__alloc *a,
+			    uint64_t *handles, char *err)
 {
 	for (uint32_t i = 0; i < a->nchunks; i++) {
 		const struct gmb__handle *e = idmap_get(&m->cache, a->chunk_ids[i]);
@@ -418,8 +419,8 @@ int gmb__lend_handles(const struct gmb__cache *m, const struct gmb__alloc *a, ui
 	return 0;
 }
 
-/* gmb__release_run() - release and free every entry of @rel; @be NULL only frees. */
-void gmb__release_run(struct backend *be, struct gmb__handle *rel)
+/* gmb__cache_release_run() - release and free every entry of @rel; @be NULL only frees. */
+void gmb__cache_release_run(struct backend *be, struct gmb__handle *rel)
 {
 	while (rel) {
 		struct gmb__handle *next = rel->next;

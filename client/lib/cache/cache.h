@@ -106,27 +106,27 @@ struct gmb__lends {
 	size_t njoined;
 };
 
-/* Joins @in[0..@n) (pieces in order) into @out; gmb__lends_free() it, even
+/* Joins @in[0..@n) (pieces in order) into @out; gmb__cache_lends_free() it, even
  * on failure. Return: 0, -EPROTO (a piece out of order), -ENOMEM. */
-int gmb__lends_join(const Gmb__Lend *const *in, size_t n, struct gmb__lends *out, char *err);
-void gmb__lends_free(struct gmb__lends *ls);
+int gmb__cache_lends_join(const Gmb__Lend *const *in, size_t n, struct gmb__lends *out, char *err);
+void gmb__cache_lends_free(struct gmb__lends *ls);
 
-int gmb__lend_check(const struct gmb__cache *m, const struct gmb__alloc *a, const Gmb__Lend *l,
-		    char *err);
-int gmb__lend_set(struct gmb__cache *m, struct gmb__alloc *a, const uint64_t *ids,
-		  const uint64_t *sizes, uint32_t n, struct gmb__handle **rel);
+int gmb__cache_lend_check(const struct gmb__cache *m, const struct gmb__alloc *a,
+			  const Gmb__Lend *l, char *err);
+int gmb__cache_lend_set(struct gmb__cache *m, struct gmb__alloc *a, const uint64_t *ids,
+			const uint64_t *sizes, uint32_t n, struct gmb__handle **rel);
 int gmb__cache_adopt(struct gmb__cache *m, struct gmb__alloc *a, const Gmb__Lend *l,
 		     struct gmb__handle **rel, char *err);
 void gmb__cache_forget(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel);
-void gmb__lend_clear(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel);
-void gmb__lend_let_go(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel);
+void gmb__cache_lend_clear(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel);
+void gmb__cache_let_go(struct gmb__cache *m, struct gmb__alloc *a, struct gmb__handle **rel);
 int gmb__cache_drop(struct gmb__cache *m, const uint64_t *ids, size_t n, struct gmb__handle **rel,
 		    char *err);
 void gmb__cache_sweep(struct gmb__cache *m, struct gmb__handle **rel);
 void gmb__cache_clear(struct gmb__cache *m, struct gmb__handle **rel);
-int gmb__lend_handles(const struct gmb__cache *m, const struct gmb__alloc *a, uint64_t *handles,
-		      char *err);
+int gmb__cache_lend_handles(const struct gmb__cache *m, const struct gmb__alloc *a,
+			    uint64_t *handles, char *err);
 /* Outside the lock: release each handle with @be (may be NULL) and free the list. */
-void gmb__release_run(struct backend *be, struct gmb__handle *rel);
+void gmb__cache_release_run(struct backend *be, struct gmb__handle *rel);
 
 #endif

@@ -198,10 +198,10 @@ static void cycle_let_go(struct gmb__mem *m, const struct gmb__tag *only)
 		if (!cycle_tag_in(t, only, true))
 			continue;
 		for (struct gmb__alloc *a = t->allocs; a; a = a->next)
-			gmb__lend_let_go(&m->tab, a, &rel);
+			gmb__cache_let_go(&m->tab, a, &rel);
 	}
 	pthread_mutex_unlock(&m->conn->lock);
-	gmb__release_run(m->be, rel);
+	gmb__cache_release_run(m->be, rel);
 }
 
 /*
@@ -281,7 +281,7 @@ static int cycle_collect_lends(const struct gmb__reply *rep, struct gmb__lends *
 		for (size_t j = 0; j < e->resume_reply->n_lends; j++)
 			v[k++] = e->resume_reply->lends[j];
 	}
-	rc = gmb__lends_join(v, total, ls, err);
+	rc = gmb__cache_lends_join(v, total, ls, err);
 	free(v);
 	return rc;
 }
@@ -306,7 +306,7 @@ static int cycle_check_lends(struct gmb__mem *m, const struct gmb__tag *only,
 				     " that does not cover it",
 				     lends[i] ? lends[i]->alloc_id : 0);
 		else
-			rc = gmb__lend_check(&m->tab, a, lends[i], err);
+			rc = gmb__cache_lend_check(&m->tab, a, lends[i], err);
 		if (a)
 			a->marked = true;
 	}
@@ -353,11 +353,11 @@ static int cycle_apply_lends(struct gmb__mem *m, const Gmb__Lend **lends, size_t
 	for (size_t i = 0; i < n && rc == 0; i++) {
 		struct gmb__alloc *a = idmap_get(&m->tab.by_id, lends[i]->alloc_id);
 
-		rc = gmb__lend_set(&m->tab, a, lends[i]->chunk_ids, lends[i]->chunk_sizes,
-				   (uint32_t)lends[i]->n_chunk_ids, &rel);
+		rc = gmb__cache_lend_set(&m->tab, a, lends[i]->chunk_ids, lends[i]->chunk_sizes,
+					 (uint32_t)lends[i]->n_chunk_ids, &rel);
 	}
 	pthread_mutex_unlock(&m->conn->lock);
-	gmb__release_run(m->be, rel);
+	gmb__cache_release_run(m->be, rel);
 	if (rc == -ENOMEM)
 		return err_fmt(err, rc, "out of memory recording gmbd's lends");
 	if (rc < 0)
@@ -403,7 +403,7 @@ static int cycle_resume_reply(struct gmb__mem *m, const struct gmb__tag *only,
 
 		rc = rc ? rc : src;
 	}
-	gmb__lends_free(&ls);
+	gmb__cache_lends_free(&ls);
 	return rc;
 }
 

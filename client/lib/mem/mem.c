@@ -189,7 +189,7 @@ int gmb__mem_map(struct gmb__mem *m, struct gmb__alloc *a, char *err)
 		return err_fmt(err, -ENOMEM, "out of memory mapping allocation %" PRIu64, a->id);
 	/* In use from here: a drop of its chunks now would unmap them under the application. */
 	pthread_mutex_lock(&m->conn->lock);
-	rc = gmb__lend_handles(&m->tab, a, h, err);
+	rc = gmb__cache_lend_handles(&m->tab, a, h, err);
 	a->in_use = rc == 0;
 	pthread_mutex_unlock(&m->conn->lock);
 	if (rc < 0)
@@ -315,7 +315,7 @@ static int mem_adopt(struct gmb__mem *m, struct gmb__alloc *a, const Gmb__Lend *
 	pthread_mutex_lock(&m->conn->lock);
 	rc = gmb__cache_adopt(&m->tab, a, l, &rel, err);
 	pthread_mutex_unlock(&m->conn->lock);
-	gmb__release_run(m->be, rel);
+	gmb__cache_release_run(m->be, rel);
 	if (rc == -ENOMEM)
 		return err_fmt(err, rc, "out of memory recording allocation %" PRIu64, a->id);
 	return rc;
@@ -329,7 +329,7 @@ static void mem_forget(struct gmb__mem *m, struct gmb__alloc *a)
 	pthread_mutex_lock(&m->conn->lock);
 	gmb__cache_forget(&m->tab, a, &rel);
 	pthread_mutex_unlock(&m->conn->lock);
-	gmb__release_run(m->be, rel);
+	gmb__cache_release_run(m->be, rel);
 }
 
 /* Releases the handles a failed request imported but no lend names. */
@@ -340,7 +340,7 @@ void gmb__mem_sweep(struct gmb__mem *m)
 	pthread_mutex_lock(&m->conn->lock);
 	gmb__cache_sweep(&m->tab, &rel);
 	pthread_mutex_unlock(&m->conn->lock);
-	gmb__release_run(m->be, rel);
+	gmb__cache_release_run(m->be, rel);
 }
 
 /* The lend of an AllocReply, its pieces (one a part) joined in @ls. */
@@ -363,7 +363,7 @@ static const Gmb__Lend *mem_alloc_lend(const struct gmb__reply *rep, struct gmb_
 		    e->alloc_reply->lend)
 			in[n++] = e->alloc_reply->lend;
 	}
-	rc = gmb__lends_join(in, n, ls, err);
+	rc = gmb__cache_lends_join(in, n, ls, err);
 	free(in);
 	if (rc == 0 && ls->n != 1)
 		err_fmt(err, -EPROTO, "gmbd's allocation reply has %zu lends, not one", ls->n);
@@ -420,7 +420,7 @@ static int mem_alloc_lend_map(struct gmb__mem *m, struct gmb__alloc *a, char *er
 	/* gmbd lent (status 0) but this side failed: give it back, keep our reason. */
 	if (rc < 0 && a->id)
 		mem_send_free(m, a->id, NULL);
-	gmb__lends_free(&ls);
+	gmb__cache_lends_free(&ls);
 out_rep:
 	gmb__mem_sweep(m);
 	gmb__reply_deinit(&rep);
@@ -685,7 +685,7 @@ static void mem_import(void *arg, const Gmb__Envelope *env, const int *fds, int 
 			gmb__reply_import_fail(rep, rc, strerror(-rc), id);
 		}
 	}
-	gmb__release_run(be, rel);
+	gmb__cache_release_run(be, rel);
 }
 
 /* gmbd's DropRequest. */
@@ -700,7 +700,7 @@ static int mem_drop(void *arg, const uint64_t *ids, size_t n, char *err)
 	be = m->be;
 	rc = gmb__cache_drop(&m->tab, ids, n, &rel, err);
 	pthread_mutex_unlock(&m->conn->lock);
-	gmb__release_run(be, rel);
+	gmb__cache_release_run(be, rel);
 	return rc;
 }
 
@@ -737,7 +737,7 @@ void gmb__mem_deinit(struct gmb__mem *m)
 		gmb__mem_staged_clear(m);
 	}
 	gmb__cache_clear(&m->tab, &rel);
-	gmb__release_run(m->be, rel);
+	gmb__cache_release_run(m->be, rel);
 	idmap_deinit(&m->tab.by_id);
 	idmap_deinit(&m->tab.by_va);
 	backend_close(m->be);

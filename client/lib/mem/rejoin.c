@@ -107,10 +107,10 @@ void gmb__rejoin_claim_apply(void *arg, const struct gmb__claim_answer *ans)
 
 		/* gmbd clears only unmapped ones; a mapped one keeps its lend. */
 		if (a && !a->mapped)
-			gmb__lend_clear(&m->tab, a, &rel);
+			gmb__cache_lend_clear(&m->tab, a, &rel);
 	}
 	/* A refusal keeps every handle: memory still mapped here outranks gmbd's record. */
 	(void)gmb__cache_drop(&m->tab, ans->drop, ans->ndrop, &rel, NULL);
 	pthread_mutex_unlock(&m->conn->lock);
-	gmb__release_run(m->be, rel);
+	gmb__cache_release_run(m->be, rel);
 }
