@@ -129,7 +129,14 @@ struct broker_opts {
 	uid_t daemon_uid;
 	const struct pool_hooks *hooks; /* handed to every pool; may be NULL */
 	/* Chunks one uid's clients may have lent at once (ENOSPC past it); 0: no bound. */
-	uint64_t max_chunks_per_uid;
+	uint64_t max_chunks_per_uid; /* a uid's bound; 0: none, or chunk_share's */
+	/* --max-chunks-per-uid auto: the chunks the uids share, a uid's bound
+	 * being chunk_share / (the other uids holding chunks + 2), so that
+	 * whoever took first a newcomer finds room; 0: no share */
+	uint64_t chunk_share;
+	/* New chunks only root's lends may take: what gmbd's fds leave when
+	 * every other uid is at its bound (broker_fds_chunk_room()) */
+	uint64_t root_chunks;
 	uint64_t fd_limit; /* gmbd's RLIMIT_NOFILE (EMFILE past it); 0: not checked */
 };
 
@@ -192,6 +199,9 @@ uint64_t broker_uid_chunks(const struct broker *br, uid_t uid);
 /* Logs each uid whose clients hold more chunks than --max-chunks-per-uid
  * (restored under a lower bound: all kept, refused more until under). */
 void broker_warn_uid_bounds(const struct broker *br);
+/* @uid's bound of lent chunks (--max-chunks-per-uid, or its share of
+ * chunk_share now); 0: none. */
+uint64_t broker_uid_bound(const struct broker *br, uid_t uid);
 /* fds gmbd holds for its chunks (the backend's chunk_fds each). */
 uint64_t broker_chunk_fds(const struct broker *br);
 /* May gmbd take one more connection and still keep BROKER_FD_SPARE free? */
