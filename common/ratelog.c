@@ -35,7 +35,8 @@ static struct ratelog_slot *ratelog_find(struct ratelog *rl, const char *what, u
 	for (int i = 0; i < RATELOG_SLOTS; i++) {
 		struct ratelog_slot *s = &rl->slots[i];
 
-		if (s->what[0] && s->source == source && strncmp(s->what, what, sizeof(s->what) - 1) == 0 &&
+		if (s->what[0] && s->source == source &&
+		    strncmp(s->what, what, sizeof(s->what) - 1) == 0 &&
 		    strncmp(s->who, who, sizeof(s->who) - 1) == 0)
 			return s;
 	}
@@ -75,10 +76,9 @@ bool ratelog_admit(struct ratelog *rl, const char *what, uint64_t source, const 
 		return false;
 	}
 	s = ratelog_take(rl, now_ms);
-	*s = (struct ratelog_slot){ .source = source,
-				    .level = level,
-				    .since_ms = now_ms,
-				    .last_ms = now_ms };
+	*s = (struct ratelog_slot){
+		.source = source, .level = level, .since_ms = now_ms, .last_ms = now_ms
+	};
 	snprintf(s->what, sizeof(s->what), "%s", what[0] ? what : "?");
 	snprintf(s->who, sizeof(s->who), "%s", who);
 	return true;

@@ -170,8 +170,8 @@ static int lg_lines(const struct lgmbd *d, const char *needle)
 		size_t len = end ? (size_t)(end - p) : strlen(p);
 		char line[4096];
 
-		snprintf(line, sizeof(line), "%.*s", (int)(len < sizeof(line) ? len : sizeof(line) - 1),
-			 p);
+		snprintf(line, sizeof(line), "%.*s",
+			 (int)(len < sizeof(line) ? len : sizeof(line) - 1), p);
 		n += strstr(line, needle) != NULL;
 		p += len + (end != NULL);
 	}
@@ -404,14 +404,14 @@ Test(limits, a_flood_of_refusals_is_one_line_with_its_reason_then_a_count)
 	}
 
 	/* One line each so far, with the reason; none at warning. */
-	cr_assert(eq(i32, lg_lines(&gmbd, "connection refused"), 1), "%s", lg_log(&gmbd));
-	cr_assert(eq(i32, lg_lines(&gmbd, "--max-connections-per-uid) uid=65534 limit=2"), 1),
-		  "%s", lg_log(&gmbd));
-	cr_assert(eq(i32, lg_lines(&gmbd, "RLIMIT_NOFILE"), 0), "%s", lg_log(&gmbd));
 	cr_assert(eq(i32, lg_lines(&gmbd, "Too many open files"), 0), "%s", lg_log(&gmbd));
 	cr_assert(eq(i32, lg_lines(&gmbd, "cannot serve a new connection"), 0));
 	cr_assert(eq(i32, lg_lines(&gmbd, "request refused"), 1), "%s", lg_log(&gmbd));
 	cr_assert(eq(i32, lg_lines(&gmbd, "reason=budget"), 1));
+	cr_assert(eq(i32, lg_lines(&gmbd, "connection refused"), 1), "%s", lg_log(&gmbd));
+	cr_assert(eq(i32, lg_lines(&gmbd, "--max-connections-per-uid) uid=65534 limit=2"), 1), "%s",
+		  lg_log(&gmbd));
+	cr_assert(eq(i32, lg_lines(&gmbd, "RLIMIT_NOFILE"), 0), "%s", lg_log(&gmbd));
 
 	/* Then the count, within the next interval. */
 	cr_assert(eq(i32, wait_until(summary_of_both, NULL, 15000), 0), "%s", lg_log(&gmbd));
@@ -432,7 +432,7 @@ static int status_ok(void *arg)
 Test(limits, root_gets_a_connection_while_a_uid_and_gmbd_are_at_their_limits)
 {
 	/* Room for about 80 connections: a uid without a limit of its own
-	 * fills gmbd's, another is at its own limit of 4. */
+	 * fills gmbd's; then a uid at its own limit of 4. */
 	static const char *const args[] = { "--max-connections-per-uid", "4", NULL };
 	static const char *const nolimit[] = { "--max-connections-per-uid", "0", NULL };
 	struct flood f = { 0 };
@@ -440,18 +440,6 @@ Test(limits, root_gets_a_connection_while_a_uid_and_gmbd_are_at_their_limits)
 	char out[1 << 14], text[512];
 	struct kid k, k2;
 	int n;
-
-	/* A uid at its own limit: its next is closed, root is served. */
-	cr_assert(eq(i32, lg_start(&gmbd, 0, 022, args), 0), "%s", lg_log(&gmbd));
-	f.sock = gmbd.sock;
-	kid_start(&k, NOBODY, -1, flood_until_closed, &f);
-	cr_assert(eq(i32, kid_result(&k), 4));
-	cr_assert(eq(i32, gmbctl(gmbd.sock, "status", NULL, out, sizeof(out)), 0), "%s", out);
-	cr_assert(eq(i32, lg_lines(&gmbd, "--max-connections-per-uid) uid=65534 limit=4"), 1), "%s",
-		  lg_log(&gmbd));
-	kid_end(&k);
-	cr_assert(eq(i32, lg_stop(&gmbd), 0));
-	lg_clean(&gmbd);
 
 	/* gmbd at its own limit, filled by one uid: root still looks and acts. */
 	cr_assert(eq(i32, lg_start(&gmbd, 400, 022, nolimit), 0), "%s", lg_log(&gmbd));
@@ -468,8 +456,8 @@ Test(limits, root_gets_a_connection_while_a_uid_and_gmbd_are_at_their_limits)
 	cr_assert(eq(i32, kid_result(&k2), 0), "another uid got a connection past gmbd's limit");
 	cr_assert(eq(i32, gmbctl(gmbd.sock, "status", NULL, out, sizeof(out)), 0), "%s", out);
 	cr_assert(not(eq(ptr, strstr(out, "trainer"), NULL)), "%s", out);
-	cr_assert(eq(i32, gmbctl(gmbd.sock, "pause", "trainer", out, sizeof(out)), 0), "%s\n%s", out,
-		  lg_log(&gmbd));
+	cr_assert(eq(i32, gmbctl(gmbd.sock, "pause", "trainer", out, sizeof(out)), 0), "%s\n%s",
+		  out, lg_log(&gmbd));
 	/* Said once for each uid refused, with gmbd's limit as the reason. */
 	cr_assert(eq(i32, lg_lines(&gmbd, "gmbd keeps its last open files"), 2), "%s",
 		  lg_log(&gmbd));
@@ -478,6 +466,18 @@ Test(limits, root_gets_a_connection_while_a_uid_and_gmbd_are_at_their_limits)
 	kid_end(&k2);
 	kid_end(&k);
 	cr_assert(eq(i32, worker_quit(&w), 0));
+	cr_assert(eq(i32, lg_stop(&gmbd), 0));
+	lg_clean(&gmbd);
+
+	/* A uid at its own limit: its next is closed, root is served. */
+	cr_assert(eq(i32, lg_start(&gmbd, 0, 022, args), 0), "%s", lg_log(&gmbd));
+	f.sock = gmbd.sock;
+	kid_start(&k, NOBODY, -1, flood_until_closed, &f);
+	cr_assert(eq(i32, kid_result(&k), 4));
+	cr_assert(eq(i32, gmbctl(gmbd.sock, "status", NULL, out, sizeof(out)), 0), "%s", out);
+	cr_assert(eq(i32, lg_lines(&gmbd, "--max-connections-per-uid) uid=65534 limit=4"), 1), "%s",
+		  lg_log(&gmbd));
+	kid_end(&k);
 }
 
 Test(limits, root_at_its_own_connection_limit_closes_idle_ones_to_look)

@@ -645,14 +645,6 @@ uint64_t broker_chunk_fds(const struct broker *br)
 	return n * br->backend->ops->chunk_fds;
 }
 
-bool broker_fds_can_open(const struct broker *br)
-{
-	if (!br->opts.fd_limit)
-		return true;
-	return br->fds_base + br->fds_conns + broker_chunk_fds(br) + 1 + BROKER_FD_SPARE <=
-	       br->opts.fd_limit;
-}
-
 uint64_t broker_fds_chunk_room(const struct broker *br)
 {
 	unsigned per = br->backend->ops->chunk_fds;

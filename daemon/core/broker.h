@@ -39,11 +39,13 @@
  * fds being sent (at most WIRE_MAX_FDS exist at once) and for what it opens
  * for a moment (the fd store's export, the state record, metrics
  * connections, /proc and NSS reads). A connection past that is refused at
- * accept. New chunks leave room for BROKER_FD_CONN_ROOM connections besides
- * (or for those open, if more), so that other clients can still connect once
- * chunks took all they may; a lend that needs new chunk fds past that first
- * sends idle warm chunks back (pool_release_idle(): each closes its fds) and
- * fails with -EMFILE only when they are not enough.
+ * accept (daemon/handlers/limits.c; an operator's may take
+ * HANDLERS_OPERATOR_CONNS of the margin). New chunks leave room for
+ * BROKER_FD_CONN_ROOM connections besides (or for those open, if more), so
+ * that other clients can still connect once chunks took all they may, and
+ * the last opts.root_chunks of them are root's; a lend that needs new chunk
+ * fds past that first sends idle warm chunks back (pool_release_idle():
+ * each closes its fds) and fails with -EMFILE only when they are not enough.
  */
 #define BROKER_FD_SPARE	    (WIRE_MAX_FDS + 48)
 #define BROKER_FD_CONN_ROOM 64
@@ -204,8 +206,6 @@ void broker_warn_uid_bounds(const struct broker *br);
 uint64_t broker_uid_bound(const struct broker *br, uid_t uid);
 /* fds gmbd holds for its chunks (the backend's chunk_fds each). */
 uint64_t broker_chunk_fds(const struct broker *br);
-/* May gmbd take one more connection and still keep BROKER_FD_SPARE free? */
-bool broker_fds_can_open(const struct broker *br);
 /* How many new chunks gmbd's open files leave room for; UINT64_MAX: no bound. */
 uint64_t broker_fds_chunk_room(const struct broker *br);
 
