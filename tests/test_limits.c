@@ -505,6 +505,49 @@ Test(limits, root_at_its_own_connection_limit_closes_idle_ones_to_look)
 	kid_end(&k);
 }
 
+/* @fd is still open: gmbd has not closed it. */
+static bool raw_open_still(int fd)
+{
+	char b;
+	ssize_t n = recv(fd, &b, 1, MSG_DONTWAIT | MSG_PEEK);
+
+	return n < 0 && errno == EAGAIN;
+}
+
+Test(limits, at_gmbd_s_limit_idle_connections_make_room_but_not_an_operator_s)
+{
+	static const char *const args[] = { "--max-connections-per-uid", "0", "--hello-timeout",
+					    "1", NULL };
+	struct flood f = { 0 };
+	struct kid k, k2;
+	int root_fd, n, m;
+
+	cr_assert(eq(i32, lg_start(&gmbd, 400, 022, args), 0), "%s", lg_log(&gmbd));
+	f.sock = gmbd.sock;
+	/* Root's quiet tool connection, then a uid filling gmbd's room. */
+	root_fd = raw_open(gmbd.sock, true);
+	cr_assert(ge(i32, root_fd, 0));
+	kid_start(&k, NOBODY, -1, flood_until_closed, &f);
+	n = kid_result(&k);
+	cr_assert(gt(i32, n, 16), "gmbd took %d connections", n);
+	/* Once those are quiet for the hello timeout, another uid gets in. */
+	usleep(1600 * 1000);
+	kid_start(&k2, OTHER, -1, flood_until_closed, &f);
+	m = kid_result(&k2);
+	cr_assert(gt(i32, m, 0), "no idle connection was closed for another uid");
+	cr_assert(le(i32, m, n), "another uid got %d connections, the first %d", m, n);
+	cr_assert(not(eq(i32, lg_lines(&gmbd, "idle connection closed to make room"), 0)), "%s",
+		  lg_log(&gmbd));
+	cr_assert(eq(i32, lg_lines(&gmbd, "uid=0 reason=\"idle connection closed"), 0), "%s",
+		  lg_log(&gmbd));
+	cr_assert(not(eq(i32, lg_lines(&gmbd, "uid=65534 reason=\"idle connection closed"), 0)),
+		  "%s", lg_log(&gmbd));
+	cr_assert(raw_open_still(root_fd), "root's connection was closed for another uid");
+	close(root_fd);
+	kid_end(&k2);
+	kid_end(&k);
+}
+
 /* ---- too low an fd limit ---- */
 
 Test(limits, under_too_low_an_fd_limit_gmbd_names_the_limit_it_needs_and_serves_under_it)

@@ -63,6 +63,7 @@ struct hconn {
 	bool fd_counted;  /* its socket counts in the broker's fds_conns */
 	bool uid_counted; /* it counts in handlers->uid_conns */
 	bool evicted;	  /* closed to make room: in handlers->evicting until its fd is */
+	bool op;	  /* root, gmbd's uid or the admin group (limits.c's reserve) */
 	struct hconn *prev, *next;
 };
 

@@ -12,8 +12,9 @@
  * uid's limit, and as many of the spare fds' margin. When a limit is
  * reached, an idle connection (a client that holds no memory, waits for
  * nothing and sent nothing for --hello-timeout) is closed to make room
- * before the new one is refused: of the same uid for the uid's limit, of
- * any uid for gmbd's fds. At most HLIMITS_EVICT_PENDING such closes wait
+ * before the new one is refused: of the same uid for the uid's limit; for
+ * gmbd's fds the same uid's first, then any other's but an operator's
+ * (unless the newcomer is one). At most HLIMITS_EVICT_PENDING such closes wait
  * for the reaper at once, so the fds they still hold stay within the
  * margin. Every open connection counts in the broker's fds_conns.
  *
@@ -119,21 +120,38 @@ static bool handlers_limits_idle(const struct handlers *h, const struct hconn *h
 	return now - hc->sess->heard_ms >= h->hello_timeout_ms;
 }
 
-/* The connection quiet the longest that may go (of @uid only, unless NULL). */
-static struct hconn *handlers_limits_victim(const struct handlers *h, const uid_t *uid)
+/* The connection quiet the longest that may go, of @uid (@same) or not. */
+static struct hconn *handlers_limits_quietest(const struct handlers *h, uid_t uid, bool same,
+					      bool op)
 {
 	uint64_t now = uv_now(h->loop);
 	struct hconn *v = NULL;
 
-	if (!h->hello_timeout_ms || h->evicting >= HLIMITS_EVICT_PENDING)
-		return NULL;
 	for (struct hconn *hc = h->hconns; hc; hc = hc->next) {
-		if (uid && hc->uid != *uid)
+		if ((hc->uid == uid) != same || (!op && hc->op))
 			continue;
 		if (handlers_limits_idle(h, hc, now) &&
 		    (!v || hc->sess->heard_ms < v->sess->heard_ms))
 			v = hc;
 	}
+	return v;
+}
+
+/*
+ * An idle connection to close for a new one of @uid (an operator's: @op):
+ * its own uid's first, so that a flood churns its own connections; then,
+ * when @any_uid, another uid's, but never an operator's for someone else.
+ */
+static struct hconn *handlers_limits_victim(const struct handlers *h, uid_t uid, bool any_uid,
+					    bool op)
+{
+	struct hconn *v;
+
+	if (!h->hello_timeout_ms || h->evicting >= HLIMITS_EVICT_PENDING)
+		return NULL;
+	v = handlers_limits_quietest(h, uid, true, true);
+	if (!v && any_uid)
+		v = handlers_limits_quietest(h, uid, false, op);
 	return v;
 }
 
@@ -170,7 +188,7 @@ static int handlers_limits_uid_room(struct handlers *h, struct sess *s, bool op)
 
 	if (!max || n < max || (op && n < max + HANDLERS_OPERATOR_CONNS))
 		return 0;
-	v = handlers_limits_victim(h, &s->uid);
+	v = handlers_limits_victim(h, s->uid, false, op);
 	if (v) {
 		handlers_limits_evict(h, v, s->uid);
 		return 0;
@@ -197,7 +215,7 @@ static int handlers_limits_fd_room(struct handlers *h, struct sess *s, bool op)
 
 	if (handlers_limits_fds_ok(h, op))
 		return 0;
-	v = handlers_limits_victim(h, NULL);
+	v = handlers_limits_victim(h, s->uid, true, op);
 	if (v) {
 		handlers_limits_evict(h, v, s->uid);
 		if (handlers_limits_fds_ok(h, op))
@@ -233,7 +251,8 @@ int handlers__limits_open(struct handlers *h, struct sess *s, struct hconn *hc)
 			      .uid = s->uid,
 			      .sess = s,
 			      .hello_from_ms = uv_now(h->loop),
-			      .uid_counted = true };
+			      .uid_counted = true,
+			      .op = op };
 	DLIST_PUSH(h->hconns, hc);
 	h->broker->fds_conns++;
 	hc->fd_counted = true;

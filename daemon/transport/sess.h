@@ -136,7 +136,7 @@ struct sess {
 	gid_t *groups; /* SO_PEERGROUPS; NULL when the kernel said no */
 	int ngroups;
 	/* uv_now() at accept, then of the last packet read: how long the peer
-	 * has been quiet (daemon/handlers/limits.c closes idle ones first). */
+	 * has been quiet (the layer above closes idle ones first at a limit). */
 	uint64_t heard_ms;
 
 	/* For logs: the client's name and id, set by the layer above; log_name
