@@ -685,32 +685,33 @@ static int gmbd_fd_budget(struct gmbd *g, uint64_t limit)
 {
 	struct broker *br = g->broker;
 	uint64_t chunk_fds = broker_chunk_fds(br), kept = BROKER_FD_SPARE + BROKER_FD_CONN_ROOM;
-	uint64_t per = br->backend->ops->chunk_fds, chunks, need;
+	uint64_t per = br->backend->ops->chunk_fds, chunks;
 	int n = gmbd_count_fds();
 
 	/* Without a count there is nothing to keep to: the kernel says EMFILE. */
 	br->fds_base = n >= 0 && (uint64_t)n > chunk_fds ? (uint64_t)n - chunk_fds : 0;
 	br->opts.fd_limit = n >= 0 ? limit : 0;
-	if (!br->opts.fd_limit)
-		return 0;
-	need = br->fds_base + kept + GMBD_MIN_CHUNKS * per;
-	if (limit < need) {
-		log_err("the open files limit is too low to serve: gmbd holds %" PRIu64
-			" and keeps %" PRIu64 " free (a batch of chunk fds to send, a margin,"
-			" %d connections), and needs room for %d chunks besides:"
-			" raise LimitNOFILE= (ulimit -n) to at least %" PRIu64 " limit=%" PRIu64
-			" needed=%" PRIu64,
-			br->fds_base, kept, BROKER_FD_CONN_ROOM, GMBD_MIN_CHUNKS, need, limit,
-			need);
-		return -EMFILE;
-	}
-	/* A backend whose chunks hold no fd of gmbd's still shares them out. */
-	chunks = (limit - br->fds_base - kept) / (per ? per : 1);
-	br->opts.root_chunks = chunks / 8;
 	if (g->opts->max_chunks_per_uid_set)
 		br->opts.max_chunks_per_uid = g->opts->max_chunks_per_uid;
-	else
-		br->opts.chunk_share = chunks - br->opts.root_chunks;
+	if (br->opts.fd_limit) {
+		uint64_t need = br->fds_base + kept + GMBD_MIN_CHUNKS * per;
+
+		if (limit < need) {
+			log_err("the open files limit is too low to serve: gmbd holds %" PRIu64
+				" and keeps %" PRIu64 " free (a batch of chunk fds to send, a"
+				" margin, %d connections), and needs room for %d chunks besides:"
+				" raise LimitNOFILE= (ulimit -n) to at least %" PRIu64
+				" limit=%" PRIu64 " needed=%" PRIu64,
+				br->fds_base, kept, BROKER_FD_CONN_ROOM, GMBD_MIN_CHUNKS, need,
+				limit, need);
+			return -EMFILE;
+		}
+		/* A backend whose chunks hold no fd of gmbd's still shares them out. */
+		chunks = (limit - br->fds_base - kept) / (per ? per : 1);
+		br->opts.root_chunks = chunks / 8;
+		if (!g->opts->max_chunks_per_uid_set)
+			br->opts.chunk_share = chunks - br->opts.root_chunks;
+	}
 	log_info("open files limit=%" PRIu64 " open=%" PRIu64 " chunk_fds=%" PRIu64
 		 " kept_free=%" PRIu64 " max_chunks_per_uid=%" PRIu64 " shared_chunks=%" PRIu64
 		 " root_chunks=%" PRIu64,
