@@ -213,27 +213,44 @@ Test(fdlimit, a_refused_resume_leaves_the_tag_paused)
 	cr_assert(eq(i32, worker_quit(&a2), 0));
 }
 
-/* A default bound comes from RLIMIT_NOFILE: one uid alone cannot reach gmbd's limit. */
-Test(fdlimit, the_default_bound_leaves_a_low_fd_limit_to_others)
+/*
+ * The default bound is a share of the chunks RLIMIT_NOFILE leaves, smaller
+ * for each other uid that holds chunks, with an eighth of them root's
+ * alone: two uids at their bound leave chunks to a third uid and to root.
+ */
+Test(fdlimit, two_uids_at_their_default_bound_leave_chunks_to_a_third_and_root)
 {
-	struct worker a, b;
+	struct worker a, b, c, r;
 	char text[1024];
-	int rc, n, m, baseline;
+	int rc, na, nb, nc, nr, baseline;
 
 	start(1024, NULL);
-	up(&a, NULL, "hog");
-	baseline = fds_with(&a);
-	n = fill_until_refused(&a, "t", 1024, &rc, text, sizeof(text));
-	cr_assert(eq(i32, rc, -ENOSPC), "after %d: %s", n, text);
+	up(&r, NULL, "root");
+	baseline = fds_with(&r);
+	up(&a, NOBODY, "first");
+	na = fill_until_refused(&a, "t", 1024, &rc, text, sizeof(text));
+	cr_assert(eq(i32, rc, -ENOSPC), "after %d: %s", na, text);
 	cr_assert(not(eq(ptr, strstr(text, "--max-chunks-per-uid"), NULL)), "%s", text);
-	cr_assert(gt(i32, n, 100), "a bound of %d chunks is too tight for 1,024 fds", n);
-	cr_assert(lt(i32, n, 512), "one uid got %d of 1,024 fds", n);
-	up(&b, NOBODY, "other");
-	m = fill_until_refused(&b, "t", 1024, &rc, text, sizeof(text));
-	cr_assert(eq(i32, m, n), "the other uid got %d chunks, the first %d: %s", m, n, text);
-	cr_assert(status_has(&a, "\"name\":\"other\""));
+	cr_assert(gt(i32, na, 100), "a bound of %d chunks is too tight for 1,024 fds", na);
+	cr_assert(lt(i32, na, 512), "one uid got %d of 1,024 fds", na);
+	up(&b, "65533", "second");
+	nb = fill_until_refused(&b, "t", 1024, &rc, text, sizeof(text));
+	cr_assert(eq(i32, rc, -ENOSPC), "after %d: %s", nb, text);
+	cr_assert(gt(i32, nb, 50), "the second uid got %d chunks, the first %d", nb, na);
+
+	/* Both at their bound: a third uid still gets chunks, and root too. */
+	up(&c, "65532", "third");
+	nc = fill_until_refused(&c, "t", 1024, &rc, text, sizeof(text));
+	cr_assert(gt(i32, nc, 16), "a third uid got %d chunks after %d and %d: %s", nc, na, nb,
+		  text);
+	nr = fill_until_refused(&r, "t", 1024, &rc, text, sizeof(text));
+	cr_assert(gt(i32, nr, 16), "root got %d chunks after %d, %d and %d: %s", nr, na, nb, nc,
+		  text);
+	cr_assert(status_has(&r, "\"name\":\"third\""));
+	cr_assert(eq(i32, worker_quit(&a), 0));
 	cr_assert(eq(i32, worker_quit(&b), 0));
-	last_free(&a, baseline);
+	cr_assert(eq(i32, worker_quit(&c), 0));
+	last_free(&r, baseline);
 }
 
 Test(fdlimit, past_the_fd_headroom_a_request_gets_emfile_and_gmbd_keeps_its_spare_fds)

@@ -581,22 +581,3 @@ Test(robust, a_connection_without_hello_is_closed_and_logged_once)
 	close(b.fd);
 	close(c.fd);
 }
-
-Test(robust, one_uid_holds_at_most_its_connections)
-{
-	static const char *const args[] = { "--max-connections-per-uid", "3", NULL };
-	struct raw r[5];
-
-	start(args);
-	for (int i = 0; i < 3; i++) {
-		raw_connect(&r[i]);
-		cr_assert(eq(i32, raw_hello(&r[i], "many", 0, i == 2), 0));
-	}
-	raw_connect(&r[3]);
-	raw_connect(&r[4]);
-	cr_assert(raw_closed(r[3].fd), "a connection past the uid's limit was kept");
-	cr_assert(raw_closed(r[4].fd));
-	cr_assert(log_count_is("--max-connections-per-uid", 1), "not logged exactly once");
-	for (int i = 0; i < 5; i++)
-		close(r[i].fd);
-}

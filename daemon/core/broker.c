@@ -692,6 +692,35 @@ uint64_t broker_uid_chunks(const struct broker *br, uid_t uid)
 	return n;
 }
 
+/* Uids but @uid that hold lent chunks; on ENOMEM every such client counts
+ * as a uid of its own, which only makes the share smaller. */
+static uint64_t broker_other_uids(const struct broker *br, uid_t uid)
+{
+	struct idmap seen = IDMAP_INIT;
+	uint64_t n = 0;
+	bool short_of_memory = false;
+
+	for (const struct bclient *c = br->clients; c; c = c->next) {
+		if (c->uid == uid || !c->lent_chunks || idmap_get(&seen, (uint64_t)c->uid + 1))
+			continue;
+		if (!short_of_memory && idmap_put(&seen, (uint64_t)c->uid + 1, (void *)1) < 0)
+			short_of_memory = true;
+		n++;
+	}
+	idmap_deinit(&seen);
+	return n;
+}
+
+uint64_t broker_uid_bound(const struct broker *br, uid_t uid)
+{
+	uint64_t share = br->opts.chunk_share;
+
+	if (br->opts.max_chunks_per_uid || !share)
+		return br->opts.max_chunks_per_uid;
+	share /= broker_other_uids(br, uid) + 2;
+	return share ? share : 1;
+}
+
 uint64_t broker_chunk_fds(const struct broker *br)
 {
 	uint64_t n = 0;
@@ -699,14 +728,6 @@ uint64_t broker_chunk_fds(const struct broker *br)
 	for (int d = 0; d < br->ndevices; d++)
 		n += br->pools[d].nchunks;
 	return n * br->backend->ops->chunk_fds;
-}
-
-bool broker_fds_can_open(const struct broker *br)
-{
-	if (!br->opts.fd_limit)
-		return true;
-	return br->fds_base + br->fds_conns + broker_chunk_fds(br) + 1 + BROKER_FD_SPARE <=
-	       br->opts.fd_limit;
 }
 
 uint64_t broker_fds_chunk_room(const struct broker *br)

@@ -44,11 +44,13 @@
  * fds being sent (at most WIRE_MAX_FDS exist at once) and for what it opens
  * for a moment (the fd store's export, the state record, metrics
  * connections, /proc and NSS reads). A connection past that is refused at
- * accept. New chunks leave room for BROKER_FD_CONN_ROOM connections besides
- * (or for those open, if more), so that other clients can still connect once
- * chunks took all they may; a lend that needs new chunk fds past that first
- * sends idle warm chunks back (pool_release_idle(): each closes its fds) and
- * fails with -EMFILE only when they are not enough.
+ * accept (daemon/handlers/limits.c; an operator's may take
+ * HANDLERS_OPERATOR_CONNS of the margin). New chunks leave room for
+ * BROKER_FD_CONN_ROOM connections besides (or for those open, if more), so
+ * that other clients can still connect once chunks took all they may, and
+ * the last opts.root_chunks of them are root's; a lend that needs new chunk
+ * fds past that first sends idle warm chunks back (pool_release_idle():
+ * each closes its fds) and fails with -EMFILE only when they are not enough.
  */
 #define BROKER_FD_SPARE	    (WIRE_MAX_FDS + 48)
 #define BROKER_FD_CONN_ROOM 64
@@ -135,7 +137,14 @@ struct broker_opts {
 	uid_t daemon_uid;
 	const struct pool_hooks *hooks; /* handed to every pool; may be NULL */
 	/* Chunks one uid's clients may have lent at once (ENOSPC past it); 0: no bound. */
-	uint64_t max_chunks_per_uid;
+	uint64_t max_chunks_per_uid; /* a uid's bound; 0: none, or chunk_share's */
+	/* --max-chunks-per-uid auto: the chunks the uids share, a uid's bound
+	 * being chunk_share / (the other uids holding chunks + 2), so that
+	 * whoever took first a newcomer finds room; 0: no share */
+	uint64_t chunk_share;
+	/* New chunks only root's lends may take: what gmbd's fds leave when
+	 * every other uid is at its bound (broker_fds_chunk_room()) */
+	uint64_t root_chunks;
 	uint64_t fd_limit; /* gmbd's RLIMIT_NOFILE (EMFILE past it); 0: not checked */
 };
 
@@ -243,10 +252,11 @@ int broker_export_fds(struct broker *br, const uint64_t *ids, size_t n, int *fds
 
 /* Chunks lent to the active allocations of every client of @uid. */
 uint64_t broker_uid_chunks(const struct broker *br, uid_t uid);
+/* @uid's bound of lent chunks (--max-chunks-per-uid, or its share of
+ * chunk_share now); 0: none. */
+uint64_t broker_uid_bound(const struct broker *br, uid_t uid);
 /* fds gmbd holds for its chunks (the backend's chunk_fds each). */
 uint64_t broker_chunk_fds(const struct broker *br);
-/* May gmbd take one more connection and still keep BROKER_FD_SPARE free? */
-bool broker_fds_can_open(const struct broker *br);
 /* How many new chunks gmbd's open files leave room for; UINT64_MAX: no bound. */
 uint64_t broker_fds_chunk_room(const struct broker *br);
 

@@ -119,12 +119,16 @@ static void lend_take_error(const struct broker *br, int dev, int rc, const stru
  * (@uid_lent: chunks the uid has lent, with those of this request's earlier
  * lends) and the new chunks gmbd's open files leave room for.
  */
-static void lend_bounds(const struct broker *br, uint64_t uid_lent, struct pool_take *t)
+static void lend_bounds(const struct broker *br, uid_t uid, uint64_t uid_lent, struct pool_take *t)
 {
-	uint64_t max = br->opts.max_chunks_per_uid;
+	uint64_t max = broker_uid_bound(br, uid), room = broker_fds_chunk_room(br);
 
 	t->max_chunks = max ? (uid_lent < max ? max - uid_lent : 0) : UINT64_MAX;
-	t->max_new = broker_fds_chunk_room(br);
+	/* The last root_chunks are root's: two uids at their bound must not
+	 * leave root's own workers nothing. */
+	if (uid != 0 && room != UINT64_MAX)
+		room = room > br->opts.root_chunks ? room - br->opts.root_chunks : 0;
+	t->max_new = room;
 	t->bounded = t->max_chunks != UINT64_MAX || t->max_new != UINT64_MAX;
 }
 
@@ -157,9 +161,10 @@ static void lend_bound_error(const struct broker *br, const struct bclient *c, i
 		err_append(err,
 			   "uid %u has %" PRIu64 " chunks lent and this needs %" PRIu64
 			   " more, past its bound of %" PRIu64
-			   " (--max-chunks-per-uid): free or pause memory, use larger chunks"
+			   " (--max-chunks-per-uid%s): free or pause memory, use larger chunks"
 			   " (--max-chunk), or raise the bound (0: none)",
-			   (unsigned)c->uid, uid_lent, need, br->opts.max_chunks_per_uid);
+			   (unsigned)c->uid, uid_lent, need, broker_uid_bound(br, c->uid),
+			   br->opts.max_chunks_per_uid ? "" : " auto, a share of the uids present");
 		return;
 	}
 	err_append(err,
@@ -181,10 +186,13 @@ static void lend_bound_error(const struct broker *br, const struct bclient *c, i
  */
 void lend_warn_uid_bounds(const struct broker *br)
 {
-	uint64_t max = br->opts.max_chunks_per_uid, n;
+	uint64_t max, n;
 	bool seen;
 
-	for (const struct bclient *c = br->clients; max && c; c = c->next) {
+	for (const struct bclient *c = br->clients; c; c = c->next) {
+		max = broker_uid_bound(br, c->uid);
+		if (!max)
+			continue;
 		seen = false;
 		for (const struct bclient *o = br->clients; o != c && !seen; o = o->next)
 			seen = o->uid == c->uid;
@@ -249,10 +257,10 @@ static int lend_acquire(struct broker *br, struct bclient *c, struct lend_step *
 	s->t = (struct pool_take){
 		.size = s->a->size, .uid = c->uid, .prefer = c, .handover = arb__handover_id(c)
 	};
-	lend_bounds(br, uid_lent, &s->t);
+	lend_bounds(br, c->uid, uid_lent, &s->t);
 	rc = pool_take(p, &s->t);
 	if (rc == -EMFILE && s->t.over_bound && lend_release_elsewhere(br, s->a->dev, &s->t)) {
-		lend_bounds(br, uid_lent, &s->t);
+		lend_bounds(br, c->uid, uid_lent, &s->t);
 		rc = pool_take(p, &s->t);
 	}
 	if ((rc == -ENOSPC || rc == -EMFILE) && s->t.over_bound) {
@@ -602,7 +610,7 @@ static int lend_resume_steps(struct broker *br, struct bclient *c, struct lend_s
 			     size_t n, struct broker_result *res, char *err)
 {
 	uint64_t lent = broker_uid_chunks(br, c->uid), base = lent;
-	uint64_t max = br->opts.max_chunks_per_uid;
+	uint64_t max = broker_uid_bound(br, c->uid);
 	int rc;
 
 	for (size_t i = 0; i < n; i++)

@@ -134,6 +134,7 @@ void handlers_close(struct handlers *h)
 		handlers__watch_gone(h, h->watchers[h->nwatchers - 1]);
 	uv_close((uv_handle_t *)&h->park_timer, NULL);
 	uv_close((uv_handle_t *)&h->orphan_timer, NULL);
+	handlers__limits_close(h);
 	uv_close((uv_handle_t *)&h->hello_timer, NULL);
 	uv_close((uv_handle_t *)&h->watch_timer, NULL);
 	uv_close((uv_handle_t *)&h->dreq_timer, NULL);

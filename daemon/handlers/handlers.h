@@ -31,6 +31,7 @@
 #include <uv.h>
 
 #include "common/idmap.h"
+#include "common/ratelog.h"
 #include "proto/gmb.pb-c.h"
 #include "daemon/transport/sess.h"
 
@@ -50,6 +51,10 @@
 #define HANDLERS_WATCH_ROOM_BYTES   (HANDLERS_WATCH_MAX_BYTES / 2)
 #define HANDLERS_WATCH_DRAIN_MS	    10000
 #define HANDLERS_WATCH_TICK_MS	    50
+/* Connections an operator (root, gmbd's uid, the admin group) may open past
+ * --max-connections-per-uid, and fds of BROKER_FD_SPARE's margin its
+ * connections may take past what others may: room to look and act. */
+#define HANDLERS_OPERATOR_CONNS	    16
 /* Chunk ids per DropRequest; keeps the packet well under WIRE_MAX_MSG. */
 #define HANDLERS_DROP_BATCH	    2048
 
@@ -94,9 +99,11 @@ struct handlers {
 	uint32_t max_conns_per_uid;
 	struct idmap uid_conns; /* uid + 1 -> connections open */
 	struct hconn *hconns;	/* every connection, newest first */
-	uv_timer_t hello_timer;
-	bool hello_logged, limit_logged, fds_logged;
-	bool retrying; /* guards against nested retries */
+	uv_timer_t hello_timer; /* the hello deadline and the refusals' counts */
+	/* Refusals (of connections, of requests) said once, then counted. */
+	struct ratelog refusals;
+	uint32_t evicting; /* idle connections closed whose fds are not yet */
+	bool retrying;	   /* guards against nested retries */
 	/* ipc.c: pauses waiting for the importers of their tags to close. */
 	struct hipc_wait *ipc_waits;
 	bool closed;

@@ -19,6 +19,8 @@
  *   dreq.c       the daemon -> client request: kinds, deadlines, completion
  *   watch.c      events: to the watchers (WatchRequest) and on_event; refusals
  *   reply.c      sentences, status replies, names, devices, client -> session
+ *   limits.c     connections per uid and gmbd's fds, the operators' reserve,
+ *                idle connections, the hello deadline; refusals said once
  * A file calls only files below it. The ways up are function pointers
  * kept for later: the handler a parked request keeps (park.c calls it
  * back), the one a pause waiting for importers keeps (ipc.c), and the done
@@ -66,7 +68,10 @@ struct hconn {
 	/* uv_now() at accept, or the last tick it was not read for a hold:
 	 * --hello-timeout counts from here. */
 	uint64_t hello_from_ms;
-	bool fd_counted; /* its socket counts in the broker's fds_conns */
+	bool fd_counted;  /* its socket counts in the broker's fds_conns */
+	bool uid_counted; /* it counts in handlers->uid_conns */
+	bool evicted;	  /* closed to make room: in handlers->evicting until its fd is */
+	bool op;	  /* root, gmbd's uid or the admin group (limits.c's reserve) */
 	struct hconn *prev, *next;
 };
 
@@ -324,6 +329,15 @@ void handlers__rejoin_gone(struct handlers *h, struct sess *s);
 /* limits.c */
 int handlers__limits_open(struct handlers *h, struct sess *s, struct hconn *hc);
 void handlers__limits_free(struct hconn *hc);
+/* Says the counts still waiting (handlers_close()). */
+void handlers__limits_close(struct handlers *h);
+/*
+ * handlers__limits_log_level() - the level to log a refusal of kind @what
+ * from @source (@who: its facts) at: @level the first time in an interval,
+ * LOG_LVL_DEBUG while it is counted (common/ratelog.h says the count).
+ */
+int handlers__limits_log_level(struct handlers *h, const char *what, uint64_t source,
+			       const char *who, int level);
 /* @hc's socket is closed (or about to be): it no longer counts in fds_conns. */
 void handlers__limits_fd_closed(struct hconn *hc);
 

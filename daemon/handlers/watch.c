@@ -333,10 +333,18 @@ void handlers__refused(struct handlers *h, struct sess *s, const char *request, 
 	const char *why = err && *err ? err : strerror(-status);
 	char q[ERR_MSG_MAX + 16];
 
+	char who[RATELOG_WHO_MAX];
+	int lvl;
+
 	ev.reason = event_reason_of(status);
-	log_info("request refused " SESS_FMT " request=%s reason=%s status=%d error=%s",
-		 SESS_ARGS(s), request, event_reason_name(ev.reason), status,
-		 log_quote(why, q, sizeof(q)));
+	/* A client can repeat a refused request as fast as it likes: the
+	 * first of a kind is said, the rest counted (the watchers and the
+	 * metrics still hear of each). */
+	snprintf(who, sizeof(who), SESS_FMT " request=%s reason=%s", SESS_ARGS(s), request,
+		 event_reason_name(ev.reason));
+	lvl = handlers__limits_log_level(h, "request refused", (uintptr_t)s, who, LOG_LVL_INFO);
+	log_at(lvl, "request refused %s status=%d error=%s", who, status,
+	       log_quote(why, q, sizeof(q)));
 	handlers__event_client(&ev, s, hconn_of(s)->client);
 	ev.request = request;
 	ev.status = status;

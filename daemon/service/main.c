@@ -44,6 +44,9 @@
 #include "daemon/transport/server.h"
 #include "include/gmb.h"
 
+/* Chunks a limit must leave room for past what gmbd keeps free, or it does not start. */
+#define GMBD_MIN_CHUNKS 16
+
 struct gmbd {
 	const struct gmbd_opts *opts;
 	uv_loop_t loop;
@@ -75,10 +78,12 @@ static int gmbd_listen(struct gmbd *g, int *fd);
 static void gmbd_on_changed(void *arg);
 static int gmbd_flush(void *arg);
 static void gmbd_status(void *arg, char *buf, size_t len);
+static int gmbd_make_one_dir(const char *dir);
 static int gmbd_make_dir(const char *path);
 static int gmbd_signals(struct gmbd *g);
 static uint64_t gmbd_nofile(void);
-static void gmbd_fd_budget(struct gmbd *g, uint64_t limit);
+static int gmbd_fd_budget(struct gmbd *g, uint64_t limit);
+static void gmbd_unserve(struct gmbd *g);
 static int gmbd_metrics_start(struct gmbd *g);
 static void gmbd_on_signal(uv_signal_t *sig, int signum);
 
@@ -144,7 +149,13 @@ static int gmbd_run(const struct gmbd_opts *o)
 	r = gmbd_serve(&g);
 	if (r < 0)
 		goto err_broker;
-	gmbd_fd_budget(&g, nofile);
+	r = gmbd_fd_budget(&g, nofile);
+	if (r < 0) {
+		/* Nothing was served: what was restored stays for the next gmbd. */
+		g.handlers.handover = true;
+		gmbd_unserve(&g);
+		goto err_broker;
+	}
 	log_info("gmbd ready version=%s socket=%s activated=%d", GMB_VERSION, o->socket,
 		 g.activated ? 1 : 0);
 	sd_glue_ready(sd_glue_status_now(&g.sd));
@@ -499,11 +510,38 @@ static void gmbd_status(void *arg, char *buf, size_t len)
 			 ", replies held: the state record is not stored");
 }
 
+/*
+ * One folder of the socket's path, 0755 if gmbd makes it: whatever the
+ * umask, since the socket's group must pass through it (a umask of 077
+ * would make it 0700, and the socket's own mode would say nothing true).
+ */
+static int gmbd_make_one_dir(const char *dir)
+{
+	int r;
+
+	if (mkdir(dir, 0755) < 0) {
+		if (errno == EEXIST)
+			return 0;
+		r = -errno;
+		log_errno(LOG_LVL_ERR, r, "cannot create the socket's directory path=%s", dir);
+		return r;
+	}
+	if (chmod(dir, 0755) < 0) {
+		r = -errno;
+		log_errno(LOG_LVL_ERR, r, "cannot set the mode of the socket's directory path=%s",
+			  dir);
+		return r;
+	}
+	log_info("socket directory created path=%s mode=0755", dir);
+	return 0;
+}
+
 /* mkdir -p of the socket's directory, 0755 for what it creates. */
 static int gmbd_make_dir(const char *path)
 {
 	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	char *slash;
+	int r;
 
 	snprintf(dir, sizeof(dir), "%s", path);
 	slash = strrchr(dir, '/');
@@ -516,13 +554,9 @@ static int gmbd_make_dir(const char *path)
 		if (c != '/' && c != '\0')
 			continue;
 		*p = '\0';
-		if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
-			int r = -errno;
-
-			log_errno(LOG_LVL_ERR, r, "cannot create the socket's directory path=%s",
-				  dir);
+		r = gmbd_make_one_dir(dir);
+		if (r < 0)
 			return r;
-		}
 		*p = c;
 		if (c == '\0')
 			return 0;
@@ -563,6 +597,12 @@ static void gmbd_on_signal(uv_signal_t *sig, int signum)
 			 signum == SIGINT ? "SIGINT" : "SIGTERM", g->broker->nclients);
 		handlers_goodbye(&g->handlers, g->server, "gmbd stopped and kept no state");
 	}
+	gmbd_unserve(g);
+}
+
+/* Stops serving: what gmbd_serve() started, closed. */
+static void gmbd_unserve(struct gmbd *g)
+{
 	mhttp_stop(g->mhttp);
 	g->mhttp = NULL;
 	sd_glue_stop(&g->sd);
@@ -643,13 +683,18 @@ static int gmbd_count_fds(void)
 /*
  * What the broker keeps to (broker.h): the limit, the fds gmbd holds but
  * chunk fds, counted once now that it serves (connections are counted as
- * they come), and the default bound of chunks per uid: half of what is
- * left past those and the fds kept free, so that one user cannot take all.
+ * they come), and for --max-chunks-per-uid auto the chunks the uids share
+ * past those and the fds kept free: an eighth is root's alone, the rest
+ * shared out as broker_uid_bound() says. A limit that leaves fewer than
+ * GMBD_MIN_CHUNKS chunks past what gmbd keeps free would serve nobody, so
+ * gmbd does not start under it and says the limit it needs.
+ * Return: 0 or -EMFILE (said).
  */
-static void gmbd_fd_budget(struct gmbd *g, uint64_t limit)
+static int gmbd_fd_budget(struct gmbd *g, uint64_t limit)
 {
 	struct broker *br = g->broker;
 	uint64_t chunk_fds = broker_chunk_fds(br), kept = BROKER_FD_SPARE + BROKER_FD_CONN_ROOM;
+	uint64_t per = br->backend->ops->chunk_fds, chunks;
 	int n = gmbd_count_fds();
 
 	/* Without a count there is nothing to keep to: the kernel says EMFILE. */
@@ -657,12 +702,31 @@ static void gmbd_fd_budget(struct gmbd *g, uint64_t limit)
 	br->opts.fd_limit = n >= 0 ? limit : 0;
 	if (g->opts->max_chunks_per_uid_set)
 		br->opts.max_chunks_per_uid = g->opts->max_chunks_per_uid;
-	else if (br->opts.fd_limit)
-		br->opts.max_chunks_per_uid =
-			limit > br->fds_base + kept ? (limit - br->fds_base - kept) / 2 : 1;
+	if (br->opts.fd_limit) {
+		uint64_t need = br->fds_base + kept + GMBD_MIN_CHUNKS * per;
+
+		if (limit < need) {
+			log_err("the open files limit is too low to serve: gmbd holds %" PRIu64
+				" and keeps %" PRIu64 " free (a batch of chunk fds to send, a"
+				" margin, %d connections), and needs room for %d chunks besides:"
+				" raise LimitNOFILE= (ulimit -n) to at least %" PRIu64
+				" limit=%" PRIu64 " needed=%" PRIu64,
+				br->fds_base, kept, BROKER_FD_CONN_ROOM, GMBD_MIN_CHUNKS, need,
+				limit, need);
+			return -EMFILE;
+		}
+		/* A backend whose chunks hold no fd of gmbd's still shares them out. */
+		chunks = (limit - br->fds_base - kept) / (per ? per : 1);
+		br->opts.root_chunks = chunks / 8;
+		if (!g->opts->max_chunks_per_uid_set)
+			br->opts.chunk_share = chunks - br->opts.root_chunks;
+	}
 	log_info("open files limit=%" PRIu64 " open=%" PRIu64 " chunk_fds=%" PRIu64
-		 " kept_free=%" PRIu64 " max_chunks_per_uid=%" PRIu64,
-		 br->opts.fd_limit, br->fds_base, chunk_fds, kept, br->opts.max_chunks_per_uid);
+		 " kept_free=%" PRIu64 " max_chunks_per_uid=%" PRIu64 " shared_chunks=%" PRIu64
+		 " root_chunks=%" PRIu64,
+		 br->opts.fd_limit, br->fds_base, chunk_fds, kept, br->opts.max_chunks_per_uid,
+		 br->opts.chunk_share, br->opts.root_chunks);
 	/* Restored chunks were not checked against a bound set only now. */
 	lend_warn_uid_bounds(br);
+	return 0;
 }

@@ -71,7 +71,7 @@ static const struct opts_entry opts_table[] = {
 	{ "socket", 0, "PATH", "$GMB_SOCKET or /run/gmbd/gmbd.sock",
 	  "listen on PATH, a Unix SOCK_SEQPACKET socket\n"
 	  "(see socket-mode); missing directories are\n"
-	  "created (0755)",
+	  "created 0755, whatever the umask",
 	  opts_set_socket },
 	{ "socket-mode", 0, "OCTAL", "0660",
 	  "permissions of the socket gmbd creates (not\n"
@@ -150,19 +150,27 @@ static const struct opts_entry opts_table[] = {
 	  opts_set_rejoin_grace },
 	{ "hello-timeout", 0, "SECONDS", "10",
 	  "close a connection that has not said hello\n"
-	  "after this long (0-3600; 0: never)",
+	  "after this long (0-3600; 0: never); at a\n"
+	  "connection limit, one that holds no memory\n"
+	  "and sent nothing this long is closed first",
 	  opts_set_hello_timeout },
 	{ "max-connections-per-uid", 0, "N", "256",
 	  "connections one uid may hold open at once;\n"
-	  "the next is closed at once (0: no limit)",
+	  "the next is closed at once (0: no limit).\n"
+	  "root, gmbd's user and the admin group may\n"
+	  "open 16 more, and 16 past what gmbd's\n"
+	  "open-file limit leaves to others",
 	  opts_set_max_conns },
 	{ "max-chunks-per-uid", 0, "N|auto", "auto (from RLIMIT_NOFILE)",
 	  "chunks one uid's clients may have lent at\n"
 	  "once, over every device; past it a request\n"
-	  "fails with ENOSPC (0: no limit). auto: half\n"
-	  "of gmbd's open-file limit once its own fds\n"
-	  "and the fds it keeps free are taken off (on\n"
-	  "the host backend every chunk is an open fd)",
+	  "fails with ENOSPC (0: no limit). auto: of\n"
+	  "the chunks gmbd's open-file limit leaves\n"
+	  "once its own fds and those it keeps free are\n"
+	  "taken off (on the host backend every chunk\n"
+	  "is an open fd), an eighth is root's and a\n"
+	  "uid may hold the rest divided by the other\n"
+	  "uids holding chunks plus two",
 	  opts_set_max_chunks },
 	{ "config", 0, "PATH", OPTS_DEFAULT_CONFIG " if it exists",
 	  "read 'name = value' settings from PATH first,\n"

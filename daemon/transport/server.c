@@ -114,10 +114,12 @@ static void server_on_listen(uv_poll_t *poll, int status, int events)
 			srv->emfile_logged = false;
 		}
 		r = server_adopt(srv, fd);
-		if (r < 0) {
+		/* A limit's refusal was logged by the layer that knows which limit;
+		 * a flood of them must not be a line each here. */
+		if (r < 0 && r != -ECONNREFUSED)
 			log_errno(LOG_LVL_WARNING, r, "cannot serve a new connection");
+		if (r < 0)
 			close(fd);
-		}
 	}
 }
 

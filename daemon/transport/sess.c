@@ -75,7 +75,8 @@ int sess_new(struct sess_host *host, int fd, struct sess **out)
 			    .refs = 1,
 			    .state = SESS_OPEN,
 			    .name = "-",
-			    .log_name = "-" };
+			    .log_name = "-",
+			    .heard_ms = uv_now(host->loop) };
 	r = sess_read_creds(s);
 	if (r < 0)
 		goto err_free;
@@ -294,6 +295,7 @@ static void sess_read(struct sess *s)
 					    nfds);
 			break;
 		}
+		s->heard_ms = uv_now(s->host->loop);
 		sess_log_env(s, "recv", env);
 		s->host->ops->recv(s->host->arg, s, env);
 	}

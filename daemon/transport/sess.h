@@ -74,7 +74,9 @@ struct sess_out;
  */
 struct sess_ops {
 	/* A new connection: *@data gets the layer's state for @s (kept in
-	 * s->data, freed by free_data). Return: 0 or -ENOMEM. */
+	 * s->data, freed by free_data). Return: 0, -ENOMEM, or -ECONNREFUSED
+	 * when a limit of the layer's refuses it: the layer said why in the
+	 * log (as often as it sees fit), so the server closes it quietly. */
 	int (*open)(void *arg, struct sess *s, void **data);
 	/* One packet of @s; takes @env. */
 	void (*recv)(void *arg, struct sess *s, Gmb__Envelope *env);
@@ -133,6 +135,9 @@ struct sess {
 	gid_t gid;
 	gid_t *groups; /* SO_PEERGROUPS; NULL when the kernel said no */
 	int ngroups;
+	/* uv_now() at accept, then of the last packet read: how long the peer
+	 * has been quiet (the layer above closes idle ones first at a limit). */
+	uint64_t heard_ms;
 
 	/* For logs: the client's name and id, set by the layer above; log_name
 	 * is the name as a key=value value (quoted when it has spaces). */
@@ -158,7 +163,8 @@ struct sess {
  * Reads the peer's credentials, asks the layer above for its state
  * (ops->open) and starts polling. On success the session owns @fd; on
  * failure @fd is still the caller's.
- * Return: 0, -ENOMEM, or the errno of getsockopt(SO_PEERCRED)/uv_poll_init.
+ * Return: 0, -ENOMEM, -ECONNREFUSED (ops->open refused it), or the errno
+ * of getsockopt(SO_PEERCRED)/uv_poll_init.
  */
 int sess_new(struct sess_host *host, int fd, struct sess **out);
 
