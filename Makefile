@@ -75,6 +75,9 @@ TEST_HELPER_SRC := tests/util.c tests/fake_sd.c tests/loadgen.c tests/raw_client
 # daemon's fuzz harness: not in TEST_HELPER_SRC, as bench programs link
 # those without the daemon's library.
 HANDLERS_FX_SRC := tests/handlers_fx.c
+# Each test's log files, shown when it fails (Criterion's report hooks):
+# linked into the Criterion programs only.
+TESTLOG_SRC := tests/testlog.c
 # The client's messages over that fixture, with Criterion's asserts: linked
 # only into the test binaries that use them.
 HANDLERS_MSG_SRC := tests/handlers_msg.c
@@ -149,7 +152,7 @@ $(1)/gmbctl: $(call objs,$(1),$(CTL_SRC)) $(1)/libgmb.a
 $(1)/tests/prog_%: $(1)/tests/prog_%.o $(1)/libgmb.a
 	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$^ $$(LIB_LIBS)
 
-$(1)/tests/test_%: $(1)/tests/test_%.o $(call objs,$(1),$(TEST_HELPER_SRC) $(HANDLERS_FX_SRC)) $(1)/libgmbd.a $(call objs,$(1),$(LIB_SRC)) $(1)/libcommon.a
+$(1)/tests/test_%: $(1)/tests/test_%.o $(call objs,$(1),$(TEST_HELPER_SRC) $(TESTLOG_SRC) $(HANDLERS_FX_SRC)) $(1)/libgmbd.a $(call objs,$(1),$(LIB_SRC)) $(1)/libcommon.a
 	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$^ $$(TEST_LIBS) $$(LIBS)
 
 $(addprefix $(1)/tests/,$(HANDLERS_MSG_TESTS)): $(call objs,$(1),$(HANDLERS_MSG_SRC))
@@ -213,13 +216,19 @@ $(CUDA_H):
 	@echo "error: $(CUDA_H) not found: gmbd builds against the CUDA Toolkit's cuda.h (no GPU needed); set CUDA_HOME" >&2; exit 1
 
 # Each test binary prints Criterion's synthesis; the run fails on any failure.
-# Criterion does not fail a test whose worker LeakSanitizer flags at exit, so
-# any sanitizer report in the output fails the run too.
+# gmbd's logs go to $(1)/tests/logs/PROGRAM/ (tests/testlog.c), shown for a
+# failing test only. Criterion does not fail a test whose worker
+# LeakSanitizer flags at exit, nor one whose gmbd's does, so a sanitizer
+# report in the output or in those logs fails the run too.
+SANITIZER_RE := 'ERROR: .*Sanitizer\|SUMMARY: .*Sanitizer\|runtime error:'
 define run_tests
 	@set -e; for t in $(patsubst tests/%.c,$(1)/tests/%,$(TEST_SRC)); do \
 		echo "== $$t"; GMB_BUILD_DIR=$(1) $(2) $$t --jobs 1 $(CRITERION_ARGS) 2>&1 | tee $$t.log; \
-		if grep -q 'ERROR: .*Sanitizer\|SUMMARY: .*Sanitizer\|runtime error:' $$t.log; then \
-			echo "$$t: sanitizer report above" >&2; exit 1; fi; done
+		if grep -q $(SANITIZER_RE) $$t.log; then \
+			echo "$$t: sanitizer report above" >&2; exit 1; fi; \
+		if logs=$$(grep -l $(SANITIZER_RE) $(1)/tests/logs/$${t##*/}/* 2>/dev/null); then \
+			for l in $$logs; do echo "---- $$l"; grep -A40 $(SANITIZER_RE) $$l | head -80; done; \
+			echo "$$t: sanitizer report in a gmbd's log above" >&2; exit 1; fi; done
 endef
 
 # The Python module's tests against a tree's libgmb.so and gmbd (no torch needed).
