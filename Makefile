@@ -294,9 +294,11 @@ $(DEPS_STAMP):
 
 # systemd: systemd-socket-activate for tests/test_sd.c (no need for it as PID 1).
 # scdoc: the man pages; python3-venv and python3-wheel-whl: pip installs the
-# Python module into a fresh venv offline; man-db: man -l in the checks.
+# Python module into a fresh venv offline; man-db: man -l in the checks;
+# bash-completion: a new shell loads gmbctl's completion (check-completion).
 DEPS_DEB := libuv1-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libcriterion-dev pkg-config util-linux clang \
-	systemd clang-format scdoc python3-venv python3-wheel-whl man-db prometheus tmux curl libclang-rt-14-dev
+	systemd clang-format scdoc python3-venv python3-wheel-whl man-db prometheus tmux curl libclang-rt-14-dev \
+	bash-completion
 deps: ## install build/test dependencies with apt-get (needs root)
 	@missing=$$(for p in $(DEPS_DEB); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -z "$$missing" ]; then echo "deps: all installed"; else \
@@ -417,7 +419,7 @@ check-install: build/bin $(MAN_PAGES) ## make install DESTDIR= checked file by f
 	$(Q)$(PKG_CHECK_ENV) tests/install/check_install.sh
 check-pip: build/bin ## pip install ./client/python offline in a fresh venv; the module's tests there
 	$(Q)$(PKG_CHECK_ENV) tests/install/check_pip.sh
-check-completion: build/bin build/tests/prog_worker ## gmbctl's bash completion against a live gmbd
+check-completion: build/bin build/tests/prog_worker $(MAN_PAGES) ## gmbctl's bash completion against a live gmbd, and in a new shell
 	$(Q)$(PKG_CHECK_ENV) tests/install/check_completion.sh
 check-examples: build/bin build/examples/pause_resume ## examples/ built as the README says and run
 	$(Q)$(PKG_CHECK_ENV) tests/install/check_examples.sh
