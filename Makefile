@@ -356,10 +356,19 @@ INSTALLED = $(SBINDIR)/gmbd $(BINDIR)/gmbctl $(LIBDIR)/libgmb.so.0 $(LIBDIR)/lib
 # $(call install_sed,SED,SRC,DEST): a rewritten copy, mode 0644, in place at once.
 install_sed = sed $(1) $(2) > $(3).tmp && chmod 0644 $(3).tmp && mv $(3).tmp $(3)
 
+# The folders install makes (and their parents). uninstall removes those it
+# leaves empty, climbing to the parents: under a DESTDIR all the way (the
+# staged tree is install's), on the live system not past the folders PREFIX
+# and /etc have anyway.
+INSTALL_DIRS = $(BINDIR) $(SBINDIR) $(LIBDIR) $(INCLUDEDIR) $(PKGCONFIGDIR) $(DOCDIR)/examples \
+	$(UNITDIR) $(SYSUSERSDIR) $(SYSCONFDIR)/gmbd $(PYTHONDIR)/gmb $(MANDIR)/man1 $(MANDIR)/man3 \
+	$(MANDIR)/man8 $(BASHCOMPDIR)
+UNINSTALL_KEEP = $(if $(DESTDIR),,$(PREFIX) $(BINDIR) $(SBINDIR) $(LIBDIR) $(INCLUDEDIR) $(DATADIR) \
+	$(DATADIR)/doc $(MANDIR) $(MANDIR)/man1 $(MANDIR)/man3 $(MANDIR)/man8 $(PKGCONFIGDIR) \
+	$(PYTHONDIR) $(SYSCONFDIR))
+
 install: build/bin $(MAN_PAGES) ## install (PREFIX=/usr/local, DESTDIR=, PYTHON=); keeps an existing gmbd.conf
-	$(call say,INSTALL,$(DESTDIR)$(PREFIX))install -d $(addprefix $(DESTDIR),$(BINDIR) $(SBINDIR) \
-		$(LIBDIR) $(INCLUDEDIR) $(PKGCONFIGDIR) $(DOCDIR)/examples $(UNITDIR) $(SYSUSERSDIR) \
-		$(SYSCONFDIR)/gmbd $(PYTHONDIR)/gmb $(MANDIR)/man1 $(MANDIR)/man3 $(MANDIR)/man8 $(BASHCOMPDIR))
+	$(call say,INSTALL,$(DESTDIR)$(PREFIX))install -d $(addprefix $(DESTDIR),$(INSTALL_DIRS))
 	$(Q)install -m 0755 build/gmbd $(DESTDIR)$(SBINDIR)/gmbd
 	$(Q)install -m 0755 build/gmbctl $(DESTDIR)$(BINDIR)/gmbctl
 	$(Q)install -m 0755 build/libgmb.so.0 $(DESTDIR)$(LIBDIR)/libgmb.so.0
@@ -390,8 +399,11 @@ ifeq ($(DESTDIR),)
 		echo "install: note: $(LIBDIR) is not on the linker's path; add it to /etc/ld.so.conf.d/"
 	$(Q)if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 endif
-	$(Q)$(PYTHON) -c 'import sys; sys.exit("$(PYTHONDIR)" not in sys.path)' || \
-		echo "install: note: $(PYTHON) does not search $(PYTHONDIR); set PYTHONPATH=$(PYTHONDIR)"
+	@echo "install: Python module gmb for $(PYTHON) ($$($(PYTHON) -c 'import platform; print(platform.python_version())')) in $(PYTHONDIR)/gmb; PYTHON=/path/to/python3 installs it for another"
+	$(Q)if ! $(PYTHON) -c 'import sys; sys.exit("$(PYTHONDIR)" not in sys.path)'; then \
+		echo "install: note: $(PYTHON) does not search $(PYTHONDIR); set PYTHONPATH=$(PYTHONDIR)"; \
+	elif p=$$(command -v python3) && ! $$p -c 'import sys; sys.exit("$(PYTHONDIR)" not in sys.path)' 2>/dev/null; then \
+		echo "install: note: python3 on PATH is $$p ($$($$p -c 'import sys; print(sys.executable)' 2>/dev/null)), which does not search $(PYTHONDIR): import gmb fails there; make install PYTHON=$$p installs the module for it"; fi
 	@echo "install: done; enable with: systemctl enable --now gmbd.socket"
 
 # Removes what install wrote; the configuration stays unless PURGE=1, and
@@ -402,15 +414,20 @@ ifeq ($(DESTDIR),)
 endif
 	$(call say,RM,$(DESTDIR)$(PREFIX))rm -f $(addprefix $(DESTDIR),$(INSTALLED))
 	$(Q)rm -rf $(DESTDIR)$(PYTHONDIR)/gmb/__pycache__
-	$(Q)rmdir $(DESTDIR)$(PYTHONDIR)/gmb $(DESTDIR)$(DOCDIR)/examples $(DESTDIR)$(DOCDIR) 2>/dev/null || true
 ifeq ($(PURGE),1)
-	$(Q)rm -f $(DESTDIR)$(SYSCONFDIR)/gmbd/gmbd.conf && rmdir $(DESTDIR)$(SYSCONFDIR)/gmbd 2>/dev/null || true
+	$(Q)rm -f $(DESTDIR)$(SYSCONFDIR)/gmbd/gmbd.conf
 endif
+	$(Q)for d in $(INSTALL_DIRS); do \
+		while [ "$$d" != / ] && [ -n "$$d" ]; do \
+			case " $(UNINSTALL_KEEP) " in *" $$d "*) break ;; esac; \
+			rmdir "$(DESTDIR)$$d" 2>/dev/null || break; d=$${d%/*}; done; done
 ifeq ($(DESTDIR),)
 	$(Q)ldconfig
 	$(Q)if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 endif
-	@echo "uninstall: done$(if $(filter 1,$(PURGE)),,; kept $(SYSCONFDIR)/gmbd/gmbd.conf (PURGE=1 removes it))"
+	@if [ -e $(DESTDIR)$(SYSCONFDIR)/gmbd/gmbd.conf ]; then \
+		echo "uninstall: done; kept $(DESTDIR)$(SYSCONFDIR)/gmbd/gmbd.conf (PURGE=1 removes it)"; \
+	else echo "uninstall: done"; fi
 
 # ---- packaging checks (part of check; no root needed) ----
 # Each runs a real gmbd (host backend) on a socket of its own.
