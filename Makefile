@@ -219,8 +219,10 @@ $(CUDA_H):
 # gmbd's logs go to $(1)/tests/logs/PROGRAM/ (tests/testlog.c), shown for a
 # failing test only. Criterion does not fail a test whose worker
 # LeakSanitizer flags at exit, nor one whose gmbd's does, so a sanitizer
-# report in the output or in those logs fails the run too.
+# report in the output or in those logs fails the run too, and so does a
+# gmbd's log line (its timestamp and level) in the output of a passing program.
 SANITIZER_RE := 'ERROR: .*Sanitizer\|SUMMARY: .*Sanitizer\|runtime error:'
+GMBD_LOG_RE := '^20[0-9][0-9]-[01][0-9]-[0-3][0-9] [0-9:.]* *\(err\|warning\|notice\|info\|debug\) '
 define run_tests
 	@set -e; for t in $(patsubst tests/%.c,$(1)/tests/%,$(TEST_SRC)); do \
 		echo "== $$t"; GMB_BUILD_DIR=$(1) $(2) $$t --jobs 1 $(CRITERION_ARGS) 2>&1 | tee $$t.log; \
@@ -228,7 +230,10 @@ define run_tests
 			echo "$$t: sanitizer report above" >&2; exit 1; fi; \
 		if logs=$$(grep -l $(SANITIZER_RE) $(1)/tests/logs/$${t##*/}/* 2>/dev/null); then \
 			for l in $$logs; do echo "---- $$l"; grep -A40 $(SANITIZER_RE) $$l | head -80; done; \
-			echo "$$t: sanitizer report in a gmbd's log above" >&2; exit 1; fi; done
+			echo "$$t: sanitizer report in a gmbd's log above" >&2; exit 1; fi; \
+		if grep -m3 $(GMBD_LOG_RE) $$t.log; then \
+			echo "$$t: gmbd's log reached the output of a passing run (above): keep it in" \
+				"test_log_path()'s file" >&2; exit 1; fi; done
 endef
 
 # The Python module's tests against a tree's libgmb.so and gmbd (no torch needed).
