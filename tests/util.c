@@ -54,6 +54,22 @@ void test_log_path(char *buf, size_t cap, const char *dir, const char *what)
 		snprintf(buf, cap, "%s/%s.log", dir, name);
 }
 
+int test_log_stderr(const char *what)
+{
+	char path[512];
+	int fd, rc = 0;
+
+	if (!testlog_path || testlog_path(what, path, sizeof(path)) < 0)
+		return 0;
+	fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return -errno;
+	if (dup2(fd, STDERR_FILENO) < 0)
+		rc = -errno;
+	close(fd);
+	return rc;
+}
+
 int test_notify_socket(const char *path)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };

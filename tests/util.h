@@ -37,6 +37,12 @@ int testlog_path(const char *what, char *buf, size_t cap) __attribute__((weak));
  * @dir/@what.log. @what is made unique in this process (a number added).
  */
 void test_log_path(char *buf, size_t cap, const char *dir, const char *what);
+/*
+ * test_log_stderr() - this process's stderr (the daemon's layers run in it,
+ * and log there) into the current test's file for @what, shown if the test
+ * fails; nothing outside a Criterion test. Return: 0 or a negative errno.
+ */
+int test_log_stderr(const char *what);
 
 /**
  * gmbd_start() - exec build/gmbd --backend host --socket DIR/gmbd.sock plus
