@@ -17,6 +17,7 @@
 #include "daemon/core/broker.h"
 #include "tests/handlers_fx.h"
 #include "tests/handlers_msg.h"
+#include "tests/util.h"
 
 struct hfx hm_fx;
 uint64_t hm_next_id;
@@ -30,6 +31,8 @@ void hm_start(uint64_t pool_keep)
 
 	/* GMB_TEST_DEBUG=1 shows every message in and out. */
 	log_max_level = getenv("GMB_TEST_DEBUG") ? LOG_LVL_DEBUG : LOG_LVL_WARNING;
+	/* The layers' log lines: the test's file, shown if it fails. */
+	cr_assert(eq(i32, test_log_stderr("stderr"), 0));
 	cr_assert(eq(i32, hfx_start(&hm_fx, &ho, &bo, 30000), 0));
 	hm_next_id = 0;
 }

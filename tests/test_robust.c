@@ -543,9 +543,22 @@ Test(robust_socket, a_socket_group_that_cannot_be_set_stops_gmbd)
 	struct gmbd_proc d;
 	struct stat st;
 
+	char log[4096];
+	FILE *f;
+	size_t n;
+
 	cr_assert(lt(i32, gmbd_start(&d, bad), 0), "gmbd served a socket of the wrong group");
 	cr_assert(not(eq(i32, gmbd_stop(&d), 0)));
 	cr_assert(lt(i32, stat(d.sock, &st), 0), "the socket was left behind");
+	/* Said as what it is: no such group, not a missing file. */
+	f = fopen(d.log, "r");
+	cr_assert(not(eq(ptr, f, NULL)), "%s", d.log);
+	n = fread(log, 1, sizeof(log) - 1, f);
+	fclose(f);
+	log[n] = '\0';
+	cr_assert(not(eq(ptr, strstr(log, "no such group"), NULL)), "%s", log);
+	cr_assert(not(eq(ptr, strstr(log, "group=no-such-group-gmb"), NULL)), "%s", log);
+	cr_assert(eq(ptr, strstr(log, "No such file or directory"), NULL), "%s", log);
 }
 
 /* ---- connections that say nothing, and floods of them ---- */

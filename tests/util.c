@@ -44,6 +44,32 @@ const char *test_build_dir(void)
 	return b && *b ? b : "build";
 }
 
+void test_log_path(char *buf, size_t cap, const char *dir, const char *what)
+{
+	static int seq;
+	char name[64];
+
+	snprintf(name, sizeof(name), "%s-%d", what, ++seq);
+	if (!testlog_path || testlog_path(name, buf, cap) < 0)
+		snprintf(buf, cap, "%s/%s.log", dir, name);
+}
+
+int test_log_stderr(const char *what)
+{
+	char path[512];
+	int fd, rc = 0;
+
+	if (!testlog_path || testlog_path(what, path, sizeof(path)) < 0)
+		return 0;
+	fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return -errno;
+	if (dup2(fd, STDERR_FILENO) < 0)
+		rc = -errno;
+	close(fd);
+	return rc;
+}
+
 int test_notify_socket(const char *path)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -130,7 +156,7 @@ int gmbd_start(struct gmbd_proc *d, const char *const *args)
 		return -errno;
 	snprintf(d->sock, sizeof(d->sock), "%s/gmbd.sock", d->dir);
 	snprintf(notify, sizeof(notify), "%s/notify", d->dir);
-	snprintf(d->log, sizeof(d->log), "%s/gmbd.log", d->dir);
+	test_log_path(d->log, sizeof(d->log), d->dir, "gmbd");
 	nfd = test_notify_socket(notify);
 	if (nfd < 0)
 		return nfd;
@@ -170,7 +196,8 @@ int gmbd_stop(struct gmbd_proc *d)
 			st = -1;
 		d->pid = 0;
 	}
-	if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+	/* Outside a Criterion test only: there, the failed test's report shows it. */
+	if (!testlog_path && (!WIFEXITED(st) || WEXITSTATUS(st))) {
 		snprintf(cmd, sizeof(cmd), "cat '%s' >&2", d->log);
 		if (system(cmd) != 0)
 			fprintf(stderr, "gmbd log %s unreadable\n", d->log);

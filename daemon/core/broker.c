@@ -497,8 +497,8 @@ int broker_trim(struct broker *br, int dev, uint64_t *released, uint64_t *pendin
 	uint64_t rel = 0, pend = 0;
 
 	if (dev < -1 || dev >= br->ndevices)
-		return err_fmt(err, -ENODEV, "device %d does not exist (%d devices)", dev,
-			       br->ndevices);
+		return err_fmt(err, -ENODEV, "device %d does not exist (%d device%s)", dev,
+			       br->ndevices, br->ndevices == 1 ? "" : "s");
 	for (int d = 0; d < br->ndevices; d++)
 		if (dev == -1 || d == dev)
 			rel += pool_shrink(&br->pools[d], 0, &pend);
