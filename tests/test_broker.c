@@ -24,7 +24,6 @@
 #include "tests/broker_refs.h"
 #include "daemon/core/broker_internal.h"
 #include "daemon/core/walk.h"
-#include "daemon/core/walk.h"
 #include "gmb.h"
 
 #define MiB (1024ULL * 1024)

@@ -296,11 +296,21 @@ Test(handlers, a_client_that_is_not_connected_is_said_to_be_so)
 {
 	struct broker_peer peer = { .pid = getpid(), .uid = getuid(), .gid = getgid() };
 	int t = hm_hello_client("ctl", false, true);
+	Gmb__SwitchRequest sr = GMB__SWITCH_REQUEST__INIT;
 	char err[ERR_MSG_MAX];
 	struct bclient *c;
 
 	cr_assert(eq(i32, broker_restore_client(hm_fx.br, &peer, 77, "back", true, &c), 0));
 	cr_assert(eq(i32, hm_status_only(t, hm_send_control(t, "back", 1, ""), err, sizeof(err)),
+		     -ENOENT));
+	cr_assert(eq(str, err,
+		     "client 'back' (#77) is not connected now; it may be reconnecting to gmbd"));
+	/* A switch that names it says the same, not that it refuses control. */
+	sr.from = "back";
+	sr.to = "ctl";
+	cr_assert(eq(i32,
+		     hm_status_only(t, hm_send_req(t, GMB__ENVELOPE__BODY_SWITCH_REQ, &sr), err,
+				    sizeof(err)),
 		     -ENOENT));
 	cr_assert(eq(str, err,
 		     "client 'back' (#77) is not connected now; it may be reconnecting to gmbd"));

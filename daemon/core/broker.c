@@ -406,6 +406,11 @@ int broker_tag_check(const struct bclient *c, const char *tag, char *err)
 	return -ENOENT;
 }
 
+size_t broker_client_nallocs(const struct bclient *c)
+{
+	return c->allocs.count;
+}
+
 struct balloc *broker_alloc_get(const struct bclient *c, uint64_t id)
 {
 	return idmap_get(&c->allocs, id);
