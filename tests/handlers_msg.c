@@ -225,3 +225,19 @@ int hm_status_only(int fd, uint64_t id, char *err, size_t len)
 	hm_msg_free(&m);
 	return st;
 }
+
+void hm_expect_first_tag_state(int fd, const char *want)
+{
+	const Gmb__StatusReply *sr;
+	struct hm_msg m;
+
+	hm_recv_reply(fd,
+		      hm_send_req(fd, GMB__ENVELOPE__BODY_STATUS_REQ,
+				  &(Gmb__StatusRequest)GMB__STATUS_REQUEST__INIT),
+		      &m, NULL, NULL);
+	sr = m.env->status_reply;
+	cr_assert(ge(sz, sr->n_clients, 1));
+	cr_assert(ge(sz, sr->clients[0]->n_tags, 1));
+	cr_assert(eq(str, sr->clients[0]->tags[0]->state, (char *)want));
+	hm_msg_free(&m);
+}

@@ -21,6 +21,7 @@
 
 #include "common/wire.h"
 #include "gmb.h"
+#include "tests/raw_client.h"
 #include "tests/util.h"
 
 #define KiB 1024ULL
@@ -139,19 +140,7 @@ static int raw_alloc(struct raw *r, uint64_t size, const char *tag, struct raw_r
 /* True once gmbd closed @fd (EOF within 5 s). */
 static bool raw_closed(int fd)
 {
-	struct pollfd p = { .fd = fd, .events = POLLIN };
-	char buf[WIRE_MAX_MSG];
-
-	for (int i = 0; i < 50; i++) {
-		ssize_t n;
-
-		if (poll(&p, 1, 100) <= 0)
-			continue;
-		n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
-		if (n == 0 || (n < 0 && errno == ECONNRESET))
-			return true;
-	}
-	return false;
+	return raw_client_wait_closed(fd, 5000) == 0;
 }
 
 /* A protocol error gmbd answers by ending the connection: a client sends an fd. */

@@ -90,8 +90,7 @@ int test_notify_socket(const char *path)
 	return fd;
 }
 
-/* Reads notify datagrams until one holds READY=1; the child's death ends it. */
-static int wait_ready(int nfd, pid_t pid, int ms)
+int test_wait_ready(int nfd, pid_t pid, int ms)
 {
 	char buf[512];
 
@@ -115,22 +114,29 @@ static int wait_ready(int nfd, pid_t pid, int ms)
 	return -ETIMEDOUT;
 }
 
-static void gmbd_exec(struct gmbd_proc *d, const char *notify, const char *const *args)
+void test_gmbd_argv(const char **argv, size_t cap, char *bin, size_t binlen, const char *sock,
+		    const char *const *args)
 {
-	const char *argv[64];
-	char bin[256];
-	int n = 0;
+	size_t n = 0;
 
-	prctl(PR_SET_PDEATHSIG, SIGKILL);
-	snprintf(bin, sizeof(bin), "%s/gmbd", test_build_dir());
+	snprintf(bin, binlen, "%s/gmbd", test_build_dir());
 	argv[n++] = bin;
 	argv[n++] = "--backend";
 	argv[n++] = "host";
 	argv[n++] = "--socket";
-	argv[n++] = d->sock;
-	for (; args && *args && n < 62; args++)
+	argv[n++] = sock;
+	for (; args && *args && n + 1 < cap; args++)
 		argv[n++] = *args;
 	argv[n] = NULL;
+}
+
+static void gmbd_exec(struct gmbd_proc *d, const char *notify, const char *const *args)
+{
+	const char *argv[64];
+	char bin[256];
+
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	test_gmbd_argv(argv, 64, bin, sizeof(bin), d->sock, args);
 	setenv("NOTIFY_SOCKET", notify, 1);
 	/* Never the limit of a unit the tests themselves may run in. */
 	if (d->fdstore[0])
@@ -167,7 +173,7 @@ int gmbd_start(struct gmbd_proc *d, const char *const *args)
 	}
 	if (d->pid == 0)
 		gmbd_exec(d, notify, args);
-	err = wait_ready(nfd, d->pid, 10000);
+	err = test_wait_ready(nfd, d->pid, 10000);
 out:
 	close(nfd);
 	unlink(notify);

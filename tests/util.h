@@ -51,6 +51,14 @@ int test_log_stderr(const char *what);
  * test (PR_SET_PDEATHSIG). Return: 0 or a negative errno.
  */
 int gmbd_start(struct gmbd_proc *d, const char *const *args);
+/* The argv of build/gmbd --backend host --socket @sock, then @args (NULL
+ * ends them), in @argv[0..@cap), NULL-terminated; @bin (@binlen bytes)
+ * holds the program's path, argv[0]. */
+void test_gmbd_argv(const char **argv, size_t cap, char *bin, size_t binlen, const char *sock,
+		    const char *const *args);
+/* Reads notify datagrams on @nfd until one holds READY=1 (0), for at most
+ * @ms (-ETIMEDOUT); the death of @pid ends it first (-ECHILD, reaped). */
+int test_wait_ready(int nfd, pid_t pid, int ms);
 /* gmbd_start(), then the folder and the socket open to every uid (as
  * gmbd.socket's group opens them to its members), for tests as nobody. */
 int gmbd_start_shared(struct gmbd_proc *d, const char *const *args);
