@@ -34,7 +34,7 @@ endif
 
 WARNINGS := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
 	-Wno-unused-parameter -Wformat=2 -Wno-format-nonliteral
-CPPFLAGS_ALL = -D_GNU_SOURCE -I. -I$(B) -Iinclude -I$(CUDA_HOME)/include
+CPPFLAGS_ALL = -D_GNU_SOURCE -I. -I$(B) -I$(CUDA_HOME)/include
 CFLAGS_ALL = -std=gnu11 -g -O2 -fPIC -fvisibility=hidden -pthread $(WARNINGS) $(EXTRA_CFLAGS) $(CFLAGS)
 DEPFLAGS = -MMD -MP
 # libgmb needs only protobuf-c; gmbd adds libuv and libsystemd.

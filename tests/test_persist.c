@@ -45,7 +45,7 @@
 #include "common/deadline.h"
 #include "daemon/handlers/handlers.h"
 #include "daemon/transport/sess.h"
-#include "gmb.h"
+#include "include/gmb.h"
 #include "tests/raw_client.h"
 #include "tests/util.h"
 #include "tests/worker_assert.h"

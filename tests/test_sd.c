@@ -27,7 +27,7 @@
 #include "common/log.h"
 #include "common/wire.h"
 #include "daemon/service/opts.h"
-#include "gmb.h"
+#include "include/gmb.h"
 #include "tests/util.h"
 
 #define MiB		(1024ULL * 1024)

@@ -32,7 +32,7 @@
 #include "client/gmbctl/ctl.h"
 #include "common/size.h"
 #include "common/wire.h"
-#include "gmb.h"
+#include "include/gmb.h"
 
 #define CTL_MAX_ARGS 2
 

@@ -25,7 +25,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
-#include "gmb.h"
+#include "include/gmb.h"
 
 #define BROKER_DEFAULT_MAX_CHUNK (1ULL << 30)
 
