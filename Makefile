@@ -34,7 +34,7 @@ endif
 
 WARNINGS := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
 	-Wno-unused-parameter -Wformat=2 -Wno-format-nonliteral
-CPPFLAGS_ALL = -D_GNU_SOURCE -I. -I$(B) -Iinclude -I$(CUDA_HOME)/include
+CPPFLAGS_ALL = -D_GNU_SOURCE -I. -I$(B) -I$(CUDA_HOME)/include
 CFLAGS_ALL = -std=gnu11 -g -O2 -fPIC -fvisibility=hidden -pthread $(WARNINGS) $(EXTRA_CFLAGS) $(CFLAGS)
 DEPFLAGS = -MMD -MP
 # libgmb needs only protobuf-c; gmbd adds libuv and libsystemd.
@@ -75,6 +75,9 @@ TEST_HELPER_SRC := tests/util.c tests/fake_sd.c tests/loadgen.c tests/raw_client
 # daemon's fuzz harness: not in TEST_HELPER_SRC, as bench programs link
 # those without the daemon's library.
 HANDLERS_FX_SRC := tests/handlers_fx.c
+# Each test's log files, shown when it fails (Criterion's report hooks):
+# linked into the Criterion programs only.
+TESTLOG_SRC := tests/testlog.c
 # The client's messages over that fixture, with Criterion's asserts: linked
 # only into the test binaries that use them.
 HANDLERS_MSG_SRC := tests/handlers_msg.c
@@ -149,7 +152,7 @@ $(1)/gmbctl: $(call objs,$(1),$(CTL_SRC)) $(1)/libgmb.a
 $(1)/tests/prog_%: $(1)/tests/prog_%.o $(1)/libgmb.a
 	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$^ $$(LIB_LIBS)
 
-$(1)/tests/test_%: $(1)/tests/test_%.o $(call objs,$(1),$(TEST_HELPER_SRC) $(HANDLERS_FX_SRC)) $(1)/libgmbd.a $(call objs,$(1),$(LIB_SRC)) $(1)/libcommon.a
+$(1)/tests/test_%: $(1)/tests/test_%.o $(call objs,$(1),$(TEST_HELPER_SRC) $(TESTLOG_SRC) $(HANDLERS_FX_SRC)) $(1)/libgmbd.a $(call objs,$(1),$(LIB_SRC)) $(1)/libcommon.a
 	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$^ $$(TEST_LIBS) $$(LIBS)
 
 $(addprefix $(1)/tests/,$(HANDLERS_MSG_TESTS)): $(call objs,$(1),$(HANDLERS_MSG_SRC))
@@ -213,13 +216,24 @@ $(CUDA_H):
 	@echo "error: $(CUDA_H) not found: gmbd builds against the CUDA Toolkit's cuda.h (no GPU needed); set CUDA_HOME" >&2; exit 1
 
 # Each test binary prints Criterion's synthesis; the run fails on any failure.
-# Criterion does not fail a test whose worker LeakSanitizer flags at exit, so
-# any sanitizer report in the output fails the run too.
+# gmbd's logs go to $(1)/tests/logs/PROGRAM/ (tests/testlog.c), shown for a
+# failing test only. Criterion does not fail a test whose worker
+# LeakSanitizer flags at exit, nor one whose gmbd's does, so a sanitizer
+# report in the output or in those logs fails the run too, and so does a
+# gmbd's log line (its timestamp and level) in the output of a passing program.
+SANITIZER_RE := 'ERROR: .*Sanitizer\|SUMMARY: .*Sanitizer\|runtime error:'
+GMBD_LOG_RE := '^20[0-9][0-9]-[01][0-9]-[0-3][0-9] [0-9:.]* *\(err\|warning\|notice\|info\|debug\) '
 define run_tests
 	@set -e; for t in $(patsubst tests/%.c,$(1)/tests/%,$(TEST_SRC)); do \
 		echo "== $$t"; GMB_BUILD_DIR=$(1) $(2) $$t --jobs 1 $(CRITERION_ARGS) 2>&1 | tee $$t.log; \
-		if grep -q 'ERROR: .*Sanitizer\|SUMMARY: .*Sanitizer\|runtime error:' $$t.log; then \
-			echo "$$t: sanitizer report above" >&2; exit 1; fi; done
+		if grep -q $(SANITIZER_RE) $$t.log; then \
+			echo "$$t: sanitizer report above" >&2; exit 1; fi; \
+		if logs=$$(grep -l $(SANITIZER_RE) $(1)/tests/logs/$${t##*/}/* 2>/dev/null); then \
+			for l in $$logs; do echo "---- $$l"; grep -A40 $(SANITIZER_RE) $$l | head -80; done; \
+			echo "$$t: sanitizer report in a gmbd's log above" >&2; exit 1; fi; \
+		if grep -m3 $(GMBD_LOG_RE) $$t.log; then \
+			echo "$$t: gmbd's log reached the output of a passing run (above): keep it in" \
+				"test_log_path()'s file" >&2; exit 1; fi; done
 endef
 
 # The Python module's tests against a tree's libgmb.so and gmbd (no torch needed).
@@ -285,9 +299,11 @@ $(DEPS_STAMP):
 
 # systemd: systemd-socket-activate for tests/test_sd.c (no need for it as PID 1).
 # scdoc: the man pages; python3-venv and python3-wheel-whl: pip installs the
-# Python module into a fresh venv offline; man-db: man -l in the checks.
+# Python module into a fresh venv offline; man-db: man -l in the checks;
+# bash-completion: a new shell loads gmbctl's completion (check-completion).
 DEPS_DEB := libuv1-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libcriterion-dev pkg-config util-linux clang \
-	systemd clang-format scdoc python3-venv python3-wheel-whl man-db prometheus tmux curl libclang-rt-14-dev
+	systemd clang-format scdoc python3-venv python3-wheel-whl man-db prometheus tmux curl libclang-rt-14-dev \
+	bash-completion
 deps: ## install build/test dependencies with apt-get (needs root)
 	@missing=$$(for p in $(DEPS_DEB); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -z "$$missing" ]; then echo "deps: all installed"; else \
@@ -345,10 +361,19 @@ INSTALLED = $(SBINDIR)/gmbd $(BINDIR)/gmbctl $(LIBDIR)/libgmb.so.0 $(LIBDIR)/lib
 # $(call install_sed,SED,SRC,DEST): a rewritten copy, mode 0644, in place at once.
 install_sed = sed $(1) $(2) > $(3).tmp && chmod 0644 $(3).tmp && mv $(3).tmp $(3)
 
+# The folders install makes (and their parents). uninstall removes those it
+# leaves empty, climbing to the parents: under a DESTDIR all the way (the
+# staged tree is install's), on the live system not past the folders PREFIX
+# and /etc have anyway.
+INSTALL_DIRS = $(BINDIR) $(SBINDIR) $(LIBDIR) $(INCLUDEDIR) $(PKGCONFIGDIR) $(DOCDIR)/examples \
+	$(UNITDIR) $(SYSUSERSDIR) $(SYSCONFDIR)/gmbd $(PYTHONDIR)/gmb $(MANDIR)/man1 $(MANDIR)/man3 \
+	$(MANDIR)/man8 $(BASHCOMPDIR)
+UNINSTALL_KEEP = $(if $(DESTDIR),,$(PREFIX) $(BINDIR) $(SBINDIR) $(LIBDIR) $(INCLUDEDIR) $(DATADIR) \
+	$(DATADIR)/doc $(MANDIR) $(MANDIR)/man1 $(MANDIR)/man3 $(MANDIR)/man8 $(PKGCONFIGDIR) \
+	$(PYTHONDIR) $(SYSCONFDIR))
+
 install: build/bin $(MAN_PAGES) ## install (PREFIX=/usr/local, DESTDIR=, PYTHON=); keeps an existing gmbd.conf
-	$(call say,INSTALL,$(DESTDIR)$(PREFIX))install -d $(addprefix $(DESTDIR),$(BINDIR) $(SBINDIR) \
-		$(LIBDIR) $(INCLUDEDIR) $(PKGCONFIGDIR) $(DOCDIR)/examples $(UNITDIR) $(SYSUSERSDIR) \
-		$(SYSCONFDIR)/gmbd $(PYTHONDIR)/gmb $(MANDIR)/man1 $(MANDIR)/man3 $(MANDIR)/man8 $(BASHCOMPDIR))
+	$(call say,INSTALL,$(DESTDIR)$(PREFIX))install -d $(addprefix $(DESTDIR),$(INSTALL_DIRS))
 	$(Q)install -m 0755 build/gmbd $(DESTDIR)$(SBINDIR)/gmbd
 	$(Q)install -m 0755 build/gmbctl $(DESTDIR)$(BINDIR)/gmbctl
 	$(Q)install -m 0755 build/libgmb.so.0 $(DESTDIR)$(LIBDIR)/libgmb.so.0
@@ -379,8 +404,11 @@ ifeq ($(DESTDIR),)
 		echo "install: note: $(LIBDIR) is not on the linker's path; add it to /etc/ld.so.conf.d/"
 	$(Q)if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 endif
-	$(Q)$(PYTHON) -c 'import sys; sys.exit("$(PYTHONDIR)" not in sys.path)' || \
-		echo "install: note: $(PYTHON) does not search $(PYTHONDIR); set PYTHONPATH=$(PYTHONDIR)"
+	@echo "install: Python module gmb for $(PYTHON) ($$($(PYTHON) -c 'import platform; print(platform.python_version())')) in $(PYTHONDIR)/gmb; PYTHON=/path/to/python3 installs it for another"
+	$(Q)if ! $(PYTHON) -c 'import sys; sys.exit("$(PYTHONDIR)" not in sys.path)'; then \
+		echo "install: note: $(PYTHON) does not search $(PYTHONDIR); set PYTHONPATH=$(PYTHONDIR)"; \
+	elif p=$$(command -v python3) && ! $$p -c 'import sys; sys.exit("$(PYTHONDIR)" not in sys.path)' 2>/dev/null; then \
+		echo "install: note: python3 on PATH is $$p ($$($$p -c 'import sys; print(sys.executable)' 2>/dev/null)), which does not search $(PYTHONDIR): import gmb fails there; make install PYTHON=$$p installs the module for it"; fi
 	@echo "install: done; enable with: systemctl enable --now gmbd.socket"
 
 # Removes what install wrote; the configuration stays unless PURGE=1, and
@@ -391,15 +419,20 @@ ifeq ($(DESTDIR),)
 endif
 	$(call say,RM,$(DESTDIR)$(PREFIX))rm -f $(addprefix $(DESTDIR),$(INSTALLED))
 	$(Q)rm -rf $(DESTDIR)$(PYTHONDIR)/gmb/__pycache__
-	$(Q)rmdir $(DESTDIR)$(PYTHONDIR)/gmb $(DESTDIR)$(DOCDIR)/examples $(DESTDIR)$(DOCDIR) 2>/dev/null || true
 ifeq ($(PURGE),1)
-	$(Q)rm -f $(DESTDIR)$(SYSCONFDIR)/gmbd/gmbd.conf && rmdir $(DESTDIR)$(SYSCONFDIR)/gmbd 2>/dev/null || true
+	$(Q)rm -f $(DESTDIR)$(SYSCONFDIR)/gmbd/gmbd.conf
 endif
+	$(Q)for d in $(INSTALL_DIRS); do \
+		while [ "$$d" != / ] && [ -n "$$d" ]; do \
+			case " $(UNINSTALL_KEEP) " in *" $$d "*) break ;; esac; \
+			rmdir "$(DESTDIR)$$d" 2>/dev/null || break; d=$${d%/*}; done; done
 ifeq ($(DESTDIR),)
 	$(Q)ldconfig
 	$(Q)if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 endif
-	@echo "uninstall: done$(if $(filter 1,$(PURGE)),,; kept $(SYSCONFDIR)/gmbd/gmbd.conf (PURGE=1 removes it))"
+	@if [ -e $(DESTDIR)$(SYSCONFDIR)/gmbd/gmbd.conf ]; then \
+		echo "uninstall: done; kept $(DESTDIR)$(SYSCONFDIR)/gmbd/gmbd.conf (PURGE=1 removes it)"; \
+	else echo "uninstall: done"; fi
 
 # ---- packaging checks (part of check; no root needed) ----
 # Each runs a real gmbd (host backend) on a socket of its own.
@@ -408,7 +441,7 @@ check-install: build/bin $(MAN_PAGES) ## make install DESTDIR= checked file by f
 	$(Q)$(PKG_CHECK_ENV) tests/install/check_install.sh
 check-pip: build/bin ## pip install ./client/python offline in a fresh venv; the module's tests there
 	$(Q)$(PKG_CHECK_ENV) tests/install/check_pip.sh
-check-completion: build/bin build/tests/prog_worker ## gmbctl's bash completion against a live gmbd
+check-completion: build/bin build/tests/prog_worker $(MAN_PAGES) ## gmbctl's bash completion against a live gmbd, and in a new shell
 	$(Q)$(PKG_CHECK_ENV) tests/install/check_completion.sh
 check-examples: build/bin build/examples/pause_resume ## examples/ built as the README says and run
 	$(Q)$(PKG_CHECK_ENV) tests/install/check_examples.sh

@@ -14,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "gmb.h"
+#include "include/gmb.h"
 #include "tests/loadgen.h"
 #include "tests/util.h"
 

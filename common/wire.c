@@ -329,6 +329,17 @@ out_socket:
 	return rc;
 }
 
+/* connect()'s errno as a negative one; a file that is there but no socket
+ * (connect() says ECONNREFUSED for it too) is -ENOTSOCK. */
+static int wire_connect_errno(const char *path, int err)
+{
+	struct stat st;
+
+	if (err == ECONNREFUSED && stat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+		return -ENOTSOCK;
+	return -err;
+}
+
 int wire_connect(const char *path, int *fd)
 {
 	struct sockaddr_un addr;
@@ -344,7 +355,7 @@ int wire_connect(const char *path, int *fd)
 		rc = connect(s, (const struct sockaddr *)&addr, sizeof(addr));
 	while (rc < 0 && errno == EINTR);
 	if (rc < 0) {
-		rc = -errno;
+		rc = wire_connect_errno(path, errno);
 		goto out_socket;
 	}
 	*fd = s;

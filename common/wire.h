@@ -62,7 +62,8 @@ void wire_close_fds(int *fds, int n);
  */
 int wire_listen(const char *path, int *fd);
 
-/** wire_connect() - connect to @path; blocking, O_CLOEXEC fd is the caller's. */
+/** wire_connect() - connect to @path; blocking, O_CLOEXEC fd is the caller's.
+ * Return: 0 or a negative errno; -ENOTSOCK for a file that is not a socket. */
 int wire_connect(const char *path, int *fd);
 
 /**

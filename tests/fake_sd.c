@@ -300,6 +300,8 @@ int sd_gmbd_open(struct sd_gmbd *f, const char *tmpl, bool listen)
 	snprintf(f->notify, sizeof(f->notify), "%s/notify", f->dir);
 	snprintf(f->gmbd.dir, sizeof(f->gmbd.dir), "%s", f->dir);
 	snprintf(f->gmbd.sock, sizeof(f->gmbd.sock), "%s/gmbd.sock", f->dir);
+	/* Every gmbd of this fixture (restarts included) appends to one file. */
+	test_log_path(f->gmbd.log, sizeof(f->gmbd.log), f->dir, "gmbd");
 	rc = fake_sd_open(&f->sd, f->notify);
 	if (rc < 0 || !listen)
 		return rc;

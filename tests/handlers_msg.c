@@ -17,6 +17,7 @@
 #include "daemon/core/broker.h"
 #include "tests/handlers_fx.h"
 #include "tests/handlers_msg.h"
+#include "tests/util.h"
 
 struct hfx hm_fx;
 uint64_t hm_next_id;
@@ -30,6 +31,8 @@ void hm_start(uint64_t pool_keep)
 
 	/* GMB_TEST_DEBUG=1 shows every message in and out. */
 	log_max_level = getenv("GMB_TEST_DEBUG") ? LOG_LVL_DEBUG : LOG_LVL_WARNING;
+	/* The layers' log lines: the test's file, shown if it fails. */
+	cr_assert(eq(i32, test_log_stderr("stderr"), 0));
 	cr_assert(eq(i32, hfx_start(&hm_fx, &ho, &bo, 30000), 0));
 	hm_next_id = 0;
 }
@@ -221,4 +224,20 @@ int hm_status_only(int fd, uint64_t id, char *err, size_t len)
 		snprintf(err, len, "%s", m.env->error ? m.env->error : "");
 	hm_msg_free(&m);
 	return st;
+}
+
+void hm_expect_first_tag_state(int fd, const char *want)
+{
+	const Gmb__StatusReply *sr;
+	struct hm_msg m;
+
+	hm_recv_reply(fd,
+		      hm_send_req(fd, GMB__ENVELOPE__BODY_STATUS_REQ,
+				  &(Gmb__StatusRequest)GMB__STATUS_REQUEST__INIT),
+		      &m, NULL, NULL);
+	sr = m.env->status_reply;
+	cr_assert(ge(sz, sr->n_clients, 1));
+	cr_assert(ge(sz, sr->clients[0]->n_tags, 1));
+	cr_assert(eq(str, sr->clients[0]->tags[0]->state, (char *)want));
+	hm_msg_free(&m);
 }

@@ -79,4 +79,8 @@ uint64_t hm_alloc_ok(int fd, uint64_t size, const char *tag);
 /* The reply to @id's status; its error sentence to @err (if any). */
 int hm_status_only(int fd, uint64_t id, char *err, size_t len);
 
+/* Asserts that status, asked on @fd, shows the first tag of its first
+ * client in state @want ("active", "pausing", ...). */
+void hm_expect_first_tag_state(int fd, const char *want);
+
 #endif

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gmb.h"
+#include "include/gmb.h"
 #include "tests/loadgen.h"
 
 #define LOADGEN_ALLOC	   (2u << 20)

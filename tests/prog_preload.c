@@ -47,7 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gmb.h"
+#include "include/gmb.h"
 #include "tests/fake_cudart.h"
 
 struct prog_gmb {

@@ -27,7 +27,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gmb.h"
+#include "include/gmb.h"
 
 #define MAX_ALLOCS 4096
 

@@ -2,7 +2,9 @@
  * raw_client.c - the protocol by hand over common/wire.c, for tests.
  */
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
+#include <sys/socket.h>
 
 #include "common/wire.h"
 #include "tests/raw_client.h"
@@ -71,4 +73,21 @@ int raw_client_hello(int fd, uint32_t version, int *status)
 	raw_client_hello_env(&env, &h, "raw");
 	h.version = version;
 	return raw_client_request(fd, &env, status, NULL, 0);
+}
+
+int raw_client_wait_closed(int fd, int timeout_ms)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	char buf[WIRE_MAX_MSG];
+
+	for (int waited = 0; waited < timeout_ms; waited += 100) {
+		ssize_t n;
+
+		if (poll(&p, 1, 100) <= 0)
+			continue;
+		n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+		if (n == 0 || (n < 0 && errno == ECONNRESET))
+			return 0;
+	}
+	return -ETIMEDOUT;
 }

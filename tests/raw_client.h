@@ -41,6 +41,10 @@ int raw_client_request(int fd, const Gmb__Envelope *env, int *status, char *erro
  */
 void raw_client_hello_env(Gmb__Envelope *env, Gmb__Hello *h, const char *name);
 
+/* Waits up to @timeout_ms for gmbd to close @fd (EOF or a reset), reading
+ * and dropping what it sends meanwhile. Return: 0 once closed, -ETIMEDOUT. */
+int raw_client_wait_closed(int fd, int timeout_ms);
+
 /* A hello of protocol @version named "raw", request id 1: 0 or -errno as
  * raw_client_request(), the reply's status in *@status. */
 int raw_client_hello(int fd, uint32_t version, int *status);

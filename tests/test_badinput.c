@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "common/wire.h"
-#include "gmb.h"
+#include "include/gmb.h"
 #include "tests/raw_client.h"
 #include "tests/util.h"
 

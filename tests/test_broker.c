@@ -24,8 +24,7 @@
 #include "tests/broker_refs.h"
 #include "daemon/core/broker_internal.h"
 #include "daemon/core/walk.h"
-#include "daemon/core/walk.h"
-#include "gmb.h"
+#include "include/gmb.h"
 
 #define MiB (1024ULL * 1024)
 #define GiB (1024 * MiB)

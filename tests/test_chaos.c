@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "common/wire.h"
-#include "gmb.h"
+#include "include/gmb.h"
 #include "tests/util.h"
 #include "tests/worker_assert.h"
 

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "common/backend/backend.h"
-#include "gmb.h"
+#include "include/gmb.h"
 #include "tests/util.h"
 
 #define MiB (1ULL << 20)

@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "common/wire.h"
-#include "gmb.h"
+#include "include/gmb.h"
 
 #define MiB	  (1024ULL * 1024)
 #define FAKE_SIZE (2 * MiB)

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "client/lib/cache/cache.h"
-#include "gmb.h"
+#include "include/gmb.h"
 
 #define MiB (1024ULL * 1024)
 

@@ -296,11 +296,21 @@ Test(handlers, a_client_that_is_not_connected_is_said_to_be_so)
 {
 	struct broker_peer peer = { .pid = getpid(), .uid = getuid(), .gid = getgid() };
 	int t = hm_hello_client("ctl", false, true);
+	Gmb__SwitchRequest sr = GMB__SWITCH_REQUEST__INIT;
 	char err[ERR_MSG_MAX];
 	struct bclient *c;
 
 	cr_assert(eq(i32, broker_restore_client(hm_fx.br, &peer, 77, "back", true, &c), 0));
 	cr_assert(eq(i32, hm_status_only(t, hm_send_control(t, "back", 1, ""), err, sizeof(err)),
+		     -ENOENT));
+	cr_assert(eq(str, err,
+		     "client 'back' (#77) is not connected now; it may be reconnecting to gmbd"));
+	/* A switch that names it says the same, not that it refuses control. */
+	sr.from = "back";
+	sr.to = "ctl";
+	cr_assert(eq(i32,
+		     hm_status_only(t, hm_send_req(t, GMB__ENVELOPE__BODY_SWITCH_REQ, &sr), err,
+				    sizeof(err)),
 		     -ENOENT));
 	cr_assert(eq(str, err,
 		     "client 'back' (#77) is not connected now; it may be reconnecting to gmbd"));
@@ -353,23 +363,6 @@ Test(handlers, a_rejoin_takes_the_new_session_s_groups)
 
 /* ---- a remote pause that timed out ---- */
 
-/* The state status gives @fd's first client's first tag. */
-static void expect_first_tag_state(int fd, const char *want)
-{
-	const Gmb__StatusReply *sr;
-	struct hm_msg m;
-
-	hm_recv_reply(fd,
-		      hm_send_req(fd, GMB__ENVELOPE__BODY_STATUS_REQ,
-				  &(Gmb__StatusRequest)GMB__STATUS_REQUEST__INIT),
-		      &m, NULL, NULL);
-	sr = m.env->status_reply;
-	cr_assert(eq(sz, sr->n_clients, 1));
-	cr_assert(ge(sz, sr->clients[0]->n_tags, 1));
-	cr_assert(eq(str, sr->clients[0]->tags[0]->state, (char *)want));
-	hm_msg_free(&m);
-}
-
 /* The command is with the client: the operator and status say it may still happen. */
 Test(handlers, a_timed_out_pause_is_shown_pausing_until_answered)
 {
@@ -385,11 +378,11 @@ Test(handlers, a_timed_out_pause_is_shown_pausing_until_answered)
 	cr_assert(eq(i32, hm_status_only(t, id, err, sizeof(err)), -ETIMEDOUT));
 	cr_assert(not(eq(ptr, strstr(err, "may still carry it out"), NULL)), "%s", err);
 	cr_assert(not(eq(ptr, strstr(err, "\"pausing\""), NULL)), "%s", err);
-	expect_first_tag_state(t, "pausing");
+	hm_expect_first_tag_state(t, "pausing");
 	hm_send_reply(w, cmd.env->id, 0);
 	hm_msg_free(&cmd);
 	hfx_spin(&hm_fx); /* the late reply first: it is on another socket */
-	expect_first_tag_state(t, "active");
+	hm_expect_first_tag_state(t, "active");
 	close(w);
 	close(t);
 }

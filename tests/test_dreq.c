@@ -206,23 +206,6 @@ Test(dreq, a_client_that_is_its_own_target_going_completes_once)
 
 /* ---- cancellation: the initiator goes ---- */
 
-/* The state status gives @fd's first client's first tag. */
-static void expect_first_tag_state(int fd, const char *want)
-{
-	const Gmb__StatusReply *sr;
-	struct hm_msg m;
-
-	hm_recv_reply(fd,
-		      hm_send_req(fd, GMB__ENVELOPE__BODY_STATUS_REQ,
-				  &(Gmb__StatusRequest)GMB__STATUS_REQUEST__INIT),
-		      &m, NULL, NULL);
-	sr = m.env->status_reply;
-	cr_assert(ge(sz, sr->n_clients, 1));
-	cr_assert(ge(sz, sr->clients[0]->n_tags, 1));
-	cr_assert(eq(str, sr->clients[0]->tags[0]->state, (char *)want));
-	hm_msg_free(&m);
-}
-
 Test(dreq, an_operator_leaving_cancels_its_forward_once)
 {
 	int w = hm_hello_client("worker", true, false), t = hm_hello_client("ctl", false, true);
@@ -241,7 +224,7 @@ Test(dreq, an_operator_leaving_cancels_its_forward_once)
 		     "the operator disconnected before client 'worker' answered"));
 	/* The command is still with the client: status says so. */
 	t2 = hm_hello_client("ctl2", false, true);
-	expect_first_tag_state(t2, "pausing");
+	hm_expect_first_tag_state(t2, "pausing");
 	/* The target is free for another operator meanwhile. */
 	id2 = hm_send_control(t2, "worker", GMB__OP__OP_RESUME, "");
 	cmd2 = recv_command(w, GMB__OP__OP_RESUME, "");
@@ -249,7 +232,7 @@ Test(dreq, an_operator_leaving_cancels_its_forward_once)
 	hm_send_reply(w, cmd, 0);
 	hfx_spin(&hm_fx);
 	cr_assert(eq(i32, ctl_ev.n, 1));
-	expect_first_tag_state(t2, "active");
+	hm_expect_first_tag_state(t2, "active");
 	hm_send_reply(w, cmd2, 0);
 	cr_assert(eq(i32, hm_status_only(t2, id2, NULL, 0), 0));
 	cr_assert(eq(i32, ctl_ev.n, 2));

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tests/util.h"
@@ -156,7 +157,81 @@ Test(gmbctl, trim_releases_free_chunks)
 	cr_assert(eq(i64, json_i64(out, "pool_bytes"), 0), "%s", out);
 	cr_assert(eq(i32, ctl("trim", "0"), 0));
 	cr_assert(eq(i32, ctl("trim", "9"), 1), "no device 9");
+	cr_assert(not(eq(ptr, strstr(err, "device 9 does not exist (1 device)"), NULL)),
+		  "one device, in the singular: %s", err);
 	cr_assert(eq(i32, worker_quit(&w), 0));
+}
+
+/* Every row of the Commands, Arguments and Options tables has its text at
+ * one column: after its synopsis, or alone on the next line when the
+ * synopsis reaches that column. */
+Test(gmbctl, help_rows_share_one_column)
+{
+	const int col = 27;
+	int rows = 0, wrapped = 0;
+	bool table = false, pending = false;
+
+	cr_assert(eq(i32, ctl("help"), 0), "%s", err);
+	for (char *l = out, *nl; *l; l = nl + 1) {
+		int len, lead;
+
+		nl = strchr(l, '\n');
+		cr_assert(not(eq(ptr, nl, NULL)), "unterminated line: %s", l);
+		len = (int)(nl - l);
+		lead = (int)strspn(l, " ");
+		if (len > 0 && lead == 0) { /* a heading or the text around the tables */
+			cr_assert(not(pending), "a synopsis alone before '%.*s'", len, l);
+			table = l[len - 1] == ':' && strncmp(l, "Usage", 5) != 0;
+			continue;
+		}
+		if (!table || len == 0) {
+			cr_assert(not(pending), "a synopsis alone before an empty line");
+			continue;
+		}
+		rows++;
+		if (pending) { /* the text of the synopsis above, alone at the column */
+			cr_assert(eq(i32, lead, col), "wrapped text at column %d: '%.*s'", lead,
+				  len, l);
+			pending = false;
+			continue;
+		}
+		cr_assert(lead == 2 || lead == 6, "row: '%.*s'", len, l);
+		if (len >= col && l[col] != ' ' && l[col - 1] == ' ' && l[col - 2] == ' ')
+			continue;
+		/* No text at the column: the synopsis alone, reaching it. */
+		cr_assert(eq(ptr, memmem(l + lead, (size_t)(len - lead), "  ", 2), NULL),
+			  "misaligned row: '%.*s'", len, l);
+		cr_assert(ge(i32, len, col - 1), "short synopsis alone: '%.*s'", len, l);
+		pending = true;
+		wrapped++;
+	}
+	cr_assert(not(pending));
+	cr_assert(ge(i32, rows, 20), "the tables have their rows: %s", out);
+	cr_assert(ge(i32, wrapped, 2), "resume's and switch's synopses have lines of their own");
+}
+
+Test(gmbctl, a_path_that_is_not_a_socket_is_named_so)
+{
+	char bin[256];
+	char *argv[] = { bin, "-s", "/etc/passwd", "status", NULL };
+
+	snprintf(bin, sizeof(bin), "%s/gmbctl", test_build_dir());
+	cr_assert(eq(i32, run_capture(argv, NULL, out, err, CAP), 1));
+	cr_assert(not(eq(ptr, strstr(err, "/etc/passwd: not a socket"), NULL)), "%s", err);
+	cr_assert(eq(ptr, strstr(err, "is gmbd running"), NULL), "%s", err);
+}
+
+/* gmbd started by hand as root: the socket's group is root, which nobody
+ * should be told to join. */
+Test(gmbctl, a_socket_of_group_root_gets_no_hint_to_join_root)
+{
+	if (getegid() != 0)
+		cr_skip_test("gmbd runs as root only when the tests do");
+	cr_assert(eq(i32, chmod(gmbd.sock, 0660), 0));
+	cr_assert(eq(i32, ctl_as(NOBODY, "status"), 1));
+	cr_assert(not(eq(ptr, strstr(err, "Permission denied"), NULL)), "%s", err);
+	cr_assert(eq(ptr, strstr(err, "usermod -aG root"), NULL), "%s", err);
+	cr_assert(not(eq(ptr, strstr(err, "--socket-group"), NULL)), "%s", err);
 }
 
 Test(gmbctl, another_uid_may_not_control)

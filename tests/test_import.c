@@ -41,6 +41,8 @@ static void setup(void)
 {
 	struct backend_host_opts o = { .ndevices = 1, .memory = 1 * GiB, .granularity = 2 * MiB };
 
+	/* The core logs what it keeps for importers: into the test's file. */
+	cr_assert(eq(i32, test_log_stderr("stderr"), 0));
 	cr_assert(eq(i32, backend_host_open(&o, &be), 0));
 	open_broker(0, 1 * GiB);
 }

@@ -28,7 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "gmb.h"
+#include "include/gmb.h"
 #include "tests/util.h"
 
 #define MiB (1024ULL * 1024)

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gmb.h"
+#include "include/gmb.h"
 #include "tests/util.h"
 
 #define MiB (1024ULL * 1024)

@@ -52,23 +52,15 @@ static void lg_exec(const struct lgmbd *d, const char *notify, rlim_t nofile, mo
 		    const char *const *args)
 {
 	struct rlimit rl = { .rlim_cur = nofile, .rlim_max = nofile };
-	const char *argv[40] = { NULL };
+	const char *own[40] = { "--fdstore-max", "0", "--log-level", "info" };
+	const char *argv[48];
 	char bin[256];
-	int n = 0, log;
+	int log;
 
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
-	snprintf(bin, sizeof(bin), "%s/gmbd", test_build_dir());
-	argv[n++] = bin;
-	argv[n++] = "--backend";
-	argv[n++] = "host";
-	argv[n++] = "--socket";
-	argv[n++] = d->sock;
-	argv[n++] = "--fdstore-max";
-	argv[n++] = "0";
-	argv[n++] = "--log-level";
-	argv[n++] = "info";
-	for (; args && *args && n < 38; args++)
-		argv[n++] = *args;
+	for (size_t n = 4; args && *args && n < 39; args++)
+		own[n++] = *args;
+	test_gmbd_argv(argv, 48, bin, sizeof(bin), d->sock, own);
 	log = open(d->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
 	if (log >= 0)
 		dup2(log, 2);
@@ -84,23 +76,11 @@ static void lg_exec(const struct lgmbd *d, const char *notify, rlim_t nofile, mo
 /* READY=1 on @nfd: 0; gmbd exited first: -ECHILD (reaped, pid 0). */
 static int lg_wait_ready(struct lgmbd *d, int nfd)
 {
-	char buf[512];
+	int r = test_wait_ready(nfd, d->pid, 20000);
 
-	for (int ms = 0; ms < 20000; ms += 50) {
-		struct pollfd p = { .fd = nfd, .events = POLLIN };
-		ssize_t len;
-
-		if (poll(&p, 1, 50) > 0 && (len = recv(nfd, buf, sizeof(buf) - 1, 0)) > 0) {
-			buf[len] = 0;
-			if (strstr(buf, "READY=1"))
-				return 0;
-		}
-		if (waitpid(d->pid, NULL, WNOHANG) == d->pid) {
-			d->pid = 0;
-			return -ECHILD;
-		}
-	}
-	return -ETIMEDOUT;
+	if (r == -ECHILD)
+		d->pid = 0;
+	return r;
 }
 
 /*
@@ -228,19 +208,7 @@ static int raw_open(const char *sock, bool hello)
 /* True once gmbd closed @fd (EOF within 5 s). */
 static bool raw_closed(int fd)
 {
-	struct pollfd p = { .fd = fd, .events = POLLIN };
-	char buf[WIRE_MAX_MSG];
-
-	for (int i = 0; i < 50; i++) {
-		ssize_t n;
-
-		if (poll(&p, 1, 100) <= 0)
-			continue;
-		n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
-		if (n == 0 || (n < 0 && errno == ECONNRESET))
-			return true;
-	}
-	return false;
+	return raw_client_wait_closed(fd, 5000) == 0;
 }
 
 /*

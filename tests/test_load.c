@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "gmb.h"
+#include "include/gmb.h"
 #include "tests/loadgen.h"
 #include "tests/util.h"
 

@@ -333,6 +333,10 @@ Test(observe, watch_prints_events_and_survives_a_restart)
 	/* gmbd goes and comes back on the same socket. */
 	cr_assert(eq(i32, gmbd_stop(&gmbd), 0));
 	cr_expect(eq(i32, child_wait(&c, "\"kind\":\"gmbd_gone\"", 5000), 0), "%s", c.buf);
+	/* gmbd's sentence as it said it, no "gmbd stopped: " before it again. */
+	cr_expect(eq(i32, child_wait(&c, "\"detail\":\"gmbd stopped and kept no state\"", 5000), 0),
+		  "%s", c.buf);
+	cr_expect(eq(ptr, strstr(c.buf, "gmbd stopped: gmbd stopped"), NULL), "%s", c.buf);
 	start_with(NULL, NULL);
 	cr_expect(eq(i32, child_wait(&c, "\"kind\":\"restart\"", 10000), 0), "%s", c.buf);
 	child_stop(&c);

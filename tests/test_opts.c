@@ -152,23 +152,75 @@ Test(opts, size_suffixes)
 	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
 		uint64_t v = 1;
 
-		cr_assert(eq(i32, opts_size_parse(ok[i].text, &v), 0), "%s", ok[i].text);
+		cr_assert(eq(i32, size_parse(ok[i].text, &v), 0), "%s", ok[i].text);
 		cr_assert(eq(u64, v, ok[i].bytes), "%s", ok[i].text);
 	}
+}
+
+/* A decimal fraction where it comes to whole bytes; never a fraction of one. */
+Test(opts, size_decimal_fractions)
+{
+	static const struct {
+		const char *text;
+		uint64_t bytes;
+	} ok[] = {
+		{ "1.5GiB", 3 * GiB / 2 },
+		{ "1.5G", 3 * GiB / 2 },
+		{ "0.5K", 512 },
+		{ "2.25MiB", 9 * MiB / 4 },
+		{ "1.0", 1 },
+		{ "0.125T", TiB / 8 },
+		{ "1.000000000000000000G", GiB },
+	};
+	static const char *const partial[] = { "1.5", "0.1K", "1.3K", "0.0000001G" };
+	uint64_t v;
+
+	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+		v = 1;
+		cr_assert(eq(i32, size_parse(ok[i].text, &v), 0), "%s", ok[i].text);
+		cr_assert(eq(u64, v, ok[i].bytes), "%s", ok[i].text);
+	}
+	for (size_t i = 0; i < sizeof(partial) / sizeof(partial[0]); i++)
+		cr_assert(eq(i32, size_parse(partial[i], &v), -EDOM), "%s", partial[i]);
+	cr_assert(eq(i32, size_parse("16777215.5T", &v), 0));
+	cr_assert(eq(u64, v, 16777215 * TiB + TiB / 2));
+	cr_assert(eq(i32, size_parse("16777216.5T", &v), -ERANGE));
+	cr_assert(eq(i32, size_parse("1.0000000000000000000G", &v), -EINVAL), "19 decimals");
+
+	cr_assert(eq(i32, parse("--host-memory", "1.5GiB", NULL), OPTS_RUN), "%s", err);
+	cr_assert(eq(u64, o.host_memory, 3 * GiB / 2));
+	cr_assert(eq(i32, parse("--host-memory", "1.3K", NULL), -EINVAL));
+	cr_assert(not(eq(ptr, strstr(err, "'1.3K' is not a whole number of bytes"), NULL)), "%s",
+		  err);
+}
+
+/* Quoted as the user wrote it (not as 0xbb8), with what would do. */
+Test(opts, a_granularity_that_is_no_power_of_two_is_quoted_as_written)
+{
+	cr_assert(eq(i32, parse("--host-granularity", "3000", NULL), -EINVAL));
+	cr_assert(
+		not(eq(ptr, strstr(err, "--host-granularity: '3000' is not a power of two"), NULL)),
+		"%s", err);
+	cr_assert(eq(ptr, strstr(err, "0x"), NULL), "%s", err);
+	cr_assert(eq(i32, parse("--host-granularity", "6KiB", NULL), -EINVAL));
+	cr_assert(not(eq(ptr, strstr(err, "'6KiB'"), NULL)), "%s", err);
+	cr_assert(eq(i32, parse("--host-granularity", "64KiB", NULL), OPTS_RUN), "%s", err);
+	cr_assert(eq(u64, o.host_granularity, 64 * KiB));
 }
 
 Test(opts, size_overflow_and_junk)
 {
 	static const char *const too_big[] = { "18446744073709551616", "16777216T", "17179869184G",
 					       "99999999999999999999999" };
-	static const char *const junk[] = { "",	    "G",   "-1",  "+1",	  " 1",	 "1 ",
-					    "1.5G", "1GB", "1Gi", "0x10", "1KK", "ten" };
+	static const char *const junk[] = { "",	   "G",	     "-1",   "+1",  " 1",  "1 ",
+					    "1GB", "1Gi",    "0x10", "1KK", "ten", "1.",
+					    ".5G", "1.5.0G", "1,5G", "1e3" };
 	uint64_t v;
 
 	for (size_t i = 0; i < sizeof(too_big) / sizeof(too_big[0]); i++)
-		cr_assert(eq(i32, opts_size_parse(too_big[i], &v), -ERANGE), "%s", too_big[i]);
+		cr_assert(eq(i32, size_parse(too_big[i], &v), -ERANGE), "%s", too_big[i]);
 	for (size_t i = 0; i < sizeof(junk) / sizeof(junk[0]); i++)
-		cr_assert(eq(i32, opts_size_parse(junk[i], &v), -EINVAL), "'%s'", junk[i]);
+		cr_assert(eq(i32, size_parse(junk[i], &v), -EINVAL), "'%s'", junk[i]);
 	cr_assert(eq(i32, parse("--budget", "16777216T", NULL), -EINVAL));
 	cr_assert(not(eq(ptr, strstr(err, "too large"), NULL)), "%s", err);
 }
@@ -182,7 +234,7 @@ Test(opts, bad_values_name_the_option)
 		{ "--host-devices", "2x" },
 		{ "--host-memory", "0" },
 		{ "--host-granularity", "0" },
-		{ "--max-chunk", "1.5G" },
+		{ "--max-chunk", "1.3K" },
 		{ "--budget", "0" },
 		{ "--reserve", "-2G" },
 		{ "--control-timeout", "0" },

@@ -22,7 +22,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
-#include "gmb.h"
+#include "include/gmb.h"
 #include "tests/util.h"
 
 #define MiB (1024ULL * 1024)

@@ -18,7 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "gmb.h"
+#include "include/gmb.h"
 #include "tests/util.h"
 
 #define MiB (1024ULL * 1024)

@@ -26,7 +26,7 @@
 
 #include "client/lib/api/client.h"
 #include "common/wire.h"
-#include "gmb.h"
+#include "include/gmb.h"
 #include "tests/util.h"
 #include "tests/worker_assert.h"
 

@@ -21,7 +21,7 @@
 #include "daemon/core/broker_internal.h"
 #include "daemon/persist/persist.h"
 #include "daemon/persist/state.h"
-#include "gmb.h"
+#include "include/gmb.h"
 #include "tests/util.h"
 
 #define MiB	(1ULL << 20)

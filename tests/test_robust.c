@@ -20,7 +20,8 @@
 #include <unistd.h>
 
 #include "common/wire.h"
-#include "gmb.h"
+#include "include/gmb.h"
+#include "tests/raw_client.h"
 #include "tests/util.h"
 
 #define KiB 1024ULL
@@ -139,19 +140,7 @@ static int raw_alloc(struct raw *r, uint64_t size, const char *tag, struct raw_r
 /* True once gmbd closed @fd (EOF within 5 s). */
 static bool raw_closed(int fd)
 {
-	struct pollfd p = { .fd = fd, .events = POLLIN };
-	char buf[WIRE_MAX_MSG];
-
-	for (int i = 0; i < 50; i++) {
-		ssize_t n;
-
-		if (poll(&p, 1, 100) <= 0)
-			continue;
-		n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
-		if (n == 0 || (n < 0 && errno == ECONNRESET))
-			return true;
-	}
-	return false;
+	return raw_client_wait_closed(fd, 5000) == 0;
 }
 
 /* A protocol error gmbd answers by ending the connection: a client sends an fd. */
@@ -543,9 +532,22 @@ Test(robust_socket, a_socket_group_that_cannot_be_set_stops_gmbd)
 	struct gmbd_proc d;
 	struct stat st;
 
+	char log[4096];
+	FILE *f;
+	size_t n;
+
 	cr_assert(lt(i32, gmbd_start(&d, bad), 0), "gmbd served a socket of the wrong group");
 	cr_assert(not(eq(i32, gmbd_stop(&d), 0)));
 	cr_assert(lt(i32, stat(d.sock, &st), 0), "the socket was left behind");
+	/* Said as what it is: no such group, not a missing file. */
+	f = fopen(d.log, "r");
+	cr_assert(not(eq(ptr, f, NULL)), "%s", d.log);
+	n = fread(log, 1, sizeof(log) - 1, f);
+	fclose(f);
+	log[n] = '\0';
+	cr_assert(not(eq(ptr, strstr(log, "no such group"), NULL)), "%s", log);
+	cr_assert(not(eq(ptr, strstr(log, "group=no-such-group-gmb"), NULL)), "%s", log);
+	cr_assert(eq(ptr, strstr(log, "No such file or directory"), NULL), "%s", log);
 }
 
 /* ---- connections that say nothing, and floods of them ---- */

@@ -27,7 +27,7 @@
 #include "common/log.h"
 #include "common/wire.h"
 #include "daemon/service/opts.h"
-#include "gmb.h"
+#include "include/gmb.h"
 #include "tests/util.h"
 
 #define MiB		(1024ULL * 1024)
@@ -90,11 +90,14 @@ static void socket_activate(const char *const *gmbd_args)
 	while (fgets(line, sizeof(line), f) && !strstr(line, "Listening on"))
 		;
 	cr_assert(not(eq(ptr, strstr(line, "Listening on"), NULL)), "no 'Listening on': %s", line);
-	/* gmbd logs to the same pipe: drain it from a child of ours, never block it. */
+	/* gmbd logs to the same pipe: drain it from a child of ours, never
+	 * block it, into the fixture's log file (shown if the test fails). */
 	if (fork() == 0) {
+		FILE *log = fopen(fx.gmbd.log, "a");
+
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		while (fgets(line, sizeof(line), f))
-			fputs(line, stderr);
+			fputs(line, log ? log : stderr);
 		_exit(0);
 	}
 	fclose(f);

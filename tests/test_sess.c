@@ -20,6 +20,7 @@
 #include "common/wire.h"
 #include "daemon/transport/server.h"
 #include "daemon/transport/sess.h"
+#include "tests/util.h"
 
 #define TS_WAIT_TURNS 200
 
@@ -104,6 +105,8 @@ static void setup(void)
 {
 	memset(&ts, 0, sizeof(ts));
 	log_max_level = LOG_LVL_WARNING;
+	/* The layers' log lines: the test's file, shown if it fails. */
+	cr_assert(eq(i32, test_log_stderr("stderr"), 0));
 	cr_assert(eq(i32, uv_loop_init(&ts.loop), 0));
 	cr_assert(eq(i32, server_start(&ts.loop, -1, &ts_ops, &ts, &ts.srv), 0));
 }

@@ -20,7 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "gmb.h"
+#include "include/gmb.h"
 #include "tests/util.h"
 
 #define KiB 1024ULL

@@ -24,6 +24,7 @@
 #include "daemon/transport/server.h"
 #include "daemon/transport/sess.h"
 #include "tests/handlers_fx.h"
+#include "tests/util.h"
 
 #define WAIT_MS 5000
 
@@ -44,6 +45,8 @@ static void setup(void)
 	struct broker_opts bo = { .max_chunk = 1ULL << 30, .daemon_uid = geteuid() };
 
 	log_max_level = getenv("GMB_TEST_DEBUG") ? LOG_LVL_DEBUG : LOG_LVL_WARNING;
+	/* The layers' log lines: the test's file, shown if it fails. */
+	cr_assert(eq(i32, test_log_stderr("stderr"), 0));
 	cr_assert(eq(i32, hfx_start(&fx, &ho, &bo, 30000), 0));
 	fx_cork_rc = 0;
 	cr_assert(eq(i32, server_cork(fx.srv, fx_cork, NULL), 0));

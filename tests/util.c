@@ -44,6 +44,32 @@ const char *test_build_dir(void)
 	return b && *b ? b : "build";
 }
 
+void test_log_path(char *buf, size_t cap, const char *dir, const char *what)
+{
+	static int seq;
+	char name[64];
+
+	snprintf(name, sizeof(name), "%s-%d", what, ++seq);
+	if (!testlog_path || testlog_path(name, buf, cap) < 0)
+		snprintf(buf, cap, "%s/%s.log", dir, name);
+}
+
+int test_log_stderr(const char *what)
+{
+	char path[512];
+	int fd, rc = 0;
+
+	if (!testlog_path || testlog_path(what, path, sizeof(path)) < 0)
+		return 0;
+	fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return -errno;
+	if (dup2(fd, STDERR_FILENO) < 0)
+		rc = -errno;
+	close(fd);
+	return rc;
+}
+
 int test_notify_socket(const char *path)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -64,8 +90,7 @@ int test_notify_socket(const char *path)
 	return fd;
 }
 
-/* Reads notify datagrams until one holds READY=1; the child's death ends it. */
-static int wait_ready(int nfd, pid_t pid, int ms)
+int test_wait_ready(int nfd, pid_t pid, int ms)
 {
 	char buf[512];
 
@@ -89,22 +114,29 @@ static int wait_ready(int nfd, pid_t pid, int ms)
 	return -ETIMEDOUT;
 }
 
-static void gmbd_exec(struct gmbd_proc *d, const char *notify, const char *const *args)
+void test_gmbd_argv(const char **argv, size_t cap, char *bin, size_t binlen, const char *sock,
+		    const char *const *args)
 {
-	const char *argv[64];
-	char bin[256];
-	int n = 0;
+	size_t n = 0;
 
-	prctl(PR_SET_PDEATHSIG, SIGKILL);
-	snprintf(bin, sizeof(bin), "%s/gmbd", test_build_dir());
+	snprintf(bin, binlen, "%s/gmbd", test_build_dir());
 	argv[n++] = bin;
 	argv[n++] = "--backend";
 	argv[n++] = "host";
 	argv[n++] = "--socket";
-	argv[n++] = d->sock;
-	for (; args && *args && n < 62; args++)
+	argv[n++] = sock;
+	for (; args && *args && n + 1 < cap; args++)
 		argv[n++] = *args;
 	argv[n] = NULL;
+}
+
+static void gmbd_exec(struct gmbd_proc *d, const char *notify, const char *const *args)
+{
+	const char *argv[64];
+	char bin[256];
+
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	test_gmbd_argv(argv, 64, bin, sizeof(bin), d->sock, args);
 	setenv("NOTIFY_SOCKET", notify, 1);
 	/* Never the limit of a unit the tests themselves may run in. */
 	if (d->fdstore[0])
@@ -130,7 +162,7 @@ int gmbd_start(struct gmbd_proc *d, const char *const *args)
 		return -errno;
 	snprintf(d->sock, sizeof(d->sock), "%s/gmbd.sock", d->dir);
 	snprintf(notify, sizeof(notify), "%s/notify", d->dir);
-	snprintf(d->log, sizeof(d->log), "%s/gmbd.log", d->dir);
+	test_log_path(d->log, sizeof(d->log), d->dir, "gmbd");
 	nfd = test_notify_socket(notify);
 	if (nfd < 0)
 		return nfd;
@@ -141,7 +173,7 @@ int gmbd_start(struct gmbd_proc *d, const char *const *args)
 	}
 	if (d->pid == 0)
 		gmbd_exec(d, notify, args);
-	err = wait_ready(nfd, d->pid, 10000);
+	err = test_wait_ready(nfd, d->pid, 10000);
 out:
 	close(nfd);
 	unlink(notify);
@@ -170,7 +202,8 @@ int gmbd_stop(struct gmbd_proc *d)
 			st = -1;
 		d->pid = 0;
 	}
-	if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+	/* Outside a Criterion test only: there, the failed test's report shows it. */
+	if (!testlog_path && (!WIFEXITED(st) || WEXITSTATUS(st))) {
 		snprintf(cmd, sizeof(cmd), "cat '%s' >&2", d->log);
 		if (system(cmd) != 0)
 			fprintf(stderr, "gmbd log %s unreadable\n", d->log);

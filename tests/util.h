@@ -18,12 +18,31 @@ struct gmbd_proc {
 	pid_t pid;
 	char dir[256]; /* temporary folder, removed by gmbd_stop */
 	char sock[300];
-	char log[300];	  /* gmbd's stderr; shown by gmbd_stop when it failed */
+	char log[300];	  /* gmbd's stderr: test_log_path()'s file */
 	char fdstore[16]; /* $FDSTORE for gmbd, as systemd 254 sets it; "": unset */
 };
 
 /* The build folder under test: $GMB_BUILD_DIR or "build". */
 const char *test_build_dir(void);
+
+/*
+ * testlog_path() - the current test's log file for @what into @buf
+ * (tests/testlog.c, in the Criterion programs only, hence weak: NULL in
+ * the programs without it). Return: 0 or a negative errno.
+ */
+int testlog_path(const char *what, char *buf, size_t cap) __attribute__((weak));
+/*
+ * test_log_path() - where a test keeps a log (gmbd's stderr, output it
+ * captures): testlog_path()'s file, shown if the test fails, or else
+ * @dir/@what.log. @what is made unique in this process (a number added).
+ */
+void test_log_path(char *buf, size_t cap, const char *dir, const char *what);
+/*
+ * test_log_stderr() - this process's stderr (the daemon's layers run in it,
+ * and log there) into the current test's file for @what, shown if the test
+ * fails; nothing outside a Criterion test. Return: 0 or a negative errno.
+ */
+int test_log_stderr(const char *what);
 
 /**
  * gmbd_start() - exec build/gmbd --backend host --socket DIR/gmbd.sock plus
@@ -32,6 +51,14 @@ const char *test_build_dir(void);
  * test (PR_SET_PDEATHSIG). Return: 0 or a negative errno.
  */
 int gmbd_start(struct gmbd_proc *d, const char *const *args);
+/* The argv of build/gmbd --backend host --socket @sock, then @args (NULL
+ * ends them), in @argv[0..@cap), NULL-terminated; @bin (@binlen bytes)
+ * holds the program's path, argv[0]. */
+void test_gmbd_argv(const char **argv, size_t cap, char *bin, size_t binlen, const char *sock,
+		    const char *const *args);
+/* Reads notify datagrams on @nfd until one holds READY=1 (0), for at most
+ * @ms (-ETIMEDOUT); the death of @pid ends it first (-ECHILD, reaped). */
+int test_wait_ready(int nfd, pid_t pid, int ms);
 /* gmbd_start(), then the folder and the socket open to every uid (as
  * gmbd.socket's group opens them to its members), for tests as nobody. */
 int gmbd_start_shared(struct gmbd_proc *d, const char *const *args);

@@ -9,7 +9,7 @@
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
 
-#include "gmb.h"
+#include "include/gmb.h"
 #include "tests/util.h"
 
 /* @cmd must answer 0; its answer goes to @out (@cap bytes) when given. */

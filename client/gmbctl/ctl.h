@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "gmb.h"
+#include "include/gmb.h"
 
 #define CTL_NAME "gmbctl"
 

@@ -32,7 +32,7 @@
 #include "client/gmbctl/ctl.h"
 #include "common/size.h"
 #include "common/wire.h"
-#include "gmb.h"
+#include "include/gmb.h"
 
 #define CTL_MAX_ARGS 2
 
@@ -368,7 +368,10 @@ static void ctl_connect_hint(const char *path, int err)
 	struct stat st;
 	struct group *gr;
 
-	if (err == -ENOENT || err == -ECONNREFUSED) {
+	if (err == -ENOTSOCK) {
+		fprintf(stderr, "hint: name gmbd's socket with -s PATH or $GMB_SOCKET; the default"
+				" is " WIRE_DEFAULT_SOCKET ".\n");
+	} else if (err == -ENOENT || err == -ECONNREFUSED) {
 		fprintf(stderr,
 			"hint: is gmbd running? (systemctl status gmbd.socket gmbd)"
 			" Name its socket with -s PATH or $GMB_SOCKET; the default is " WIRE_DEFAULT_SOCKET
@@ -377,7 +380,13 @@ static void ctl_connect_hint(const char *path, int err)
 		gr = stat(path, &st) == 0 ? getgrgid(st.st_gid) : NULL;
 		fprintf(stderr, "hint: the socket admits its group only (ls -l ");
 		ctl_put_safe(path);
-		if (gr) {
+		if (gr && gr->gr_gid == 0) {
+			/* Nobody should join root: gmbd was started by hand as root. */
+			fprintf(stderr,
+				"): its group is root, as gmbd started by hand as root"
+				" leaves it; start gmbd with --socket-group GROUP (gmbd.socket"
+				" uses gmb) and join GROUP, or run gmbctl as root.\n");
+		} else if (gr) {
 			fprintf(stderr, "): join it with 'sudo usermod -aG ");
 			ctl_put_safe(gr->gr_name);
 			fprintf(stderr, " $USER', then log in again.\n");
@@ -394,7 +403,7 @@ int ctl_connect(const char *cmd, const char *socket, bool quiet, gmb_client **c)
 	if (r < 0 && !quiet) {
 		fprintf(stderr, CTL_NAME ": %s: cannot connect to gmbd at ", cmd);
 		ctl_put_safe(ctl_socket_path(socket));
-		fprintf(stderr, ": %s\n", gmb_strerror(r));
+		fprintf(stderr, ": %s\n", r == -ENOTSOCK ? "not a socket" : gmb_strerror(r));
 		ctl_connect_hint(ctl_socket_path(socket), r);
 	}
 	return r;
@@ -459,6 +468,21 @@ __attribute__((format(printf, 2, 3))) static int ctl_usage_error(const struct ct
 	return -EINVAL;
 }
 
+/* Where every row's text starts: a synopsis that reaches it has a line of
+ * its own, and its text starts the next line there, so the column holds. */
+#define CTL_HELP_COL 27
+
+static void ctl_print_row(const char *synopsis, const char *help)
+{
+	int n = printf("  %s", synopsis);
+
+	if (n >= CTL_HELP_COL - 1) {
+		putchar('\n');
+		n = 0;
+	}
+	printf("%*s%s\n", CTL_HELP_COL - n, "", help);
+}
+
 static void ctl_print_help(void)
 {
 	char syn[128];
@@ -467,15 +491,13 @@ static void ctl_print_help(void)
 	printf("Usage: " CTL_NAME " [OPTIONS] COMMAND [ARGS]\n"
 	       "Control gmbd, the GPU memory broker of this node.\n\nCommands:\n");
 	for (i = 0; i < ARRAY_SIZE(ctl_cmds); i++)
-		printf("  %-24s %s\n", ctl_cmd_synopsis(&ctl_cmds[i], syn, sizeof(syn)),
-		       ctl_cmds[i].help);
+		ctl_print_row(ctl_cmd_synopsis(&ctl_cmds[i], syn, sizeof(syn)), ctl_cmds[i].help);
 	printf("\nArguments:\n");
 	for (i = 1; i < ARRAY_SIZE(ctl_kinds); i++)
-		printf("  %-24s %s\n", ctl_kinds[i].metavar, ctl_kinds[i].help);
+		ctl_print_row(ctl_kinds[i].metavar, ctl_kinds[i].help);
 	printf("\nOptions:\n");
 	for (i = 0; i < ARRAY_SIZE(ctl_opts); i++)
-		printf("  %-24s %s\n", ctl_opt_synopsis(&ctl_opts[i], syn, sizeof(syn)),
-		       ctl_opts[i].help);
+		ctl_print_row(ctl_opt_synopsis(&ctl_opts[i], syn, sizeof(syn)), ctl_opts[i].help);
 	printf("\nExit status: 0 on success; 1 when gmbd refused or failed, or cannot be\n"
 	       "reached; 2 on a usage error.\n");
 }

@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "client/gmbctl/ctl.h"
-#include "gmb.h"
+#include "include/gmb.h"
 
 #define CTL_RETRY_MS	  200
 #define CTL_TOP_PERIOD_MS 1000

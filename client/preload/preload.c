@@ -55,7 +55,7 @@
 
 #include "common/env.h"
 #include "common/err.h"
-#include "gmb.h"
+#include "include/gmb.h"
 
 #define SHIM_API __attribute__((visibility("default")))
 

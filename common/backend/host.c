@@ -42,6 +42,7 @@
 
 #include "common/backend/backend.h"
 #include "common/idmap.h"
+#include "common/size.h"
 
 struct host_range {
 	uintptr_t va;
@@ -746,6 +747,7 @@ static void host_close(struct backend *b)
 static int host_check_opts(const struct backend_host_opts *o)
 {
 	long page = sysconf(_SC_PAGESIZE);
+	char b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
 
 	if (o->ndevices < 1 || o->ndevices > BACKEND_MAX_DEVICES)
 		return backend_fail(-EINVAL, "host backend: %d devices (want 1..%d)", o->ndevices,
@@ -753,13 +755,16 @@ static int host_check_opts(const struct backend_host_opts *o)
 	if (o->granularity < 4096 || (o->granularity & (o->granularity - 1)) ||
 	    (page > 0 && o->granularity % (uint64_t)page))
 		return backend_fail(-EINVAL,
-				    "host backend: granularity 0x%" PRIx64
-				    " is not a power of two of at least 4 KiB and the page size",
-				    o->granularity);
+				    "host backend: granularity %" PRIu64
+				    " bytes (%s) is not a power"
+				    " of two of at least 4 KiB and the page size (%ld bytes)",
+				    o->granularity, size_str(o->granularity, b1), page);
 	if (o->memory < o->granularity)
 		return backend_fail(-EINVAL,
-				    "host backend: memory 0x%" PRIx64 " is less than one granule",
-				    o->memory);
+				    "host backend: memory %" PRIu64 " bytes (%s) is less than one"
+				    " granule (%s)",
+				    o->memory, size_str(o->memory, b1),
+				    size_str(o->granularity, b2));
 	return 0;
 }
 

@@ -26,7 +26,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "daemon/core/import.h"
-#include "gmb.h"
+#include "include/gmb.h"
 
 #define BROKER_DEFAULT_MAX_CHUNK (1ULL << 30)
 
@@ -411,6 +411,11 @@ int broker_tag_check(const struct bclient *c, const char *tag, char *err)
 	return -ENOENT;
 }
 
+size_t broker_client_nallocs(const struct bclient *c)
+{
+	return c->allocs.count;
+}
+
 struct balloc *broker_alloc_get(const struct bclient *c, uint64_t id)
 {
 	return idmap_get(&c->allocs, id);
@@ -502,8 +507,8 @@ int broker_trim(struct broker *br, int dev, uint64_t *released, uint64_t *pendin
 	uint64_t rel = 0, pend = 0;
 
 	if (dev < -1 || dev >= br->ndevices)
-		return err_fmt(err, -ENODEV, "device %d does not exist (%d devices)", dev,
-			       br->ndevices);
+		return err_fmt(err, -ENODEV, "device %d does not exist (%d device%s)", dev,
+			       br->ndevices, br->ndevices == 1 ? "" : "s");
 	for (int d = 0; d < br->ndevices; d++)
 		if (dev == -1 || d == dev)
 			rel += pool_shrink(&br->pools[d], 0, &pend);

@@ -238,6 +238,8 @@ int broker_tag_check(const struct bclient *c, const char *tag, char *err);
 
 /* @c's tag @name; NULL if none. It stays @c's. */
 struct btag *broker_tag_find(const struct bclient *c, const char *name);
+/* How many allocations @c has (active or paused). */
+size_t broker_client_nallocs(const struct bclient *c);
 /* @c's allocation @id; NULL if none. It stays @c's. */
 struct balloc *broker_alloc_get(const struct bclient *c, uint64_t id);
 /* The chunk alive of id @id on any device; NULL if none. It stays the pool's. */

@@ -310,8 +310,8 @@ static int lend_check_alloc(const struct broker *br, const struct bclient *c, in
 	char b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
 
 	if (dev < 0 || dev >= br->ndevices)
-		return err_fmt(err, -ENODEV, "device %d does not exist (%d devices)", dev,
-			       br->ndevices);
+		return err_fmt(err, -ENODEV, "device %d does not exist (%d device%s)", dev,
+			       br->ndevices, br->ndevices == 1 ? "" : "s");
 	if (size == 0)
 		return err_fmt(err, -EINVAL, "allocation size must be positive");
 	if (size > br->pools[dev].budget)

@@ -26,7 +26,7 @@
 #include "common/log.h"
 #include "common/size.h"
 #include "daemon/core/broker_internal.h"
-#include "gmb.h"
+#include "include/gmb.h"
 
 /* ---- restore ---- */
 

@@ -110,10 +110,7 @@ static int handlers_ctl_target(struct hreq *rq, const char *sel, struct bclient 
 		return broker_found_err(&f, sel, false, rq->err);
 	*ts = handlers__conn_client(rq->h, c);
 	if (!*ts || (*ts)->state != SESS_OPEN)
-		return handlers__fail(rq, -ENOENT,
-				      "client '%s' (#%" PRIu64 ") is not connected now; it may"
-				      " be reconnecting to gmbd",
-				      c->name, c->id);
+		return handlers__not_connected(rq, c);
 	*out = c;
 	return 0;
 }

@@ -31,7 +31,7 @@ void handlers__send_drops(void *arg, struct bclient *c, const uint64_t *ids, siz
 		return;
 	handlers__event_client(&ev, s, c);
 	for (size_t i = 0; i < n; i++) {
-		const struct chunk *ch = idmap_get(&h->broker->chunks, ids[i]);
+		const struct chunk *ch = broker_chunk_get(h->broker, ids[i]);
 
 		ev.bytes += ch ? ch->size : 0;
 	}

@@ -288,11 +288,11 @@ static int handlers_export_fds(void *arg, const uint64_t *ids, size_t n, int *fd
 static bool handlers_keep_orphan(struct handlers *h, struct sess *s, struct bclient *c)
 {
 	if (h->handover || h->closed || !s->doomed || s->peer_closed || c->tool ||
-	    (c->allocs.count == 0 && !import_client_opens(h->broker, c)) ||
+	    (broker_client_nallocs(c) == 0 && !import_client_opens(h->broker, c)) ||
 	    !proc_alive(c->pid, c->start_time))
 		return false;
 	log_notice("client kept as an orphan " SESS_FMT " allocations=%zu grace_s=%" PRIu64,
-		   SESS_ARGS(s), (size_t)c->allocs.count, h->orphan_grace_ms / 1000);
+		   SESS_ARGS(s), broker_client_nallocs(c), h->orphan_grace_ms / 1000);
 	handlers__conn_unbind(h, c);
 	hconn_of(s)->client = NULL;
 	sess_set_name(s, NULL, 0);

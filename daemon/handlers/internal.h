@@ -182,6 +182,10 @@ void handlers__changed(struct handlers *h);
 int handlers__conn_bind(struct handlers *h, struct sess *s, struct bclient *c);
 /* Forgets @c's session (it goes, or its claim ended without it). */
 void handlers__conn_unbind(struct handlers *h, const struct bclient *c);
+/* -ENOENT with the one sentence for a client gmbd knows that has no open
+ * session now (an orphan, or one between losing its connection and
+ * rejoining). */
+int handlers__not_connected(struct hreq *rq, const struct bclient *c);
 /* The session that is @c's client (not one still rejoining as it). */
 struct sess *handlers__conn_client(const struct handlers *h, const struct bclient *c);
 

@@ -115,7 +115,8 @@ static bool handlers_limits_idle(const struct handlers *h, const struct hconn *h
 
 	if (!c || hc->rejoin || hc->evicted || hc->watching || hc->sess->state != SESS_OPEN)
 		return false;
-	if (c->allocs.count || c->handover || hc->inflight || hc->ctl_in || hc->dreqs.count)
+	if (broker_client_nallocs(c) || c->handover || hc->inflight || hc->ctl_in ||
+	    hc->dreqs.count)
 		return false;
 	return now - hc->sess->heard_ms >= h->hello_timeout_ms;
 }

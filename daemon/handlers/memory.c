@@ -101,8 +101,8 @@ int handlers__alloc(struct hreq *rq)
 		return r;
 	/* The core takes an int: a huge uint32 must not wrap to a valid one. */
 	if (m->device >= (uint32_t)br->ndevices)
-		return handlers__fail(rq, -ENODEV, "device %u does not exist (%d devices)",
-				      m->device, br->ndevices);
+		return handlers__fail(rq, -ENODEV, "device %u does not exist (%d device%s)",
+				      m->device, br->ndevices, br->ndevices == 1 ? "" : "s");
 	/* A request that may wait queues behind those that wait already. */
 	if (m->wait_ms && !rq->retry && wait_ahead(br, hconn_of(rq->s)->client, (int)m->device)) {
 		handlers__fail(rq, -ENOMEM,

@@ -9,6 +9,7 @@
  * ends without taking the orphan over.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <string.h>
 
@@ -174,4 +175,12 @@ struct sess *handlers_sess_of(const struct handlers *h, const struct bclient *c)
 const char *handlers__tag_log(const char *tag, char *buf)
 {
 	return tag[0] ? log_quote(tag, buf, LOG_QUOTE_MAX) : "*";
+}
+
+int handlers__not_connected(struct hreq *rq, const struct bclient *c)
+{
+	return handlers__fail(rq, -ENOENT,
+			      "client '%s' (#%" PRIu64 ") is not connected now; it may be"
+			      " reconnecting to gmbd",
+			      c->name, c->id);
 }

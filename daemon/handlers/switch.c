@@ -179,7 +179,9 @@ static int hswitch_side(struct hreq *rq, const char *sel, struct bclient **out)
 
 		if (r < 0)
 			return r;
-		if (!out[i]->control || !ts || ts->state != SESS_OPEN)
+		if (!ts || ts->state != SESS_OPEN)
+			return handlers__not_connected(rq, out[i]);
+		if (!out[i]->control)
 			return handlers__fail(rq, -EOPNOTSUPP,
 					      "client '%s' does not accept remote"
 					      " control",

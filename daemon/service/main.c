@@ -430,10 +430,17 @@ static int gmbd_socket_access(const struct gmbd_opts *o, const char *path)
 
 	if (o->socket_group) {
 		r = getgrnam_r(o->socket_group, &grp, buf, sizeof(buf), &res);
-		if (r != 0 || !res) {
-			r = r ? -r : -ENOENT;
-			log_errno(LOG_LVL_ERR, r, "no such socket group group=%s", o->socket_group);
-			return r;
+		if (r != 0) {
+			log_errno(LOG_LVL_ERR, -r, "cannot look up the socket group group=%s",
+				  o->socket_group);
+			return -r;
+		}
+		/* Not found is no errno ("No such file or directory" misled). */
+		if (!res) {
+			log_err("no such group: the socket group does not exist (groupadd it, or"
+				" name another with --socket-group) group=%s",
+				o->socket_group);
+			return -ENOENT;
 		}
 		if (chown(path, (uid_t)-1, res->gr_gid) < 0) {
 			r = -errno;

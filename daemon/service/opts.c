@@ -15,10 +15,12 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include "common/backend/backend.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/size.h"
 #include "common/wire.h"
 #include "daemon/service/conf.h"
 #include "daemon/service/opts.h"
@@ -210,47 +212,20 @@ static int opts_fail(char *err, const char *fmt, ...)
 	return -EINVAL;
 }
 
-int opts_size_parse(const char *s, uint64_t *out)
-{
-	static const struct {
-		const char *suffix;
-		unsigned shift;
-	} units[] = {
-		{ "", 0 },   { "K", 10 },   { "KiB", 10 }, { "M", 20 },	  { "MiB", 20 },
-		{ "G", 30 }, { "GiB", 30 }, { "T", 40 },   { "TiB", 40 },
-	};
-	unsigned long long v;
-	char *end;
-
-	/* strtoull() would take " 1", "+1" and even "-1" (as 2^64 - 1). */
-	if (!isdigit((unsigned char)s[0]))
-		return -EINVAL;
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno == ERANGE)
-		return -ERANGE;
-	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
-		if (strcasecmp(end, units[i].suffix) != 0)
-			continue;
-		if (units[i].shift && v > (UINT64_MAX >> units[i].shift))
-			return -ERANGE;
-		*out = (uint64_t)v << units[i].shift;
-		return 0;
-	}
-	return -EINVAL;
-}
-
 /* A size option: a positive size unless @zero_ok. */
 static int opts_size_arg(const char *name, const char *arg, bool zero_ok, uint64_t *out, char *err)
 {
-	int r = opts_size_parse(arg, out);
+	int r = size_parse(arg, out);
 
 	if (r == -ERANGE)
 		return opts_fail(err, "--%s: '%s' is too large (the most is 2^64 - 1 bytes)", name,
 				 arg);
+	if (r == -EDOM)
+		return opts_fail(err, "--%s: '%s' is not a whole number of bytes", name, arg);
 	if (r < 0)
-		return opts_fail(err, "--%s: '%s' is not a size (for example 8GiB, 512M or 4096)",
-				 name, arg);
+		return opts_fail(
+			err, "--%s: '%s' is not a size (for example 8GiB, 1.5GiB, 512M or 4096)",
+			name, arg);
 	if (*out == 0 && !zero_ok)
 		return opts_fail(err, "--%s: must be more than 0 bytes", name);
 	return 0;
@@ -366,10 +341,22 @@ static int opts_set_host_memory(struct gmbd_opts *o, const char *name, const cha
 	return opts_size_arg(name, arg, false, &o->host_memory, err);
 }
 
+/* Checked here too, so that the refusal quotes the value as it was written. */
 static int opts_set_host_granularity(struct gmbd_opts *o, const char *name, const char *arg,
 				     char *err)
 {
-	return opts_size_arg(name, arg, false, &o->host_granularity, err);
+	long page = sysconf(_SC_PAGESIZE);
+	uint64_t g;
+
+	if (opts_size_arg(name, arg, false, &g, err) < 0)
+		return -EINVAL;
+	if (g < 4096 || (g & (g - 1)) || (page > 0 && g % (uint64_t)page))
+		return opts_fail(err,
+				 "--%s: '%s' is not a power of two of at least 4KiB and the page"
+				 " size (%ld bytes), for example 64KiB or 2MiB",
+				 name, arg, page);
+	o->host_granularity = g;
+	return 0;
 }
 
 static int opts_set_max_chunk(struct gmbd_opts *o, const char *name, const char *arg, char *err)
@@ -708,7 +695,8 @@ void opts_print_help(FILE *f)
 	for (size_t i = 0; i < OPTS_N; i++)
 		opts_print_entry(f, &opts_table[i]);
 	fputs("\nBYTES: a number with an optional suffix K, M, G or T (or KiB, MiB, GiB,\n"
-	      "TiB), all powers of 1024; a plain number is bytes.\n"
+	      "TiB), all powers of 1024; a plain number is bytes. A decimal fraction\n"
+	      "(1.5GiB) is taken where it comes to whole bytes.\n"
 	      "Configuration: every option above but help, version and config can also\n"
 	      "be set in " OPTS_DEFAULT_CONFIG " (or the file --config names), one\n"
 	      "'name = value' per line, '#' starting a comment line; the command line\n"

@@ -71,10 +71,4 @@ void opts_deinit(struct gmbd_opts *o);
 /** opts_print_help() - the usage text, generated from the option table. */
 void opts_print_help(FILE *f);
 
-/**
- * opts_size_parse() - "8GiB", "512M", "4096" -> bytes.
- * Return: 0, -EINVAL (not a size), -ERANGE (over 2^64 - 1).
- */
-int opts_size_parse(const char *s, uint64_t *out);
-
 #endif

@@ -46,7 +46,7 @@
 
 #include "common/deadline.h"
 #include "common/wire.h"
-#include "gmb.h"
+#include "include/gmb.h"
 #include "tests/fuzz/fuzz.h"
 
 #define MiB	       (1ULL << 20)

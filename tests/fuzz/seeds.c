@@ -20,7 +20,7 @@
 #include "daemon/core/broker.h"
 #include "daemon/core/lend.h"
 #include "daemon/persist/state.h"
-#include "gmb.h"
+#include "include/gmb.h"
 
 #define MiB (1ULL << 20)
 

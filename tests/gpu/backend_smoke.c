@@ -7,7 +7,7 @@
  * released goes back to the driver.
  *
  * Build (on the GPU machine; no Criterion, no libcuda at link time):
- *   gcc -std=gnu11 -O2 -D_GNU_SOURCE -I. -Iinclude -I/usr/local/cuda/include \
+ *   gcc -std=gnu11 -O2 -D_GNU_SOURCE -I. -I/usr/local/cuda/include \
  *       tests/gpu/backend_smoke.c common/backend/*.c common/err.c \
  *       common/idmap.c common/log.c \
  *       -o build/backend_smoke -ldl -lpthread

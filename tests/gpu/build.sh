@@ -76,9 +76,9 @@ for f in "${COMMON[@]}" "${DAEMON[@]}" "${LIBC[@]}" "${CTL[@]}"; do
 	[ -f "$f" ] || fail "$f (named by the Makefile) does not exist"
 done
 
-CPPFLAGS=(-D_GNU_SOURCE -I. -Ibuild -Iinclude -I"$D/include" -I"$CUDA_HOME/include")
+CPPFLAGS=(-D_GNU_SOURCE -I. -Ibuild -I"$D/include" -I"$CUDA_HOME/include")
 CFLAGS=(-std=gnu11 -O2 -g -pthread -fvisibility=hidden -Wall -Wno-unused-parameter)
-NVFLAGS=(-arch="$ARCH" -O2 -g -std=c++17 -I. -Iinclude -I"$CUDA_HOME/include"
+NVFLAGS=(-arch="$ARCH" -O2 -g -std=c++17 -I. -I"$CUDA_HOME/include"
 	-Xcompiler -Wall -Xcompiler -Wno-unused-function)
 # -no-pie: the static libuv and protobuf-c need not be PIC.
 LDFLAGS=(-no-pie -pthread)

@@ -31,7 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "gmb.h"
+#include "include/gmb.h"
 
 extern char **environ;
 

@@ -115,7 +115,7 @@ build_libs() {
 		return 1
 	fi
 	flags=(-std=gnu11 -O2 -g -fPIC -pthread -fvisibility=hidden -Wall -Wno-unused-parameter
-		-D_GNU_SOURCE -I. -Ibuild -Iinclude -I"$D/include" -I"$CUDA_HOME/include")
+		-D_GNU_SOURCE -I. -Ibuild -I"$D/include" -I"$CUDA_HOME/include")
 	mkdir -p "$B/pic"
 	for src in $lib_src $common_src build/proto/gmb.pb-c.c; do
 		obj=$B/pic/${src//\//_}.o

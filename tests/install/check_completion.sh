@@ -4,7 +4,9 @@
 # COMP_CWORD), against a live gmbd with a client named x holding tag t:
 # commands from gmbctl --help, options, client names, that client's tags,
 # device indexes, the socket from -s or $GMB_SOCKET, and nothing (quietly)
-# without a daemon. Run by `make check-completion` (no root needed).
+# without a daemon. Then a new interactive shell: bash-completion loads the
+# completion make install (DESTDIR) put in place by itself.
+# Run by `make check-completion` (no root needed).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CHECK=check-completion
@@ -65,8 +67,33 @@ expect "gmbctl -s $sock pause $WORKER_PID " "t u"
 expect "gmbctl -s $T/none pause " ""
 expect "gmbctl -s $T/none pause x " ""
 
+# A new shell, as a user gets one (Debian's /etc/skel/.bashrc): bash-completion,
+# which make deps installs, loads gmbctl's completion from where make install
+# put it, at the first TAB, with nothing sourced by hand.
+[ -r /usr/share/bash-completion/bash_completion ] ||
+	fail "bash-completion is not installed, so a new shell completes nothing (make deps)"
+stage=$T/stage
+${MAKE:-make} --no-print-directory install DESTDIR="$stage" > "$T/install.log" 2>&1 ||
+	{ cat "$T/install.log"; fail "make install DESTDIR=$stage"; }
+mkdir -p "$T/home"
+cp /etc/skel/.bashrc "$T/home/" 2>/dev/null ||
+	printf '. /usr/share/bash-completion/bash_completion\n' > "$T/home/.bashrc"
+# The -D loader, called as readline calls it at the first TAB after gmbctl.
+got=$(env -i HOME="$T/home" TERM=dumb GMB_SOCKET="$sock" PATH="$stage/usr/local/bin:/usr/bin:/bin" \
+	XDG_DATA_DIRS="$stage/usr/local/share:/usr/share" bash -i -c '
+	COMP_WORDS=(gmbctl ""); COMP_CWORD=1; COMP_LINE="gmbctl "; COMP_POINT=7
+	loader=$(complete -p -D 2>/dev/null | sed -n "s/.*-F \([^ ]*\) .*/\1/p")
+	[ -n "$loader" ] || { echo "no default completion loader"; exit 1; }
+	"$loader" gmbctl "" gmbctl
+	complete -p gmbctl
+	COMPREPLY=(); _gmbctl gmbctl "" gmbctl; printf "%s\n" "${COMPREPLY[@]}" | sort | paste -sd " "
+' 2>/dev/null) || fail "a new shell: $got"
+grep -q -- '-F _gmbctl gmbctl$' <<< "$got" || fail "a new shell did not load gmbctl's completion: $got"
+grep -qx 'help pause priority resume status switch top trim watch' <<< "$got" ||
+	fail "a new shell's completion of 'gmbctl ': $got"
+
 # End of input: the worker disconnects and exits.
 pid=$WORKER_PID
 eval "exec ${WORKER[1]}>&-"
 wait "$pid" || fail "prog_worker exited with $?"
-echo "$CHECK: PASS (commands, options, clients, tags, devices, sockets against a live gmbd)"
+echo "$CHECK: PASS (commands, options, clients, tags, devices, sockets against a live gmbd; loaded by a new shell)"

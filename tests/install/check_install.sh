@@ -6,7 +6,10 @@
 # module where the system's python3 looks, the man pages rendering without
 # a warning; then the staged tree used: a C program built with pkg-config
 # (shared and static) and the Python module, both against the staged gmbd;
-# then uninstall, which keeps the configuration unless PURGE=1.
+# then uninstall, which keeps the configuration unless PURGE=1 (naming the
+# staged copy) and leaves no empty folder behind. Install says which
+# python3 it served, and when another python3 first on PATH will not find
+# the module.
 # Run by `make check-install` (no root needed).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -76,7 +79,17 @@ check_tree "$d" /usr/local
 pydir=$(var PYTHONDIR /usr/local)
 "$PY" -c 'import sys; sys.exit(sys.argv[1] not in sys.path)' "$pydir" ||
 	fail "PYTHONDIR $pydir is not on $PY's sys.path"
-if grep -q 'does not search' "$T/install-local.log"; then fail "install warned about PYTHONPATH for /usr/local"; fi
+if grep -q 'set PYTHONPATH' "$T/install-local.log"; then fail "install warned about PYTHONPATH for /usr/local"; fi
+grep -qF "install: Python module gmb for $PY (" "$T/install-local.log" ||
+	fail "install did not say which interpreter it served: $(cat "$T/install-local.log")"
+# Another python3 first on PATH (a pyenv, a venv) does not search there:
+# install says so, and how to serve that one.
+"$PY" -m venv --without-pip "$T/pyenv" || fail "$PY -m venv"
+PATH=$T/pyenv/bin:$PATH mk install DESTDIR="$d" > "$T/install-path.log" 2>&1 ||
+	{ cat "$T/install-path.log"; fail "make install with another python3 on PATH"; }
+grep -qF "python3 on PATH is $T/pyenv/bin/python3" "$T/install-path.log" &&
+	grep -qF "make install PYTHON=$T/pyenv/bin/python3" "$T/install-path.log" ||
+	fail "install did not say that python3 on PATH does not find gmb: $(cat "$T/install-path.log")"
 if [ "$PY" = /usr/bin/python3 ] && [ -f /etc/debian_version ]; then
 	case $pydir in /usr/local/lib/python3.*/dist-packages) ;; *) fail "PYTHONDIR for /usr/local: $pydir" ;; esac
 	[ "$(var PYTHONDIR /usr)" = /usr/lib/python3/dist-packages ] || fail "PYTHONDIR for /usr: $(var PYTHONDIR /usr)"
@@ -142,13 +155,23 @@ py_check GMB_LIB="$lib/libgmb.so.0"
 	"$PY" "$d$p/share/doc/gmbd/examples/pause_resume.py") > "$T/example-py.out" 2>&1 ||
 	{ cat "$T/example-py.out"; fail "the staged Python example failed"; }
 
-# 3. Uninstall: everything but the configuration, then that too.
-mk uninstall DESTDIR="$d" PREFIX=$p > /dev/null || fail "make uninstall"
+# 3. Uninstall: everything but the configuration, and every folder install
+# made that is left empty; it names the staged configuration it kept. Then
+# PURGE=1: the configuration too, and the staged tree is empty.
+mk uninstall DESTDIR="$d" PREFIX=$p > "$T/uninstall.log" 2>&1 || { cat "$T/uninstall.log"; fail "make uninstall"; }
 got=$(cd "$d" && find . \( -type f -o -type l \) | sed 's|^\.||')
 [ "$got" = /etc/gmbd/gmbd.conf ] || fail "after uninstall: $got"
-mk uninstall DESTDIR="$d" PREFIX=$p PURGE=1 > /dev/null || fail "make uninstall PURGE=1"
-got=$(cd "$d" && find . \( -type f -o -type l \))
+got=$(cd "$d" && find . -mindepth 1 -type d | sed 's|^\.||' | sort | paste -sd ' ')
+[ "$got" = "/etc /etc/gmbd" ] || fail "uninstall left folders install made: $got"
+grep -qF "kept $d/etc/gmbd/gmbd.conf (PURGE=1" "$T/uninstall.log" ||
+	fail "uninstall DESTDIR= did not name the staged configuration it kept: $(cat "$T/uninstall.log")"
+mk uninstall DESTDIR="$d" PREFIX=$p PURGE=1 > "$T/uninstall.log" 2>&1 || fail "make uninstall PURGE=1"
+got=$(cd "$d" && find . -mindepth 1)
 [ -z "$got" ] || fail "after uninstall PURGE=1: $got"
-[ ! -e "$d$pydir/gmb" ] && [ ! -e "$d$p/share/doc/gmbd" ] && [ ! -e "$d/etc/gmbd" ] ||
-	fail "uninstall left gmbd's own folders"
+if grep -q kept "$T/uninstall.log"; then fail "uninstall PURGE=1 says it kept: $(cat "$T/uninstall.log")"; fi
+# The live system's uninstall keeps what PREFIX and /etc have anyway.
+keep=$(mk -s print-UNINSTALL_KEEP)
+for f in /usr/local /usr/local/bin /usr/local/lib /usr/local/share /etc; do
+	grep -qw -- "$f" <<< "$keep" || fail "make uninstall would remove $f once empty"
+done
 echo "$CHECK: PASS (DESTDIR for /usr/local and $p: files, units, gmb.pc, man, Python, programs, uninstall)"

@@ -6,7 +6,9 @@
 # and with --no-build-isolation. Then the module's tests run against the
 # installed package (a copy of tests/python outside the source tree, so
 # nothing imports client/python) and the build tree's gmbd and libgmb;
-# pip uninstall removes it. Run by `make check-pip` (no root needed).
+# pip uninstall removes it. Last, the README's lines that install the
+# stand-in package client/python-tms, run exactly as written (HOME a
+# folder of the check's). Run by `make check-pip` (no root needed).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CHECK=check-pip
@@ -31,7 +33,8 @@ else echo "$CHECK: note: unshare cannot make a network namespace here; relying o
 ls "$WHEELS"/setuptools-*.whl "$WHEELS"/wheel-*.whl > /dev/null ||
 	fail "no setuptools or wheel in $WHEELS (Debian: python3-venv, python3-wheel-whl)"
 # pip builds in the source folder; leave it as it was.
-trap 'rm -rf client/python/build client/python/gmb.egg-info; lib_cleanup' EXIT
+trap 'rm -rf client/python/build client/python/gmb.egg-info client/python-tms/build \
+	client/python-tms/torch_memory_saver.egg-info; lib_cleanup' EXIT
 
 pip_install() {
 	"${offline[@]}" "$venv/bin/pip" install -q --no-index "$@" > "$T/pip.log" 2>&1 ||
@@ -60,4 +63,18 @@ tail -3 "$T/unittest.log" | grep -q '^OK' || { tail -30 "$T/unittest.log"; fail 
 
 "$venv/bin/pip" uninstall -q -y gmb || fail "pip uninstall gmb"
 if (cd "$T" && "$venv/bin/python" -c 'import gmb' 2>/dev/null); then fail "gmb still importable after pip uninstall"; fi
-echo "$CHECK: PASS (offline pip install into a fresh venv, both ways; $(grep -o 'Ran [0-9]* tests' "$T/unittest.log") there)"
+# The README's ```sh block that installs client/python-tms, line for line.
+readme_block() {
+	awk -v pat="$1" '/^```sh$/ { inb = 1; buf = ""; next }
+		/^```$/ { if (inb && index(buf, pat)) printf "%s", buf; inb = 0; next }
+		inb { buf = buf $0 "\n" }' README.md
+}
+block=$(readme_block 'pip install --no-index --find-links /usr/share/python-wheels ./client/python-tms')
+[ -n "$block" ] || fail "README.md has no sh block that installs ./client/python-tms offline"
+mkdir -p "$T/home"
+HOME=$T/home "${offline[@]}" bash -eo pipefail -c "$block" > "$T/tms.log" 2>&1 ||
+	{ cat "$T/tms.log"; fail "the README's lines for client/python-tms"; }
+grep -qx "$T/home/venv/lib/python3[.0-9]*/site-packages/torch_memory_saver/__init__.py" "$T/tms.log" ||
+	{ cat "$T/tms.log"; fail "the README's lines did not install torch_memory_saver into ~/venv"; }
+
+echo "$CHECK: PASS (offline pip install into a fresh venv, both ways; $(grep -o 'Ran [0-9]* tests' "$T/unittest.log") there; the README's python-tms lines)"

@@ -15,7 +15,7 @@
 #include "client/lib/conn/conn.h"
 #include "client/lib/ipc/ipc.h"
 #include "client/lib/mem/mem.h"
-#include "gmb.h"
+#include "include/gmb.h"
 
 struct gmb_client {
 	struct gmb__conn conn; /* first: the locks every layer shares */

@@ -234,6 +234,8 @@ int gmb__conn_open(struct gmb__conn *c, const char *path, const char *name, unsi
 	if (rc < 0)
 		return rc;
 	rc = wire_connect(path, &c->sock);
+	if (rc == -ENOTSOCK)
+		return err_fmt(err, rc, "%s is not a socket (name gmbd's socket)", path);
 	if (rc == -ENOENT || rc == -ECONNREFUSED)
 		return err_fmt(err, rc, "no gmbd listens on %s (%s)", path, strerror(-rc));
 	if (rc < 0)
@@ -649,8 +651,9 @@ static void conn_on_bye(struct gmb__conn *c, Gmb__Envelope *env)
 {
 	pthread_mutex_lock(&c->lock);
 	c->bye = true;
-	err_fmt(c->lost_msg, -ENOTCONN, "gmbd stopped: %s",
-		env->bye->reason ? env->bye->reason : "");
+	/* gmbd's reason is a sentence of its own ("gmbd stopped and kept no state"). */
+	err_fmt(c->lost_msg, -ENOTCONN, "%s",
+		env->bye->reason && *env->bye->reason ? env->bye->reason : "gmbd stopped");
 	pthread_mutex_unlock(&c->lock);
 	gmb__envelope__free_unpacked(env, NULL);
 }

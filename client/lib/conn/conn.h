@@ -42,7 +42,7 @@
 #include "common/backend/backend.h"
 #include "common/err.h"
 #include "common/wire.h"
-#include "gmb.h"
+#include "include/gmb.h"
 
 /* A reply: every part in order, owned by the holder (gmb__reply_deinit). */
 struct gmb__reply {

@@ -17,7 +17,7 @@
 #include <stdbool.h>
 
 #include "common/err.h"
-#include "gmb.h"
+#include "include/gmb.h"
 
 /* The calling thread's message buffer (ERR_MSG_MAX bytes), for err_fmt(). */
 char *gmb__hook_err(void);

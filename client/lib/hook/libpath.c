@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gmb.h"
+#include "include/gmb.h"
 
 static const char hook_anchor;
 static char hook_path[PATH_MAX];

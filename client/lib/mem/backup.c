@@ -35,7 +35,7 @@
 
 #include "client/lib/mem/backup.h"
 #include "common/err.h"
-#include "gmb.h"
+#include "include/gmb.h"
 #include "common/env.h"
 
 /* Two pieces: one in flight on the link while the threads copy the other. */

@@ -22,7 +22,7 @@
 #include "client/lib/mem/backup.h"
 #include "client/lib/conn/conn.h"
 #include "common/err.h"
-#include "gmb.h"
+#include "include/gmb.h"
 
 /* Devices as a bit mask: BACKEND_MAX_DEVICES is 64. */
 #define GMB__DEV_BIT(d) (1ULL << (unsigned)(d))
