@@ -82,6 +82,10 @@ TESTLOG_SRC := tests/testlog.c
 # only into the test binaries that use them.
 HANDLERS_MSG_SRC := tests/handlers_msg.c
 HANDLERS_MSG_TESTS := test_handlers test_control test_dreq
+# The broker's unit tests' fixture (a broker over the host backend and the
+# invariant checks after each step), with Criterion's asserts too.
+BROKER_FX_SRC := tests/broker_fx.c
+BROKER_FX_TESTS := test_broker test_arb test_walk
 TEST_PROG_SRC := $(wildcard tests/prog_*.c)
 # Fuzz harnesses (tests/fuzz/fuzz_<name>.c), each with a corpus in
 # tests/fuzz/corpus/<name>/; fuzz_util.c holds their invariant checks.
@@ -156,6 +160,7 @@ $(1)/tests/test_%: $(1)/tests/test_%.o $(call objs,$(1),$(TEST_HELPER_SRC) $(TES
 	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -o $$@ $$^ $$(TEST_LIBS) $$(LIBS)
 
 $(addprefix $(1)/tests/,$(HANDLERS_MSG_TESTS)): $(call objs,$(1),$(HANDLERS_MSG_SRC))
+$(addprefix $(1)/tests/,$(BROKER_FX_TESTS)): $(call objs,$(1),$(BROKER_FX_SRC))
 
 # A harness with a plain main that replays its corpus (make check).
 $(1)/fuzz/replay_%: $(1)/tests/fuzz/fuzz_%.o $(1)/tests/fuzz/replay.o $$(call FUZZ_OBJS,$(1))

@@ -1,6 +1,6 @@
 /*
  * fuzz_util.c - the invariant checks of the fuzz harnesses (fuzz.h). The
- * core's state is redundant on purpose (tests/test_broker.c proves it step
+ * core's state is redundant on purpose (tests/broker_fx.c proves it step
  * by step); here the same recomputation runs after every fuzzed input.
  */
 #include <dirent.h>
