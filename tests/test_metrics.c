@@ -102,6 +102,8 @@ Test(metrics, exposition_text)
 	cr_expect(
 		has(out, "gmbd_tag_paused{client=\"w\\\"x\\\\y\",client_id=\"1\",tag=\"kv\"} 1\n"));
 	cr_expect(has(out, "gmbd_pauses_total 1\n"));
+	cr_expect(has(out, "# TYPE gmbd_imports_total counter\ngmbd_imports_total 0\n"), "%s", out);
+	cr_expect(has(out, "gmbd_import_closes_total 0\n"), "%s", out);
 	cr_expect(has(out, "gmbd_refusals_total{reason=\"budget\"} 1\n"));
 	cr_expect(has(out, "gmbd_host_copy_bytes_total{direction=\"to_host\"} 4194304\n"), "%s",
 		  out);

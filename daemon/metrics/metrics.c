@@ -270,6 +270,10 @@ static void metrics_counters(struct mbuf *b, const struct metrics *m)
 		{ EVENT_CONNECTED, "gmbd_connections_total", "Clients that connected." },
 		{ EVENT_DROP, "gmbd_drop_requests_total",
 		  "Requests to clients to drop cached handles." },
+		{ EVENT_IMPORT, "gmbd_imports_total",
+		  "Opens of another client's allocation (CUDA IPC)." },
+		{ EVENT_IMPORT_CLOSE, "gmbd_import_closes_total",
+		  "Closes of such an open (CUDA IPC)." },
 	};
 
 	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
