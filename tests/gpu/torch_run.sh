@@ -13,6 +13,11 @@
 #   torch_graph          a graph's own pool (tag cuda_graph) freed on pause (cuMemGetInfo);
 #   torch_graph_thread_local  the same captured in thread_local mode (a diagnostic:
 #                        see torch_graph.py on capture modes)
+#   torch_ipc_tag        CUDA tensors in gmbd memory through a torch.multiprocessing
+#   torch_ipc_region     queue to a spawned child (cudaIpc* answered by the shim):
+#                        bytes exact both ways, imports listed, a pause of the
+#                        exported tag refused naming the importer, none left after;
+#                        the sender's memory one tag (GMB_DEFAULT_TAG) or a region
 #   torch_rl_warm        trainer (AdamW, GMB_DEFAULT_TAG=train) and inference engine
 #   torch_rl_cold        alternate 5 rounds driven by gmbctl; switch times next to the
 #                        create-per-allocation baseline (warm: --pool-keep unlimited; cold: a
@@ -204,6 +209,10 @@ scenario torch_model_tms 180 env LD_PRELOAD="$SHIM" "$PY" tests/gpu/torch_model.
 scenario torch_graph 150 env LD_PRELOAD="$SHIM" "$PY" tests/gpu/torch_graph.py
 scenario torch_graph_thread_local 150 env LD_PRELOAD="$SHIM" "$PY" tests/gpu/torch_graph.py \
 	--capture-mode thread_local
+scenario torch_ipc_tag 240 env LD_PRELOAD="$SHIM" GMB_DEFAULT_TAG=ipc GMB_DEFAULT_MODE=discard \
+	GMB_CLIENT_NAME=ipc-sender "$PY" tests/gpu/torch_ipc.py --where tag
+scenario torch_ipc_region 240 env LD_PRELOAD="$SHIM" GMB_CLIENT_NAME=ipc-sender "$PY" \
+	tests/gpu/torch_ipc.py --where region
 scenario torch_rl_warm 300 env LD_PRELOAD="$SHIM" "$PY" tests/gpu/torch_rl.py --gmbctl "$B/gmbctl" \
 	--rounds 5 --label warm --baseline "$B/torch_baseline" --json "$OUTDIR/torch-rl-warm.json"
 
