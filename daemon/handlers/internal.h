@@ -186,6 +186,13 @@ void handlers__conn_unbind(struct handlers *h, const struct bclient *c);
  * session now (an orphan, or one between losing its connection and
  * rejoining). */
 int handlers__not_connected(struct hreq *rq, const struct bclient *c);
+/* Parts like @part (its reply_to and body) that carry the fds of
+ * @chunks[0..@n), WIRE_MAX_FDS a part, each marked more (the caller sends
+ * the last part; the transport exports the fds as each part leaves).
+ * Return: 0 or the send's -errno. */
+struct chunk;
+int handlers__send_chunk_fds(struct sess *s, const Gmb__Envelope *part, struct chunk *const *chunks,
+			     size_t n);
 /* The session that is @c's client (not one still rejoining as it). */
 struct sess *handlers__conn_client(const struct handlers *h, const struct bclient *c);
 

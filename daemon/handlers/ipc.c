@@ -60,33 +60,18 @@ int handlers__ipc_export(struct hreq *rq)
 static int handlers_ipc_send(struct sess *s, uint64_t reply_to, const struct import_export *ex,
 			     uint64_t range_off)
 {
-	uint64_t ids[WIRE_MAX_FDS], sizes[WIRE_MAX_FDS];
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__IpcOpenReply orp = GMB__IPC_OPEN_REPLY__INIT;
 	int r;
 
+	/* The fd parts carry the body case too: libgmb keeps an open's chunks
+	 * apart from its lends by it. */
 	env.reply_to = reply_to;
 	env.body_case = GMB__ENVELOPE__BODY_IPC_OPEN_REPLY;
 	env.ipc_open_reply = &orp;
-	for (uint32_t off = 0; off < ex->nchunks;) {
-		uint32_t n = ex->nchunks - off < WIRE_MAX_FDS ? ex->nchunks - off : WIRE_MAX_FDS;
-
-		for (uint32_t i = 0; i < n; i++) {
-			ids[i] = ex->chunks[off + i]->id;
-			sizes[i] = ex->chunks[off + i]->size;
-		}
-		env.more = true;
-		env.n_fd_chunks = env.n_fd_sizes = n;
-		env.fd_chunks = ids;
-		env.fd_sizes = sizes;
-		r = sess_send(s, &env);
-		if (r < 0)
-			return r;
-		off += n;
-	}
-	env.more = false;
-	env.n_fd_chunks = env.n_fd_sizes = 0;
-	env.fd_chunks = env.fd_sizes = NULL;
+	r = handlers__send_chunk_fds(s, &env, ex->chunks, ex->nchunks);
+	if (r < 0)
+		return r;
 	orp.export_id = ex->id;
 	orp.owner_id = ex->owner_id;
 	orp.owner = (char *)ex->owner;

@@ -32,7 +32,6 @@
 #define HANDLERS_LEND_PIECE 1024u
 
 static int handlers_send_result(struct hreq *rq, const struct broker_result *res, bool resume);
-static int handlers_send_fds(struct sess *s, uint64_t reply_to, const struct broker_result *res);
 static int handlers_send_lends(struct sess *s, uint64_t reply_to, Gmb__Lend *lends, size_t n,
 			       bool resume);
 static int handlers_send_lend_part(struct sess *s, uint64_t reply_to, Gmb__Lend **lends, size_t n,
@@ -360,12 +359,15 @@ err_ids:
  */
 static int handlers_send_result(struct hreq *rq, const struct broker_result *res, bool resume)
 {
+	Gmb__Envelope part = GMB__ENVELOPE__INIT;
 	Gmb__Lend *lends = NULL;
 	uint64_t *vals = NULL;
 	size_t total = 0, off = 0, npieces = 0, k = 0;
 	int r;
 
-	r = handlers_send_fds(rq->s, rq->env->id, res);
+	/* The fds of the chunks the client holds no handle to. */
+	part.reply_to = rq->env->id;
+	r = handlers__send_chunk_fds(rq->s, &part, res->send, res->nsend);
 	if (r < 0)
 		return r;
 	for (size_t i = 0; i < res->nallocs; i++) {
@@ -409,33 +411,6 @@ out_free:
 	free(vals);
 	free(lends);
 	return r;
-}
-
-/* The fds of the chunks the client holds no handle to, WIRE_MAX_FDS a part. */
-static int handlers_send_fds(struct sess *s, uint64_t reply_to, const struct broker_result *res)
-{
-	uint64_t ids[WIRE_MAX_FDS], sizes[WIRE_MAX_FDS];
-
-	for (size_t off = 0; off < res->nsend;) {
-		Gmb__Envelope env = GMB__ENVELOPE__INIT;
-		size_t n = res->nsend - off < WIRE_MAX_FDS ? res->nsend - off : WIRE_MAX_FDS;
-		int r;
-
-		for (size_t i = 0; i < n; i++) {
-			ids[i] = res->send[off + i]->id;
-			sizes[i] = res->send[off + i]->size;
-		}
-		env.reply_to = reply_to;
-		env.more = true;
-		env.n_fd_chunks = env.n_fd_sizes = n;
-		env.fd_chunks = ids;
-		env.fd_sizes = sizes;
-		r = sess_send(s, &env);
-		if (r < 0)
-			return r;
-		off += n;
-	}
-	return 0;
 }
 
 /* Pieces of lends in parts of at most WIRE_MAX_MSG / 2 bytes (a piece of

@@ -184,3 +184,29 @@ int handlers__not_connected(struct hreq *rq, const struct bclient *c)
 			      " reconnecting to gmbd",
 			      c->name, c->id);
 }
+
+int handlers__send_chunk_fds(struct sess *s, const Gmb__Envelope *part, struct chunk *const *chunks,
+			     size_t n)
+{
+	uint64_t ids[WIRE_MAX_FDS], sizes[WIRE_MAX_FDS];
+
+	for (size_t off = 0; off < n;) {
+		Gmb__Envelope env = *part;
+		size_t k = n - off < WIRE_MAX_FDS ? n - off : WIRE_MAX_FDS;
+		int r;
+
+		for (size_t i = 0; i < k; i++) {
+			ids[i] = chunks[off + i]->id;
+			sizes[i] = chunks[off + i]->size;
+		}
+		env.more = true;
+		env.n_fd_chunks = env.n_fd_sizes = k;
+		env.fd_chunks = ids;
+		env.fd_sizes = sizes;
+		r = sess_send(s, &env);
+		if (r < 0)
+			return r;
+		off += k;
+	}
+	return 0;
+}
