@@ -55,41 +55,39 @@ TestSuite(ipc, .init = start, .fini = stop, .timeout = 60);
 
 /* A prog_preload under the shim on gmbd's socket; @uid > 0: run as that
  * uid; @env (may be NULL): one more VAR=value. */
+struct prog_args {
+	uid_t uid;
+	const char *env;
+};
+
+/* In the child: the shim, libgmb and gmbd's socket, @a's credentials. */
+static void prog_setup(void *arg)
+{
+	const struct prog_args *a = arg;
+	char path[PATH_MAX + 32], asan[1024];
+	const char *old = getenv("ASAN_OPTIONS");
+
+	setenv("GMB_SOCKET", gmbd.sock, 1);
+	snprintf(path, sizeof(path), "%s/libgmb.so", build);
+	setenv("GMB_LIB", path, 1);
+	snprintf(path, sizeof(path), "%s/libgmb_preload.so", build);
+	setenv("LD_PRELOAD", path, 1);
+	snprintf(asan, sizeof(asan), "%s%sverify_asan_link_order=0", old ? old : "",
+		 old && *old ? ":" : "");
+	setenv("ASAN_OPTIONS", asan, 1);
+	if (a->env)
+		putenv((char *)a->env);
+	if (a->uid && (setgid(a->uid) || setuid(a->uid)))
+		_exit(126);
+}
+
 static void prog_start_env(struct worker *w, uid_t uid, const char *env)
 {
-	char path[PATH_MAX + 32], bin[PATH_MAX + 32], asan[1024];
-	const char *old = getenv("ASAN_OPTIONS");
-	int to[2], from[2];
+	struct prog_args a = { .uid = uid, .env = env };
+	char bin[PATH_MAX + 32];
 
 	snprintf(bin, sizeof(bin), "%s/tests/prog_preload", build);
-	cr_assert(eq(i32, pipe2(to, O_CLOEXEC), 0));
-	cr_assert(eq(i32, pipe2(from, O_CLOEXEC), 0));
-	w->pid = fork();
-	if (w->pid == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		dup2(to[0], 0);
-		dup2(from[1], 1);
-		setenv("GMB_SOCKET", gmbd.sock, 1);
-		snprintf(path, sizeof(path), "%s/libgmb.so", build);
-		setenv("GMB_LIB", path, 1);
-		snprintf(path, sizeof(path), "%s/libgmb_preload.so", build);
-		setenv("LD_PRELOAD", path, 1);
-		snprintf(asan, sizeof(asan), "%s%sverify_asan_link_order=0", old ? old : "",
-			 old && *old ? ":" : "");
-		setenv("ASAN_OPTIONS", asan, 1);
-		if (env)
-			putenv((char *)env);
-		if (uid && (setgid(uid) || setuid(uid)))
-			_exit(126);
-		execl(bin, bin, (char *)NULL);
-		_exit(127);
-	}
-	close(to[0]);
-	close(from[1]);
-	w->in = fdopen(to[1], "w");
-	w->out = fdopen(from[0], "r");
-	cr_assert(w->pid > 0 && w->in && w->out);
-	setvbuf(w->in, NULL, _IOLBF, 0);
+	cr_assert(eq(i32, worker_spawn(w, bin, prog_setup, &a), 0));
 }
 
 static void prog_start(struct worker *w, uid_t uid)

@@ -67,29 +67,25 @@ static void prog_env(bool preload, const char *const *extra)
 		putenv((char *)*extra);
 }
 
+struct prog_args {
+	bool preload;
+	const char *const *extra;
+};
+
+static void prog_setup(void *arg)
+{
+	const struct prog_args *a = arg;
+
+	prog_env(a->preload, a->extra);
+}
+
 static void prog_start(struct worker *w, bool preload, const char *const *extra)
 {
-	int to[2], from[2];
+	struct prog_args a = { .preload = preload, .extra = extra };
 	char bin[PATH_MAX + 32];
 
 	snprintf(bin, sizeof(bin), "%s/tests/prog_preload", build);
-	cr_assert(eq(i32, pipe2(to, O_CLOEXEC), 0));
-	cr_assert(eq(i32, pipe2(from, O_CLOEXEC), 0));
-	w->pid = fork();
-	if (w->pid == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		dup2(to[0], 0);
-		dup2(from[1], 1);
-		prog_env(preload, extra);
-		execl(bin, bin, (char *)NULL);
-		_exit(127);
-	}
-	close(to[0]);
-	close(from[1]);
-	w->in = fdopen(to[1], "w");
-	w->out = fdopen(from[0], "r");
-	cr_assert(w->pid > 0 && w->in && w->out);
-	setvbuf(w->in, NULL, _IOLBF, 0);
+	cr_assert(eq(i32, worker_spawn(w, bin, prog_setup, &a), 0));
 }
 
 /* Sends @cmd, asserts its status is @want; returns the rest of the answer. */

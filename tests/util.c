@@ -395,12 +395,10 @@ int wait_until(int (*pred)(void *), void *arg, int ms)
 	return -ETIMEDOUT;
 }
 
-int worker_start(struct worker *w, const char *sock)
+int worker_spawn(struct worker *w, const char *bin, void (*setup)(void *arg), void *arg)
 {
 	int to[2], from[2];
-	char bin[256];
 
-	snprintf(bin, sizeof(bin), "%s/tests/prog_worker", test_build_dir());
 	if (pipe2(to, O_CLOEXEC) < 0)
 		return -errno;
 	if (pipe2(from, O_CLOEXEC) < 0) {
@@ -413,7 +411,8 @@ int worker_start(struct worker *w, const char *sock)
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		dup2(to[0], 0);
 		dup2(from[1], 1);
-		setenv("GMB_SOCKET", sock, 1);
+		if (setup)
+			setup(arg);
 		execl(bin, bin, (char *)NULL);
 		_exit(127);
 	}
@@ -425,6 +424,19 @@ int worker_start(struct worker *w, const char *sock)
 		return -EIO;
 	setvbuf(w->in, NULL, _IOLBF, 0);
 	return 0;
+}
+
+static void worker_setup_socket(void *sock)
+{
+	setenv("GMB_SOCKET", sock, 1);
+}
+
+int worker_start(struct worker *w, const char *sock)
+{
+	char bin[256];
+
+	snprintf(bin, sizeof(bin), "%s/tests/prog_worker", test_build_dir());
+	return worker_spawn(w, bin, worker_setup_socket, (void *)sock);
 }
 
 int worker_cmd(struct worker *w, char *text, size_t cap, const char *fmt, ...)

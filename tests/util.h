@@ -112,6 +112,11 @@ struct worker {
 	FILE *out; /* its stdout */
 };
 
+/* Starts @bin with its stdin and stdout on pipes to @w; in the child,
+ * before the exec, @setup(@arg) (NULL: none) sets its environment or
+ * credentials and may _exit() on failure. The child dies with the test
+ * (PR_SET_PDEATHSIG). 0 or -errno. */
+int worker_spawn(struct worker *w, const char *bin, void (*setup)(void *arg), void *arg);
 /* Starts BUILD/tests/prog_worker with GMB_SOCKET=@sock. 0 or -errno. */
 int worker_start(struct worker *w, const char *sock);
 /**
