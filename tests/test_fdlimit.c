@@ -247,6 +247,9 @@ Test(fdlimit, two_uids_at_their_default_bound_leave_chunks_to_a_third_and_root)
 	cr_assert(gt(i32, nr, 16), "root got %d chunks after %d, %d and %d: %s", nr, na, nb, nc,
 		  text);
 	cr_assert(status_has(&r, "\"name\":\"third\""));
+	/* The README quotes these. */
+	cr_log_info("chunks at the bound: first uid %d, second %d, third %d, then root %d", na, nb,
+		    nc, nr);
 	cr_assert(eq(i32, worker_quit(&a), 0));
 	cr_assert(eq(i32, worker_quit(&b), 0));
 	cr_assert(eq(i32, worker_quit(&c), 0));

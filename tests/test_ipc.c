@@ -64,17 +64,8 @@ struct prog_args {
 static void prog_setup(void *arg)
 {
 	const struct prog_args *a = arg;
-	char path[PATH_MAX + 32], asan[1024];
-	const char *old = getenv("ASAN_OPTIONS");
 
-	setenv("GMB_SOCKET", gmbd.sock, 1);
-	snprintf(path, sizeof(path), "%s/libgmb.so", build);
-	setenv("GMB_LIB", path, 1);
-	snprintf(path, sizeof(path), "%s/libgmb_preload.so", build);
-	setenv("LD_PRELOAD", path, 1);
-	snprintf(asan, sizeof(asan), "%s%sverify_asan_link_order=0", old ? old : "",
-		 old && *old ? ":" : "");
-	setenv("ASAN_OPTIONS", asan, 1);
+	test_shim_env(build, gmbd.sock, true);
 	if (a->env)
 		putenv((char *)a->env);
 	if (a->uid && (setgid(a->uid) || setuid(a->uid)))

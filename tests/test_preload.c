@@ -50,19 +50,7 @@ TestSuite(preload, .init = start, .fini = stop, .timeout = 60);
 /* The child's environment: ours, plus the broker, the libraries and @extra. */
 static void prog_env(bool preload, const char *const *extra)
 {
-	char path[PATH_MAX + 32], asan[1024];
-	const char *old = getenv("ASAN_OPTIONS");
-
-	setenv("GMB_SOCKET", gmbd.sock, 1);
-	snprintf(path, sizeof(path), "%s/libgmb.so", build);
-	setenv("GMB_LIB", path, 1);
-	snprintf(path, sizeof(path), "%s/libgmb_preload.so", build);
-	if (preload)
-		setenv("LD_PRELOAD", path, 1);
-	/* Under ASan the preloaded shim comes before libasan; that is fine here. */
-	snprintf(asan, sizeof(asan), "%s%sverify_asan_link_order=0", old ? old : "",
-		 old && *old ? ":" : "");
-	setenv("ASAN_OPTIONS", asan, 1);
+	test_shim_env(build, gmbd.sock, preload);
 	for (; extra && *extra; extra++)
 		putenv((char *)*extra);
 }

@@ -586,3 +586,20 @@ int gmbctl_vrun(const char *const *pre, const char *sock, char *out, char *err, 
 	argv[n] = NULL;
 	return run_capture(argv, NULL, out, err, cap);
 }
+
+void test_shim_env(const char *build, const char *sock, bool preload)
+{
+	char path[PATH_MAX + 32], asan[1024];
+	const char *old = getenv("ASAN_OPTIONS");
+
+	setenv("GMB_SOCKET", sock, 1);
+	snprintf(path, sizeof(path), "%s/libgmb.so", build);
+	setenv("GMB_LIB", path, 1);
+	if (preload) {
+		snprintf(path, sizeof(path), "%s/libgmb_preload.so", build);
+		setenv("LD_PRELOAD", path, 1);
+	}
+	snprintf(asan, sizeof(asan), "%s%sverify_asan_link_order=0", old ? old : "",
+		 old && *old ? ":" : "");
+	setenv("ASAN_OPTIONS", asan, 1);
+}

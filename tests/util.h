@@ -117,6 +117,11 @@ struct worker {
  * credentials and may _exit() on failure. The child dies with the test
  * (PR_SET_PDEATHSIG). 0 or -errno. */
 int worker_spawn(struct worker *w, const char *bin, void (*setup)(void *arg), void *arg);
+/* A child's environment for a program of the shim's tests: gmbd's socket
+ * @sock, @build's libgmb.so as GMB_LIB, with @preload its libgmb_preload.so
+ * as LD_PRELOAD, and ASan told that a preloaded library before libasan is
+ * fine. */
+void test_shim_env(const char *build, const char *sock, bool preload);
 /* Starts BUILD/tests/prog_worker with GMB_SOCKET=@sock. 0 or -errno. */
 int worker_start(struct worker *w, const char *sock);
 /**
