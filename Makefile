@@ -54,7 +54,7 @@ DAEMON_SRC := daemon/core/pool.c daemon/core/broker.c daemon/core/lend.c daemon/
 	daemon/handlers/reply.c daemon/handlers/dreq.c daemon/handlers/drops.c daemon/handlers/park.c \
 	daemon/handlers/status.c daemon/handlers/switch.c daemon/handlers/control.c daemon/handlers/memory.c \
 	daemon/handlers/hello.c daemon/handlers/orphans.c daemon/handlers/handlers.c \
-	daemon/handlers/limits.c daemon/handlers/ipc.c \
+	daemon/handlers/limits.c daemon/handlers/ipc.c daemon/handlers/ipc_pause.c \
 	daemon/transport/sess.c daemon/transport/server.c \
 	daemon/system/sd.c daemon/service/opts.c daemon/service/conf.c \
 	daemon/metrics/metrics.c daemon/metrics/http.c
@@ -86,6 +86,9 @@ HANDLERS_MSG_TESTS := test_handlers test_control test_dreq
 # invariant checks after each step), with Criterion's asserts too.
 BROKER_FX_SRC := tests/broker_fx.c
 BROKER_FX_TESTS := test_broker test_arb test_walk
+# The CUDA IPC integration tests' fixture (gmbd and prog_preload programs).
+IPC_FX_SRC := tests/ipc_fx.c
+IPC_FX_TESTS := test_ipc test_ipc_follow
 TEST_PROG_SRC := $(wildcard tests/prog_*.c)
 # Fuzz harnesses (tests/fuzz/fuzz_<name>.c), each with a corpus in
 # tests/fuzz/corpus/<name>/; fuzz_util.c holds their invariant checks.
@@ -161,6 +164,7 @@ $(1)/tests/test_%: $(1)/tests/test_%.o $(call objs,$(1),$(TEST_HELPER_SRC) $(TES
 
 $(addprefix $(1)/tests/,$(HANDLERS_MSG_TESTS)): $(call objs,$(1),$(HANDLERS_MSG_SRC))
 $(addprefix $(1)/tests/,$(BROKER_FX_TESTS)): $(call objs,$(1),$(BROKER_FX_SRC))
+$(addprefix $(1)/tests/,$(IPC_FX_TESTS)): $(call objs,$(1),$(IPC_FX_SRC))
 
 # A harness with a plain main that replays its corpus (make check).
 $(1)/fuzz/replay_%: $(1)/tests/fuzz/fuzz_%.o $(1)/tests/fuzz/replay.o $$(call FUZZ_OBJS,$(1))

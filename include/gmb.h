@@ -315,6 +315,28 @@ GMB_API int gmb_ipc_open(gmb_client *c, const void *handle, int device, void **p
  * client). Return: 0; -ENXIO (@ptr is in no import of @c).
  */
 GMB_API int gmb_ipc_close(gmb_client *c, void *ptr);
+/**
+ * gmb_ipc_grant() - let processes of uid @uid open handles of the
+ * allocation holding @ptr (@c NULL: the default client), or, with
+ * gmb_ipc_revoke(), no longer (opens already made stay). At most 8 uids
+ * per allocation. $GMB_IPC_GRANT (uids, comma-separated) grants every
+ * allocation the client shares to those uids.
+ * Return: 0; -ENXIO (not an allocation of @c); -EINVAL (@uid is @c's own);
+ * -ENOSPC (8 uids already); gmbd's error.
+ */
+GMB_API int gmb_ipc_grant(gmb_client *c, const void *ptr, uint32_t uid);
+GMB_API int gmb_ipc_revoke(gmb_client *c, const void *ptr, uint32_t uid);
+/**
+ * gmb_set_ipc_follow() - whether @c's pauses, and the pauses it asks of
+ * other clients (gmb_control()), have the processes that import the tag's
+ * memory follow (@on 1): each is asked to drain and unmap it, keeping its
+ * addresses, before the pause completes, and maps it again at the same
+ * addresses after the resume, before gmb_resume() returns. An importer
+ * that cannot be asked or refuses is waited for as by default (0: wait
+ * gmb_set_wait()'s time for the importers to close, then -EBUSY).
+ * $GMB_IPC_FOLLOW=1 sets it at connect. Return: 0, -EINVAL.
+ */
+GMB_API int gmb_set_ipc_follow(gmb_client *c, int on);
 
 /**
  * gmb_host_copy() - the host copy of [@ptr, @ptr+@size) inside one of @c's

@@ -23,6 +23,7 @@
  *   owns PTR               "0 1" if the default client owns PTR, "0 0" if not
  *   status                 gmb_status_json of the default client, on one line
  *   pause TAG|* / resume TAG|*   of the default client
+ *   ipcgrant PTR UID / ipcrevoke PTR UID   gmb_ipc_grant / gmb_ipc_revoke
  *   tmalloc SIZE DEV       gmb_torch_malloc -> "0 <ptr>" or "-1 <why>"
  *   tfree PTR              gmb_torch_free
  *   shim                   "0 <version>" when libgmb_preload.so is preloaded
@@ -61,13 +62,15 @@ struct prog_gmb {
 	int (*resume)(gmb_client *, const char *);
 	void *(*torch_malloc)(ssize_t, int, void *);
 	void (*torch_free)(void *, ssize_t, int, void *);
+	int (*ipc_grant)(gmb_client *, const void *, uint32_t);
+	int (*ipc_revoke)(gmb_client *, const void *, uint32_t);
 };
 
 static const char *const prog_gmb_names[] = {
 	"gmb_region_begin", "gmb_region_end",	  "gmb_region_last_error",
 	"gmb_owns",	    "gmb_default_client", "gmb_status_json",
 	"gmb_pause",	    "gmb_resume",	  "gmb_torch_malloc",
-	"gmb_torch_free",
+	"gmb_torch_free",   "gmb_ipc_grant",	  "gmb_ipc_revoke",
 };
 
 static struct prog_gmb g;
@@ -400,6 +403,10 @@ static int prog_gmb(const char *verb, const char *a, const char *b, char *out, s
 		return prog_cycle(verb, a);
 	if (!strcmp(verb, "tmalloc") || !strcmp(verb, "tfree"))
 		return prog_torch(verb, a, b, out, cap);
+	if (!strcmp(verb, "ipcgrant"))
+		return g.ipc_grant(NULL, prog_ptr(a), (uint32_t)strtoul(b, NULL, 0));
+	if (!strcmp(verb, "ipcrevoke"))
+		return g.ipc_revoke(NULL, prog_ptr(a), (uint32_t)strtoul(b, NULL, 0));
 	return -EINVAL;
 }
 

@@ -29,166 +29,45 @@
 #include <unistd.h>
 
 #include "include/gmb.h"
+#include "tests/ipc_fx.h"
 #include "tests/util.h"
 
-#define MiB (1024ULL * 1024)
-
-static struct gmbd_proc gmbd;
-static char build[PATH_MAX];
-
-static void start(void)
-{
-	static const char *const args[] = { "--host-devices", "1",	     "--host-memory",
-					    "64MiB",	      "--max-chunk", "2MiB",
-					    "--log-level",    "info",	     NULL };
-
-	cr_assert(not(eq(ptr, realpath(test_build_dir(), build), NULL)));
-	cr_assert(eq(i32, gmbd_start_shared(&gmbd, args), 0), "gmbd did not start");
-}
-
-static void stop(void)
-{
-	cr_expect(eq(i32, gmbd_stop(&gmbd), 0), "gmbd did not exit cleanly");
-}
-
-TestSuite(ipc, .init = start, .fini = stop, .timeout = 60);
-
-/* A prog_preload under the shim on gmbd's socket; @uid > 0: run as that
- * uid; @env (may be NULL): one more VAR=value. */
-struct prog_args {
-	uid_t uid;
-	const char *env;
-};
-
-/* In the child: the shim, libgmb and gmbd's socket, @a's credentials. */
-static void prog_setup(void *arg)
-{
-	const struct prog_args *a = arg;
-
-	test_shim_env(build, gmbd.sock, true);
-	if (a->env)
-		putenv((char *)a->env);
-	if (a->uid && (setgid(a->uid) || setuid(a->uid)))
-		_exit(126);
-}
-
-static void prog_start_env(struct worker *w, uid_t uid, const char *env)
-{
-	struct prog_args a = { .uid = uid, .env = env };
-	char bin[PATH_MAX + 32];
-
-	snprintf(bin, sizeof(bin), "%s/tests/prog_preload", build);
-	cr_assert(eq(i32, worker_spawn(w, bin, prog_setup, &a), 0));
-}
-
-static void prog_start(struct worker *w, uid_t uid)
-{
-	prog_start_env(w, uid, NULL);
-}
-
-/* Sends @cmd, asserts its status is @want; the rest of the answer. */
-static const char *run(struct worker *w, int want, const char *fmt, ...)
-{
-	static char text[1 << 15];
-	char cmd[512];
-	va_list ap;
-	int rc;
-
-	va_start(ap, fmt);
-	vsnprintf(cmd, sizeof(cmd), fmt, ap);
-	va_end(ap);
-	rc = worker_cmd(w, text, sizeof(text), "%s", cmd);
-	cr_assert(eq(i32, rc, want), "\"%s\" answered %d (%s), want %d", cmd, rc, text, want);
-	return text;
-}
-
-static int run_rc(struct worker *w, const char *fmt, const char *arg)
-{
-	static char text[1 << 15];
-
-	return worker_cmd(w, text, sizeof(text), fmt, arg);
-}
-
-/* An exporter with @size bytes of gmbd memory in tag "w", filled with @byte. */
-static void exporter_env(struct worker *w, size_t size, int byte, char p[32], const char *env)
-{
-	prog_start_env(w, 0, env);
-	run(w, 0, "gmb");
-	run(w, 0, "region w discard");
-	snprintf(p, 32, "%s", run(w, 0, "malloc %zu", size));
-	cr_assert(strcmp(p, "(nil)") != 0);
-	run(w, 0, "fill %s %zu %d", p, size, byte);
-}
-
-static void exporter(struct worker *w, size_t size, int byte, char p[32])
-{
-	exporter_env(w, size, byte, p, NULL);
-}
-
-/* The exporter's handle of @ptr (128 hex digits). */
-static void get_handle(struct worker *w, const char *ptr, char h[160])
-{
-	snprintf(h, 160, "%s", run(w, 0, "ipcget %s", ptr));
-	cr_assert(eq(sz, strlen(h), 128));
-	cr_assert(eq(i32, strncmp(h, "474d42495043", 12), 0), "gmbd's magic: %s", h);
-}
-
-static void open_handle(struct worker *w, const char *h, char q[32])
-{
-	snprintf(q, 32, "%s", run(w, 0, "ipcopen %s", h));
-	cr_assert(strcmp(q, "(nil)") != 0);
-}
-
-/* Bytes lent on device 0, as @w's client of gmbd sees it. */
-static int64_t used(struct worker *w)
-{
-	return json_i64_after(run(w, 0, "status"), "{\"index\":0,", "used_bytes");
-}
-
-static uintptr_t addr(const char *p)
-{
-	return (uintptr_t)strtoull(p, NULL, 0);
-}
-
-static void quit(struct worker *w)
-{
-	cr_assert(eq(i32, worker_quit(w), 0), "prog_preload did not exit cleanly");
-}
+TestSuite(ipc, .init = ipcfx_start, .fini = ipcfx_stop, .timeout = 60);
 
 Test(ipc, bytes_cross_both_ways_and_opens_are_counted)
 {
 	struct worker a, b;
 	char p[32], q[32], q2[32], h[160], h2[160];
 
-	exporter(&a, 4 * MiB, 0x5a, p);
-	get_handle(&a, p, h);
-	get_handle(&a, p, h2);
+	ipcfx_exporter(&a, 4 * MiB, 0x5a, p);
+	ipcfx_get_handle(&a, p, h);
+	ipcfx_get_handle(&a, p, h2);
 	cr_assert(eq(str, h, h2), "the same bytes every time");
-	prog_start(&b, 0);
-	run(&b, 0, "gmb");
-	open_handle(&b, h, q);
-	run(&b, 0, "check %s %llu 90", q, 4 * MiB);
-	run(&b, 0, "fill %s %llu 51", q, 1 * MiB);
-	run(&a, 0, "check %s %llu 51", p, 1 * MiB);
+	ipcfx_prog(&b, 0);
+	ipcfx_run(&b, 0, "gmb");
+	ipcfx_open_handle(&b, h, q);
+	ipcfx_run(&b, 0, "check %s %llu 90", q, 4 * MiB);
+	ipcfx_run(&b, 0, "fill %s %llu 51", q, 1 * MiB);
+	ipcfx_run(&a, 0, "check %s %llu 51", p, 1 * MiB);
 	/* A second open maps nothing new: the same address, one more open. */
-	open_handle(&b, h, q2);
+	ipcfx_open_handle(&b, h, q2);
 	cr_assert(eq(str, q, q2));
-	cr_assert(eq(i64, used(&b), (int64_t)(4 * MiB)), "imports are charged nothing");
-	run(&b, 0, "ipcclose %s", q);
-	run(&b, 0, "check %s %llu 51", q, 1 * MiB);
+	cr_assert(eq(i64, ipcfx_used(&b), (int64_t)(4 * MiB)), "imports are charged nothing");
+	ipcfx_run(&b, 0, "ipcclose %s", q);
+	ipcfx_run(&b, 0, "check %s %llu 51", q, 1 * MiB);
 	/* Imported: the owner's tag does not pause, and stays mapped. */
-	cr_assert(eq(i32, run_rc(&a, "pause %s", "w"), -EBUSY));
-	run(&a, 0, "check %s %llu 51", p, 1 * MiB);
-	run(&b, 0, "ipcclose %s", q);
-	run(&a, 0, "pause w");
-	run(&a, 0, "resume w");
+	cr_assert(eq(i32, ipcfx_run_rc(&a, "pause %s", "w"), -EBUSY));
+	ipcfx_run(&a, 0, "check %s %llu 51", p, 1 * MiB);
+	ipcfx_run(&b, 0, "ipcclose %s", q);
+	ipcfx_run(&a, 0, "pause w");
+	ipcfx_run(&a, 0, "resume w");
 	/* The runtime was never asked, on either side. */
-	cr_assert(eq(str, (char *)run(&a, 0, "ipcstats"), "gets=0 opens=0 closes=0"));
-	cr_assert(eq(str, (char *)run(&b, 0, "ipcstats"), "gets=0 opens=0 closes=0"));
-	run(&a, 0, "free %s", p);
-	cr_assert(eq(i64, used(&b), 0));
-	quit(&b);
-	quit(&a);
+	cr_assert(eq(str, (char *)ipcfx_run(&a, 0, "ipcstats"), "gets=0 opens=0 closes=0"));
+	cr_assert(eq(str, (char *)ipcfx_run(&b, 0, "ipcstats"), "gets=0 opens=0 closes=0"));
+	ipcfx_run(&a, 0, "free %s", p);
+	cr_assert(eq(i64, ipcfx_used(&b), 0));
+	ipcfx_quit(&b);
+	ipcfx_quit(&a);
 }
 
 Test(ipc, an_interior_pointer_names_its_chunk_and_maps_the_allocation_once)
@@ -196,33 +75,31 @@ Test(ipc, an_interior_pointer_names_its_chunk_and_maps_the_allocation_once)
 	struct worker a, b;
 	char p[32], q[32], q2[32], h[160], h2[160], ptr[32];
 
-	exporter(&a, 6 * MiB, 0x11, p); /* three chunks of 2 MiB */
-	snprintf(ptr, sizeof(ptr), "%#llx", (unsigned long long)(addr(p) + 3 * MiB));
-	run(&a, 0, "fill %s %llu 34", ptr, 1 * MiB);
-	get_handle(&a, p, h);
-	get_handle(&a, ptr, h2);
+	ipcfx_exporter(&a, 6 * MiB, 0x11, p); /* three chunks of 2 MiB */
+	snprintf(ptr, sizeof(ptr), "%#llx", (unsigned long long)(ipcfx_addr(p) + 3 * MiB));
+	ipcfx_run(&a, 0, "fill %s %llu 34", ptr, 1 * MiB);
+	ipcfx_get_handle(&a, p, h);
+	ipcfx_get_handle(&a, ptr, h2);
 	cr_assert(not(eq(str, h, h2)), "another chunk, another range offset");
-	prog_start(&b, 0);
-	open_handle(&b, h2, q2);
-	open_handle(&b, h, q);
-	cr_assert(eq(u64, addr(q2) - addr(q), 2 * MiB), "the chunk's start, in one mapping");
-	snprintf(ptr, sizeof(ptr), "%#llx", (unsigned long long)(addr(q) + 3 * MiB));
-	run(&b, 0, "check %s %llu 34", ptr, 1 * MiB);
-	run(&b, 0, "check %s %llu 17", q, 3 * MiB);
+	ipcfx_prog(&b, 0);
+	ipcfx_open_handle(&b, h2, q2);
+	ipcfx_open_handle(&b, h, q);
+	cr_assert(eq(u64, ipcfx_addr(q2) - ipcfx_addr(q), 2 * MiB),
+		  "the chunk's start, in one mapping");
+	snprintf(ptr, sizeof(ptr), "%#llx", (unsigned long long)(ipcfx_addr(q) + 3 * MiB));
+	ipcfx_run(&b, 0, "check %s %llu 34", ptr, 1 * MiB);
+	ipcfx_run(&b, 0, "check %s %llu 17", q, 3 * MiB);
 	/* Re-exported from the import: the owner's handle. */
-	cr_assert(eq(str, (char *)run(&b, 0, "ipcget %s", q2), h2));
-	run(&b, 0, "ipcclose %s", q);
-	run(&b, 0, "ipcclose %s", q2);
+	cr_assert(eq(str, (char *)ipcfx_run(&b, 0, "ipcget %s", q2), h2));
+	ipcfx_run(&b, 0, "ipcclose %s", q);
+	ipcfx_run(&b, 0, "ipcclose %s", q2);
 	/* Closed: the pointer is nobody's here now, so the runtime gets it. */
-	cr_assert(eq(str, (char *)run(&b, 0, "ipcstats"), "gets=0 opens=0 closes=0"));
-	run(&b, 0, "ipcclose %s", q);
-	cr_assert(eq(str, (char *)run(&b, 0, "ipcstats"), "gets=0 opens=0 closes=1"));
-	quit(&b);
-	quit(&a);
+	cr_assert(eq(str, (char *)ipcfx_run(&b, 0, "ipcstats"), "gets=0 opens=0 closes=0"));
+	ipcfx_run(&b, 0, "ipcclose %s", q);
+	cr_assert(eq(str, (char *)ipcfx_run(&b, 0, "ipcstats"), "gets=0 opens=0 closes=1"));
+	ipcfx_quit(&b);
+	ipcfx_quit(&a);
 }
-
-/* 400: the runtime's answer to a handle that names nothing. */
-#define INVALID_HANDLE 400
 
 Test(ipc, forged_and_foreign_handles_map_nothing)
 {
@@ -232,16 +109,16 @@ Test(ipc, forged_and_foreign_handles_map_nothing)
 	FILE *lf;
 	size_t n;
 
-	exporter(&a, 2 * MiB, 0x22, p);
-	get_handle(&a, p, h);
-	prog_start(&b, 0);
+	ipcfx_exporter(&a, 2 * MiB, 0x22, p);
+	ipcfx_get_handle(&a, p, h);
+	ipcfx_prog(&b, 0);
 	srand(7);
 	for (int i = 0; i < 64; i++) {
 		for (int j = 0; j < 128; j++)
 			f[j] = "0123456789abcdef"[rand() % 16];
 		f[128] = 0;
 		memcpy(f, h, 16); /* gmbd's magic and version: reaches gmbd */
-		cr_assert(eq(i32, run_rc(&b, "ipcopen %s", f), INVALID_HANDLE), "%s", f);
+		cr_assert(eq(i32, ipcfx_run_rc(&b, "ipcopen %s", f), INVALID_HANDLE), "%s", f);
 	}
 	for (int bit = 0; bit < 512; bit++) {
 		int byte = bit / 8, v;
@@ -252,30 +129,31 @@ Test(ipc, forged_and_foreign_handles_map_nothing)
 		snprintf(f + 2 * byte, 3, "%02x", v);
 		f[2 * byte + 2] = h[2 * byte + 2];
 		/* A flipped magic is no longer gmbd's: the runtime refuses it, also 400. */
-		cr_assert(eq(i32, run_rc(&b, "ipcopen %s", f), INVALID_HANDLE), "bit %d", bit);
+		cr_assert(eq(i32, ipcfx_run_rc(&b, "ipcopen %s", f), INVALID_HANDLE), "bit %d",
+			  bit);
 	}
 	/* Truncated: the rest zero. */
 	snprintf(f, sizeof(f), "%.100s", h);
-	cr_assert(eq(i32, run_rc(&b, "ipcopen %s", f), INVALID_HANDLE));
+	cr_assert(eq(i32, ipcfx_run_rc(&b, "ipcopen %s", f), INVALID_HANDLE));
 	/* A handle of the runtime's own goes to the runtime. */
-	run(&a, 0, "end");
-	snprintf(plain, sizeof(plain), "%s", run(&a, 0, "malloc 4096"));
-	snprintf(f, sizeof(f), "%s", run(&a, 0, "ipcget %s", plain));
-	cr_assert(eq(str, (char *)run(&a, 0, "ipcstats"), "gets=1 opens=0 closes=0"));
-	run(&b, 0, "ipcopen %s", f);
+	ipcfx_run(&a, 0, "end");
+	snprintf(plain, sizeof(plain), "%s", ipcfx_run(&a, 0, "malloc 4096"));
+	snprintf(f, sizeof(f), "%s", ipcfx_run(&a, 0, "ipcget %s", plain));
+	cr_assert(eq(str, (char *)ipcfx_run(&a, 0, "ipcstats"), "gets=1 opens=0 closes=0"));
+	ipcfx_run(&b, 0, "ipcopen %s", f);
 	/* It and the 48 handles whose magic a flipped bit broke: no more. */
-	cr_assert(eq(str, (char *)run(&b, 0, "ipcstats"), "gets=0 opens=49 closes=0"));
+	cr_assert(eq(str, (char *)ipcfx_run(&b, 0, "ipcstats"), "gets=0 opens=49 closes=0"));
 	/* The forged opens of gmbd handles each got a sentence in gmbd's log. */
-	lf = fopen(gmbd.log, "r");
+	lf = fopen(ipcfx_gmbd.log, "r");
 	cr_assert(not(eq(ptr, lf, NULL)));
 	n = fread(log, 1, sizeof(log) - 1, lf);
 	log[n] = 0;
 	fclose(lf);
 	cr_assert(not(eq(ptr, strstr(log, "the handle names no export of this gmbd"), NULL)));
-	run(&b, 0, "gmb");
-	cr_assert(eq(i64, used(&b), (int64_t)(2 * MiB)), "nothing was imported");
-	quit(&b);
-	quit(&a);
+	ipcfx_run(&b, 0, "gmb");
+	cr_assert(eq(i64, ipcfx_used(&b), (int64_t)(2 * MiB)), "nothing was imported");
+	ipcfx_quit(&b);
+	ipcfx_quit(&a);
 }
 
 Test(ipc, another_uid_gets_eperm_naming_the_owner)
@@ -283,17 +161,17 @@ Test(ipc, another_uid_gets_eperm_naming_the_owner)
 	struct worker a, b;
 	char p[32], h[160], text[1024];
 
-	exporter(&a, 2 * MiB, 0x22, p);
-	get_handle(&a, p, h);
-	prog_start(&b, 65534);
-	run(&b, 0, "gmb");
+	ipcfx_exporter(&a, 2 * MiB, 0x22, p);
+	ipcfx_get_handle(&a, p, h);
+	ipcfx_prog(&b, 65534);
+	ipcfx_run(&b, 0, "gmb");
 	cr_assert(eq(i32, worker_cmd(&b, text, sizeof(text), "ipcopen %s", h), 800),
 		  "cudaErrorNotPermitted: %s", text);
-	snprintf(text, sizeof(text), "%s", run(&b, 0, "error"));
+	snprintf(text, sizeof(text), "%s", ipcfx_run(&b, 0, "error"));
 	cr_assert(not(eq(ptr, strstr(text, "belongs to client"), NULL)), "%s", text);
 	cr_assert(not(eq(ptr, strstr(text, "uid 0)"), NULL)), "%s", text);
-	quit(&b);
-	quit(&a);
+	ipcfx_quit(&b);
+	ipcfx_quit(&a);
 }
 
 Test(ipc, an_owner_that_frees_keeps_the_memory_until_the_last_close)
@@ -301,22 +179,22 @@ Test(ipc, an_owner_that_frees_keeps_the_memory_until_the_last_close)
 	struct worker a, b;
 	char p[32], q[32], h[160];
 
-	exporter(&a, 4 * MiB, 0x44, p);
-	get_handle(&a, p, h);
-	prog_start(&b, 0);
-	run(&b, 0, "gmb");
-	open_handle(&b, h, q);
-	run(&a, 0, "free %s", p);
-	run(&b, 0, "check %s %llu 68", q, 4 * MiB);
-	cr_assert(eq(i64, used(&b), (int64_t)(4 * MiB)), "kept for the importer");
+	ipcfx_exporter(&a, 4 * MiB, 0x44, p);
+	ipcfx_get_handle(&a, p, h);
+	ipcfx_prog(&b, 0);
+	ipcfx_run(&b, 0, "gmb");
+	ipcfx_open_handle(&b, h, q);
+	ipcfx_run(&a, 0, "free %s", p);
+	ipcfx_run(&b, 0, "check %s %llu 68", q, 4 * MiB);
+	cr_assert(eq(i64, ipcfx_used(&b), (int64_t)(4 * MiB)), "kept for the importer");
 	/* Stale now for new opens, in another process. */
-	quit(&a);
-	prog_start(&a, 0);
-	cr_assert(eq(i32, run_rc(&a, "ipcopen %s", h), INVALID_HANDLE));
-	run(&b, 0, "ipcclose %s", q);
-	cr_assert(eq(i64, used(&b), 0), "back at the last close");
-	quit(&b);
-	quit(&a);
+	ipcfx_quit(&a);
+	ipcfx_prog(&a, 0);
+	cr_assert(eq(i32, ipcfx_run_rc(&a, "ipcopen %s", h), INVALID_HANDLE));
+	ipcfx_run(&b, 0, "ipcclose %s", q);
+	cr_assert(eq(i64, ipcfx_used(&b), 0), "back at the last close");
+	ipcfx_quit(&b);
+	ipcfx_quit(&a);
 }
 
 Test(ipc, an_owner_killed_while_imported_leaves_the_importer_working)
@@ -324,19 +202,19 @@ Test(ipc, an_owner_killed_while_imported_leaves_the_importer_working)
 	struct worker a, b;
 	char p[32], q[32], h[160];
 
-	exporter(&a, 4 * MiB, 0x66, p);
-	get_handle(&a, p, h);
-	prog_start(&b, 0);
-	run(&b, 0, "gmb");
-	open_handle(&b, h, q);
+	ipcfx_exporter(&a, 4 * MiB, 0x66, p);
+	ipcfx_get_handle(&a, p, h);
+	ipcfx_prog(&b, 0);
+	ipcfx_run(&b, 0, "gmb");
+	ipcfx_open_handle(&b, h, q);
 	worker_kill(&a);
-	run(&b, 0, "check %s %llu 102", q, 4 * MiB);
-	run(&b, 0, "fill %s %llu 7", q, 4 * MiB);
-	run(&b, 0, "check %s %llu 7", q, 4 * MiB);
-	cr_assert(eq(i64, used(&b), (int64_t)(4 * MiB)));
-	run(&b, 0, "ipcclose %s", q);
-	cr_assert(eq(i64, used(&b), 0));
-	quit(&b);
+	ipcfx_run(&b, 0, "check %s %llu 102", q, 4 * MiB);
+	ipcfx_run(&b, 0, "fill %s %llu 7", q, 4 * MiB);
+	ipcfx_run(&b, 0, "check %s %llu 7", q, 4 * MiB);
+	cr_assert(eq(i64, ipcfx_used(&b), (int64_t)(4 * MiB)));
+	ipcfx_run(&b, 0, "ipcclose %s", q);
+	cr_assert(eq(i64, ipcfx_used(&b), 0));
+	ipcfx_quit(&b);
 }
 
 static struct worker *pause_w;
@@ -344,7 +222,7 @@ static struct worker *pause_w;
 static int pause_ok(void *arg)
 {
 	(void)arg;
-	return run_rc(pause_w, "pause %s", "w") == 0;
+	return ipcfx_run_rc(pause_w, "pause %s", "w") == 0;
 }
 
 Test(ipc, a_killed_importer_is_dropped_within_a_second)
@@ -354,12 +232,12 @@ Test(ipc, a_killed_importer_is_dropped_within_a_second)
 	struct timespec t0, t1;
 	double ms;
 
-	exporter(&a, 4 * MiB, 0x66, p);
-	get_handle(&a, p, h);
-	prog_start(&b, 0);
-	open_handle(&b, h, q);
-	open_handle(&b, h, q);
-	cr_assert(eq(i32, run_rc(&a, "pause %s", "w"), -EBUSY));
+	ipcfx_exporter(&a, 4 * MiB, 0x66, p);
+	ipcfx_get_handle(&a, p, h);
+	ipcfx_prog(&b, 0);
+	ipcfx_open_handle(&b, h, q);
+	ipcfx_open_handle(&b, h, q);
+	cr_assert(eq(i32, ipcfx_run_rc(&a, "pause %s", "w"), -EBUSY));
 	worker_kill(&b);
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	pause_w = &a;
@@ -367,36 +245,11 @@ Test(ipc, a_killed_importer_is_dropped_within_a_second)
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
 	cr_assert(lt(dbl, ms, 1000.0));
-	cr_assert(eq(i64, used(&a), 0), "paused: nothing lent");
-	run(&a, 0, "resume w");
-	run(&a, 0, "free %s", p);
-	cr_assert(eq(i64, used(&a), 0));
-	quit(&a);
-}
-
-/* Whether @w answered within @ms (its answer is not read). */
-static bool answered(struct worker *w, int ms)
-{
-	struct pollfd pfd = { .fd = fileno(w->out), .events = POLLIN };
-
-	return poll(&pfd, 1, ms) == 1;
-}
-
-/* The answer of a command sent before: its status. */
-static int answer(struct worker *w)
-{
-	char line[4096];
-
-	cr_assert(not(eq(ptr, fgets(line, sizeof(line), w->out), NULL)), "the program died");
-	return atoi(line);
-}
-
-static double ms_since(const struct timespec *t0)
-{
-	struct timespec t1;
-
-	clock_gettime(CLOCK_MONOTONIC, &t1);
-	return (double)(t1.tv_sec - t0->tv_sec) * 1e3 + (double)(t1.tv_nsec - t0->tv_nsec) / 1e6;
+	cr_assert(eq(i64, ipcfx_used(&a), 0), "paused: nothing lent");
+	ipcfx_run(&a, 0, "resume w");
+	ipcfx_run(&a, 0, "free %s", p);
+	cr_assert(eq(i64, ipcfx_used(&a), 0));
+	ipcfx_quit(&a);
 }
 
 Test(ipc, a_pause_that_may_wait_waits_for_the_importers_to_close)
@@ -404,21 +257,21 @@ Test(ipc, a_pause_that_may_wait_waits_for_the_importers_to_close)
 	struct worker a, b;
 	char p[32], q[32], h[160];
 
-	exporter_env(&a, 4 * MiB, 0x3c, p, "GMB_WAIT_MS=20000");
-	get_handle(&a, p, h);
-	prog_start(&b, 0);
-	run(&b, 0, "gmb");
-	open_handle(&b, h, q);
+	ipcfx_exporter_env(&a, 4 * MiB, 0x3c, p, "GMB_WAIT_MS=20000");
+	ipcfx_get_handle(&a, p, h);
+	ipcfx_prog(&b, 0);
+	ipcfx_run(&b, 0, "gmb");
+	ipcfx_open_handle(&b, h, q);
 	fprintf(a.in, "pause w\n");
-	cr_assert(not(answered(&a, 300)), "the pause waits while the import is open");
-	run(&b, 0, "check %s %llu 60", q, 4 * MiB);
-	run(&b, 0, "ipcclose %s", q);
-	cr_assert(answered(&a, 5000), "the pause goes on once the importer closed");
-	cr_assert(eq(i32, answer(&a), 0));
-	cr_assert(eq(i64, used(&b), 0), "paused: the memory is back");
-	run(&a, 0, "resume w");
-	quit(&b);
-	quit(&a);
+	cr_assert(not(ipcfx_answered(&a, 300)), "the pause waits while the import is open");
+	ipcfx_run(&b, 0, "check %s %llu 60", q, 4 * MiB);
+	ipcfx_run(&b, 0, "ipcclose %s", q);
+	cr_assert(ipcfx_answered(&a, 5000), "the pause goes on once the importer closed");
+	cr_assert(eq(i32, ipcfx_answer(&a), 0));
+	cr_assert(eq(i64, ipcfx_used(&b), 0), "paused: the memory is back");
+	ipcfx_run(&a, 0, "resume w");
+	ipcfx_quit(&b);
+	ipcfx_quit(&a);
 }
 
 Test(ipc, a_pause_that_waits_too_long_fails_and_the_tag_stays_active)
@@ -429,28 +282,28 @@ Test(ipc, a_pause_that_waits_too_long_fails_and_the_tag_stays_active)
 	size_t n;
 	FILE *lf;
 
-	exporter_env(&a, 4 * MiB, 0x3c, p, "GMB_WAIT_MS=300");
-	get_handle(&a, p, h);
-	prog_start(&b, 0);
-	open_handle(&b, h, q);
+	ipcfx_exporter_env(&a, 4 * MiB, 0x3c, p, "GMB_WAIT_MS=300");
+	ipcfx_get_handle(&a, p, h);
+	ipcfx_prog(&b, 0);
+	ipcfx_open_handle(&b, h, q);
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	cr_assert(eq(i32, run_rc(&a, "pause %s", "w"), -EBUSY));
-	cr_assert(ge(dbl, ms_since(&t0), 290.0), "it waited its 300 ms first");
+	cr_assert(eq(i32, ipcfx_run_rc(&a, "pause %s", "w"), -EBUSY));
+	cr_assert(ge(dbl, ipcfx_ms_since(&t0), 290.0), "it waited its 300 ms first");
 	/* Active and mapped again, the bytes there, on both sides. */
-	run(&a, 0, "check %s %llu 60", p, 4 * MiB);
-	run(&a, 0, "fill %s %llu 61", p, 1 * MiB);
-	run(&b, 0, "check %s %llu 61", q, 1 * MiB);
-	lf = fopen(gmbd.log, "r");
+	ipcfx_run(&a, 0, "check %s %llu 60", p, 4 * MiB);
+	ipcfx_run(&a, 0, "fill %s %llu 61", p, 1 * MiB);
+	ipcfx_run(&b, 0, "check %s %llu 61", q, 1 * MiB);
+	lf = fopen(ipcfx_gmbd.log, "r");
 	cr_assert(not(eq(ptr, lf, NULL)));
 	n = fread(log, 1, sizeof(log) - 1, lf);
 	log[n] = 0;
 	fclose(lf);
 	cr_assert(not(eq(ptr, strstr(log, "has allocation"), NULL)), "the importer is named");
 	cr_assert(not(eq(ptr, strstr(log, "waited 3"), NULL)), "and how long it waited");
-	run(&b, 0, "ipcclose %s", q);
-	run(&a, 0, "pause w");
-	quit(&b);
-	quit(&a);
+	ipcfx_run(&b, 0, "ipcclose %s", q);
+	ipcfx_run(&a, 0, "pause w");
+	ipcfx_quit(&b);
+	ipcfx_quit(&a);
 }
 
 Test(ipc, an_import_of_more_chunks_than_one_packet_carries)
@@ -470,26 +323,26 @@ Test(ipc, an_import_of_more_chunks_than_one_packet_carries)
 	char p[32], q[32], h[160], tail[32];
 	const size_t size = 300 * 64 * 1024; /* 300 chunks: two parts of fds */
 
-	cr_assert(eq(i32, gmbd_stop(&gmbd), 0));
-	cr_assert(eq(i32, gmbd_start_shared(&gmbd, args), 0));
-	exporter(&a, size, 0x0f, p);
-	get_handle(&a, p, h);
-	prog_start(&b, 0);
-	run(&b, 0, "gmb");
-	open_handle(&b, h, q);
-	run(&b, 0, "check %s %zu 15", q, size);
-	snprintf(tail, sizeof(tail), "%#llx", (unsigned long long)(addr(q) + size - 65536));
-	run(&b, 0, "fill %s 65536 9", tail);
-	snprintf(tail, sizeof(tail), "%#llx", (unsigned long long)(addr(p) + size - 65536));
-	run(&a, 0, "check %s 65536 9", tail);
+	cr_assert(eq(i32, gmbd_stop(&ipcfx_gmbd), 0));
+	cr_assert(eq(i32, gmbd_start_shared(&ipcfx_gmbd, args), 0));
+	ipcfx_exporter(&a, size, 0x0f, p);
+	ipcfx_get_handle(&a, p, h);
+	ipcfx_prog(&b, 0);
+	ipcfx_run(&b, 0, "gmb");
+	ipcfx_open_handle(&b, h, q);
+	ipcfx_run(&b, 0, "check %s %zu 15", q, size);
+	snprintf(tail, sizeof(tail), "%#llx", (unsigned long long)(ipcfx_addr(q) + size - 65536));
+	ipcfx_run(&b, 0, "fill %s 65536 9", tail);
+	snprintf(tail, sizeof(tail), "%#llx", (unsigned long long)(ipcfx_addr(p) + size - 65536));
+	ipcfx_run(&a, 0, "check %s 65536 9", tail);
 	/* An imported pointer is not the runtime's to free, nor gmbd's: the runtime says no. */
-	cr_assert(eq(i32, run_rc(&b, "free %s", q), (int)cudaErrorInvalidValue));
-	run(&b, 0, "check %s 65536 15", q);
-	run(&b, 0, "ipcclose %s", q);
-	run(&a, 0, "free %s", p);
-	cr_assert(eq(i64, used(&b), 0));
-	quit(&b);
-	quit(&a);
+	cr_assert(eq(i32, ipcfx_run_rc(&b, "free %s", q), (int)cudaErrorInvalidValue));
+	ipcfx_run(&b, 0, "check %s 65536 15", q);
+	ipcfx_run(&b, 0, "ipcclose %s", q);
+	ipcfx_run(&a, 0, "free %s", p);
+	cr_assert(eq(i64, ipcfx_used(&b), 0));
+	ipcfx_quit(&b);
+	ipcfx_quit(&a);
 }
 
 /* gmbctl watch --json, read until a needle shows (test_observe does the same). */
@@ -505,7 +358,7 @@ static void watch_start(struct watcher *c)
 	char bin[PATH_MAX + 16];
 	int p[2];
 
-	snprintf(bin, sizeof(bin), "%s/gmbctl", build);
+	snprintf(bin, sizeof(bin), "%s/gmbctl", ipcfx_build);
 	cr_assert(pipe(p) == 0);
 	c->len = 0;
 	c->pid = fork();
@@ -515,7 +368,7 @@ static void watch_start(struct watcher *c)
 		dup2(p[1], 1);
 		close(p[0]);
 		close(p[1]);
-		execl(bin, bin, "-s", gmbd.sock, "watch", "--json", (char *)NULL);
+		execl(bin, bin, "-s", ipcfx_gmbd.sock, "watch", "--json", (char *)NULL);
 		_exit(127);
 	}
 	close(p[1]);
@@ -535,7 +388,7 @@ static int watch_wait(struct watcher *c, const char *needle, int ms)
 		c->buf[c->len] = '\0';
 		if (strstr(c->buf, needle))
 			return 0;
-		spent = ms_since(&t0);
+		spent = ipcfx_ms_since(&t0);
 		if (spent >= ms || poll(&pf, 1, ms - (int)spent) <= 0)
 			return -ETIMEDOUT;
 		n = read(c->out, c->buf + c->len, sizeof(c->buf) - 1 - c->len);
@@ -553,11 +406,11 @@ Test(ipc, watch_shows_who_imported_whose_allocation)
 
 	watch_start(&c);
 	cr_assert(eq(i32, watch_wait(&c, "\"kind\":\"subscribed\"", 10000), 0), "%s", c.buf);
-	exporter(&a, 2 * MiB, 0x01, p);
-	get_handle(&a, p, h);
-	prog_start(&b, 0);
-	open_handle(&b, h, q);
-	run(&b, 0, "ipcclose %s", q);
+	ipcfx_exporter(&a, 2 * MiB, 0x01, p);
+	ipcfx_get_handle(&a, p, h);
+	ipcfx_prog(&b, 0);
+	ipcfx_open_handle(&b, h, q);
+	ipcfx_run(&b, 0, "ipcclose %s", q);
 	cr_assert(eq(i32, watch_wait(&c, "\"kind\":\"import\",", 5000), 0), "%s", c.buf);
 	cr_assert(eq(i32, watch_wait(&c, "\"kind\":\"import_close\",", 5000), 0), "%s", c.buf);
 	cr_assert(eq(i32,
@@ -567,18 +420,8 @@ Test(ipc, watch_shows_who_imported_whose_allocation)
 	kill(c.pid, SIGTERM);
 	waitpid(c.pid, NULL, 0);
 	close(c.out);
-	quit(&b);
-	quit(&a);
-}
-
-/* gmbctl status (--json when @json) into @out. */
-static void ctl_status(bool json, char *out, size_t cap)
-{
-	char bin[PATH_MAX + 16];
-	char *argv[] = { bin, "-s", gmbd.sock, "status", json ? "--json" : NULL, NULL };
-
-	snprintf(bin, sizeof(bin), "%s/gmbctl", build);
-	cr_assert(eq(i32, run_capture(argv, NULL, out, NULL, cap), 0), "%s", out);
+	ipcfx_quit(&b);
+	ipcfx_quit(&a);
 }
 
 Test(ipc, status_shows_who_imported_whose_allocation)
@@ -587,31 +430,32 @@ Test(ipc, status_shows_who_imported_whose_allocation)
 	struct worker a, b;
 	char p[32], q[32], h[160], want[256];
 
-	exporter(&a, 4 * MiB, 0x01, p);
-	get_handle(&a, p, h);
-	prog_start(&b, 0);
-	open_handle(&b, h, q);
-	ctl_status(true, out, sizeof(out));
+	ipcfx_exporter(&a, 4 * MiB, 0x01, p);
+	ipcfx_get_handle(&a, p, h);
+	ipcfx_prog(&b, 0);
+	ipcfx_open_handle(&b, h, q);
+	ipcfx_ctl_status(true, out, sizeof(out));
 	snprintf(want, sizeof(want),
 		 "\"importer_pid\":%d,\"owner_id\":1,\"owner\":\"prog_preload-%d\"", (int)b.pid,
 		 (int)a.pid);
 	cr_assert(not(eq(ptr, strstr(out, want), NULL)), "%s", out);
-	cr_assert(not(eq(ptr,
-			 strstr(out, "\"alloc_id\":1,\"device\":0,\"bytes\":4194304,\"opens\":1,"
-				     "\"owner_freed\":false}],\"imports_total\":1}"),
-			 NULL)),
-		  "%s", out);
+	cr_assert(
+		not(eq(ptr,
+		       strstr(out, "\"alloc_id\":1,\"device\":0,\"bytes\":4194304,\"opens\":1,"
+				   "\"owner_freed\":false,\"mapped\":true}],\"imports_total\":1}"),
+		       NULL)),
+		"%s", out);
 	/* The owner frees: the import is kept, and says so. */
-	run(&a, 0, "free %s", p);
-	ctl_status(false, out, sizeof(out));
+	ipcfx_run(&a, 0, "free %s", p);
+	ipcfx_ctl_status(false, out, sizeof(out));
 	cr_assert(not(eq(ptr, strstr(out, "IMPORTED BY"), NULL)), "%s", out);
 	snprintf(want, sizeof(want), "#1 prog_preload-%d", (int)a.pid);
 	cr_assert(not(eq(ptr, strstr(out, want), NULL)), "%s", out);
-	cr_assert(not(eq(ptr, strstr(out, "4.0 MiB      1  freed\n"), NULL)), "%s", out);
-	run(&b, 0, "ipcclose %s", q);
-	ctl_status(true, out, sizeof(out));
+	cr_assert(not(eq(ptr, strstr(out, "4.0 MiB      1  freed    yes\n"), NULL)), "%s", out);
+	ipcfx_run(&b, 0, "ipcclose %s", q);
+	ipcfx_ctl_status(true, out, sizeof(out));
 	cr_assert(not(eq(ptr, strstr(out, "\"imports\":[],\"imports_total\":0}"), NULL)), "%s",
 		  out);
-	quit(&b);
-	quit(&a);
+	ipcfx_quit(&b);
+	ipcfx_quit(&a);
 }

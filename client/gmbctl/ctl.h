@@ -25,6 +25,7 @@ struct ctl_args {
 	const char *to; /* switch: TO */
 	int priority;
 	uint32_t wait_ms;		/* --wait */
+	bool follow;			/* pause --follow */
 	const char *tags[CTL_MAX_TAGS]; /* --tags, in order (pointing into tags_buf) */
 	size_t ntags;
 	char tags_buf[4096];

@@ -44,11 +44,12 @@ enum {
 
 /* ctl_cmd.flags */
 enum {
-	CTL_F_JSON = 1u << 0,  /* takes --json */
-	CTL_F_LOCAL = 1u << 1, /* needs no connection (help) */
-	CTL_F_LIVE = 1u << 2,  /* makes its own connections (watch, top) */
-	CTL_F_WAIT = 1u << 3,  /* takes --wait SECONDS */
-	CTL_F_TAGS = 1u << 4,  /* takes --tags T1,T2,... */
+	CTL_F_JSON = 1u << 0,	/* takes --json */
+	CTL_F_LOCAL = 1u << 1,	/* needs no connection (help) */
+	CTL_F_LIVE = 1u << 2,	/* makes its own connections (watch, top) */
+	CTL_F_WAIT = 1u << 3,	/* takes --wait SECONDS */
+	CTL_F_TAGS = 1u << 4,	/* takes --tags T1,T2,... */
+	CTL_F_FOLLOW = 1u << 5, /* takes --follow */
 };
 
 /* getopt keys of long-only options: past every char. */
@@ -142,9 +143,10 @@ static const struct ctl_cmd ctl_cmds[] = {
 	  { CTL_ARG_CLIENT, CTL_ARG_TAG },
 	  1,
 	  2,
-	  0,
+	  CTL_F_FOLLOW,
 	  ctl_pause,
-	  "pause a client's tag: memory back to the pool, addresses kept" },
+	  "pause a client's tag: memory back to the pool, addresses kept"
+	  " (--follow: processes that imported it unmap it too, and map it again on resume)" },
 	{ "resume",
 	  { CTL_ARG_CLIENT, CTL_ARG_TAG },
 	  1,
@@ -424,6 +426,8 @@ static const char *ctl_cmd_synopsis(const struct ctl_cmd *cmd, char *buf, size_t
 		n += (size_t)snprintf(buf + n, size - n, " [--tags T1,T2,...]");
 	if ((cmd->flags & CTL_F_WAIT) && n < size)
 		n += (size_t)snprintf(buf + n, size - n, " [--wait SECONDS]");
+	if ((cmd->flags & CTL_F_FOLLOW) && n < size)
+		n += (size_t)snprintf(buf + n, size - n, " [--follow]");
 	if ((cmd->flags & CTL_F_JSON) && n < size)
 		snprintf(buf + n, size - n, " [--json]");
 	return buf;
@@ -597,6 +601,8 @@ static int ctl_parse_cmd_args(struct ctl_cli *cli, int argc, char **argv)
 			opts = false;
 		} else if (opts && !strcmp(argv[i], "--json")) {
 			cli->json = true;
+		} else if (opts && (cmd->flags & CTL_F_FOLLOW) && !strcmp(argv[i], "--follow")) {
+			cli->args.follow = true;
 		} else if (opts && (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))) {
 			cli->help = true;
 		} else if (opts && (cmd->flags & (CTL_F_WAIT | CTL_F_TAGS)) &&
@@ -709,6 +715,7 @@ static int ctl_control(gmb_client *c, const struct ctl_args *a, int op)
 
 static int ctl_pause(gmb_client *c, const struct ctl_args *a)
 {
+	gmb_set_ipc_follow(c, a->follow);
 	return ctl_control(c, a, GMB_OP_PAUSE);
 }
 

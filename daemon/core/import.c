@@ -199,7 +199,7 @@ static struct import_rec *import_rec_find(const struct import_export *ex, const 
 	return NULL;
 }
 
-/* The first import of @ex: pin the allocation's chunks, once. */
+/* The first mapped import of @ex: pin the allocation's chunks, once. */
 static int import_pin(struct broker *br, struct import_export *ex, char *err)
 {
 	struct balloc *a = ex->alloc;
@@ -215,6 +215,14 @@ static int import_pin(struct broker *br, struct import_export *ex, char *err)
 	}
 	ex->nchunks = a->nchunks;
 	return 0;
+}
+
+static bool import_granted(const struct import_export *ex, uid_t uid)
+{
+	for (uint32_t i = 0; i < ex->ngrants; i++)
+		if (ex->grants[i] == uid)
+			return true;
+	return false;
 }
 
 /* Check order: form, then identity (one answer for all), then who and when. */
@@ -235,12 +243,12 @@ static int import_open_check(struct import_table *t, const struct bclient *c, co
 			       " earlier gmbd)");
 	if (c->tool)
 		return err_fmt(err, -EPERM, "a tool may not import memory");
-	if (c->uid != ex->owner_uid)
+	if (c->uid != ex->owner_uid && !import_granted(ex, c->uid))
 		return err_fmt(err, -EPERM,
-			       "allocation %llu belongs to client '%s' (pid %d, uid %u): client"
-			       " '%s' of uid %u may not open it",
+			       "allocation %llu belongs to client '%s' (pid %d, uid %u), which did"
+			       " not grant uid %u: client '%s' may not open it",
 			       (unsigned long long)ex->alloc_id, ex->owner, (int)ex->owner_pid,
-			       (unsigned)ex->owner_uid, c->name, (unsigned)c->uid);
+			       (unsigned)ex->owner_uid, (unsigned)c->uid, c->name);
 	if (!ex->alloc)
 		return err_fmt(err, -ENOENT, "allocation %llu of client '%s' was freed",
 			       (unsigned long long)ex->alloc_id, ex->owner);
@@ -252,6 +260,39 @@ static int import_open_check(struct import_table *t, const struct bclient *c, co
 			       (unsigned long long)h->range_off, (unsigned long long)ex->alloc_id);
 	*out = ex;
 	return 0;
+}
+
+/* @r maps its export's chunks from now on: the first mapped record pins them. */
+static int import_rec_map(struct broker *br, struct import_rec *r, char *err)
+{
+	struct import_export *ex = r->ex;
+	int rc;
+
+	if (r->mapped)
+		return 0;
+	if (ex->nmapped == 0 && (rc = import_pin(br, ex, err)) < 0)
+		return rc;
+	r->mapped = true;
+	ex->nmapped++;
+	return 0;
+}
+
+/* @r maps nothing any more: the last mapped record unpins the chunks. */
+static void import_rec_unmap(struct broker *br, struct import_rec *r)
+{
+	struct import_export *ex = r->ex;
+	struct pool *p = &br->pools[ex->dev];
+
+	if (!r->mapped)
+		return;
+	r->mapped = false;
+	if (--ex->nmapped > 0)
+		return;
+	for (uint32_t i = 0; i < ex->nchunks; i++)
+		pool_unpin(p, ex->chunks[i]);
+	free(ex->chunks);
+	ex->chunks = NULL;
+	ex->nchunks = 0;
 }
 
 int import_open(struct broker *br, struct bclient *c, const uint8_t *handle, size_t len,
@@ -268,6 +309,10 @@ int import_open(struct broker *br, struct bclient *c, const uint8_t *handle, siz
 		return rc;
 	r = import_rec_find(ex, c);
 	if (r) {
+		/* Its fds go out: it maps them (again, if it had followed a pause). */
+		rc = import_rec_map(br, r, err);
+		if (rc < 0)
+			return rc;
 		r->refs++;
 		goto out;
 	}
@@ -275,12 +320,13 @@ int import_open(struct broker *br, struct bclient *c, const uint8_t *handle, siz
 	if (!r)
 		return err_fmt(err, -ENOMEM, "out of memory importing allocation %llu",
 			       (unsigned long long)ex->alloc_id);
-	if (!ex->imports && (rc = import_pin(br, ex, err)) < 0) {
+	r->importer = c;
+	r->ex = ex;
+	rc = import_rec_map(br, r, err);
+	if (rc < 0) {
 		free(r);
 		return rc;
 	}
-	r->importer = c;
-	r->ex = ex;
 	r->refs = 1;
 	DLIST_PUSH(ex->imports, r);
 	ex->nimports++;
@@ -309,17 +355,13 @@ static void import_rec_drop(struct broker *br, struct import_rec *r)
 	struct import_export *ex = r->ex;
 	struct pool *p = &br->pools[ex->dev];
 
+	import_rec_unmap(br, r);
 	DLIST_UNLINK(ex->imports, r);
 	ex->nimports--;
 	t->nrecs--;
 	free(r);
 	if (ex->imports)
 		return;
-	for (uint32_t i = 0; i < ex->nchunks; i++)
-		pool_unpin(p, ex->chunks[i]);
-	free(ex->chunks);
-	ex->chunks = NULL;
-	ex->nchunks = 0;
 	if (!ex->alloc) {
 		log_debug("imported chunks back alloc=%llu owner=%s dev=%d",
 			  (unsigned long long)ex->alloc_id, ex->owner, ex->dev);
@@ -422,9 +464,11 @@ int import_pause_check(struct broker *br, const struct bclient *c, const char *t
 	if (!t)
 		return 0;
 	for (const struct import_export *ex = t->exports; ex; ex = ex->next) {
-		if (!ex->imports || !import_of_tag(ex, c, tag))
+		if (!ex->nmapped || !import_of_tag(ex, c, tag))
 			continue;
 		for (const struct import_rec *r = ex->imports; r; r = r->next) {
+			if (!r->mapped)
+				continue;
 			if (named++ == 0)
 				err_fmt(err, -EBUSY,
 					"other processes map this memory: tag '%s' stays active"
@@ -439,6 +483,100 @@ int import_pause_check(struct broker *br, const struct bclient *c, const char *t
 	if (named > 8)
 		err_append(err, " and %u more", named - 8);
 	return named ? -EBUSY : 0;
+}
+
+int import_grant(struct broker *br, struct bclient *c, uint64_t alloc_id, uid_t uid, bool revoke,
+		 char *err)
+{
+	struct balloc *a = idmap_get(&c->allocs, alloc_id);
+	struct import_table *t;
+	struct import_export *ex;
+	uint32_t i;
+	int rc;
+
+	if (!a)
+		return err_fmt(err, -ENOENT, "client '%s' has no allocation %llu", c->name,
+			       (unsigned long long)alloc_id);
+	if (uid == c->uid)
+		return err_fmt(err, -EINVAL, "uid %u is the owner's own: it needs no grant",
+			       (unsigned)uid);
+	t = import_table_get(br, err);
+	if (!t)
+		return -ENOMEM;
+	ex = idmap_get(&t->by_alloc, alloc_id);
+	if (!ex) {
+		if (revoke)
+			return 0;
+		rc = import_export_new(t, a, &ex, err);
+		if (rc < 0)
+			return rc;
+	}
+	for (i = 0; i < ex->ngrants && ex->grants[i] != uid; i++)
+		;
+	if (revoke) {
+		if (i < ex->ngrants)
+			ex->grants[i] = ex->grants[--ex->ngrants];
+		return 0;
+	}
+	if (i < ex->ngrants)
+		return 0;
+	if (ex->ngrants == IMPORT_MAX_GRANTS)
+		return err_fmt(err, -ENOSPC, "allocation %llu is granted to %d uids already",
+			       (unsigned long long)alloc_id, IMPORT_MAX_GRANTS);
+	ex->grants[ex->ngrants++] = uid;
+	return 0;
+}
+
+int import_unmapped(struct broker *br, struct bclient *c, uint64_t export_id)
+{
+	struct import_table *t = br->imports;
+	struct import_export *ex = t ? idmap_get(&t->by_id, export_id) : NULL;
+	struct import_rec *r = ex ? import_rec_find(ex, c) : NULL;
+
+	if (!r)
+		return -ENOENT;
+	import_rec_unmap(br, r);
+	return 0;
+}
+
+int import_remap(struct broker *br, struct bclient *c, uint64_t export_id,
+		 struct import_export **out, char *err)
+{
+	struct import_table *t = br->imports;
+	struct import_export *ex = t ? idmap_get(&t->by_id, export_id) : NULL;
+	struct import_rec *r = ex ? import_rec_find(ex, c) : NULL;
+	int rc;
+
+	if (!r)
+		return err_fmt(err, -ENOENT, "client '%s' has no import of export %llu", c->name,
+			       (unsigned long long)export_id);
+	if (!ex->alloc)
+		return err_fmt(err, -ENOENT, "allocation %llu of client '%s' was freed",
+			       (unsigned long long)ex->alloc_id, ex->owner);
+	if (!ex->alloc->active)
+		return err_fmt(err, -EBUSY, "allocation %llu of client '%s' is in paused tag '%s'",
+			       (unsigned long long)ex->alloc_id, ex->owner, ex->alloc->tag->name);
+	rc = import_rec_map(br, r, err);
+	if (rc < 0)
+		return rc;
+	*out = ex;
+	return 0;
+}
+
+int import_followers(const struct broker *br, const struct bclient *c, const char *tag, bool mapped,
+		     import_follow_fn fn, void *arg)
+{
+	const struct import_table *t = br->imports;
+	int rc;
+
+	for (const struct import_export *ex = t ? t->exports : NULL; ex; ex = ex->next) {
+		if (!import_of_tag(ex, c, tag))
+			continue;
+		for (const struct import_rec *r = ex->imports; r; r = r->next)
+			if (r->mapped == mapped && (rc = fn(arg, ex, r)) != 0)
+				return rc;
+	}
+	return 0;
 }
 
 void import_deinit(struct broker *br)

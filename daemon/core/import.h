@@ -13,12 +13,18 @@
  *   - One export per allocation (found by its id while the allocation
  *     lives), made at its first export; its id (the handle's generation)
  *     and token never change and no later export reuses the id.
- *   - An export with imports has every chunk of its allocation pinned
- *     (pool_pin(), once per export, not per import): while some importer
- *     maps them they are never free, never lent to another allocation and
- *     never released, whatever the owner does (free, exit, be killed).
+ *   - An export with a mapped import has every chunk of its allocation
+ *     pinned (pool_pin(), once per export, not per import): while some
+ *     importer maps them they are never free, never lent to another
+ *     allocation and never released, whatever the owner does (free, exit,
+ *     be killed). gmbd sends an import's chunk fds only to a mapped record.
+ *   - An import record is mapped from its open until it follows its
+ *     owner's pause (import_unmapped(): the importer unmapped it and keeps
+ *     its address range), and mapped again by import_remap(); nmapped
+ *     counts the mapped records. An unmapped record pins nothing.
  *   - An import record has refs > 0 and is on its export's list; an export
  *     whose allocation is gone lives exactly while it has import records.
+ *   - Another uid opens only what the owner granted it (import_grant()).
  *   - The owner is charged (its allocation's chunks are lent to it while
  *     it lives); importers are charged nothing. The chunks of a freed
  *     imported allocation stay counted as lent in their pool until the
@@ -42,11 +48,15 @@ struct balloc;
 struct chunk;
 struct import_export;
 
+/* Uids one allocation may be granted to. */
+#define IMPORT_MAX_GRANTS 8
+
 /* One client's opens of one export. */
 struct import_rec {
 	struct bclient *importer; /* owned by the broker */
 	struct import_export *ex;
 	uint32_t refs;			/* opens not closed yet */
+	bool mapped;			/* not unmapped to follow its owner's pause */
 	struct import_rec *prev, *next; /* on ex->imports */
 };
 
@@ -67,6 +77,10 @@ struct import_export {
 	uint32_t nchunks;
 	struct import_rec *imports;
 	uint32_t nimports; /* records on the list */
+	uint32_t nmapped;  /* of them mapped: the chunks are pinned while > 0 */
+	/* Other uids the owner let open it (IpcGrantRequest). */
+	uid_t grants[IMPORT_MAX_GRANTS];
+	uint32_t ngrants;
 	struct import_export *prev, *next;
 };
 
@@ -112,6 +126,44 @@ int import_open(struct broker *br, struct bclient *c, const uint8_t *handle, siz
  */
 int import_close(struct broker *br, struct bclient *c, uint64_t export_id, char *err);
 
+/**
+ * import_grant() - uid @uid may (@revoke: may no longer) open handles of
+ * @c's allocation @alloc_id; its export is made if it has none. Opens
+ * already made stay.
+ * Return: 0; -ENOENT (no such allocation of @c), -EINVAL (@uid is @c's
+ * own), -ENOSPC (IMPORT_MAX_GRANTS uids already), -ENOMEM, -EIO, with @err.
+ */
+int import_grant(struct broker *br, struct bclient *c, uint64_t alloc_id, uid_t uid, bool revoke,
+		 char *err);
+
+/**
+ * import_unmapped() - @c's import of export @export_id followed its
+ * owner's pause: it no longer maps the chunks; the last mapped import of
+ * the export unpins them.
+ * Return: 0; -ENOENT (@c has no import of it).
+ */
+int import_unmapped(struct broker *br, struct bclient *c, uint64_t export_id);
+/**
+ * import_remap() - @c maps its import of export @export_id again (after
+ * its owner's resume): the chunks are pinned again, its opens unchanged.
+ * *@out is the export, whose chunks are what to send.
+ * Return: 0; -ENOENT (no such import of @c, or the allocation was freed),
+ * -EBUSY (the owner's tag is paused), -ENOMEM; @err says why.
+ */
+int import_remap(struct broker *br, struct bclient *c, uint64_t export_id,
+		 struct import_export **out, char *err);
+
+typedef int (*import_follow_fn)(void *arg, const struct import_export *ex,
+				const struct import_rec *r);
+/**
+ * import_followers() - @fn for every import record of an allocation of
+ * @c's tag @tag ("": every tag) that is @mapped (a pause asks those to
+ * unmap, a resume the unmapped ones to map again). @fn changes nothing.
+ * Return: 0, or the first nonzero result of @fn.
+ */
+int import_followers(const struct broker *br, const struct bclient *c, const char *tag, bool mapped,
+		     import_follow_fn fn, void *arg);
+
 /* Export @export_id, NULL if none: the table's, valid until its next change. */
 const struct import_export *import_find(const struct broker *br, uint64_t export_id);
 /* @c's imports now (every open of every export), for status and tests. */
@@ -133,8 +185,9 @@ void import_alloc_gone(struct broker *br, struct balloc *a);
 void import_client_gone(struct broker *br, struct bclient *c);
 /**
  * import_pause_check() - may @c pause @tag ("" or NULL: every tag)?
- * Return: 0; -EBUSY when another process maps one of its allocations,
- * @err naming each importer (client, pid) and allocation.
+ * Return: 0; -EBUSY when another process maps one of its allocations
+ * (an import that followed the pause does not count), @err naming each
+ * importer (client, pid) and allocation.
  */
 int import_pause_check(struct broker *br, const struct bclient *c, const char *tag, char *err);
 /* broker_free(): the table goes (every client removed before). */

@@ -133,8 +133,12 @@ static int handlers_ctl_forward(struct hreq *rq, struct bclient *target, struct 
 			    .start_ns = rq->start_ns };
 	snprintf(f->tag, sizeof(f->tag), "%s", m->tag ? m->tag : "");
 	snprintf(f->target_name, sizeof(f->target_name), "%s", target->name);
-	/* A resume that may wait for memory gets that long on top. */
-	r = handlers__dreq_command(ts, d, m->op, f->tag, wait, rq->h->control_timeout_ms + wait);
+	/* A resume that may wait for memory gets that long on top; a pause whose
+	 * importers follow, their own --control-timeout. */
+	d->importers_follow = m->op == GMB__OP__OP_PAUSE && m->importers_follow;
+	r = handlers__dreq_command(ts, d, m->op, f->tag, wait,
+				   rq->h->control_timeout_ms * (d->importers_follow ? 2 : 1) +
+					   wait);
 	if (r < 0)
 		goto err_free;
 	hconn_of(ts)->ctl_in = f;

@@ -31,7 +31,9 @@
  * cancellation the request stays in dreqs, done, until the client answers
  * or goes: the command is with the client, which may still carry it out
  * (status.c shows such a control as "pausing"/"resuming"), and its late
- * reply is logged and dropped, neither a protocol error nor a second call.
+ * reply is logged and dropped, neither a protocol error nor a second call;
+ * a kind whose client acts on the request even late (an importer that
+ * unmapped after all) has a late handler, told of a late answer.
  *
  * The done handler is the one way up from this file (internal.h): it may
  * answer an operator, send further requests, cancel others; the request
@@ -56,6 +58,8 @@ struct hdreq_kind_row {
 	int body;	  /* the envelope's body case */
 	hdreq_done_fn done;
 	unsigned flags; /* HDREQ_SETTLE, HDREQ_STATE after an answer */
+	/* A late answer (status 0) after the request was done; NULL: none. */
+	void (*late)(struct hdreq *d);
 };
 
 static void hdreq_complete(struct hdreq *d, enum hdreq_end end, int status, const char *error);
@@ -66,12 +70,16 @@ static void hdreq_on_timer(uv_timer_t *t);
 
 static const struct hdreq_kind_row hdreq_kinds[HDREQ_NKINDS] = {
 	[HDREQ_DROP] = { "drop", GMB__ENVELOPE__BODY_DROP, handlers__drop_done,
-			 HDREQ_SETTLE | HDREQ_STATE },
-	[HDREQ_CONTROL] = { "control", GMB__ENVELOPE__BODY_CONTROL_CMD, handlers__fwd_done, 0 },
+			 HDREQ_SETTLE | HDREQ_STATE, NULL },
+	[HDREQ_CONTROL] = { "control", GMB__ENVELOPE__BODY_CONTROL_CMD, handlers__fwd_done, 0,
+			    NULL },
 	[HDREQ_SWITCH] = { "switch step", GMB__ENVELOPE__BODY_CONTROL_CMD,
-			   handlers__switch_step_done, 0 },
+			   handlers__switch_step_done, 0, NULL },
 	[HDREQ_PREEMPT] = { "preemption", GMB__ENVELOPE__BODY_CONTROL_CMD, handlers__preempt_done,
-			    0 },
+			    0, NULL },
+	/* An unmap unpins chunks: the pool may give them on. */
+	[HDREQ_FOLLOW] = { "importer follow", GMB__ENVELOPE__BODY_IPC_FOLLOW, handlers__follow_done,
+			   HDREQ_SETTLE | HDREQ_STATE, handlers__follow_late },
 };
 
 struct hdreq *handlers__dreq_new(enum hdreq_kind kind, void *arg)
@@ -137,6 +145,7 @@ int handlers__dreq_command(struct sess *s, struct hdreq *d, int op, const char *
 	cc.op = (Gmb__Op)op;
 	cc.tag = d->tag;
 	cc.wait_ms = wait_ms;
+	cc.importers_follow = d->importers_follow;
 	return handlers__dreq_send(s, d, &env, timeout_ms);
 }
 
@@ -161,7 +170,12 @@ unsigned handlers__dreq_reply(struct sess *s, const Gmb__Envelope *env)
 	if (env->more)
 		return 0; /* the last part carries the status */
 	idmap_del(&hc->dreqs, env->reply_to);
-	if (d->done) {
+	if (d->done && status == 0 && hdreq_kinds[d->kind].late) {
+		log_info("late reply " SESS_FMT " request=%s", SESS_ARGS(s),
+			 hdreq_kinds[d->kind].name);
+		hdreq_kinds[d->kind].late(d);
+		flags = hdreq_kinds[d->kind].flags;
+	} else if (d->done) {
 		log_info("late reply ignored " SESS_FMT " request=%s status=%d", SESS_ARGS(s),
 			 hdreq_kinds[d->kind].name, env->status);
 	} else {

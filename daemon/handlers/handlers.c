@@ -93,6 +93,9 @@ static const struct handler handlers_table[] = {
 	[GMB__ENVELOPE__BODY_IPC_OPEN] = { "ipc_open", handlers__ipc_open, 0 },
 	[GMB__ENVELOPE__BODY_IPC_OPEN_REPLY] = { "ipc_open_reply", NULL, 0 },
 	[GMB__ENVELOPE__BODY_IPC_CLOSE] = { "ipc_close", handlers__ipc_close, H_SETTLE | H_STATE },
+	[GMB__ENVELOPE__BODY_IPC_FOLLOW] = { "ipc_follow", NULL, 0 },
+	[GMB__ENVELOPE__BODY_IPC_RESUMED] = { "ipc_resumed", handlers__ipc_resumed, H_INFLIGHT },
+	[GMB__ENVELOPE__BODY_IPC_GRANT] = { "ipc_grant", handlers__ipc_grant, H_STATE },
 };
 
 #define HANDLERS_N (sizeof(handlers_table) / sizeof(handlers_table[0]))
@@ -129,6 +132,7 @@ void handlers_close(struct handlers *h)
 	h->closed = true;
 	handlers__switch_close_all(h);
 	handlers__ipc_cancel(h, NULL);
+	handlers__ipc_rounds_gone(h, NULL);
 	idmap_deinit(&h->conns);
 	while (h->nwatchers)
 		handlers__watch_gone(h, h->watchers[h->nwatchers - 1]);
@@ -315,6 +319,7 @@ static void handlers_gone(void *arg, struct sess *s)
 	handlers__watch_gone(h, s);
 	handlers__park_cancel(h, s);
 	handlers__ipc_cancel(h, s);
+	handlers__ipc_rounds_gone(h, s);
 	handlers__dreqs_gone(s);
 	handlers__control_gone(s);
 	handlers__rejoin_gone(h, s);

@@ -67,6 +67,7 @@ struct hpark;
 struct hswitch;
 
 struct hipc_wait;
+struct hipc_round;
 
 struct handlers {
 	uv_loop_t *loop;
@@ -104,8 +105,10 @@ struct handlers {
 	struct ratelog refusals;
 	uint32_t evicting; /* idle connections closed whose fds are not yet */
 	bool retrying;	   /* guards against nested retries */
-	/* ipc.c: pauses waiting for the importers of their tags to close. */
+	/* ipc_pause.c: pauses waiting for the importers of their tags to
+	 * close; pauses and resumes whose importers are asked to follow. */
 	struct hipc_wait *ipc_waits;
+	struct hipc_round *ipc_rounds;
 	bool closed;
 	bool handover; /* stopping, the clients' state kept for the next
 					   gmbd: disconnects return nothing */

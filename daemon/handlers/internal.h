@@ -13,8 +13,10 @@
  *   switch.c     switches (pause FROM, resume TO, roll back), priorities
  *   status.c     the status reply
  *   park.c       requests waiting for memory; settling after a change
- *   ipc.c        memory shared between processes: export, open, close; pauses
- *                waiting for importers; the imports' status part
+ *   ipc.c        memory shared between processes: export, open, close, grant;
+ *                the imports' status part
+ *   ipc_pause.c  a pause of an imported tag: waiting for the importers, or
+ *                having them follow it (and the resume after it)
  *   drops.c      DropRequests and preemption: gmbd's own requests
  *   dreq.c       the daemon -> client request: kinds, deadlines, completion
  *   watch.c      events: to the watchers (WatchRequest) and on_event; refusals
@@ -23,7 +25,7 @@
  *                idle connections, the hello deadline; refusals said once
  * A file calls only files below it. The ways up are function pointers
  * kept for later: the handler a parked request keeps (park.c calls it
- * back), the one a pause waiting for importers keeps (ipc.c), and the done
+ * back), the one a pause waiting for importers keeps (ipc_pause.c), and the done
  * handler of each kind of daemon request (dreq.c's table of kinds names
  * them; dreq.c calls them once a request ends).
  */
@@ -115,6 +117,7 @@ enum hdreq_kind {
 	HDREQ_CONTROL, /* ControlCommand of an operator's pause/resume (control.c) */
 	HDREQ_SWITCH,  /* ControlCommand of one step of a switch (switch.c) */
 	HDREQ_PREEMPT, /* ControlCommand: pause every tag for a higher priority */
+	HDREQ_FOLLOW,  /* IpcFollow: an importer unmaps, or maps again (ipc_pause.c) */
 	HDREQ_NKINDS
 };
 
@@ -147,12 +150,16 @@ struct hdreq {
 	struct hdreq *prev, *next; /* handlers->dreqs_due while it has a deadline, not done */
 	/* ControlCommand kinds: what the client was told (status.c reads them). */
 	int op;
-	char *tag; /* owned; "": every tag */
+	char *tag;	       /* owned; "": every tag */
+	bool importers_follow; /* a pause's PauseRequest.importers_follow */
 	/* HDREQ_DROP: the chunks asked for, owned. */
 	uint64_t *ids;
 	size_t nids;
 	/* HDREQ_PREEMPT: the client it pauses for. */
 	uint64_t for_client;
+	/* HDREQ_FOLLOW: the export, and whether to map it again or unmap it. */
+	uint64_t export_id;
+	bool map;
 };
 
 /* A kind's done handler: @d ended as @res says. @d is valid during the
@@ -245,7 +252,8 @@ void handlers__dreq_free(struct hdreq *d);
  */
 int handlers__dreq_send(struct sess *s, struct hdreq *d, Gmb__Envelope *env, uint64_t timeout_ms);
 /* handlers__dreq_send() of a ControlCommand @op of @tag ("": every tag),
- * with @wait_ms for a resume; d->op and d->tag say it (a copy of @tag). */
+ * with @wait_ms for a resume and d->importers_follow for a pause; d->op
+ * and d->tag say it (a copy of @tag). */
 int handlers__dreq_command(struct sess *s, struct hdreq *d, int op, const char *tag,
 			   uint32_t wait_ms, uint64_t timeout_ms);
 /* The initiator gives up on @d: its done handler runs now (CANCELLED)
@@ -299,10 +307,13 @@ int handlers__undeliverable(void *arg, struct sess *s, Gmb__Envelope *const *env
 			    int err);
 int handlers__trim(struct hreq *rq);
 
-/* ipc.c: memory shared between processes (export, open, close). */
+/* ipc.c: memory shared between processes (export, open, close, grant). */
 int handlers__ipc_export(struct hreq *rq);
 int handlers__ipc_open(struct hreq *rq);
 int handlers__ipc_close(struct hreq *rq);
+int handlers__ipc_grant(struct hreq *rq);
+
+/* ipc_pause.c: a pause of a tag other processes map. */
 /* @rq (a pause of an imported tag) waits @wait_ms for the importers to
  * close, then @fn runs it again. Return: HANDLERS_KEPT, or -EBUSY. */
 int handlers__ipc_wait(struct hreq *rq, handlers_fn fn, uint32_t wait_ms);
@@ -311,6 +322,23 @@ int handlers__ipc_wait(struct hreq *rq, handlers_fn fn, uint32_t wait_ms);
 void handlers__ipc_retry(struct handlers *h);
 /* The waiting pauses of @s (NULL: all) end unanswered. */
 void handlers__ipc_cancel(struct handlers *h, struct sess *s);
+/**
+ * handlers__ipc_follow() - ask the importers of @rq's tag @tag to unmap,
+ * then run @fn (the pause) again with rq->retry set.
+ * Return: HANDLERS_KEPT (the round has rq->env); 0 when none could be
+ * asked, rq->err then naming who and why.
+ */
+int handlers__ipc_follow(struct hreq *rq, handlers_fn fn, const char *tag);
+/* Import records of @c's tag @tag that followed a pause (ResumeReply.followers). */
+uint32_t handlers__ipc_followers(struct handlers *h, const struct bclient *c, const char *tag);
+/* IpcResumed: the followers map the tag again; answered once they did. */
+int handlers__ipc_resumed(struct hreq *rq);
+/* HDREQ_FOLLOW's done handler, and its late handler: an importer that
+ * unmapped after the pause gave up on it is asked to map again. */
+void handlers__follow_done(struct hdreq *d, const struct hdreq_result *res);
+void handlers__follow_late(struct hdreq *d);
+/* The rounds of owner @s (NULL: all) end unanswered. */
+void handlers__ipc_rounds_gone(struct handlers *h, struct sess *s);
 /* Status: the imports, the first HIPC_STATUS_MAX of them (strings point
  * into the broker: valid until it changes). */
 #define HIPC_STATUS_MAX 64

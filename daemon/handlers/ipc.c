@@ -11,11 +11,7 @@
  * the allocation's facts. A refused request gets its status and sentence
  * through the dispatcher, which logs it (handlers__refused()).
  *
- * A pause of a tag that other processes map, by a client that may wait
- * (PauseRequest.wait_ms), waits here: on its own timer, retried after
- * every operation that may drop imports (handlers__settle()), answered by
- * its handler once the importers closed, or at its deadline with EBUSY
- * and the sentence naming them. Waiting pauses are on handlers->ipc_waits.
+ * A pause of a tag that other processes map is ipc_pause.c's.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -110,9 +106,20 @@ int handlers__ipc_open(struct hreq *rq)
 	char b[SIZE_STR_MAX];
 	int r;
 
-	r = import_open(rq->h->broker, c, m->handle.data, m->handle.len, &ex, &range_off, rq->err);
+	/* export_id: its import followed a pause, and maps the chunks again. */
+	if (m->export_id)
+		r = import_remap(rq->h->broker, c, m->export_id, &ex, rq->err);
+	else
+		r = import_open(rq->h->broker, c, m->handle.data, m->handle.len, &ex, &range_off,
+				rq->err);
 	if (r < 0)
 		return r;
+	if (m->export_id) {
+		log_info("import mapped again " SESS_FMT " owner=%s alloc=%" PRIu64 " chunks=%u",
+			 SESS_ARGS(rq->s), ex->owner, ex->alloc_id, ex->nchunks);
+		handlers_ipc_send(rq->s, rq->env->id, ex, 0);
+		return 0;
+	}
 	log_info("memory imported " SESS_FMT " owner=%s owner_pid=%d alloc=%" PRIu64
 		 " bytes=%s chunks=%u",
 		 SESS_ARGS(rq->s), ex->owner, (int)ex->owner_pid, ex->alloc_id,
@@ -142,114 +149,20 @@ int handlers__ipc_close(struct hreq *rq)
 	return 0;
 }
 
-/* A pause waiting for importers to close. */
-struct hipc_wait {
-	uv_timer_t timer; /* its deadline; the struct is freed when it closes */
-	struct handlers *h;
-	struct sess *s;	    /* reference held */
-	Gmb__Envelope *env; /* owned */
-	handlers_fn fn;	    /* the handler to retry */
-	uint64_t start_ns;  /* uv_hrtime() when the request arrived */
-	uint64_t since;	    /* uv_now() when it began to wait */
-	char why[ERR_MSG_MAX];
-	struct hipc_wait *prev, *next;
-};
-
-static void handlers_ipc_free(uv_handle_t *t)
+int handlers__ipc_grant(struct hreq *rq)
 {
-	free(t->data);
-}
+	const Gmb__IpcGrantRequest *m = rq->env->ipc_grant;
+	struct bclient *c = hconn_of(rq->s)->client;
+	int r;
 
-static void handlers_ipc_unwait(struct handlers *h, struct hipc_wait *w)
-{
-	DLIST_UNLINK(h->ipc_waits, w);
-	hconn_of(w->s)->inflight--;
-	gmb__envelope__free_unpacked(w->env, NULL);
-	sess_unref(w->s);
-	uv_close((uv_handle_t *)&w->timer, handlers_ipc_free);
-}
-
-static void handlers_ipc_expired(uv_timer_t *t)
-{
-	struct hipc_wait *w = t->data;
-	struct handlers *h = w->h;
-	char msg[ERR_MSG_MAX];
-
-	err_fmt(msg, -EBUSY, "%.400s; waited %" PRIu64 " ms", w->why, uv_now(h->loop) - w->since);
-	log_info("wait for importers expired " SESS_FMT " req=%" PRIu64, SESS_ARGS(w->s),
-		 w->env->id);
-	handlers__refused(h, w->s, "pause", -EBUSY, msg);
-	handlers__reply_status(w->s, w->env->id, -EBUSY, msg);
-	handlers_ipc_unwait(h, w);
-}
-
-int handlers__ipc_wait(struct hreq *rq, handlers_fn fn, uint32_t wait_ms)
-{
-	struct hconn *hc = hconn_of(rq->s);
-	struct hipc_wait *w;
-
-	if (hc->inflight >= WIRE_MAX_INFLIGHT)
-		return handlers__fail(rq, -EBUSY, "%.400s; client has %u requests in flight",
-				      rq->err, hc->inflight);
-	w = calloc(1, sizeof(*w));
-	if (!w)
-		return handlers__fail(rq, -EBUSY, "%.400s; out of memory waiting", rq->err);
-	uv_timer_init(rq->h->loop, &w->timer);
-	w->timer.data = w;
-	w->h = rq->h;
-	w->s = sess_ref(rq->s);
-	w->env = rq->env;
-	w->fn = fn;
-	w->start_ns = rq->start_ns;
-	w->since = uv_now(rq->h->loop);
-	memcpy(w->why, rq->err, sizeof(w->why));
-	DLIST_PUSH(rq->h->ipc_waits, w);
-	hc->inflight++;
-	uv_timer_start(&w->timer, handlers_ipc_expired, wait_ms, 0);
-	log_info("pause waits for importers " SESS_FMT " req=%" PRIu64 " wait_ms=%u why=\"%s\"",
-		 SESS_ARGS(rq->s), rq->env->id, wait_ms, rq->err);
-	return HANDLERS_KEPT;
-}
-
-void handlers__ipc_retry(struct handlers *h)
-{
-	struct hipc_wait *w, *next;
-
-	for (w = h->ipc_waits; w; w = next) {
-		struct hreq rq = { .h = h,
-				   .s = w->s,
-				   .env = w->env,
-				   .retry = true,
-				   .short_dev = -1,
-				   .start_ns = w->start_ns };
-		int r;
-
-		/* The handler neither waits anew nor retries: @next survives it. */
-		next = w->next;
-		if (w->s->state != SESS_OPEN)
-			continue;
-		r = w->fn(&rq);
-		if (r == HANDLERS_PARK) {
-			memcpy(w->why, rq.err, sizeof(w->why));
-			continue;
-		}
-		if (r < 0) {
-			handlers__refused(h, w->s, "pause", r, rq.err);
-			handlers__reply_status(w->s, w->env->id, r, rq.err);
-		}
-		handlers_ipc_unwait(h, w);
-	}
-}
-
-void handlers__ipc_cancel(struct handlers *h, struct sess *s)
-{
-	struct hipc_wait *w, *next;
-
-	for (w = h->ipc_waits; w; w = next) {
-		next = w->next;
-		if (!s || w->s == s)
-			handlers_ipc_unwait(h, w);
-	}
+	r = import_grant(rq->h->broker, c, m->alloc_id, (uid_t)m->uid, m->revoke, rq->err);
+	if (r < 0)
+		return r;
+	log_info("%s " SESS_FMT " alloc=%" PRIu64 " uid=%u",
+		 m->revoke ? "import grant revoked" : "import granted", SESS_ARGS(rq->s),
+		 m->alloc_id, (unsigned)m->uid);
+	handlers__reply_status(rq->s, rq->env->id, 0, NULL);
+	return 0;
 }
 
 /* ---- status: who imported whose allocation ---- */
@@ -273,6 +186,7 @@ static int handlers_ipc_row(void *arg, const struct import_export *ex, const str
 		ii->bytes = ex->size;
 		ii->opens = r->refs;
 		ii->owner_freed = ex->alloc == NULL;
+		ii->unmapped = !r->mapped;
 		rows->pv[rows->n++] = ii;
 	}
 	rows->total++;

@@ -31,11 +31,15 @@
 /* Chunks per piece of a lend: 1024 ids and sizes are under 21 KiB packed. */
 #define HANDLERS_LEND_PIECE 1024u
 
-static int handlers_send_result(struct hreq *rq, const struct broker_result *res, bool resume);
+/* A resume's followers (ResumeReply.followers); an alloc has none. */
+#define HANDLERS_ALLOC_REPLY UINT32_MAX
+
+static int handlers_send_result(struct hreq *rq, const struct broker_result *res,
+				uint32_t followers);
 static int handlers_send_lends(struct sess *s, uint64_t reply_to, Gmb__Lend *lends, size_t n,
-			       bool resume);
+			       uint32_t followers);
 static int handlers_send_lend_part(struct sess *s, uint64_t reply_to, Gmb__Lend **lends, size_t n,
-				   bool resume, bool last);
+				   uint32_t followers, bool last);
 
 /* Says why and how long @rq waits (park.c reads it) and asks to park it. */
 static int handlers_wait(struct hreq *rq, uint32_t wait_ms, bool drops, int dev, uint64_t bytes,
@@ -119,7 +123,7 @@ int handlers__alloc(struct hreq *rq)
 		return r;
 	handlers_mem_event(rq, EVENT_ALLOC, tag, (int)m->device,
 			   res.nallocs ? res.allocs[0]->size : 0, &ev);
-	handlers_send_result(rq, &res, false);
+	handlers_send_result(rq, &res, HANDLERS_ALLOC_REPLY);
 	broker_result_deinit(&res);
 	handlers__emit(rq->h, &ev);
 	return 0;
@@ -177,11 +181,18 @@ int handlers__pause(struct hreq *rq)
 	/* With handles_released, what nobody holds goes back to the backend before the reply. */
 	r = lend_pause(rq->h->broker, hconn_of(rq->s)->client, tag,
 		       rq->env->pause->handles_released, rq->err);
-	/* Other processes map the tag's memory: wait for them, if the client may wait. */
-	if (r == -EBUSY && rq->env->pause->wait_ms &&
-	    import_pause_check(rq->h->broker, hconn_of(rq->s)->client, tag, NULL) < 0)
-		return rq->retry ? HANDLERS_PARK :
-				   handlers__ipc_wait(rq, handlers__pause, rq->env->pause->wait_ms);
+	/* Other processes map the tag's memory: have them follow (once), wait
+	 * for them, if the client may wait; fail otherwise. */
+	if (r == -EBUSY &&
+	    import_pause_check(rq->h->broker, hconn_of(rq->s)->client, tag, NULL) < 0) {
+		if (!rq->retry && rq->env->pause->importers_follow &&
+		    handlers__ipc_follow(rq, handlers__pause, tag) == HANDLERS_KEPT)
+			return HANDLERS_KEPT;
+		if (rq->env->pause->wait_ms)
+			return rq->retry ? HANDLERS_PARK :
+					   handlers__ipc_wait(rq, handlers__pause,
+							      rq->env->pause->wait_ms);
+	}
 	if (r < 0)
 		return r;
 	if (chunks)
@@ -228,7 +239,8 @@ int handlers__resume(struct hreq *rq)
 		log_info("tag resumed " SESS_FMT " tag=%s bytes=%s chunks=%" PRIu64 " fds=%zu",
 			 SESS_ARGS(rq->s), handlers__tag_log(tag, q), size_str(bytes, b), chunks,
 			 res.nsend);
-	handlers_send_result(rq, &res, true);
+	handlers_send_result(rq, &res,
+			     handlers__ipc_followers(rq->h, hconn_of(rq->s)->client, tag));
 	broker_result_deinit(&res);
 	if (chunks) {
 		handlers_mem_event(rq, EVENT_RESUME, tag, -1, bytes, &ev);
@@ -357,8 +369,10 @@ err_ids:
  * client without memory the broker counts as its own, so an encoding
  * failure disconnects it (and the memory comes back).
  */
-static int handlers_send_result(struct hreq *rq, const struct broker_result *res, bool resume)
+static int handlers_send_result(struct hreq *rq, const struct broker_result *res,
+				uint32_t followers)
 {
+	bool resume = followers != HANDLERS_ALLOC_REPLY;
 	Gmb__Envelope part = GMB__ENVELOPE__INIT;
 	Gmb__Lend *lends = NULL;
 	uint64_t *vals = NULL;
@@ -406,7 +420,7 @@ static int handlers_send_result(struct hreq *rq, const struct broker_result *res
 		}
 		off += a->nchunks;
 	}
-	r = handlers_send_lends(rq->s, rq->env->id, lends, k, resume);
+	r = handlers_send_lends(rq->s, rq->env->id, lends, k, followers);
 out_free:
 	free(vals);
 	free(lends);
@@ -416,8 +430,9 @@ out_free:
 /* Pieces of lends in parts of at most WIRE_MAX_MSG / 2 bytes (a piece of
  * HANDLERS_LEND_PIECE chunks is well under); an AllocReply holds one. */
 static int handlers_send_lends(struct sess *s, uint64_t reply_to, Gmb__Lend *lends, size_t n,
-			       bool resume)
+			       uint32_t followers)
 {
+	bool resume = followers != HANDLERS_ALLOC_REPLY;
 	/* Envelope fields around the lends: reply_to, status, more, tags. */
 	const size_t base = 64;
 	Gmb__Lend **ptrs;
@@ -434,7 +449,7 @@ static int handlers_send_lends(struct sess *s, uint64_t reply_to, Gmb__Lend *len
 
 		ptrs[i] = &lends[i];
 		if (i > first && (!resume || bytes + sz > WIRE_MAX_MSG / 2)) {
-			r = handlers_send_lend_part(s, reply_to, ptrs + first, i - first, resume,
+			r = handlers_send_lend_part(s, reply_to, ptrs + first, i - first, followers,
 						    false);
 			if (r < 0)
 				goto out_free;
@@ -443,14 +458,14 @@ static int handlers_send_lends(struct sess *s, uint64_t reply_to, Gmb__Lend *len
 		}
 		bytes += sz;
 	}
-	r = handlers_send_lend_part(s, reply_to, ptrs + first, n - first, resume, true);
+	r = handlers_send_lend_part(s, reply_to, ptrs + first, n - first, followers, true);
 out_free:
 	free(ptrs);
 	return r;
 }
 
 static int handlers_send_lend_part(struct sess *s, uint64_t reply_to, Gmb__Lend **lends, size_t n,
-				   bool resume, bool last)
+				   uint32_t followers, bool last)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__AllocReply ar = GMB__ALLOC_REPLY__INIT;
@@ -458,7 +473,8 @@ static int handlers_send_lend_part(struct sess *s, uint64_t reply_to, Gmb__Lend 
 
 	env.reply_to = reply_to;
 	env.more = !last;
-	if (resume) {
+	if (followers != HANDLERS_ALLOC_REPLY) {
+		rr.followers = last ? followers : 0;
 		rr.n_lends = n;
 		rr.lends = lends;
 		env.body_case = GMB__ENVELOPE__BODY_RESUME_REPLY;

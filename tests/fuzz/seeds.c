@@ -213,6 +213,37 @@ static void d_ipc_close(struct seed *s, int sock, uint64_t export_id)
 	seeds_send(s, sock, GMB__ENVELOPE__BODY_IPC_CLOSE, &c);
 }
 
+/* A pause whose importers follow, then the resume and its IpcResumed. */
+static void d_follow_cycle(struct seed *s, int sock, const char *tag)
+{
+	Gmb__PauseRequest p = GMB__PAUSE_REQUEST__INIT;
+	Gmb__ResumeRequest r = GMB__RESUME_REQUEST__INIT;
+	Gmb__IpcResumed d = GMB__IPC_RESUMED__INIT;
+
+	p.tag = (char *)tag, p.importers_follow = true, r.tag = (char *)tag, d.tag = (char *)tag;
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_PAUSE, &p);
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_RESUME, &r);
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_IPC_RESUMED, &d);
+}
+
+/* The importer maps export @export_id again (IpcOpenRequest.export_id). */
+static void d_ipc_remap(struct seed *s, int sock, uint64_t export_id)
+{
+	Gmb__IpcOpenRequest o = GMB__IPC_OPEN_REQUEST__INIT;
+	uint8_t bytes[IPC_HANDLE_SIZE] = { 0 };
+
+	o.handle.data = bytes, o.handle.len = sizeof(bytes), o.export_id = export_id;
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_IPC_OPEN, &o);
+}
+
+static void d_ipc_grant(struct seed *s, int sock, uint64_t alloc, uint32_t uid, bool revoke)
+{
+	Gmb__IpcGrantRequest g = GMB__IPC_GRANT_REQUEST__INIT;
+
+	g.alloc_id = alloc, g.uid = uid, g.revoke = revoke;
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_IPC_GRANT, &g);
+}
+
 static void seeds_daemon(void)
 {
 	struct seed s;
@@ -316,6 +347,27 @@ static void seeds_daemon(void)
 	d_ipc_open(&s, 0, 10, 10, 1, 0, IPC_HANDLE_SIZE);
 	seeds_op(&s, 6 | (2 << 3), 0);
 	seeds_write("daemon", "ipc-refused", &s);
+
+	s.len = 0; /* importers that follow: unmap, the pause, the resume, map again; grants */
+	d_hello(&s, 0, "trainer", 0, false);
+	d_alloc(&s, 0, 0, 8 * MiB, "w");
+	d_ipc_export(&s, 0, 10, 0);
+	d_ipc_grant(&s, 0, 10, 4242, false);
+	d_ipc_grant(&s, 0, 10, 4242, true);
+	d_ipc_grant(&s, 0, 99, 4242, false);
+	d_hello(&s, 1, "engine", 0, false);
+	d_ipc_open(&s, 1, 10, 10, 1, 0, IPC_HANDLE_SIZE);
+	d_follow_cycle(&s, 0, "w");
+	seeds_op(&s, 4 | (1 << 3), 0);
+	d_ipc_remap(&s, 1, 1);
+	seeds_op(&s, 4 | (1 << 3), 0);
+	d_ipc_remap(&s, 1, 2);
+	d_status(&s, 2);
+	d_follow_cycle(&s, 0, "");
+	seeds_op(&s, 4 | (1 << 3), (uint8_t)-EIO);
+	d_ipc_close(&s, 1, 1);
+	d_follow_cycle(&s, 0, "w");
+	seeds_write("daemon", "ipc-follow", &s);
 }
 
 /* ---- state: records ---- */

@@ -65,6 +65,32 @@ static int api_wait_env(struct gmb_client *c, char *err)
 	return 0;
 }
 
+/* $GMB_IPC_FOLLOW (0 or 1) and $GMB_IPC_GRANT (uids, comma-separated). */
+static int api_ipc_env(struct gmb_client *c, char *err)
+{
+	const char *f = getenv("GMB_IPC_FOLLOW"), *g = getenv("GMB_IPC_GRANT");
+	const size_t max = sizeof(c->mem.ipc_grants) / sizeof(c->mem.ipc_grants[0]);
+	unsigned long v;
+	char *end;
+
+	if (f && *f) {
+		if (strcmp(f, "0") && strcmp(f, "1"))
+			return err_fmt(err, -EINVAL, "GMB_IPC_FOLLOW=\"%.32s\": use 0 or 1", f);
+		c->mem.ipc_follow = *f == '1';
+	}
+	while (g && *g) {
+		errno = 0;
+		v = strtoul(g, &end, 10);
+		if (errno || end == g || (*end && *end != ',') || g[0] == '-' || v > UINT32_MAX)
+			return err_fmt(err, -EINVAL, "GMB_IPC_GRANT: \"%.32s\" is not a uid", g);
+		if (c->mem.nipc_grants == max)
+			return err_fmt(err, -EINVAL, "GMB_IPC_GRANT names more than %zu uids", max);
+		c->mem.ipc_grants[c->mem.nipc_grants++] = (uint32_t)v;
+		g = *end ? end + 1 : end;
+	}
+	return 0;
+}
+
 /* The wait for requests that take no op_lock (written under both locks). */
 static uint32_t api_wait(struct gmb_client *c)
 {
@@ -125,6 +151,8 @@ GMB_API int gmb_connect_flags(const char *socket_path, const char *client_name, 
 		goto out_client;
 	gmb__reconnect_config(&c->conn);
 	rc = api_wait_env(c, err);
+	if (rc == 0)
+		rc = api_ipc_env(c, err);
 	if (rc < 0)
 		goto out_sock;
 	/* Workers learn now, not at their first malloc, that they cannot map. */
@@ -226,13 +254,16 @@ GMB_API int gmb_tag_set_mode(gmb_client *c, const char *tag, int mode)
 /* Pause or resume under op_lock; @err receives the reason. A resume may
  * wait @wait_ms for memory if that is longer than the client's own wait. */
 static int api_pause_resume(struct gmb_client *c, int op, const char *tag, uint32_t wait_ms,
-			    char *err)
+			    bool follow, char *err)
 {
+	bool closing, own_follow;
 	uint32_t own;
-	bool closing;
 	int rc;
 
 	gmb__op_begin(&c->conn);
+	/* An operator's --follow for this pause only. */
+	own_follow = c->mem.ipc_follow;
+	c->mem.ipc_follow = own_follow || follow;
 	own = c->mem.wait_ms;
 	pthread_mutex_lock(&c->conn.lock);
 	if (wait_ms > own)
@@ -250,6 +281,7 @@ static int api_pause_resume(struct gmb_client *c, int op, const char *tag, uint3
 	pthread_mutex_lock(&c->conn.lock);
 	c->mem.wait_ms = own;
 	pthread_mutex_unlock(&c->conn.lock);
+	c->mem.ipc_follow = own_follow;
 	gmb__op_end(&c->conn);
 	return rc;
 }
@@ -260,7 +292,7 @@ GMB_API int gmb_pause(gmb_client *c, const char *tag)
 
 	if (!c)
 		return -EINVAL;
-	return api_done(c, api_pause_resume(c, GMB_OP_PAUSE, tag, 0, err), err);
+	return api_done(c, api_pause_resume(c, GMB_OP_PAUSE, tag, 0, false, err), err);
 }
 
 GMB_API int gmb_resume(gmb_client *c, const char *tag)
@@ -269,7 +301,7 @@ GMB_API int gmb_resume(gmb_client *c, const char *tag)
 
 	if (!c)
 		return -EINVAL;
-	return api_done(c, api_pause_resume(c, GMB_OP_RESUME, tag, 0, err), err);
+	return api_done(c, api_pause_resume(c, GMB_OP_RESUME, tag, 0, false, err), err);
 }
 
 /* Tells gmbd whether a handler is installed; a reconnect's hello says it
@@ -309,7 +341,7 @@ GMB_API int gmb_set_control_handler(gmb_client *c, gmb_control_fn fn, void *arg)
 
 /* The handler runs without any library lock held, so it may call gmb_* itself. */
 static int api_control_do(struct gmb_client *c, int op, const char *tag, uint32_t wait_ms,
-			  char *err)
+			  bool follow, char *err)
 {
 	gmb_control_fn fn;
 	void *arg;
@@ -328,7 +360,7 @@ static int api_control_do(struct gmb_client *c, int op, const char *tag, uint32_
 		rc = rc < 0 ? rc : -ECANCELED;
 		return err_fmt(err, rc, "refused by the application (%s)", gmb_strerror(rc));
 	}
-	return api_pause_resume(c, op, tag, wait_ms, err);
+	return api_pause_resume(c, op, tag, wait_ms, follow, err);
 }
 
 /**
@@ -344,8 +376,17 @@ static void api_control_run(void *arg, const struct gmb__job *job)
 	char err[ERR_MSG_MAX] = "";
 	int rc;
 
+	/* An importer asked to follow its owner's pause or resume. */
+	if (job->env->body_case == GMB__ENVELOPE__BODY_IPC_FOLLOW) {
+		gmb__op_begin(&c->conn);
+		rc = gmb__ipc_follow(&c->mem, &c->ipc, job->env->ipc_follow->export_id,
+				     job->env->ipc_follow->map, err);
+		gmb__op_end(&c->conn);
+		gmb__send_reply(&c->conn, job->gen, job->env->id, rc, rc < 0 ? err : "");
+		return;
+	}
 	rc = api_control_do(c, (int)cmd->op, cmd->tag && *cmd->tag ? cmd->tag : NULL, cmd->wait_ms,
-			    err);
+			    cmd->importers_follow, err);
 	gmb__send_reply(&c->conn, job->gen, job->env->id, rc, rc < 0 ? err : "");
 }
 
@@ -649,6 +690,7 @@ GMB_API int gmb_control(gmb_client *c, const char *target, int op, const char *t
 	req.op = (Gmb__Op)op;
 	req.tag = (char *)(tag ? tag : "");
 	req.wait_ms = op == GMB_OP_RESUME ? api_wait(c) : 0;
+	req.importers_follow = op == GMB_OP_PAUSE && c->mem.ipc_follow;
 	env.body_case = GMB__ENVELOPE__BODY_CONTROL;
 	env.control = &req;
 	return api_call(c, &env);
@@ -687,6 +729,16 @@ GMB_API int gmb_set_wait(gmb_client *c, uint32_t ms)
 	pthread_mutex_lock(&c->conn.lock);
 	c->mem.wait_ms = ms;
 	pthread_mutex_unlock(&c->conn.lock);
+	gmb__op_end(&c->conn);
+	return 0;
+}
+
+GMB_API int gmb_set_ipc_follow(gmb_client *c, int on)
+{
+	if (!c || (on != 0 && on != 1))
+		return -EINVAL;
+	gmb__op_begin(&c->conn);
+	c->mem.ipc_follow = on;
 	gmb__op_end(&c->conn);
 	return 0;
 }

@@ -91,9 +91,9 @@ static const struct table_col status_wait_cols[] = {
 };
 
 static const struct table_col status_import_cols[] = {
-	{ "IMPORTED BY", false }, { "PID", true },   { "OWNER", false },
-	{ "PID", true },	  { "ALLOC", true }, { "DEV", true },
-	{ "BYTES", true },	  { "OPENS", true }, { "OWNER'S", false },
+	{ "IMPORTED BY", false }, { "PID", true },     { "OWNER", false }, { "PID", true },
+	{ "ALLOC", true },	  { "DEV", true },     { "BYTES", true },  { "OPENS", true },
+	{ "OWNER'S", false },	  { "MAPPED", false },
 };
 
 static const struct table_col status_tag_cols[] = {
@@ -370,9 +370,10 @@ static void json_put_import(struct sbuf *b, const Gmb__ImportInfo *m)
 	json_put_str(b, m->owner);
 	sbuf_printf(b,
 		    ",\"owner_pid\":%" PRId32 ",\"alloc_id\":%" PRIu64 ",\"device\":%" PRIu32
-		    ",\"bytes\":%" PRIu64 ",\"opens\":%" PRIu32 ",\"owner_freed\":%s}",
+		    ",\"bytes\":%" PRIu64 ",\"opens\":%" PRIu32 ",\"owner_freed\":%s"
+		    ",\"mapped\":%s}",
 		    m->owner_pid, m->alloc_id, m->device, m->bytes, m->opens,
-		    m->owner_freed ? "true" : "false");
+		    m->owner_freed ? "true" : "false", m->unmapped ? "false" : "true");
 }
 
 /**
@@ -619,6 +620,8 @@ static int status_put_imports(const Gmb__StatusReply *st, struct sbuf *out)
 		table_add_size(&t, m->bytes);
 		table_add_u64(&t, m->opens);
 		table_add(&t, m->owner_freed ? "freed" : "live");
+		/* "paused": it followed its owner's pause and maps it again on resume. */
+		table_add(&t, m->unmapped ? "paused" : "yes");
 		n++;
 	}
 	if (n) {

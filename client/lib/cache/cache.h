@@ -70,6 +70,7 @@ struct gmb__alloc {
 	bool mapped;
 	bool saved;			/* copy holds the bytes of the last pause */
 	bool marked;			/* scratch: got its lend in the resume at hand */
+	bool ipc_granted;		/* $GMB_IPC_GRANT's uids granted at its first share */
 	struct gmb__hostcopy copy;	/* PRESERVE: made at the first pause */
 	struct gmb__alloc *prev, *next; /* in the tag */
 };

@@ -635,6 +635,7 @@ static void conn_on_request(struct gmb__conn *c, Gmb__Envelope *env)
 		conn_handled(c);
 		break;
 	case GMB__ENVELOPE__BODY_CONTROL_CMD:
+	case GMB__ENVELOPE__BODY_IPC_FOLLOW: /* an import follows its owner: op_lock */
 		if (conn_enqueue(c, env) == 0)
 			return;
 		gmb__send_reply(c, c->gen, id, -ENOMEM, "libgmb is out of memory");

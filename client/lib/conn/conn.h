@@ -108,7 +108,8 @@ struct gmb__conn_cbs {
 	/* The re-announcement (reconnect.h): build the claim, apply gmbd's answer. */
 	int (*claim_build)(void *arg, struct gmb__claim *cl);
 	void (*claim_apply)(void *arg, const struct gmb__claim_answer *ans);
-	/* The API's (ctl_arg): carry out and answer a ControlCommand. Worker thread. */
+	/* The API's (ctl_arg): carry out and answer a ControlCommand or an
+	 * IpcFollow. Worker thread. */
 	void *ctl_arg;
 	void (*control)(void *arg, const struct gmb__job *job);
 	/* After a loss: 0 once back, <0 gone for good (reconnect.c). Reader thread. */

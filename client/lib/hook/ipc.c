@@ -1,6 +1,7 @@
 /*
  * ipc.c - the exported calls of memory shared between processes
- * (gmb_ipc_get_handle, gmb_ipc_open, gmb_ipc_close, gmb_ipc_is_handle):
+ * (gmb_ipc_get_handle, gmb_ipc_open, gmb_ipc_close, gmb_ipc_is_handle,
+ * gmb_ipc_grant, gmb_ipc_revoke):
  * the client they name (NULL: the process's default client, which an open
  * connects when it must), the operation lock, and the failure sentence in
  * both gmb_last_error() and gmb_region_last_error(), since the preload
@@ -79,4 +80,29 @@ GMB_API int gmb_ipc_close(gmb_client *c, void *ptr)
 	rc = gmb__ipc_close(&c->mem, &c->ipc, ptr, err);
 	gmb__op_end(&c->conn);
 	return hook_ipc_done(c, rc, err, "closing a gmbd import");
+}
+
+static int hook_ipc_grant(gmb_client *c, const void *ptr, uint32_t uid, bool revoke)
+{
+	char err[ERR_MSG_MAX] = "";
+	int rc;
+
+	if (!c)
+		c = gmb__hook_client_peek();
+	if (!c || !gmb__ipc_maybe_ours(&c->mem, &c->ipc, ptr))
+		return -ENXIO;
+	gmb__op_begin(&c->conn);
+	rc = gmb__ipc_grant(&c->mem, ptr, uid, revoke, err);
+	gmb__op_end(&c->conn);
+	return hook_ipc_done(c, rc, err, revoke ? "revoking a grant" : "granting an import");
+}
+
+GMB_API int gmb_ipc_grant(gmb_client *c, const void *ptr, uint32_t uid)
+{
+	return hook_ipc_grant(c, ptr, uid, false);
+}
+
+GMB_API int gmb_ipc_revoke(gmb_client *c, const void *ptr, uint32_t uid)
+{
+	return hook_ipc_grant(c, ptr, uid, true);
 }

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "client/lib/ipc/ipc.h"
 
@@ -144,9 +145,56 @@ static int ipc_export(struct gmb__mem *m, const struct gmb__alloc *a, uint64_t o
 	return rc;
 }
 
+static int ipc_send_grant(struct gmb__mem *m, uint64_t alloc_id, uint32_t uid, bool revoke,
+			  char *err)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__IpcGrantRequest req = GMB__IPC_GRANT_REQUEST__INIT;
+	struct gmb__reply rep;
+	int rc;
+
+	req.alloc_id = alloc_id;
+	req.uid = uid;
+	req.revoke = revoke;
+	env.body_case = GMB__ENVELOPE__BODY_IPC_GRANT;
+	env.ipc_grant = &req;
+	rc = gmb__request(m->conn, &env, &rep, err);
+	gmb__reply_deinit(&rep);
+	return rc;
+}
+
+/* $GMB_IPC_GRANT's uids, at the first share of @a (the owner's own uid needs none). */
+static int ipc_env_grants(struct gmb__mem *m, struct gmb__alloc *a, char *err)
+{
+	int rc;
+
+	if (a->ipc_granted)
+		return 0;
+	for (uint32_t i = 0; i < m->nipc_grants; i++) {
+		if (m->ipc_grants[i] == (uint32_t)getuid())
+			continue;
+		rc = ipc_send_grant(m, a->id, m->ipc_grants[i], false, err);
+		if (rc < 0)
+			return rc;
+	}
+	a->ipc_granted = true;
+	return 0;
+}
+
+int gmb__ipc_grant(struct gmb__mem *m, const void *ptr, uint32_t uid, bool revoke, char *err)
+{
+	struct gmb__alloc *a = ptr ? ipc_alloc_holding(m, (uintptr_t)ptr) : NULL;
+
+	if (!a)
+		return err_fmt(err, -ENXIO, "pointer %p is in no allocation of this client", ptr);
+	return ipc_send_grant(m, a->id, uid, revoke, err);
+}
+
 int gmb__ipc_get_handle(struct gmb__mem *m, struct gmb__ipc *ipc, const void *ptr, uint8_t *handle,
 			char *err)
 {
+	int rc;
+
 	uintptr_t p = (uintptr_t)ptr;
 	struct gmb__import *im;
 	struct gmb__alloc *a;
@@ -159,7 +207,8 @@ int gmb__ipc_get_handle(struct gmb__mem *m, struct gmb__ipc *ipc, const void *pt
 			return err_fmt(err, -EBUSY,
 				       "pointer %p is in paused tag \"%s\": resume it to share it",
 				       ptr, a->tag->name);
-		return ipc_export(m, a, p - a->va, handle, err);
+		rc = ipc_export(m, a, p - a->va, handle, err);
+		return rc < 0 ? rc : ipc_env_grants(m, a, err);
 	}
 	im = ptr ? ipc_find_ptr(ipc, p) : NULL;
 	if (!im)
@@ -228,11 +277,47 @@ static int ipc_open_reply(const struct gmb__reply *rep, const struct ipc_handle 
 	return 0;
 }
 
+/* Maps im->chunks back to back at im->va, sets access; on failure nothing is mapped. */
+static int ipc_map_chunks(struct gmb__mem *m, struct gmb__import *im, char *err)
+{
+	struct backend *be = m->be;
+	uint64_t off = 0, peers = 0;
+	int rc;
+
+	for (size_t i = 0; i < im->nchunks; i++) {
+		if (off + im->chunks[i].size > im->size) {
+			rc = err_fmt(err, -EPROTO,
+				     "gmbd's chunks of an import exceed its %" PRIu64 " bytes",
+				     im->size);
+			goto err_unmap;
+		}
+		rc = be->ops->map(be, im->va + off, im->chunks[i].size, im->chunks[i].handle);
+		if (rc < 0) {
+			rc = backend_fail_msg(err, rc, "mapping an imported chunk");
+			goto err_unmap;
+		}
+		off += im->chunks[i].size;
+	}
+	if (im->access_dev >= 0 && im->access_dev != im->dev)
+		peers = GMB__DEV_BIT(im->access_dev);
+	rc = be->ops->set_access_peers(be, im->dev, peers, im->va, im->size);
+	if (rc < 0) {
+		rc = backend_fail_msg(err, rc, "setting access to the import");
+		goto err_unmap;
+	}
+	im->mapped = true;
+	return 0;
+
+err_unmap:
+	if (off)
+		be->ops->unmap(be, im->va, off);
+	return rc;
+}
+
 /* Reserve, map back to back, set access; on failure nothing is mapped. */
 static int ipc_map(struct gmb__mem *m, struct gmb__import *im, int dev_index, char *err)
 {
 	struct backend *be = m->be;
-	uint64_t off = 0, peers = 0;
 	int rc;
 
 	if (im->dev < 0 || im->dev >= m->devs->ndevices)
@@ -241,27 +326,10 @@ static int ipc_map(struct gmb__mem *m, struct gmb__import *im, int dev_index, ch
 	rc = be->ops->va_reserve(be, im->size, m->devs->granularity[im->dev], &im->va);
 	if (rc < 0)
 		return backend_fail_msg(err, rc, "reserving the import's address range");
-	for (size_t i = 0; i < im->nchunks; i++) {
-		rc = be->ops->map(be, im->va + off, im->chunks[i].size, im->chunks[i].handle);
-		if (rc < 0) {
-			rc = backend_fail_msg(err, rc, "mapping an imported chunk");
-			goto err_unmap;
-		}
-		off += im->chunks[i].size;
-	}
-	if (dev_index >= 0 && dev_index != im->dev)
-		peers = GMB__DEV_BIT(dev_index);
-	rc = be->ops->set_access_peers(be, im->dev, peers, im->va, im->size);
-	if (rc < 0) {
-		rc = backend_fail_msg(err, rc, "setting access to the import");
-		goto err_unmap;
-	}
-	return 0;
-
-err_unmap:
-	if (off)
-		be->ops->unmap(be, im->va, off);
-	be->ops->va_free(be, im->va, im->size);
+	im->access_dev = dev_index;
+	rc = ipc_map_chunks(m, im, err);
+	if (rc < 0)
+		be->ops->va_free(be, im->va, im->size);
 	return rc;
 }
 
@@ -316,6 +384,94 @@ err_rep:
 	return rc;
 }
 
+/* @im's handle (range offset 0), as gmbd made it. */
+static void ipc_handle_base(const struct gmb__import *im, struct ipc_handle *h, uint8_t *out)
+{
+	*h = (struct ipc_handle){
+		.instance = im->instance,
+		.owner = im->owner,
+		.alloc = im->alloc,
+		.gen = im->gen,
+		.dev = (uint32_t)im->dev,
+	};
+	memcpy(h->token, im->token, sizeof(h->token));
+	ipc_handle_encode(h, out);
+}
+
+/* Fetches @im's chunks again (its owner resumed) and maps them at im->va. */
+static int ipc_remap(struct gmb__mem *m, struct gmb__import *im, char *err)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__IpcOpenRequest req = GMB__IPC_OPEN_REQUEST__INIT;
+	const Gmb__IpcOpenReply *r = NULL;
+	uint8_t handle[IPC_HANDLE_SIZE];
+	struct gmb__reply rep;
+	struct ipc_handle h;
+	int rc;
+
+	ipc_handle_base(im, &h, handle);
+	gmb__mem_staged_clear(m);
+	req.handle.data = handle;
+	req.handle.len = sizeof(handle);
+	req.export_id = im->gen;
+	env.body_case = GMB__ENVELOPE__BODY_IPC_OPEN;
+	env.ipc_open = &req;
+	rc = gmb__request(m->conn, &env, &rep, err);
+	gmb__mem_staged_take(m, &im->chunks, &im->nchunks);
+	if (rc == 0)
+		rc = ipc_open_reply(&rep, &h, im, &r, err);
+	if (rc == 0 && r->size != im->size)
+		rc = err_fmt(err, -EPROTO,
+			     "gmbd maps again %" PRIu64 " bytes of a %" PRIu64 "-byte import",
+			     r->size, im->size);
+	gmb__reply_deinit(&rep);
+	if (rc == 0)
+		rc = ipc_map_chunks(m, im, err);
+	if (rc < 0) {
+		/* Unmapped, as gmbd will see it at the next pause or close. */
+		for (size_t i = 0; i < im->nchunks; i++)
+			m->be->ops->chunk_release(m->be, im->chunks[i].handle);
+		free(im->chunks);
+		im->chunks = NULL;
+		im->nchunks = 0;
+	}
+	return rc;
+}
+
+/* Drains the device and unmaps @im, keeping its range. */
+static int ipc_unmap_keep(struct gmb__mem *m, struct gmb__import *im, char *err)
+{
+	struct backend *be = m->be;
+	int rc;
+
+	rc = be->ops->sync(be, im->dev);
+	if (rc == 0)
+		rc = be->ops->unmap(be, im->va, im->size);
+	if (rc < 0)
+		return backend_fail_msg(err, rc, "unmapping an import");
+	for (size_t i = 0; i < im->nchunks; i++)
+		be->ops->chunk_release(be, im->chunks[i].handle);
+	free(im->chunks);
+	im->chunks = NULL;
+	im->nchunks = 0;
+	im->mapped = false;
+	return 0;
+}
+
+int gmb__ipc_follow(struct gmb__mem *m, struct gmb__ipc *ipc, uint64_t export_id, bool map,
+		    char *err)
+{
+	struct gmb__import *im;
+
+	for (im = ipc->imports; im && im->gen != export_id; im = im->next)
+		;
+	if (!im)
+		return err_fmt(err, -ENOENT, "no import of export %" PRIu64, export_id);
+	if (im->mapped == map)
+		return 0;
+	return map ? ipc_remap(m, im, err) : ipc_unmap_keep(m, im, err);
+}
+
 int gmb__ipc_open(struct gmb__mem *m, struct gmb__ipc *ipc, const uint8_t *handle, int dev_index,
 		  void **ptr, char *err)
 {
@@ -331,6 +487,9 @@ int gmb__ipc_open(struct gmb__mem *m, struct gmb__ipc *ipc, const uint8_t *handl
 		return err_fmt(err, -EINVAL, "a gmbd handle of another version, or damaged");
 	im = ipc_find_handle(ipc, &h);
 	if (im) {
+		/* It followed its owner's pause: map it again first (EBUSY while paused). */
+		if (!im->mapped && (rc = ipc_remap(m, im, err)) < 0)
+			return rc;
 		if (!ipc_is_range(im, h.range_off))
 			return err_fmt(err, -EINVAL, "range offset %" PRIu64 " starts no chunk",
 				       h.range_off);
@@ -355,11 +514,8 @@ static int ipc_unmap(struct gmb__mem *m, struct gmb__ipc *ipc, struct gmb__impor
 	int rc;
 
 	/* The runtime's close waits for work on the memory, as a free does. */
-	rc = be->ops->sync(be, im->dev);
-	if (rc == 0)
-		rc = be->ops->unmap(be, im->va, im->size);
-	if (rc < 0)
-		return backend_fail_msg(err, rc, "unmapping an import");
+	if (im->mapped && (rc = ipc_unmap_keep(m, im, err)) < 0)
+		return rc;
 	be->ops->va_free(be, im->va, im->size);
 	ipc_send_close(m, im->gen);
 	ipc_unlink(m, ipc, im);

@@ -33,6 +33,10 @@ struct gmb__import {
 	struct gmb__staged *chunks; /* mapping order, handles owned */
 	size_t nchunks;
 	uint32_t opens;
+	/* False while it follows its owner's pause: the range stays reserved,
+	 * nothing is mapped and chunks is empty. */
+	bool mapped;
+	int access_dev; /* the device given access besides dev (gmbd's index), -1: none */
 	struct gmb__import *next;
 };
 
@@ -73,6 +77,21 @@ int gmb__ipc_open(struct gmb__mem *m, struct gmb__ipc *ipc, const uint8_t *handl
  * Return: 0; -ENXIO when @ptr is in no import; the backend's error.
  */
 int gmb__ipc_close(struct gmb__mem *m, struct gmb__ipc *ipc, const void *ptr, char *err);
+/**
+ * gmb__ipc_follow() - gmbd's IpcFollow: the owner of export @export_id
+ * pauses (@map false: drain the device, unmap the import, keep its range)
+ * or has resumed (@map true: fetch the chunks again and map them at the
+ * same addresses). Either is a no-op when already so.
+ * Return: 0; -ENOENT (no import of it); gmbd's or the backend's error.
+ */
+int gmb__ipc_follow(struct gmb__mem *m, struct gmb__ipc *ipc, uint64_t export_id, bool map,
+		    char *err);
+/**
+ * gmb__ipc_grant() - uid @uid may (@revoke: may no longer) open handles of
+ * this client's allocation holding @ptr.
+ * Return: 0; -ENXIO (@ptr in no allocation of this client); gmbd's refusal.
+ */
+int gmb__ipc_grant(struct gmb__mem *m, const void *ptr, uint32_t uid, bool revoke, char *err);
 /* Is @ptr in an import of this client? */
 int gmb__ipc_owns(struct gmb__ipc *ipc, const void *ptr);
 /* gmb_close(): every import unmapped and told to gmbd (while connected). */

@@ -433,6 +433,34 @@ static void cycle_drop_copies(struct gmb__mem *m, const struct gmb__tag *only)
 	}
 }
 
+/* Importers that followed the pause of the resumed tags (ResumeReply.followers). */
+static uint32_t cycle_followers(const struct gmb__reply *rep)
+{
+	const Gmb__Envelope *last = rep->nparts ? rep->parts[rep->nparts - 1] : NULL;
+
+	return last && last->body_case == GMB__ENVELOPE__BODY_RESUME_REPLY ?
+		       last->resume_reply->followers :
+		       0;
+}
+
+/*
+ * The bytes are back: gmbd has the importers that followed the pause map
+ * the tags again, and answers once they did. Their failures are theirs
+ * (they stay unmapped until they open the handle again): the resume stands.
+ */
+static void cycle_tell_followers(struct gmb__mem *m, const char *name)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__IpcResumed req = GMB__IPC_RESUMED__INIT;
+	struct gmb__reply rep;
+
+	req.tag = (char *)name;
+	env.body_case = GMB__ENVELOPE__BODY_IPC_RESUMED;
+	env.ipc_resumed = &req;
+	gmb__request(m->conn, &env, &rep, NULL);
+	gmb__reply_deinit(&rep);
+}
+
 /**
  * gmb__cycle_resume() - lend, map at the same addresses, restore contents.
  * @name NULL or "": every paused tag. An active tag is a no-op success; on
@@ -473,6 +501,8 @@ int gmb__cycle_resume(struct gmb__mem *m, const char *name, char *err)
 	} else {
 		cycle_drop_copies(m, only);
 		cycle_mark(m, only, true, false);
+		if (cycle_followers(&rep))
+			cycle_tell_followers(m, req.tag);
 	}
 out_rep:
 	gmb__mem_sweep(m);

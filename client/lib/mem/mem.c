@@ -140,6 +140,8 @@ int gmb__mem_send_pause(struct gmb__mem *m, const char *name, uint64_t copied, c
 	req.host_copied_bytes = copied;
 	/* While other processes map the tag, gmbd waits as long for them to close. */
 	req.wait_ms = m->wait_ms;
+	/* Or asks them to unmap first (gmb_set_ipc_follow()). */
+	req.importers_follow = m->ipc_follow;
 	env.body_case = GMB__ENVELOPE__BODY_PAUSE;
 	env.pause = &req;
 	rc = gmb__request(m->conn, &env, &rep, err);

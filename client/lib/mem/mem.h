@@ -52,6 +52,10 @@ struct gmb__mem {
 	struct gmb__backup_bufs bufs; /* backup.c's pinned buffers */
 	uint32_t wait_ms;	      /* how long malloc and resume may wait for memory;
 					written under the state lock too */
+	bool ipc_follow;	      /* pauses have their importers follow (gmb_set_ipc_follow) */
+	/* $GMB_IPC_GRANT: uids every shared allocation is granted to. */
+	uint32_t ipc_grants[8];
+	uint32_t nipc_grants;
 };
 
 void gmb__mem_init(struct gmb__mem *m, struct gmb__conn *conn);
