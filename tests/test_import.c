@@ -6,8 +6,10 @@
  * truncated and stale handles and other uids are refused and map nothing;
  * an owner that frees or goes keeps its chunks out of the pool until the
  * last importer closes; an importer that goes has its imports dropped; a
- * pause of an imported tag is refused naming the importer. After each
- * case every counter is checked back at zero.
+ * pause of an imported tag is refused naming the importer; a grant lets
+ * one more uid open until revoked; an import that follows its owner's pause
+ * pins nothing while unmapped and pins the new chunks when mapped again.
+ * After each case every counter is checked back at zero.
  */
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
@@ -376,4 +378,96 @@ Test(import, pause_of_an_imported_tag_fails_naming_the_importer)
 	broker_client_remove(br, a);
 	check_zero();
 	broker_client_remove(br, b);
+}
+
+Test(import, a_grant_lets_one_more_uid_open_until_revoked)
+{
+	struct bclient *a = client("owner", 100, 1000), *b = client("other", 101, 2000);
+	struct balloc *x = alloc_ok(a, 2 * MiB, "w");
+	uint8_t h[IPC_HANDLE_SIZE];
+	char err[ERR_MSG_MAX] = "";
+	uint64_t id;
+
+	/* A grant makes the export: the handle taken after names the same one. */
+	cr_assert(eq(i32, import_grant(br, a, x->id, 2000, false, err), 0), "%s", err);
+	cr_assert(eq(i32, import_grant(br, a, x->id, 2000, false, err), 0), "twice is once");
+	export_ok(a, x, 0, h);
+	id = open_ok(b, h, NULL)->id;
+	cr_assert(eq(i32, import_grant(br, a, x->id, 2000, true, err), 0));
+	cr_assert(eq(i32, import_grant(br, a, x->id, 2000, true, err), 0), "revoked twice: fine");
+	cr_assert(eq(i32, open_rc(b, h, IPC_HANDLE_SIZE, err), -EPERM), "no new open");
+	cr_assert(not(eq(ptr, strstr(err, "did not grant uid 2000"), NULL)), "%s", err);
+	cr_assert(eq(u32, x->chunks[0]->pins, 1), "the open one stays");
+	cr_assert(eq(i32, import_close(br, b, id, err), 0));
+	cr_assert(eq(i32, import_grant(br, a, x->id, 1000, false, err), -EINVAL), "its own uid");
+	cr_assert(eq(i32, import_grant(br, a, 999, 2000, false, err), -ENOENT));
+	for (uid_t u = 0; u < IMPORT_MAX_GRANTS; u++)
+		cr_assert(eq(i32, import_grant(br, a, x->id, 3000 + u, false, err), 0));
+	cr_assert(eq(i32, import_grant(br, a, x->id, 4000, false, err), -ENOSPC));
+	broker_client_remove(br, a);
+	broker_client_remove(br, b);
+	check_zero();
+}
+
+/* Counts the records import_followers() visits. */
+static int count_rec(void *arg, const struct import_export *ex, const struct import_rec *r)
+{
+	(void)ex;
+	(void)r;
+	(*(unsigned *)arg)++;
+	return 0;
+}
+
+Test(import, a_follower_unmapped_pins_nothing_and_maps_again_after_the_resume)
+{
+	struct bclient *a = client("owner", 100, 1000), *b = client("engine", 101, 1000),
+		       *c = client("other", 102, 1000);
+	struct balloc *x = alloc_ok(a, 8 * MiB, "w");
+	struct broker_result res = BROKER_RESULT_INIT;
+	struct import_export *ex = NULL;
+	uint8_t h[IPC_HANDLE_SIZE];
+	char err[ERR_MSG_MAX] = "";
+	unsigned n = 0;
+	uint64_t id;
+
+	export_ok(a, x, 0, h);
+	id = open_ok(b, h, NULL)->id;
+	open_ok(c, h, NULL);
+	import_followers(br, a, "w", true, count_rec, &n);
+	cr_assert(eq(u32, n, 2), "two mapped records of tag w");
+	/* One follows: still pinned for the other, the pause still refused. */
+	cr_assert(eq(i32, import_unmapped(br, b, id), 0));
+	cr_assert(eq(u32, x->chunks[0]->pins, 1));
+	cr_assert(eq(i32, lend_pause(br, a, "w", false, err), -EBUSY));
+	cr_assert(not(eq(ptr, strstr(err, "'other'"), NULL)), "%s", err);
+	cr_assert(eq(ptr, strstr(err, "'engine'"), NULL), "a follower is not named: %s", err);
+	cr_assert(eq(i32, import_unmapped(br, c, id), 0));
+	cr_assert(eq(u32, x->chunks[0]->pins, 0), "no mapped record: no pin");
+	cr_assert(eq(i32, import_unmapped(br, c, 12345), -ENOENT));
+	cr_assert(eq(i32, lend_pause(br, a, "w", false, err), 0), "%s", err);
+	cr_assert(eq(u64, pool0()->lent_bytes, 0), "the chunks are back");
+	cr_assert(eq(i32, import_remap(br, b, id, &ex, err), -EBUSY), "paused: not yet");
+	n = 0;
+	import_followers(br, a, "w", false, count_rec, &n);
+	cr_assert(eq(u32, n, 2), "both wait to map again");
+	cr_assert(eq(i32, lend_resume(br, a, "w", &res, err), 0), "%s", err);
+	broker_result_deinit(&res);
+	cr_assert(eq(i32, import_remap(br, b, id, &ex, err), 0), "%s", err);
+	cr_assert(eq(ptr, ex->chunks[0], x->chunks[0]), "the new chunks are pinned");
+	cr_assert(eq(u32, x->chunks[0]->pins, 1));
+	cr_assert(eq(i32, import_remap(br, b, id, &ex, err), 0), "again: a no-op");
+	cr_assert(eq(u32, x->chunks[0]->pins, 1));
+	/* An unmapped follower that opens again maps again too. */
+	open_ok(c, h, NULL);
+	cr_assert(eq(u32, ex->nmapped, 2));
+	cr_assert(eq(u32, x->chunks[0]->pins, 1), "pinned once");
+	cr_assert(eq(i32, import_remap(br, a, id, &ex, err), -ENOENT), "not an importer");
+	/* The owner frees: a remap finds nothing to map. */
+	cr_assert(eq(i32, import_unmapped(br, b, id), 0));
+	cr_assert(eq(i32, lend_free(br, a, x->id, err), 0));
+	cr_assert(eq(i32, import_remap(br, b, id, &ex, err), -ENOENT));
+	broker_client_remove(br, c);
+	broker_client_remove(br, b);
+	broker_client_remove(br, a);
+	check_zero();
 }

@@ -22,6 +22,8 @@ static const char *const event_kind_names[EVENT_NKINDS] = {
 	[EVENT_MISSED] = "missed",
 	[EVENT_IMPORT] = "import",
 	[EVENT_IMPORT_CLOSE] = "import_close",
+	[EVENT_IMPORT_UNMAP] = "import_unmap",
+	[EVENT_IMPORT_MAP] = "import_map",
 };
 
 static const char *const event_reason_names[EVENT_NREASONS] = {

@@ -30,6 +30,8 @@ enum event_kind {
 	EVENT_MISSED,	    /* count: events this watcher was not sent while replies were held */
 	EVENT_IMPORT,	    /* a client mapped another's allocation (CUDA IPC); detail: whose */
 	EVENT_IMPORT_CLOSE, /* it closed one open of such an import */
+	EVENT_IMPORT_UNMAP, /* it unmapped one to follow its owner's pause */
+	EVENT_IMPORT_MAP,   /* it mapped such an import again, after the resume */
 	EVENT_NKINDS
 };
 

@@ -40,6 +40,7 @@
 #include "common/err.h"
 #include "common/idmap.h"
 #include "common/wire.h"
+#include "daemon/core/event.h"
 #include "daemon/handlers/handlers.h"
 #include "daemon/transport/sess.h"
 #include "proto/gmb.pb-c.h"
@@ -337,6 +338,10 @@ int handlers__ipc_resumed(struct hreq *rq);
  * unmapped after the pause gave up on it is asked to map again. */
 void handlers__follow_done(struct hdreq *d, const struct hdreq_result *res);
 void handlers__follow_late(struct hdreq *d);
+/* An import event (EVENT_IMPORT...) of client @c on session @s about @ex. */
+struct import_export;
+void handlers__ipc_event(struct handlers *h, struct sess *s, const struct bclient *c,
+			 enum event_kind kind, const struct import_export *ex, uint64_t duration_ns);
 /* The rounds of owner @s (NULL: all) end unanswered. */
 void handlers__ipc_rounds_gone(struct handlers *h, struct sess *s);
 /* Status: the imports, the first HIPC_STATUS_MAX of them (strings point

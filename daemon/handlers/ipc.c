@@ -84,17 +84,8 @@ static int handlers_ipc_send(struct sess *s, uint64_t reply_to, const struct imp
 static void handlers_ipc_event(struct hreq *rq, enum event_kind kind,
 			       const struct import_export *ex)
 {
-	struct event ev = EVENT_INIT(kind);
-	char detail[ERR_MSG_MAX];
-
-	snprintf(detail, sizeof(detail), "allocation %" PRIu64 " of client '%s' (pid %d)",
-		 ex->alloc_id, ex->owner, (int)ex->owner_pid);
-	handlers__event_client(&ev, rq->s, hconn_of(rq->s)->client);
-	ev.device = ex->dev;
-	ev.bytes = ex->size;
-	ev.detail = detail;
-	ev.duration_ns = uv_hrtime() - rq->start_ns;
-	handlers__emit(rq->h, &ev);
+	handlers__ipc_event(rq->h, rq->s, hconn_of(rq->s)->client, kind, ex,
+			    uv_hrtime() - rq->start_ns);
 }
 
 int handlers__ipc_open(struct hreq *rq)
@@ -118,6 +109,7 @@ int handlers__ipc_open(struct hreq *rq)
 		log_info("import mapped again " SESS_FMT " owner=%s alloc=%" PRIu64 " chunks=%u",
 			 SESS_ARGS(rq->s), ex->owner, ex->alloc_id, ex->nchunks);
 		handlers_ipc_send(rq->s, rq->env->id, ex, 0);
+		handlers_ipc_event(rq, EVENT_IMPORT_MAP, ex);
 		return 0;
 	}
 	log_info("memory imported " SESS_FMT " owner=%s owner_pid=%d alloc=%" PRIu64

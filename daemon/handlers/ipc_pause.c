@@ -29,6 +29,7 @@
 #include "common/list.h"
 #include "common/log.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/event.h"
 #include "daemon/core/import.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
@@ -141,6 +142,35 @@ void handlers__ipc_cancel(struct handlers *h, struct sess *s)
 		if (!s || w->s == s)
 			handlers_ipc_unwait(h, w);
 	}
+}
+
+void handlers__ipc_event(struct handlers *h, struct sess *s, const struct bclient *c,
+			 enum event_kind kind, const struct import_export *ex, uint64_t duration_ns)
+{
+	struct event ev = EVENT_INIT(kind);
+	char detail[ERR_MSG_MAX];
+
+	snprintf(detail, sizeof(detail), "allocation %" PRIu64 " of client '%s' (pid %d)",
+		 ex->alloc_id, ex->owner, (int)ex->owner_pid);
+	handlers__event_client(&ev, s, c);
+	ev.device = ex->dev;
+	ev.bytes = ex->size;
+	ev.detail = detail;
+	ev.duration_ns = duration_ns;
+	handlers__emit(h, &ev);
+}
+
+/* An importer unmapped export @export_id to follow its owner: recorded,
+ * told. Return: 0, or -ENOENT when it has no such import (closed since). */
+static int handlers_follow_unmapped(struct hdreq *d, struct bclient *imp)
+{
+	const struct import_export *ex;
+
+	if (import_unmapped(d->h->broker, imp, d->export_id) < 0)
+		return -ENOENT;
+	ex = import_find(d->h->broker, d->export_id);
+	handlers__ipc_event(d->h, d->target, imp, EVENT_IMPORT_UNMAP, ex, 0);
+	return 0;
 }
 
 /* ---- rounds: importers that follow their owner ---- */
@@ -374,7 +404,7 @@ void handlers__follow_done(struct hdreq *d, const struct hdreq_result *res)
 
 	/* Answered: it unmapped (gmbd no longer pins for it), or mapped again. */
 	if (res->end == HDREQ_ANSWERED && !d->map && imp)
-		import_unmapped(d->h->broker, imp, d->export_id);
+		handlers_follow_unmapped(d, imp);
 	if (!rd)
 		return; /* a lone request of handlers__follow_late() */
 	if (res->end != HDREQ_ANSWERED && imp) {
@@ -399,7 +429,7 @@ void handlers__follow_late(struct hdreq *d)
 	Gmb__IpcFollow f = GMB__IPC_FOLLOW__INIT;
 	struct hdreq *again;
 
-	if (d->map || !imp || import_unmapped(h->broker, imp, d->export_id) < 0)
+	if (d->map || !imp || handlers_follow_unmapped(d, imp) < 0)
 		return;
 	/* The pause failed without it, or is over: the owner's memory is
 	 * mapped, so the importer maps it again; a later pause asks anew. */

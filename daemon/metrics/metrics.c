@@ -274,6 +274,10 @@ static void metrics_counters(struct mbuf *b, const struct metrics *m)
 		  "Opens of another client's allocation (CUDA IPC)." },
 		{ EVENT_IMPORT_CLOSE, "gmbd_import_closes_total",
 		  "Closes of such an open (CUDA IPC)." },
+		{ EVENT_IMPORT_UNMAP, "gmbd_import_unmaps_total",
+		  "Imports unmapped to follow their owner's pause (CUDA IPC)." },
+		{ EVENT_IMPORT_MAP, "gmbd_import_remaps_total",
+		  "Imports mapped again after their owner's resume (CUDA IPC)." },
 	};
 
 	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
