@@ -139,7 +139,8 @@ $(1)/gmb-uninstalled.pc: gmb.pc.in include/gmb.h
 $(1)/libgmb_preload.so: $(call objs,$(1),$(PRELOAD_SRC))
 	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -shared -Wl,-soname,libgmb_preload.so -Wl,--no-undefined -o $$@ $$^ -Wl,--as-needed -ldl
 
-$(1)/tests/libfake_cudart.so: $(1)/tests/fake_cudart.o
+# It loads the stand-in driver next to it for its driver entry points (as libcudart loads libcuda).
+$(1)/tests/libfake_cudart.so: $(1)/tests/fake_cudart.o | $(1)/tests/libfake_cuda.so
 	$$(call say,LD,$$@)$$(CC) $$(CFLAGS_ALL) -shared -Wl,-soname,libfake_cudart.so -o $$@ $$^
 
 # The stand-in driver: soname libcuda.so.1, so the cuda backend's dlopen finds it once loaded.

@@ -5,15 +5,24 @@
  * tested without a GPU (tests/fake_cuda.h says what it records).
  *
  * It has every entry point the backend loads, under the versioned names it
- * asks dlsym for (there is no cuGetProcAddress here, so the backend takes
- * its dlsym path). Devices have a uuid, a granularity and a primary context
+ * asks dlsym for (its cuGetProcAddress_v2 knows only the IPC calls below,
+ * so the backend finds every one of its own by dlsym). Devices have a uuid,
+ * a granularity and a primary context
  * each; contexts are a per-thread stack as in the driver; the stream
  * capture mode is per thread, GLOBAL by default, as in the driver. Memory
  * is not real: reservations hand out addresses nobody touches, copies only
  * count. One mutex; not for production, obviously.
+ *
+ * CUDA IPC for the preload shim's tests (tests/test_ipc_driver.c): a
+ * handle names the pointer it was made of ("FAKECU" + the address), so a
+ * test sees which calls, pointers, handles and flags reached the driver
+ * unchanged. What its lookups hand out are its own functions, never the
+ * exported symbols (which an LD_PRELOAD library interposes), as a real
+ * driver's are.
  */
 #include <cuda.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +92,13 @@ void fake_cuda_stats(struct fake_cuda_stats *out)
 	pthread_mutex_lock(&fake_lock);
 	*out = fake_st;
 	pthread_mutex_unlock(&fake_lock);
+}
+
+void fake_cuda_set_current(int dev)
+{
+	fake_depth = 0;
+	if (dev >= 0 && dev < fake_n)
+		fake_stack[fake_depth++] = &fake_ctxs[dev];
 }
 
 /* Boot and errors. */
@@ -393,6 +409,189 @@ CUresult CUDAAPI cuMemHostRegister(void *p, size_t n, unsigned int flags)
 CUresult CUDAAPI cuMemHostUnregister(void *p)
 {
 	return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* CUDA IPC: a handle is "FAKECU" and the address it was made of. */
+
+static const char fake_ipc_magic[8] = "FAKECU";
+
+static CUresult fake_ipc_get(CUipcMemHandle *h, CUdeviceptr p)
+{
+	pthread_mutex_lock(&fake_lock);
+	fake_st.ipc_gets++;
+	pthread_mutex_unlock(&fake_lock);
+	if (!h || !p)
+		return CUDA_ERROR_INVALID_VALUE;
+	memset(h, 0, sizeof(*h));
+	memcpy(h->reserved, fake_ipc_magic, sizeof(fake_ipc_magic));
+	memcpy(h->reserved + 8, &p, sizeof(p));
+	return CUDA_SUCCESS;
+}
+
+static CUresult fake_ipc_open(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags, int *count)
+{
+	pthread_mutex_lock(&fake_lock);
+	(*count)++;
+	fake_st.ipc_flags = flags;
+	pthread_mutex_unlock(&fake_lock);
+	if (!p)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (memcmp(h.reserved, fake_ipc_magic, sizeof(fake_ipc_magic)) != 0)
+		return CUDA_ERROR_INVALID_HANDLE;
+	memcpy(p, h.reserved + 8, sizeof(*p));
+	return CUDA_SUCCESS;
+}
+
+static CUresult fake_ipc_open_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags)
+{
+	return fake_ipc_open(p, h, flags, &fake_st.ipc_opens);
+}
+
+static CUresult fake_ipc_open_v1(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags)
+{
+	return fake_ipc_open(p, h, flags, &fake_st.ipc_opens_v1);
+}
+
+static CUresult fake_ipc_close(CUdeviceptr p)
+{
+	pthread_mutex_lock(&fake_lock);
+	fake_st.ipc_closes++;
+	pthread_mutex_unlock(&fake_lock);
+	return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult fake_ctx_dev(CUdevice *d, int *count)
+{
+	int dev = fake_cur_dev();
+
+	pthread_mutex_lock(&fake_lock);
+	(*count)++;
+	pthread_mutex_unlock(&fake_lock);
+	if (!d)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev < 0)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*d = dev;
+	return CUDA_SUCCESS;
+}
+
+static CUresult fake_ctx_get_device(CUdevice *d)
+{
+	return fake_ctx_dev(d, &fake_st.ctx_devs);
+}
+
+/* ABI 13000 (cuCtxGetDevice_v2): the device of @ctx, NULL for the current one. */
+static CUresult fake_ctx_get_device_v2(CUdevice *d, CUcontext ctx)
+{
+	if (!ctx)
+		return fake_ctx_dev(d, &fake_st.ctx_devs_v2);
+	pthread_mutex_lock(&fake_lock);
+	fake_st.ctx_devs_v2++;
+	pthread_mutex_unlock(&fake_lock);
+	*d = ((struct fake_ctx *)ctx)->dev;
+	return CUDA_SUCCESS;
+}
+
+static CUresult fake_gpa_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+			    CUdriverProcAddressQueryResult *status);
+static CUresult fake_gpa_v1(const char *symbol, void **pfn, int version, cuuint64_t flags);
+
+/* POSIX guarantees a void * holds a function pointer (dlsym). */
+#define FAKE_ADDR(fn)                                \
+	__extension__({                              \
+		__typeof__(&fn) fn_ = &fn;           \
+		void *addr_;                         \
+		memcpy(&addr_, &fn_, sizeof(addr_)); \
+		addr_;                               \
+	})
+
+/* The name's newest ABI at @version, as the driver picks them (cudaTypedefs.h). */
+static void *fake_find(const char *symbol, int version)
+{
+	if (!symbol)
+		return NULL;
+	if (!strcmp(symbol, "cuIpcGetMemHandle"))
+		return FAKE_ADDR(fake_ipc_get);
+	if (!strcmp(symbol, "cuIpcOpenMemHandle"))
+		return version >= 11000 ? FAKE_ADDR(fake_ipc_open_v2) : FAKE_ADDR(fake_ipc_open_v1);
+	if (!strcmp(symbol, "cuIpcCloseMemHandle"))
+		return FAKE_ADDR(fake_ipc_close);
+	if (!strcmp(symbol, "cuCtxGetDevice"))
+		return version >= 13000 ? FAKE_ADDR(fake_ctx_get_device_v2) :
+					  FAKE_ADDR(fake_ctx_get_device);
+	if (!strcmp(symbol, "cuGetProcAddress"))
+		return version >= 12000 ? FAKE_ADDR(fake_gpa_v2) : FAKE_ADDR(fake_gpa_v1);
+	return NULL;
+}
+
+static CUresult fake_gpa_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+			    CUdriverProcAddressQueryResult *status)
+{
+	void *p = fake_find(symbol, version);
+
+	pthread_mutex_lock(&fake_lock);
+	fake_st.lookups++;
+	pthread_mutex_unlock(&fake_lock);
+	if (!pfn)
+		return CUDA_ERROR_INVALID_VALUE;
+	*pfn = p;
+	if (status)
+		*status = p ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+	return p ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+static CUresult fake_gpa_v1(const char *symbol, void **pfn, int version, cuuint64_t flags)
+{
+	return fake_gpa_v2(symbol, pfn, version, flags, NULL);
+}
+
+void *fake_cuda_lookup(const char *symbol, int version)
+{
+	return fake_find(symbol, version);
+}
+
+/* The exported symbols: what a program linked against the driver calls. */
+
+CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
+{
+	return fake_ipc_get(h, p);
+}
+
+CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags)
+{
+	return fake_ipc_open_v2(p, h, flags);
+}
+
+CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr p)
+{
+	return fake_ipc_close(p);
+}
+
+CUresult CUDAAPI cuCtxGetDevice(CUdevice *d)
+{
+	return fake_ctx_get_device(d);
+}
+
+CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+				     CUdriverProcAddressQueryResult *status)
+{
+	return fake_gpa_v2(symbol, pfn, version, flags, status);
+}
+
+/* The older ABIs' unversioned symbols, which cuda.h renames away from. */
+#undef cuIpcOpenMemHandle
+#undef cuGetProcAddress
+CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags);
+CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags);
+
+CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags)
+{
+	return fake_ipc_open_v1(p, h, flags);
+}
+
+CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags)
+{
+	return fake_gpa_v1(symbol, pfn, version, flags);
 }
 
 #pragma GCC visibility pop

@@ -8,9 +8,18 @@
  * with cudaErrorInvalidValue, as the real runtime does with a VMM address:
  * that is how a gmbd pointer leaking to the runtime shows. Thread-safe (one
  * mutex); not for production, obviously.
+ *
+ * The driver's entry points (cudaGetDriverEntryPoint*) come from the
+ * stand-in driver next to this file (libfake_cuda.so, tests/fake_cuda.c),
+ * loaded RTLD_LOCAL at the first lookup as libcudart loads libcuda: out of
+ * the process's global symbols unless the program loads it globally too.
  */
+#include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <limits.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,6 +32,8 @@ static struct fake_stats fake_st;
 static void *fake_ptrs[FAKE_MAX_PTRS];
 static int fake_device, fake_capturing;
 static size_t fake_limit = (size_t)1 << 30;
+static int fake_version = 13000, fake_by_version = 1;
+static void *fake_driver; /* libfake_cuda.so, never closed */
 
 static cudaError_t fake_alloc(void **p, size_t size, int *counter)
 {
@@ -184,4 +195,102 @@ FAKE_API cudaError_t cudaIpcCloseMemHandle(void *p)
 	fake_st.ipc_closes++;
 	pthread_mutex_unlock(&fake_lock);
 	return p ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+FAKE_API void fake_cudart_set_version(int version)
+{
+	pthread_mutex_lock(&fake_lock);
+	fake_version = version;
+	pthread_mutex_unlock(&fake_lock);
+}
+
+FAKE_API void fake_cudart_set_by_version(int on)
+{
+	pthread_mutex_lock(&fake_lock);
+	fake_by_version = on;
+	pthread_mutex_unlock(&fake_lock);
+}
+
+FAKE_API cudaError_t cudaRuntimeGetVersion(int *v)
+{
+	if (!v)
+		return cudaErrorInvalidValue;
+	pthread_mutex_lock(&fake_lock);
+	*v = fake_version;
+	pthread_mutex_unlock(&fake_lock);
+	return cudaSuccess;
+}
+
+typedef CUresult (*fake_gpa_fn)(const char *, void **, int, cuuint64_t,
+				CUdriverProcAddressQueryResult *);
+
+/* The stand-in driver's cuGetProcAddress_v2 (on its own handle: its own, never a preload's). */
+static fake_gpa_fn fake_driver_gpa(void)
+{
+	static const char anchor;
+	char path[PATH_MAX];
+	fake_gpa_fn gpa = NULL;
+	Dl_info info;
+	void *sym;
+
+	pthread_mutex_lock(&fake_lock);
+	if (!fake_driver && dladdr(&anchor, &info) && info.dli_fname &&
+	    strrchr(info.dli_fname, '/')) {
+		snprintf(path, sizeof(path), "%.*s/libfake_cuda.so",
+			 (int)(strrchr(info.dli_fname, '/') - info.dli_fname), info.dli_fname);
+		fake_driver = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	}
+	sym = fake_driver ? dlsym(fake_driver, "cuGetProcAddress_v2") : NULL;
+	pthread_mutex_unlock(&fake_lock);
+	memcpy(&gpa, &sym, sizeof(gpa));
+	return gpa;
+}
+
+static cudaError_t fake_entry(const char *symbol, void **fn, int version, unsigned long long flags,
+			      enum cudaDriverEntryPointQueryResult *status)
+{
+	CUdriverProcAddressQueryResult q = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+	fake_gpa_fn gpa = fake_driver_gpa();
+	CUresult r;
+
+	if (!gpa)
+		return cudaErrorInitializationError;
+	/* cudaEnable* and CU_GET_PROC_ADDRESS_* are the same numbers. */
+	r = gpa(symbol, fn, version, flags, &q);
+	if (status)
+		*status = q == CU_GET_PROC_ADDRESS_SUCCESS ?
+				  cudaDriverEntryPointSuccess :
+			  q == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT ?
+				  cudaDriverEntryPointVersionNotSufficent :
+				  cudaDriverEntryPointSymbolNotFound;
+	return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorSymbolNotFound;
+}
+
+FAKE_API cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn,
+						      unsigned int version,
+						      unsigned long long flags,
+						      enum cudaDriverEntryPointQueryResult *status)
+{
+	int on;
+
+	pthread_mutex_lock(&fake_lock);
+	fake_st.entry_lookups_by_version++;
+	on = fake_by_version;
+	pthread_mutex_unlock(&fake_lock);
+	if (!on)
+		return cudaErrorNotSupported;
+	return fake_entry(symbol, fn, (int)version, flags, status);
+}
+
+FAKE_API cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **fn,
+					     unsigned long long flags,
+					     enum cudaDriverEntryPointQueryResult *status)
+{
+	int version;
+
+	pthread_mutex_lock(&fake_lock);
+	fake_st.entry_lookups++;
+	version = fake_version;
+	pthread_mutex_unlock(&fake_lock);
+	return fake_entry(symbol, fn, version, flags, version >= 12000 ? status : NULL);
 }

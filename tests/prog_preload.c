@@ -36,11 +36,32 @@
  *   ipcget PTR             cudaIpcGetMemHandle -> "<err> <128 hex digits>"
  *   ipcopen HEX            cudaIpcOpenMemHandle(LazyEnablePeerAccess) -> "<err> <ptr>"
  *   ipcclose PTR           cudaIpcCloseMemHandle
+ * The driver's calls (CUresult; the stand-in driver tests/fake_cuda.c is
+ * loaded RTLD_LOCAL at the first of them, with two devices and device 0's
+ * context current, as the stand-in runtime's entry points load it):
+ *   driver                 load it RTLD_GLOBAL too, as a program linked against libcuda has it
+ *   ctx N                  device N's context current on this thread (-1: none)
+ *   rtversion N | byversion 0|1   the stand-in runtime's version; its lookup by version on or off
+ *   cuget PTR ROUTE        cuIpcGetMemHandle -> "<err> <128 hex digits>"
+ *   cuopen HEX ROUTE       cuIpcOpenMemHandle(LAZY_ENABLE_PEER_ACCESS) -> "<err> <ptr>"
+ *   cuclose PTR ROUTE      cuIpcCloseMemHandle
+ *     ROUTE: how the function is found: sym (dlsym(RTLD_DEFAULT), what a call
+ *     linked against libcuda reaches: the open's cuda.h name, _v2), v1 (the
+ *     open's unversioned symbol), gpa (cuGetProcAddress_v2 at CUDA_VERSION),
+ *     gpa1 (cuGetProcAddress at 11030), ep (cudaGetDriverEntryPoint), epv
+ *     (cudaGetDriverEntryPointByVersion at CUDA_VERSION)
+ *   lookup ROUTE NAME VER  -> "<err> <status> <where>": the lookup's status (7 if
+ *                          not written), where: shim:SYMBOL (the shim's function),
+ *                          real (what the stand-in driver answers at VER), null, other
+ *   drvstats               the stand-in driver's and runtime's counts of these calls
+ *   loaded                 "0 1" if libgmb is in the process, "0 0" if not
  *   quit
  */
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -49,6 +70,7 @@
 #include <string.h>
 
 #include "include/gmb.h"
+#include "tests/fake_cuda.h"
 #include "tests/fake_cudart.h"
 
 struct prog_gmb {
@@ -156,7 +178,24 @@ static int prog_thread(size_t size, char *out, size_t cap)
 	return (int)t.rc;
 }
 
-/* The cudaIpc*MemHandle calls; handles travel as hex text. */
+/* Handles travel as hex text: @n bytes of @h into @out, and back (the rest zero). */
+static void prog_hex_out(const char *h, size_t n, char *out, size_t cap)
+{
+	for (size_t i = 0; i < n && 2 * i + 2 < cap; i++)
+		snprintf(out + 2 * i, 3, "%02x", (unsigned char)h[i]);
+}
+
+static void prog_hex_in(const char *a, char *h, size_t n)
+{
+	memset(h, 0, n);
+	for (size_t i = 0; i < n && a[2 * i] && a[2 * i + 1]; i++) {
+		char byte[3] = { a[2 * i], a[2 * i + 1], 0 };
+
+		h[i] = (char)strtoul(byte, NULL, 16);
+	}
+}
+
+/* The cudaIpc*MemHandle calls. */
 static int prog_ipc(const char *verb, const char *a, char *out, size_t cap)
 {
 	cudaIpcMemHandle_t h;
@@ -166,23 +205,244 @@ static int prog_ipc(const char *verb, const char *a, char *out, size_t cap)
 	if (!strcmp(verb, "ipcget")) {
 		memset(&h, 0, sizeof(h));
 		r = cudaIpcGetMemHandle(&h, prog_ptr(a));
-		for (size_t i = 0; i < sizeof(h.reserved) && 2 * i + 2 < cap; i++)
-			snprintf(out + 2 * i, 3, "%02x", (unsigned char)h.reserved[i]);
+		prog_hex_out(h.reserved, sizeof(h.reserved), out, cap);
 		return (int)r;
 	}
 	if (!strcmp(verb, "ipcopen")) {
-		memset(&h, 0, sizeof(h));
-		for (size_t i = 0; i < sizeof(h.reserved) && a[2 * i] && a[2 * i + 1]; i++) {
-			char byte[3] = { a[2 * i], a[2 * i + 1], 0 };
-
-			h.reserved[i] = (char)strtoul(byte, NULL, 16);
-		}
+		prog_hex_in(a, h.reserved, sizeof(h.reserved));
 		r = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
 		snprintf(out, cap, "%p", p);
 		return (int)r;
 	}
 	if (!strcmp(verb, "ipcclose"))
 		return (int)cudaIpcCloseMemHandle(prog_ptr(a));
+	return -EINVAL;
+}
+
+/* The stand-in driver, loaded (RTLD_LOCAL) and set up at the first call; NULL if it is not there. */
+static void *prog_drv(void)
+{
+	static void *h;
+	void (*setup)(int, const uint64_t *);
+	void (*current)(int);
+	static const uint64_t gran[2] = { 2 << 20, 2 << 20 };
+	char path[PATH_MAX];
+	Dl_info info;
+	void *sym;
+
+	if (h || !dladdr((void *)fake_cudart_stats, &info) || !strrchr(info.dli_fname, '/'))
+		return h;
+	snprintf(path, sizeof(path), "%.*s/libfake_cuda.so",
+		 (int)(strrchr(info.dli_fname, '/') - info.dli_fname), info.dli_fname);
+	h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!h)
+		return NULL;
+	sym = dlsym(h, "fake_cuda_setup");
+	memcpy(&setup, &sym, sizeof(sym));
+	sym = dlsym(h, "fake_cuda_set_current");
+	memcpy(&current, &sym, sizeof(sym));
+	setup(2, gran);
+	current(0);
+	return h;
+}
+
+/* @name of the stand-in driver's hooks (tests/fake_cuda.h). */
+static void *prog_drv_hook(const char *name)
+{
+	void *h = prog_drv();
+
+	return h ? dlsym(h, name) : NULL;
+}
+
+typedef CUresult (*prog_gpa_fn)(const char *, void **, int, cuuint64_t,
+				CUdriverProcAddressQueryResult *);
+typedef CUresult (*prog_gpa1_fn)(const char *, void **, int, cuuint64_t);
+typedef cudaError_t (*prog_ep_fn)(const char *, void **, unsigned long long,
+				  enum cudaDriverEntryPointQueryResult *);
+typedef cudaError_t (*prog_epv_fn)(const char *, void **, unsigned int, unsigned long long,
+				   enum cudaDriverEntryPointQueryResult *);
+
+/*
+ * The lookup @route of @name at @version into *@p; *@status is 7 unless
+ * the lookup wrote it. Returns its status (CUresult or cudaError_t).
+ */
+static int prog_lookup(const char *route, const char *name, int version, void **p, int *status)
+{
+	static const char *const fns[][2] = { { "gpa", "cuGetProcAddress_v2" },
+					      { "gpa1", "cuGetProcAddress" },
+					      { "ep", "cudaGetDriverEntryPoint" },
+					      { "epv", "cudaGetDriverEntryPointByVersion" } };
+	CUdriverProcAddressQueryResult q = (CUdriverProcAddressQueryResult)7;
+	enum cudaDriverEntryPointQueryResult e = (enum cudaDriverEntryPointQueryResult)7;
+	void *sym = NULL;
+	prog_gpa_fn gpa;
+	prog_gpa1_fn gpa1;
+	prog_ep_fn ep;
+	prog_epv_fn epv;
+	int rc = -EINVAL;
+
+	*p = NULL;
+	*status = 7;
+	for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++)
+		if (!strcmp(route, fns[i][0]))
+			sym = dlsym(RTLD_DEFAULT, fns[i][1]);
+	if (!sym)
+		return -ENOENT;
+	memcpy(&gpa, &sym, sizeof(sym));
+	memcpy(&gpa1, &sym, sizeof(sym));
+	memcpy(&ep, &sym, sizeof(sym));
+	memcpy(&epv, &sym, sizeof(sym));
+	if (!strcmp(route, "gpa"))
+		rc = (int)gpa(name, p, version, CU_GET_PROC_ADDRESS_DEFAULT, &q);
+	else if (!strcmp(route, "gpa1"))
+		rc = (int)gpa1(name, p, version, CU_GET_PROC_ADDRESS_DEFAULT);
+	else if (!strcmp(route, "ep"))
+		rc = (int)ep(name, p, cudaEnableDefault, &e);
+	else
+		rc = (int)epv(name, p, (unsigned int)version, cudaEnableDefault, &e);
+	*status = route[0] == 'g' ? (int)q : (int)e;
+	return rc;
+}
+
+/* The driver's function @name as @route finds it (sym and v1: @sym's symbol), or NULL. */
+static void *prog_drv_fn(const char *route, const char *name, const char *sym)
+{
+	void *p = NULL;
+	int st;
+
+	if (!strcmp(route, "sym") || !strcmp(route, "v1"))
+		return dlsym(RTLD_DEFAULT, route[0] == 'v' ? name : sym);
+	prog_lookup(route, name, strcmp(route, "gpa1") ? CUDA_VERSION : 11030, &p, &st);
+	return p;
+}
+
+/* Where @p is: the shim's SYMBOL, the stand-in driver's answer for @name at @version, ... */
+static void prog_where(void *p, const char *name, int version, char *out, size_t cap)
+{
+	void *(*real)(const char *, int);
+	void *sym = prog_drv_hook("fake_cuda_lookup");
+	Dl_info info;
+
+	memcpy(&real, &sym, sizeof(sym));
+	if (!p)
+		snprintf(out, cap, "null");
+	else if (dladdr(p, &info) && info.dli_fname && strstr(info.dli_fname, "libgmb_preload"))
+		snprintf(out, cap, "shim:%s", info.dli_sname ? info.dli_sname : "?");
+	else
+		snprintf(out, cap, "%s", sym && p == real(name, version) ? "real" : "other");
+}
+
+/* cuget, cuopen, cuclose: the IPC calls through @route. */
+static int prog_cu_ipc(const char *verb, const char *a, const char *route, char *out, size_t cap)
+{
+	CUresult (*get)(CUipcMemHandle *, CUdeviceptr);
+	CUresult (*open)(CUdeviceptr *, CUipcMemHandle, unsigned int);
+	CUresult (*close)(CUdeviceptr);
+	CUdeviceptr d = 0;
+	CUipcMemHandle h;
+	void *fn;
+	int r;
+
+	if (!strcmp(verb, "cuget"))
+		fn = prog_drv_fn(route, "cuIpcGetMemHandle", "cuIpcGetMemHandle");
+	else if (!strcmp(verb, "cuopen"))
+		fn = prog_drv_fn(route, "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2");
+	else
+		fn = prog_drv_fn(route, "cuIpcCloseMemHandle", "cuIpcCloseMemHandle");
+	if (!fn)
+		return -ENOENT;
+	memcpy(&get, &fn, sizeof(fn));
+	memcpy(&open, &fn, sizeof(fn));
+	memcpy(&close, &fn, sizeof(fn));
+	if (!strcmp(verb, "cuget")) {
+		memset(&h, 0, sizeof(h));
+		r = (int)get(&h, (CUdeviceptr)(uintptr_t)prog_ptr(a));
+		prog_hex_out(h.reserved, sizeof(h.reserved), out, cap);
+		return r;
+	}
+	if (!strcmp(verb, "cuopen")) {
+		prog_hex_in(a, h.reserved, sizeof(h.reserved));
+		r = (int)open(&d, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+		snprintf(out, cap, "%p", (void *)(uintptr_t)d);
+		return r;
+	}
+	return (int)close((CUdeviceptr)(uintptr_t)prog_ptr(a));
+}
+
+static int prog_drvstats(char *out, size_t cap)
+{
+	void *sym = prog_drv_hook("fake_cuda_stats");
+	void (*stats)(struct fake_cuda_stats *);
+	struct fake_cuda_stats d;
+	struct fake_stats rt;
+
+	if (!sym)
+		return -ENOENT;
+	memcpy(&stats, &sym, sizeof(sym));
+	stats(&d);
+	fake_cudart_stats(&rt);
+	snprintf(out, cap,
+		 "gets=%d opens=%d opens_v1=%d closes=%d flags=%u ctx=%d ctx_v2=%d lookups=%d "
+		 "ep=%d epv=%d",
+		 d.ipc_gets, d.ipc_opens, d.ipc_opens_v1, d.ipc_closes, d.ipc_flags, d.ctx_devs,
+		 d.ctx_devs_v2, d.lookups, rt.entry_lookups, rt.entry_lookups_by_version);
+	return 0;
+}
+
+static const char *const prog_driver_verbs[] = { "loaded",  "rtversion", "byversion", "driver",
+						 "ctx",	    "drvstats",	 "cuget",     "cuopen",
+						 "cuclose", "lookup" };
+
+/* The driver's commands, or -EINVAL for another verb. */
+static int prog_driver(const char *verb, const char *a, const char *b, const char *c, char *out,
+		       size_t cap)
+{
+	void (*current)(int);
+	const char *lib = getenv("GMB_LIB");
+	bool known = false;
+	Dl_info info;
+	void *sym, *p;
+	int rc, st;
+
+	for (size_t i = 0; i < sizeof(prog_driver_verbs) / sizeof(prog_driver_verbs[0]); i++)
+		known |= !strcmp(verb, prog_driver_verbs[i]);
+	if (!known)
+		return -EINVAL;
+	if (!strcmp(verb, "loaded")) {
+		p = lib ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
+		snprintf(out, cap, "%d", p != NULL);
+		if (p)
+			dlclose(p);
+		return 0;
+	}
+	if (!strcmp(verb, "rtversion") || !strcmp(verb, "byversion")) {
+		(verb[0] == 'r' ? fake_cudart_set_version : fake_cudart_set_by_version)(atoi(a));
+		return 0;
+	}
+	if (!prog_drv())
+		return -ENOENT;
+	if (!strcmp(verb, "driver")) {
+		if (!dladdr(prog_drv_hook("fake_cuda_setup"), &info) || !info.dli_fname)
+			return -ENOENT;
+		/* The same file, now in the global scope as well (a reference, kept). */
+		return dlopen(info.dli_fname, RTLD_NOW | RTLD_GLOBAL) ? 0 : -ENOENT;
+	}
+	if (!strcmp(verb, "ctx")) {
+		sym = prog_drv_hook("fake_cuda_set_current");
+		memcpy(&current, &sym, sizeof(sym));
+		current(atoi(a));
+		return 0;
+	}
+	if (!strcmp(verb, "drvstats"))
+		return prog_drvstats(out, cap);
+	if (!strcmp(verb, "cuget") || !strcmp(verb, "cuopen") || !strcmp(verb, "cuclose"))
+		return prog_cu_ipc(verb, a, b, out, cap);
+	if (!strcmp(verb, "lookup")) {
+		rc = prog_lookup(a, b, atoi(c), &p, &st);
+		snprintf(out, cap, "%d ", st);
+		prog_where(p, b, atoi(c), out + strlen(out), cap - strlen(out));
+		return rc;
+	}
 	return -EINVAL;
 }
 
@@ -426,7 +686,9 @@ static int prog_run(char *line, char *out, size_t cap)
 		return prog_shim(verb, out, cap);
 	if (!strcmp(verb, "tms"))
 		return prog_tms(a, b, c, out, cap);
-	rc = prog_cuda(verb, a, out, cap);
+	rc = prog_driver(verb, a, b, c, out, cap);
+	if (rc == -EINVAL)
+		rc = prog_cuda(verb, a, out, cap);
 	if (rc == -EINVAL)
 		rc = prog_fake(verb, a, out, cap);
 	if (rc == -EINVAL)

@@ -145,6 +145,12 @@ Test(preload, shim_needs_no_cuda_library_and_exports_only_the_overrides)
 	cr_assert(not(eq(ptr, h, NULL)), "dlopen: %s", dlerror());
 	cr_assert(not(eq(ptr, dlsym(h, "cudaMalloc"), NULL)));
 	cr_assert(not(eq(ptr, dlsym(h, "cudaFreeAsync"), NULL)));
+	for (const char *n = "cuIpcGetMemHandle\0cuIpcOpenMemHandle\0cuIpcOpenMemHandle_v2\0"
+			     "cuIpcCloseMemHandle\0cuGetProcAddress\0cuGetProcAddress_v2\0"
+			     "cudaGetDriverEntryPoint\0cudaGetDriverEntryPointByVersion\0";
+	     *n; n += strlen(n) + 1)
+		cr_assert(not(eq(ptr, dlsym(h, n), NULL)), "the driver's IPC calls: %s", n);
+	cr_assert(eq(ptr, dlsym(h, "cuCtxGetDevice"), NULL), "only what it overrides");
 	cr_assert(not(eq(ptr, dlsym(h, "tms_pause"), NULL)), "torch_memory_saver's entry points");
 	cr_assert(not(eq(ptr, dlsym(h, "set_memory_margin_bytes"), NULL)));
 	cr_assert(eq(ptr, dlsym(h, "shim_gmb"), NULL), "internals stay hidden");
