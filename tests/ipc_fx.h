@@ -17,7 +17,7 @@
 
 #include "tests/util.h"
 
-#define MiB (1024ULL * 1024)
+#define MiB	       (1024ULL * 1024)
 /* 400: the runtime's answer to a handle that names nothing. */
 #define INVALID_HANDLE 400
 

@@ -46,8 +46,8 @@ Test(ipc_follow, a_grant_lets_another_uid_open_and_a_revoke_stops_new_opens)
 	ipcfx_run(&a, 0, "ipcrevoke %s 65534", p);
 	ipcfx_prog(&c, 65534);
 	ipcfx_run(&c, 0, "gmb");
-	cr_assert(eq(i32, worker_cmd(&c, text, sizeof(text), "ipcopen %s", h), NOT_PERMITTED),
-		  "%s", text);
+	cr_assert(eq(i32, worker_cmd(&c, text, sizeof(text), "ipcopen %s", h), NOT_PERMITTED), "%s",
+		  text);
 	snprintf(text, sizeof(text), "%s", ipcfx_run(&c, 0, "error"));
 	cr_assert(not(eq(ptr, strstr(text, "which did not grant uid 65534"), NULL)), "%s", text);
 	ipcfx_run(&b, 0, "check %s %llu 7", q, 1 * MiB);
@@ -108,9 +108,10 @@ Test(ipc_follow, importers_follow_a_pause_and_read_the_bytes_at_the_same_address
 	/* The pause completes: the importer unmapped, the chunks are back. */
 	ipcfx_run(&a, 0, "pause w");
 	cr_assert(eq(i64, ipcfx_used(&a), 0), "paused: nothing lent, nothing pinned");
-	cr_assert(not(eq(ptr, strstr(imports_of(out, sizeof(out)), "\"opens\":1,"
-								     "\"owner_freed\":false,"
-								     "\"mapped\":false}"),
+	cr_assert(not(eq(ptr,
+			 strstr(imports_of(out, sizeof(out)), "\"opens\":1,"
+							      "\"owner_freed\":false,"
+							      "\"mapped\":false}"),
 			 NULL)),
 		  "%s", out);
 	ipcfx_ctl_status(false, out, sizeof(out));
@@ -133,8 +134,8 @@ Test(ipc_follow, importers_follow_a_pause_and_read_the_bytes_at_the_same_address
 	ipcfx_run(&b, 0, "ipcclose %s", q);
 	ipcfx_run(&a, 0, "resume w");
 	ipcfx_run(&a, 0, "check %s %llu 52", p, 6 * MiB);
-	cr_assert(not(eq(ptr, strstr(imports_of(out, sizeof(out)), "\"imports\":[]"), NULL)),
-		  "%s", out);
+	cr_assert(not(eq(ptr, strstr(imports_of(out, sizeof(out)), "\"imports\":[]"), NULL)), "%s",
+		  out);
 	ipcfx_run(&a, 0, "free %s", p);
 	cr_assert(eq(i64, ipcfx_used(&a), 0));
 	ipcfx_quit(&b);
@@ -159,8 +160,8 @@ Test(ipc_follow, gmbctl_pause_follow_takes_the_importers_along)
 
 		/* Without --follow the importer keeps the tag active. */
 		cr_assert(eq(i32, ipcfx_ctl(out, sizeof(out), plain), 1), "%s", out);
-		cr_assert(not(eq(ptr, strstr(out + sizeof(out) / 2, "has allocation"), NULL)),
-			  "%s", out + sizeof(out) / 2);
+		cr_assert(not(eq(ptr, strstr(out + sizeof(out) / 2, "has allocation"), NULL)), "%s",
+			  out + sizeof(out) / 2);
 		cr_assert(eq(i32, ipcfx_ctl(out, sizeof(out), follow), 0), "%s", out);
 		cr_assert(eq(i64, ipcfx_used(&a), 0));
 		cr_assert(eq(i32, ipcfx_ctl(out, sizeof(out), resume), 0), "%s", out);
@@ -181,10 +182,10 @@ static int log_has(void *needle)
 
 Test(ipc_follow, an_importer_that_cannot_follow_leaves_the_tag_active)
 {
-	static const char *const args[] = { "--host-devices",  "1",	"--host-memory",
-					    "64MiB",	       "--max-chunk", "2MiB",
-					    "--control-timeout", "1",	"--log-level",
-					    "info",	       NULL };
+	static const char *const args[] = {
+		"--host-devices",    "1", "--host-memory", "64MiB", "--max-chunk", "2MiB",
+		"--control-timeout", "1", "--log-level",   "info",  NULL
+	};
 	static char log[1 << 17];
 	struct worker a, b;
 	char p[32], q[32], h[160];
@@ -241,8 +242,8 @@ Test(ipc_follow, a_killed_follower_is_dropped_and_the_resume_goes_on)
 	snprintf(want, sizeof(want), "\"importer_pid\":%d,", (int)c.pid);
 	cr_assert(not(eq(ptr, strstr(out, want), NULL)), "%s", out);
 	ipcfx_run(&c, 0, "ipcclose %s", r);
-	cr_assert(not(eq(ptr, strstr(imports_of(out, sizeof(out)), "\"imports\":[]"), NULL)),
-		  "%s", out);
+	cr_assert(not(eq(ptr, strstr(imports_of(out, sizeof(out)), "\"imports\":[]"), NULL)), "%s",
+		  out);
 	ipcfx_run(&a, 0, "free %s", p);
 	cr_assert(eq(i64, ipcfx_used(&a), 0));
 	ipcfx_quit(&c);

@@ -341,7 +341,8 @@ void handlers__follow_late(struct hdreq *d);
 /* An import event (EVENT_IMPORT...) of client @c on session @s about @ex. */
 struct import_export;
 void handlers__ipc_event(struct handlers *h, struct sess *s, const struct bclient *c,
-			 enum event_kind kind, const struct import_export *ex, uint64_t duration_ns);
+			 enum event_kind kind, const struct import_export *ex,
+			 uint64_t duration_ns);
 /* The rounds of owner @s (NULL: all) end unanswered. */
 void handlers__ipc_rounds_gone(struct handlers *h, struct sess *s);
 /* Status: the imports, the first HIPC_STATUS_MAX of them (strings point

@@ -18,6 +18,7 @@
 #include "common/backend/backend.h"
 #include "common/err.h"
 #include "common/idmap.h"
+#include "common/ipc_handle.h"
 #include "common/wire.h"
 
 /* One imported chunk. refs = allocations of this client whose last lend has it. */
@@ -68,9 +69,14 @@ struct gmb__alloc {
 	bool in_use;  /* mapped or being mapped: its chunks are not dropped */
 	/* Under op_lock. */
 	bool mapped;
-	bool saved;			/* copy holds the bytes of the last pause */
-	bool marked;			/* scratch: got its lend in the resume at hand */
-	bool ipc_granted;		/* $GMB_IPC_GRANT's uids granted at its first share */
+	bool saved;	  /* copy holds the bytes of the last pause */
+	bool marked;	  /* scratch: got its lend in the resume at hand */
+	bool ipc_granted; /* $GMB_IPC_GRANT's uids granted at its first share */
+	/* Its export, from gmbd's first handle of it: the later handles are
+	 * made here (they differ only in the range offset), no round trip. */
+	bool ipc_known;
+	uint64_t ipc_instance, ipc_gen;
+	uint8_t ipc_token[IPC_HANDLE_TOKEN];
 	struct gmb__hostcopy copy;	/* PRESERVE: made at the first pause */
 	struct gmb__alloc *prev, *next; /* in the tag */
 };

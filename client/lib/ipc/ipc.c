@@ -118,15 +118,49 @@ static void ipc_handle_of_import(const struct gmb__import *im, uintptr_t p, uint
 	ipc_handle_encode(&h, out);
 }
 
-static int ipc_export(struct gmb__mem *m, const struct gmb__alloc *a, uint64_t off, uint8_t *handle,
+/* The start of @a's chunk holding byte @off, from its last lend; -ENOENT unknown. */
+static int ipc_alloc_range(struct gmb__mem *m, const struct gmb__alloc *a, uint64_t off,
+			   uint64_t *range_off)
+{
+	uint64_t at = 0;
+	int rc = -ENOENT;
+
+	pthread_mutex_lock(&m->conn->lock);
+	for (uint32_t i = 0; a->chunk_sizes && i < a->nchunks; i++) {
+		if (off < at + a->chunk_sizes[i]) {
+			*range_off = at;
+			rc = 0;
+			break;
+		}
+		at += a->chunk_sizes[i];
+	}
+	pthread_mutex_unlock(&m->conn->lock);
+	return rc;
+}
+
+static int ipc_export(struct gmb__mem *m, struct gmb__alloc *a, uint64_t off, uint8_t *handle,
 		      char *err)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__IpcExportRequest req = GMB__IPC_EXPORT_REQUEST__INIT;
+	struct ipc_handle h;
 	struct gmb__reply rep;
 	const Gmb__Envelope *last;
+	uint64_t range_off;
 	int rc;
 
+	/* Known: the same bytes gmbd would send (its handles are deterministic). */
+	if (a->ipc_known && ipc_alloc_range(m, a, off, &range_off) == 0) {
+		h = (struct ipc_handle){ .instance = a->ipc_instance,
+					 .owner = m->conn->id,
+					 .alloc = a->id,
+					 .gen = a->ipc_gen,
+					 .range_off = range_off,
+					 .dev = (uint32_t)a->dev };
+		memcpy(h.token, a->ipc_token, sizeof(h.token));
+		ipc_handle_encode(&h, handle);
+		return 0;
+	}
 	req.alloc_id = a->id;
 	req.offset = off;
 	env.body_case = GMB__ENVELOPE__BODY_IPC_EXPORT;
@@ -135,11 +169,20 @@ static int ipc_export(struct gmb__mem *m, const struct gmb__alloc *a, uint64_t o
 	if (rc == 0) {
 		last = rep.nparts ? rep.parts[rep.nparts - 1] : NULL;
 		if (!last || last->body_case != GMB__ENVELOPE__BODY_IPC_EXPORT_REPLY ||
-		    last->ipc_export_reply->handle.len != IPC_HANDLE_SIZE)
-			rc = err_fmt(err, -EPROTO, "gmbd's export reply lacks a %d-byte handle",
-				     IPC_HANDLE_SIZE);
-		else
-			memcpy(handle, last->ipc_export_reply->handle.data, IPC_HANDLE_SIZE);
+		    last->ipc_export_reply->handle.len != IPC_HANDLE_SIZE ||
+		    ipc_handle_decode(last->ipc_export_reply->handle.data, &h) < 0 ||
+		    h.alloc != a->id || h.owner != m->conn->id)
+			rc = err_fmt(err, -EPROTO,
+				     "gmbd's export reply lacks a %d-byte handle of"
+				     " allocation %" PRIu64,
+				     IPC_HANDLE_SIZE, a->id);
+	}
+	if (rc == 0) {
+		memcpy(handle, last->ipc_export_reply->handle.data, IPC_HANDLE_SIZE);
+		a->ipc_known = true;
+		a->ipc_instance = h.instance;
+		a->ipc_gen = h.gen;
+		memcpy(a->ipc_token, h.token, sizeof(a->ipc_token));
 	}
 	gmb__reply_deinit(&rep);
 	return rc;
