@@ -122,6 +122,7 @@ int handlers_init(struct handlers *h, uv_loop_t *loop, struct broker *br,
 	h->watch_timer.data = h;
 	uv_timer_init(loop, &h->dreq_timer);
 	h->dreq_timer.data = h;
+	h->settle = handlers__settle;
 	return 0;
 }
 

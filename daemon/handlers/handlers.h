@@ -109,6 +109,8 @@ struct handlers {
 	 * close; pauses and resumes whose importers are asked to follow. */
 	struct hipc_wait *ipc_waits;
 	struct hipc_round *ipc_rounds;
+	/* park.c's handlers__settle(), for the files below it (a way up). */
+	void (*settle)(struct handlers *h);
 	bool closed;
 	bool handover; /* stopping, the clients' state kept for the next
 					   gmbd: disconnects return nothing */

@@ -25,9 +25,10 @@
  *                idle connections, the hello deadline; refusals said once
  * A file calls only files below it. The ways up are function pointers
  * kept for later: the handler a parked request keeps (park.c calls it
- * back), the one a pause waiting for importers keeps (ipc_pause.c), and the done
+ * back), the one a pause waiting for importers keeps (ipc_pause.c), the done
  * handler of each kind of daemon request (dreq.c's table of kinds names
- * them; dreq.c calls them once a request ends).
+ * them; dreq.c calls them once a request ends), and handlers->settle
+ * (park.c's, for ipc_pause.c's pauses that complete outside a request).
  */
 #ifndef GMB_HANDLERS_INTERNAL_H
 #define GMB_HANDLERS_INTERNAL_H

@@ -393,13 +393,13 @@ static void handlers_round_end(struct hipc_round *rd)
 		handlers__reply_status(rd->s, rd->env->id, r, rq.err);
 	}
 	handlers_round_free(rd);
-	/* Paused outside any request of the owner's: the record changed. The
-	 * memory it gave back is settled by whoever ended the last request: an
-	 * answer's reply (HDREQ_SETTLE), a session's going; a pause that a
-	 * timed-out request ends can complete only if that importer closed, and
-	 * its close settled already (park.c, above this file, settles). */
-	if (r == 0)
+	/* Paused outside any request of the owner's (the last request may have
+	 * timed out): the memory it gave back may serve a waiter, the record
+	 * changed. */
+	if (r == 0) {
+		h->settle(h);
 		handlers__changed(h);
+	}
 }
 
 void handlers__follow_done(struct hdreq *d, const struct hdreq_result *res)
