@@ -18,6 +18,17 @@
 #                        bytes exact both ways, imports listed, a pause of the
 #                        exported tag refused naming the importer, none left after;
 #                        the sender's memory one tag (GMB_DEFAULT_TAG) or a region
+#   torch_ipc_sglang     RL weight updates through CUDA IPC (tests/gpu/torch_ipc_sync.py,
+#                        a --pool-keep 0 gmbd): 20 rounds of 4 GiB in flattened buckets
+#                        (ForkingPickler) to a spawned engine, both sides paused and
+#                        resumed by gmbctl between rounds, checksums equal every round
+#   torch_ipc_vllm       5 rounds of 2 GiB, one reduce_tensor per tensor keyed by GPU
+#                        UUID, args[6] set to the engine's device
+#   torch_ipc_kill       the exporter SIGKILLed while its child holds the tensors: the
+#                        child reads them right, imports shown owner_freed, none after
+#                        (all three: no import left, driver free memory back within 64 MiB)
+#   ipc_bench            open + close of a 1 GiB handle and a 16 GiB weight sync on gmbd
+#                        memory against the runtime's, same run (tests/gpu/ipc_bench.py)
 #   torch_rl_warm        trainer (AdamW, GMB_DEFAULT_TAG=train) and inference engine
 #   torch_rl_cold        alternate 5 rounds driven by gmbctl; switch times next to the
 #                        create-per-allocation baseline (warm: --pool-keep unlimited; cold: a
@@ -32,9 +43,10 @@
 # /opt/torch/.venv/bin/python3, else python3 (the first with CUDA).
 #
 # Logs go to $OUT when set (the device tool's folder), else build-gpu/out:
-# torch-tests.log (everything), torch-tests-table.txt (the summary), and
-# torch-rl-{warm,cold}.json. Exit 1 if a scenario failed. The last line is
-# "RESULT: PASS|FAIL - n passed, m failed", so run.sh can wrap this script.
+# torch-tests.log (everything), torch-tests-table.txt (the summary),
+# torch-rl-{warm,cold}.json and ipc-bench.json. Exit 1 if a scenario failed.
+# The last line is "RESULT: PASS|FAIL - n passed, m failed", so run.sh can
+# wrap this script.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 
@@ -53,7 +65,7 @@ while [ $# -gt 0 ]; do
 	case $1 in
 	--no-build) DO_BUILD=0 ;;
 	--only) ONLY=",$2,"; shift ;;
-	-h | --help) sed -n '2,30p' "$0"; exit 0 ;;
+	-h | --help) sed -n '2,41p' "$0"; exit 0 ;;
 	*) echo "torch_run.sh: unknown option $1" >&2; exit 2 ;;
 	esac
 	shift
@@ -244,8 +256,34 @@ if wanted torch_rl_cold; then
 	fi
 fi
 
+# CUDA IPC weight updates and the IPC bench, on a gmbd whose freed memory goes
+# back to the driver (--pool-keep 0): the torch_ipc_* scenarios compare the
+# driver's free memory before and after. Their first process stays outside
+# gmbd (no shim) and starts the trainer under the shim itself.
+if wanted torch_ipc_sglang || wanted torch_ipc_vllm || wanted torch_ipc_kill || wanted ipc_bench; then
+	SOCK4=$TMPD/gmbd-ipc.sock
+	if gmbd_start "$SOCK4" "$TMPD/gmbd-ipc.log" --pool-keep 0; then
+		IPC_PID=$GMBD_STARTED_PID
+		GMB_SOCKET=$SOCK4 scenario torch_ipc_sglang 180 env GMB_SOCKET="$SOCK4" "$PY" \
+			tests/gpu/torch_ipc_sync.py --mode sglang --gmbctl "$B/gmbctl"
+		GMB_SOCKET=$SOCK4 scenario torch_ipc_vllm 180 env GMB_SOCKET="$SOCK4" "$PY" \
+			tests/gpu/torch_ipc_sync.py --mode vllm --gmbctl "$B/gmbctl"
+		GMB_SOCKET=$SOCK4 scenario torch_ipc_kill 180 env GMB_SOCKET="$SOCK4" "$PY" \
+			tests/gpu/torch_ipc_sync.py --mode kill --gmbctl "$B/gmbctl"
+		GMB_SOCKET=$SOCK4 scenario ipc_bench 240 env LD_PRELOAD="$SHIM" GMB_SOCKET="$SOCK4" \
+			GMB_CLIENT_NAME=ipc-bench "$PY" tests/gpu/ipc_bench.py --json "$OUTDIR/ipc-bench.json"
+		GMB_SOCKET=$SOCK4 timeout 10 "$B/gmbctl" status >>"$LOG" 2>&1
+		gmbd_stop "$IPC_PID" || echo "the IPC gmbd (--pool-keep 0) did not stop cleanly" >>"$LOG"
+	else
+		for n in torch_ipc_sglang torch_ipc_vllm torch_ipc_kill ipc_bench; do
+			wanted "$n" && record "$n" FAIL "gmbd --pool-keep 0 did not start"
+		done
+	fi
+fi
+
 GMB_SOCKET=$SOCK timeout 10 "$B/gmbctl" status >>"$LOG" 2>&1
 gmbd_stop "$GMBD_PID" || echo "gmbd did not stop cleanly" >>"$LOG"
 append_daemon_log "gmbd log" "$TMPD/gmbd.log"
 append_daemon_log "gmbd --pool-keep 0 log" "$TMPD/gmbd-cold.log"
+append_daemon_log "gmbd --pool-keep 0 (IPC) log" "$TMPD/gmbd-ipc.log"
 finish
