@@ -18,6 +18,10 @@
 #                        bytes exact both ways, imports listed, a pause of the
 #                        exported tag refused naming the importer, none left after;
 #                        the sender's memory one tag (GMB_DEFAULT_TAG) or a region
+#   torch_ipc_follow     the same sender's tag paused with GMB_IPC_FOLLOW=1 while the
+#                        child holds a 1 GiB import under a captured graph: the pause
+#                        completes (driver memory back), the import is mapped again at
+#                        the same address on resume, the graph replays bit-exact
 #   torch_ipc_sglang     RL weight updates through CUDA IPC (tests/gpu/torch_ipc_sync.py,
 #                        a --pool-keep 0 gmbd): 20 rounds of 4 GiB in flattened buckets
 #                        (ForkingPickler) to a spawned engine, both sides paused and
@@ -65,7 +69,7 @@ while [ $# -gt 0 ]; do
 	case $1 in
 	--no-build) DO_BUILD=0 ;;
 	--only) ONLY=",$2,"; shift ;;
-	-h | --help) sed -n '2,41p' "$0"; exit 0 ;;
+	-h | --help) sed -n '2,45p' "$0"; exit 0 ;;
 	*) echo "torch_run.sh: unknown option $1" >&2; exit 2 ;;
 	esac
 	shift
@@ -225,6 +229,8 @@ scenario torch_ipc_tag 240 env LD_PRELOAD="$SHIM" GMB_DEFAULT_TAG=ipc GMB_DEFAUL
 	GMB_CLIENT_NAME=ipc-sender "$PY" tests/gpu/torch_ipc.py --where tag
 scenario torch_ipc_region 240 env LD_PRELOAD="$SHIM" GMB_CLIENT_NAME=ipc-sender "$PY" \
 	tests/gpu/torch_ipc.py --where region
+scenario torch_ipc_follow 240 env LD_PRELOAD="$SHIM" GMB_DEFAULT_TAG=ipc GMB_DEFAULT_MODE=preserve \
+	GMB_IPC_FOLLOW=1 GMB_CLIENT_NAME=ipc-sender "$PY" tests/gpu/torch_ipc_follow.py
 scenario torch_rl_warm 300 env LD_PRELOAD="$SHIM" "$PY" tests/gpu/torch_rl.py --gmbctl "$B/gmbctl" \
 	--rounds 5 --label warm --baseline "$B/torch_baseline" --json "$OUTDIR/torch-rl-warm.json"
 
