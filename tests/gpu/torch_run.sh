@@ -18,7 +18,8 @@
 #                        bytes exact both ways, imports listed, a pause of the
 #                        exported tag refused naming the importer, none left after;
 #                        the sender's memory one tag (GMB_DEFAULT_TAG) or a region
-#   torch_ipc_follow     the same sender's tag paused with GMB_IPC_FOLLOW=1 while the
+#   torch_ipc_follow     (on the --pool-keep 0 gmbd below) the same sender's tag paused
+#                        with GMB_IPC_FOLLOW=1 while the
 #                        child holds a 1 GiB import under a captured graph: the pause
 #                        completes (driver memory back), the import is mapped again at
 #                        the same address on resume, the graph replays bit-exact
@@ -229,8 +230,6 @@ scenario torch_ipc_tag 240 env LD_PRELOAD="$SHIM" GMB_DEFAULT_TAG=ipc GMB_DEFAUL
 	GMB_CLIENT_NAME=ipc-sender "$PY" tests/gpu/torch_ipc.py --where tag
 scenario torch_ipc_region 240 env LD_PRELOAD="$SHIM" GMB_CLIENT_NAME=ipc-sender "$PY" \
 	tests/gpu/torch_ipc.py --where region
-scenario torch_ipc_follow 240 env LD_PRELOAD="$SHIM" GMB_DEFAULT_TAG=ipc GMB_DEFAULT_MODE=preserve \
-	GMB_IPC_FOLLOW=1 GMB_CLIENT_NAME=ipc-sender "$PY" tests/gpu/torch_ipc_follow.py
 scenario torch_rl_warm 300 env LD_PRELOAD="$SHIM" "$PY" tests/gpu/torch_rl.py --gmbctl "$B/gmbctl" \
 	--rounds 5 --label warm --baseline "$B/torch_baseline" --json "$OUTDIR/torch-rl-warm.json"
 
@@ -266,10 +265,14 @@ fi
 # back to the driver (--pool-keep 0): the torch_ipc_* scenarios compare the
 # driver's free memory before and after. Their first process stays outside
 # gmbd (no shim) and starts the trainer under the shim itself.
-if wanted torch_ipc_sglang || wanted torch_ipc_vllm || wanted torch_ipc_kill || wanted ipc_bench; then
+if wanted torch_ipc_follow || wanted torch_ipc_sglang || wanted torch_ipc_vllm || wanted torch_ipc_kill ||
+	wanted ipc_bench; then
 	SOCK4=$TMPD/gmbd-ipc.sock
 	if gmbd_start "$SOCK4" "$TMPD/gmbd-ipc.log" --pool-keep 0; then
 		IPC_PID=$GMBD_STARTED_PID
+		GMB_SOCKET=$SOCK4 scenario torch_ipc_follow 180 env LD_PRELOAD="$SHIM" GMB_SOCKET="$SOCK4" \
+			GMB_DEFAULT_TAG=ipc GMB_DEFAULT_MODE=preserve GMB_IPC_FOLLOW=1 \
+			GMB_CLIENT_NAME=ipc-sender "$PY" tests/gpu/torch_ipc_follow.py
 		GMB_SOCKET=$SOCK4 scenario torch_ipc_sglang 180 env GMB_SOCKET="$SOCK4" "$PY" \
 			tests/gpu/torch_ipc_sync.py --mode sglang --gmbctl "$B/gmbctl"
 		GMB_SOCKET=$SOCK4 scenario torch_ipc_vllm 180 env GMB_SOCKET="$SOCK4" "$PY" \
@@ -281,7 +284,7 @@ if wanted torch_ipc_sglang || wanted torch_ipc_vllm || wanted torch_ipc_kill || 
 		GMB_SOCKET=$SOCK4 timeout 10 "$B/gmbctl" status >>"$LOG" 2>&1
 		gmbd_stop "$IPC_PID" || echo "the IPC gmbd (--pool-keep 0) did not stop cleanly" >>"$LOG"
 	else
-		for n in torch_ipc_sglang torch_ipc_vllm torch_ipc_kill ipc_bench; do
+		for n in torch_ipc_follow torch_ipc_sglang torch_ipc_vllm torch_ipc_kill ipc_bench; do
 			wanted "$n" && record "$n" FAIL "gmbd --pool-keep 0 did not start"
 		done
 	fi
