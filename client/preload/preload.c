@@ -1,36 +1,27 @@
 /*
  * preload.c - libgmb_preload.so, the LD_PRELOAD shim: routes the CUDA
  * runtime's device allocations made inside a region (client/lib/hook/) to
- * gmbd, and everything else to the real runtime. client/preload/ is this
- * file alone; it includes include/gmb.h (for the types of what it looks up)
- * and common/err.h, whose err.c is linked into it.
+ * gmbd, and everything else to the real runtime. This file is the shim's
+ * core: the real functions and how they are found, libgmb's binding, the
+ * allocation overrides, gmb_preload_version/error and torch_memory_saver's
+ * forwarders. ipc.c answers the calls of memory shared between processes
+ * and the entry point lookups; shim.h is what the two share. client/preload/
+ * includes include/gmb.h (for the types of what it looks up), common/env.h
+ * and common/err.h, whose env.c and err.c are linked into it.
  *
- * Covered: cudaMalloc and cudaFree (PyTorch's caching allocator, including
- * the private pools of CUDA graphs, which it fills with cudaMalloc under a
- * relaxed capture mode), cudaMallocAsync and cudaFreeAsync (PyTorch's
- * cudaMallocAsync backend) outside stream capture; cudaIpcGetMemHandle,
- * cudaIpcOpenMemHandle and cudaIpcCloseMemHandle for gmbd memory and gmbd's
- * handles (libgmb's gmb_ipc_*), every other pointer and handle going to the
- * runtime unchanged; a handle without gmbd's magic never loads libgmb. The
- * driver's cuIpcGetMemHandle, cuIpcOpenMemHandle (both ABIs: the
- * unversioned symbol and _v2, which cuda.h's name means) and
- * cuIpcCloseMemHandle the same way, for code that calls the driver, with
- * the current context's device given access (cuCtxGetDevice: the driver's
- * CUdevice is the device's ordinal, what the runtime path passes). So that
- * code obtaining entry points at run time gets them too, cuGetProcAddress,
- * cuGetProcAddress_v2, cudaGetDriverEntryPoint and
- * cudaGetDriverEntryPointByVersion answer "cuIpcGetMemHandle",
- * "cuIpcOpenMemHandle" (the _v2 ABI, whatever version is asked: both ABIs
- * have the same C types) and "cuIpcCloseMemHandle" with the shim's
- * functions and success, and every other name with the real lookup's
- * answer. The event IPC calls are not touched. Not covered: memory the
- * driver API makes directly (PyTorch's expandable segments, NCCL's cuMem
- * buffers), cudaMallocManaged, cudaMallocPitch/3D, the _ptsz variants (of
- * the lookups too); whatever does not reach the process's global symbols:
- * a library that dlopen()s libcuda and dlsym()s on that handle (or calls
- * the cuGetProcAddress it found there), a statically linked cudart, and
- * the functions of a cuGetProcAddress looked up through a lookup (the
- * driver's own).
+ * Covered here: cudaMalloc and cudaFree (PyTorch's caching allocator,
+ * including the private pools of CUDA graphs, which it fills with
+ * cudaMalloc under a relaxed capture mode), cudaMallocAsync and
+ * cudaFreeAsync (PyTorch's cudaMallocAsync backend) outside stream capture;
+ * in ipc.c, the runtime's cudaIpc*MemHandle and the driver's
+ * cuIpc*MemHandle for gmbd memory and gmbd's handles, and the entry point
+ * lookups of those names. Not covered: memory the driver API makes directly
+ * (PyTorch's expandable segments, NCCL's cuMem buffers), cudaMallocManaged,
+ * cudaMallocPitch/3D, the _ptsz variants (of the lookups too); whatever
+ * does not reach the process's global symbols: a library that dlopen()s
+ * libcuda and dlsym()s on that handle (or calls the cuGetProcAddress it
+ * found there), a statically linked cudart, and the functions of a
+ * cuGetProcAddress looked up through a lookup (the driver's own).
  *
  * Invariants:
  *   - No link-time tie to libcudart, libcuda or libgmb: a preloaded library
@@ -39,7 +30,7 @@
  *     and so do the driver's when the process links libcuda; when it does
  *     not (libcudart loads libcuda RTLD_LOCAL, out of dlsym's sight), the
  *     runtime's entry point lookup gives them, at the ABI version the shim
- *     calls them with;
+ *     calls them with (shim_real_sym(), for every file of the shim);
  *     libgmb is the copy already loaded in the process (by Python's gmb
  *     module or the application: dlopen of its soname with RTLD_NOLOAD), or,
  *     when $GMB_DEFAULT_TAG asks for broker memory from the first
@@ -49,11 +40,12 @@
  *     Python and PyTorch's pluggable allocator share one libgmb, one
  *     default client and one region stack per thread.
  *   - The connection to gmbd is made on the first allocation in a region.
- *   - Nothing here exits, aborts or prints: a failure is a cudaError_t
- *     (gmbd's ENOMEM is cudaErrorMemoryAllocation, so PyTorch frees its
- *     cache and retries), or a CUresult in the driver's calls, and a
- *     sentence in gmb_region_last_error() (libgmb) or gmb_preload_error()
- *     (this file: libgmb, the runtime or the driver not found).
+ *   - Nothing in the shim exits, aborts or prints: a failure is a
+ *     cudaError_t (gmbd's ENOMEM is cudaErrorMemoryAllocation, so PyTorch
+ *     frees its cache and retries), or a CUresult in the driver's calls,
+ *     and a sentence in gmb_region_last_error() (libgmb) or
+ *     gmb_preload_error() (this file: libgmb, the runtime or the driver not
+ *     found).
  *   - A pointer is gmbd's if the default client owns it, whichever thread
  *     and region frees it; its free drains the device first (gmb_free
  *     does, once), as the runtime's cudaFree does.
@@ -63,12 +55,9 @@
  * Thread-safety: the resolved functions are published once with atomics;
  * the rest is per call or per thread.
  */
-#include <cuda.h>
-#include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -76,36 +65,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client/preload/shim.h"
 #include "common/env.h"
 #include "common/err.h"
 #include "include/gmb.h"
-
-#define SHIM_API __attribute__((visibility("default")))
-
-/* The real functions, by index into shim_reals: the runtime's, then the driver's. */
-enum shim_real_fn {
-	SHIM_MALLOC,
-	SHIM_FREE,
-	SHIM_GET_DEVICE,
-	SHIM_SYNC,
-	SHIM_MALLOC_ASYNC,
-	SHIM_FREE_ASYNC,
-	SHIM_IS_CAPTURING,
-	SHIM_IPC_GET,
-	SHIM_IPC_OPEN,
-	SHIM_IPC_CLOSE,
-	SHIM_RT_VERSION,
-	SHIM_ENTRY,
-	SHIM_ENTRY_BY_VERSION,
-	SHIM_CU_IPC_GET,
-	SHIM_CU_IPC_OPEN,
-	SHIM_CU_IPC_OPEN_V1,
-	SHIM_CU_IPC_CLOSE,
-	SHIM_CU_CTX_GET_DEVICE,
-	SHIM_CU_GPA,
-	SHIM_CU_GPA_V1,
-	SHIM_NREAL
-};
 
 /*
  * A real function: its symbol; for the driver's, the name its entry point
@@ -142,19 +105,6 @@ static const struct shim_real_def shim_reals[SHIM_NREAL] = {
 	[SHIM_CU_GPA_V1] = { "cuGetProcAddress", "cuGetProcAddress", 11030, 12000 },
 };
 
-/* What the shim calls in libgmb (include/gmb.h). */
-struct shim_gmb {
-	int (*region_current)(char *tag, size_t cap, int *mode);
-	int (*region_malloc)(gmb_client *c, void **ptr, size_t size, int device);
-	int (*owns)(gmb_client *c, const void *ptr);
-	int (*default_client)(const char *path, const char *name, gmb_client **out);
-	int (*free)(gmb_client *c, void *ptr);
-	int (*ipc_get_handle)(gmb_client *c, const void *ptr, void *handle);
-	int (*ipc_open)(gmb_client *c, const void *handle, int device, void **ptr);
-	int (*ipc_close)(gmb_client *c, void *ptr);
-	void *handle; /* the libgmb the functions come from; a reference, never closed */
-};
-
 static _Atomic(void *) shim_real[SHIM_NREAL];
 /*
  * libgmb's functions, published once (malloc'd, never freed). Until then,
@@ -171,7 +121,7 @@ static const char shim_anchor;
 /* Errors. */
 
 /* gmbd's -errno as the runtime's nearest status. */
-static cudaError_t shim_status(int rc)
+cudaError_t shim_status(int rc)
 {
 	switch (rc) {
 	case 0:
@@ -200,45 +150,8 @@ static cudaError_t shim_status(int rc)
 
 /* The real runtime and driver. */
 
-static void *shim_real_sym(enum shim_real_fn fn);
-
-/* POSIX guarantees a void * holds a function pointer (dlsym). */
-#define SHIM_CALL_OR(fn, type, fail, ...)        \
-	__extension__({                          \
-		void *sym_ = shim_real_sym(fn);  \
-		type f_;                         \
-		memcpy(&f_, &sym_, sizeof(f_));  \
-		sym_ ? f_(__VA_ARGS__) : (fail); \
-	})
-#define SHIM_CALL(fn, type, ...)    SHIM_CALL_OR(fn, type, cudaErrorInitializationError, __VA_ARGS__)
-#define SHIM_CU_CALL(fn, type, ...) SHIM_CALL_OR(fn, type, CUDA_ERROR_NOT_INITIALIZED, __VA_ARGS__)
-
-typedef cudaError_t (*shim_malloc_fn)(void **, size_t);
-typedef cudaError_t (*shim_free_fn)(void *);
-typedef cudaError_t (*shim_get_device_fn)(int *);
-typedef cudaError_t (*shim_sync_fn)(void);
-typedef cudaError_t (*shim_malloc_async_fn)(void **, size_t, cudaStream_t);
-typedef cudaError_t (*shim_free_async_fn)(void *, cudaStream_t);
-typedef cudaError_t (*shim_is_capturing_fn)(cudaStream_t, enum cudaStreamCaptureStatus *);
-typedef cudaError_t (*shim_ipc_get_fn)(cudaIpcMemHandle_t *, void *);
-typedef cudaError_t (*shim_ipc_open_fn)(void **, cudaIpcMemHandle_t, unsigned int);
-typedef cudaError_t (*shim_ipc_close_fn)(void *);
-typedef cudaError_t (*shim_rt_version_fn)(int *);
-typedef cudaError_t (*shim_entry_fn)(const char *, void **, unsigned long long,
-				     enum cudaDriverEntryPointQueryResult *);
-typedef cudaError_t (*shim_entry_by_version_fn)(const char *, void **, unsigned int,
-						unsigned long long,
-						enum cudaDriverEntryPointQueryResult *);
-typedef CUresult (*shim_cu_ipc_get_fn)(CUipcMemHandle *, CUdeviceptr);
-typedef CUresult (*shim_cu_ipc_open_fn)(CUdeviceptr *, CUipcMemHandle, unsigned int);
-typedef CUresult (*shim_cu_ipc_close_fn)(CUdeviceptr);
-typedef CUresult (*shim_cu_ctx_get_device_fn)(CUdevice *);
-typedef CUresult (*shim_cu_gpa_fn)(const char *, void **, int, cuuint64_t,
-				   CUdriverProcAddressQueryResult *);
-typedef CUresult (*shim_cu_gpa_v1_fn)(const char *, void **, int, cuuint64_t);
-
 /* The runtime's version (cudaRuntimeGetVersion), 0 when unknown. */
-static int shim_runtime_version(void)
+int shim_runtime_version(void)
 {
 	int v = 0;
 
@@ -274,7 +187,7 @@ static void *shim_runtime_entry(const struct shim_real_def *d)
  * The next definition of @fn after this library or, for the driver's, the
  * runtime's entry point; NULL (retried next time) when neither is there.
  */
-static void *shim_real_sym(enum shim_real_fn fn)
+void *shim_real_sym(enum shim_real_fn fn)
 {
 	const struct shim_real_def *d = &shim_reals[fn];
 	void *p = atomic_load_explicit(&shim_real[fn], memory_order_acquire);
@@ -421,7 +334,7 @@ static const struct shim_gmb *shim_gmb_find(bool load)
  * then libgmb said so from its constructor. Outside regions in a process
  * that never loads libgmb this is two atomic loads: no lock, no dlopen.
  */
-static const struct shim_gmb *shim_gmb(bool load)
+const struct shim_gmb *shim_gmb(bool load)
 {
 	const struct shim_gmb *g = atomic_load_explicit(&shim_gmb_fns, memory_order_acquire);
 
@@ -568,282 +481,6 @@ SHIM_API cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream)
 		return cudaErrorStreamCaptureUnsupported;
 	}
 	return shim_broker_free(g, ptr);
-}
-
-/* Memory shared between processes. */
-
-/* libgmb's -errno of an IPC call as the runtime's: a handle that names
- * nothing is an invalid resource handle, as the runtime says of its own. */
-static cudaError_t shim_ipc_status(int rc)
-{
-	switch (rc) {
-	case -ENOENT:
-	case -EINVAL:
-	case -EPROTO:
-		return cudaErrorInvalidResourceHandle;
-	case -EPERM:
-		return cudaErrorNotPermitted;
-	default:
-		return shim_status(rc);
-	}
-}
-
-/*
- * gmbd's handles start with its magic (common/ipc_handle.h), the runtime's
- * and the driver's never do; @h is CUDA_IPC_HANDLE_SIZE bytes.
- */
-static bool shim_ipc_is_gmb(const char *h)
-{
-	return memcmp(h, "GMBIPC", 6) == 0;
-}
-
-SHIM_API cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *ptr)
-{
-	const struct shim_gmb *g = ptr ? shim_gmb(false) : NULL;
-	int rc;
-
-	if (!handle)
-		return cudaErrorInvalidValue;
-	if (g) {
-		rc = g->ipc_get_handle(NULL, ptr, handle->reserved);
-		if (rc != -ENXIO)
-			return shim_ipc_status(rc);
-	}
-	return SHIM_CALL(SHIM_IPC_GET, shim_ipc_get_fn, handle, ptr);
-}
-
-SHIM_API cudaError_t cudaIpcOpenMemHandle(void **ptr, cudaIpcMemHandle_t handle, unsigned int flags)
-{
-	const struct shim_gmb *g;
-	cudaError_t r;
-	int dev = 0;
-
-	if (!ptr || !shim_ipc_is_gmb(handle.reserved))
-		return SHIM_CALL(SHIM_IPC_OPEN, shim_ipc_open_fn, ptr, handle, flags);
-	g = shim_gmb(true);
-	if (!g)
-		return cudaErrorInitializationError;
-	/* The current device gets access (cudaIpcMemLazyEnablePeerAccess when another). */
-	r = SHIM_CALL(SHIM_GET_DEVICE, shim_get_device_fn, &dev);
-	if (r != cudaSuccess)
-		return r;
-	return shim_ipc_status(g->ipc_open(NULL, handle.reserved, dev, ptr));
-}
-
-SHIM_API cudaError_t cudaIpcCloseMemHandle(void *ptr)
-{
-	const struct shim_gmb *g = ptr ? shim_gmb(false) : NULL;
-	int rc;
-
-	if (g) {
-		rc = g->ipc_close(NULL, ptr);
-		if (rc != -ENXIO)
-			return shim_ipc_status(rc);
-	}
-	return SHIM_CALL(SHIM_IPC_CLOSE, shim_ipc_close_fn, ptr);
-}
-
-/*
- * The driver's calls of memory shared between processes, as the runtime's
- * above: its CUresult of libgmb's -errno (the numbers are the runtime's
- * status numbers of the same names there): a handle that names nothing is
- * an invalid handle, another uid's allocation or a paused one is not
- * permitted, no gmbd is a device unavailable.
- */
-static CUresult shim_cu_status(int rc)
-{
-	switch (rc) {
-	case 0:
-		return CUDA_SUCCESS;
-	case -ENOENT:
-	case -EINVAL:
-	case -EPROTO:
-		return CUDA_ERROR_INVALID_HANDLE;
-	case -EPERM:
-	case -EBUSY:
-		return CUDA_ERROR_NOT_PERMITTED;
-	case -ENOMEM:
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	case -ENAMETOOLONG:
-		return CUDA_ERROR_INVALID_VALUE;
-	case -ENODEV:
-		return CUDA_ERROR_INVALID_DEVICE;
-	case -ECONNREFUSED:
-	case -ENOTCONN:
-	case -ECONNRESET:
-	case -EPIPE:
-		return CUDA_ERROR_DEVICE_UNAVAILABLE;
-	case -ENOSYS:
-		return CUDA_ERROR_NOT_INITIALIZED;
-	default:
-		return CUDA_ERROR_UNKNOWN;
-	}
-}
-
-SHIM_API CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr)
-{
-	const struct shim_gmb *g = dptr ? shim_gmb(false) : NULL;
-	int rc;
-
-	if (!handle)
-		return CUDA_ERROR_INVALID_VALUE;
-	if (g) {
-		rc = g->ipc_get_handle(NULL, (const void *)(uintptr_t)dptr, handle->reserved);
-		if (rc != -ENXIO)
-			return shim_cu_status(rc);
-	}
-	return SHIM_CU_CALL(SHIM_CU_IPC_GET, shim_cu_ipc_get_fn, handle, dptr);
-}
-
-/* Both ABIs of the open; @real is the one the caller called. */
-static CUresult shim_cu_ipc_open(enum shim_real_fn real, CUdeviceptr *pdptr, CUipcMemHandle handle,
-				 unsigned int flags)
-{
-	const struct shim_gmb *g;
-	CUdevice dev = 0;
-	void *p = NULL;
-	CUresult r;
-	int rc;
-
-	if (!pdptr || !shim_ipc_is_gmb(handle.reserved))
-		return SHIM_CU_CALL(real, shim_cu_ipc_open_fn, pdptr, handle, flags);
-	g = shim_gmb(true);
-	if (!g)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	/* The current context's device gets access (the flags are about other devices). */
-	r = SHIM_CU_CALL(SHIM_CU_CTX_GET_DEVICE, shim_cu_ctx_get_device_fn, &dev);
-	if (r != CUDA_SUCCESS)
-		return r;
-	rc = g->ipc_open(NULL, handle.reserved, (int)dev, &p);
-	if (rc == 0)
-		*pdptr = (CUdeviceptr)(uintptr_t)p;
-	return shim_cu_status(rc);
-}
-
-SHIM_API CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
-						unsigned int flags)
-{
-	return shim_cu_ipc_open(SHIM_CU_IPC_OPEN, pdptr, handle, flags);
-}
-
-/*
- * The unversioned symbols are older ABIs that cuda.h renames its names
- * away from (cuIpcOpenMemHandle is cuIpcOpenMemHandle_v2 there, and
- * cuGetProcAddress cuGetProcAddress_v2); binaries built before still call them.
- */
-#undef cuIpcOpenMemHandle
-#undef cuGetProcAddress
-SHIM_API CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
-					     unsigned int flags);
-SHIM_API CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int version,
-					   cuuint64_t flags);
-
-SHIM_API CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
-					     unsigned int flags)
-{
-	return shim_cu_ipc_open(SHIM_CU_IPC_OPEN_V1, pdptr, handle, flags);
-}
-
-SHIM_API CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
-{
-	const struct shim_gmb *g = dptr ? shim_gmb(false) : NULL;
-	int rc;
-
-	if (g) {
-		rc = g->ipc_close(NULL, (void *)(uintptr_t)dptr);
-		if (rc != -ENXIO)
-			return shim_cu_status(rc);
-	}
-	return SHIM_CU_CALL(SHIM_CU_IPC_CLOSE, shim_cu_ipc_close_fn, dptr);
-}
-
-/* Entry points looked up at run time. */
-
-/* POSIX guarantees a void * holds a function pointer (dlsym). */
-#define SHIM_ADDR(fn)                                \
-	__extension__({                              \
-		__typeof__(&fn) fn_ = &fn;           \
-		void *addr_;                         \
-		memcpy(&addr_, &fn_, sizeof(addr_)); \
-		addr_;                               \
-	})
-
-/*
- * The shim's answer to a lookup of @symbol, or NULL for the real lookup's.
- * The open's is the _v2 ABI whatever version is asked (the same C types);
- * the real lookup is not asked, so a driver that lacks a name or refuses
- * the version changes nothing: the shim's function serves gmbd's memory,
- * and passes the rest on as its symbol's does.
- */
-static void *shim_lookup_own(const char *symbol, void **pfn)
-{
-	if (!symbol || !pfn)
-		return NULL;
-	if (strcmp(symbol, "cuIpcGetMemHandle") == 0)
-		return SHIM_ADDR(cuIpcGetMemHandle);
-	if (strcmp(symbol, "cuIpcOpenMemHandle") == 0)
-		return SHIM_ADDR(cuIpcOpenMemHandle_v2);
-	if (strcmp(symbol, "cuIpcCloseMemHandle") == 0)
-		return SHIM_ADDR(cuIpcCloseMemHandle);
-	return NULL;
-}
-
-SHIM_API CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
-					      cuuint64_t flags,
-					      CUdriverProcAddressQueryResult *status)
-{
-	void *own = shim_lookup_own(symbol, pfn);
-
-	if (!own)
-		return SHIM_CU_CALL(SHIM_CU_GPA, shim_cu_gpa_fn, symbol, pfn, version, flags,
-				    status);
-	*pfn = own;
-	if (status)
-		*status = CU_GET_PROC_ADDRESS_SUCCESS;
-	return CUDA_SUCCESS;
-}
-
-SHIM_API CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int version,
-					   cuuint64_t flags)
-{
-	void *own = shim_lookup_own(symbol, pfn);
-
-	if (!own)
-		return SHIM_CU_CALL(SHIM_CU_GPA_V1, shim_cu_gpa_v1_fn, symbol, pfn, version, flags);
-	*pfn = own;
-	return CUDA_SUCCESS;
-}
-
-SHIM_API cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn,
-						      unsigned int version,
-						      unsigned long long flags,
-						      enum cudaDriverEntryPointQueryResult *status)
-{
-	void *own = shim_lookup_own(symbol, fn);
-
-	if (!own)
-		return SHIM_CALL(SHIM_ENTRY_BY_VERSION, shim_entry_by_version_fn, symbol, fn,
-				 version, flags, status);
-	*fn = own;
-	if (status)
-		*status = cudaDriverEntryPointSuccess;
-	return cudaSuccess;
-}
-
-SHIM_API cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **fn,
-					     unsigned long long flags,
-					     enum cudaDriverEntryPointQueryResult *status)
-{
-	void *own = shim_lookup_own(symbol, fn);
-
-	/* A CUDA 11 runtime's has no status argument (an extra one is harmless). */
-	if (!own)
-		return SHIM_CALL(SHIM_ENTRY, shim_entry_fn, symbol, fn, flags, status);
-	*fn = own;
-	/* ... and for its callers what is there is no pointer to write through. */
-	if (status && shim_runtime_version() >= 12000)
-		*status = cudaDriverEntryPointSuccess;
-	return cudaSuccess;
 }
 
 /*
