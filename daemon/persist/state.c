@@ -26,6 +26,7 @@
 #include "common/ipc_handle.h"
 #include "daemon/core/broker.h"
 #include "daemon/core/import.h"
+#include "daemon/core/import_restore.h"
 #include "daemon/core/rejoin.h"
 #include "daemon/core/walk.h"
 #include "daemon/persist/state.h"
