@@ -39,7 +39,7 @@ static char build[PATH_MAX];
 
 /* 16 MiB in 4 MiB chunks: an 8 MiB export and 8 MiB for everyone else. */
 static const char *const gmbd_args[] = { "--host-devices", "1",		  "--host-memory",
-					 "16MiB",	   "--max-chunk",	  "4MiB",
+					 "16MiB",	   "--max-chunk", "4MiB",
 					 "--rejoin-grace", "5",		  "--log-level",
 					 "info",	   NULL };
 
@@ -211,7 +211,8 @@ Test(ipc_restart, an_import_survives_a_restart)
 		 "\"importer_pid\":%d,\"owner_id\":1,\"owner\":\"prog_preload-%d\"", (int)b.pid,
 		 (int)a.pid);
 	cr_assert(not(eq(ptr, strstr(json, want), NULL)), "the import is not listed: %s", json);
-	cr_assert(not(eq(ptr, strstr(json, "\"opens\":1,\"owner_freed\":false}],\"imports_total\":1"),
+	cr_assert(not(eq(ptr,
+			 strstr(json, "\"opens\":1,\"owner_freed\":false}],\"imports_total\":1"),
 			 NULL)),
 		  "%s", json);
 	free(json);

@@ -42,8 +42,8 @@ static struct {
 	struct broker *br, *br2;
 	struct bclient *trainer, *reader, *engine;
 	struct balloc *x, *y, *z, *e;
-	uint64_t xid, zid;    /* export ids */
-	uint64_t zchunk;      /* z's chunk, pinned once z is freed */
+	uint64_t xid, zid; /* export ids */
+	uint64_t zchunk;   /* z's chunk, pinned once z is freed */
 	uint8_t hx[IPC_HANDLE_SIZE];
 	struct state_fd fds[MAX_FDS];
 	size_t nfds;
@@ -201,8 +201,9 @@ static void check_pools(const struct broker *br)
 		pins += ch->pins;
 	cr_assert(eq(u64, pins, pinned));
 	cr_assert(eq(u64, br->pools[0].lent_bytes, lent));
-	cr_assert(eq(u64, br->pools[0].held_bytes,
-		     br->pools[0].lent_bytes + br->pools[0].free_bytes + br->pools[0].pending_bytes));
+	cr_assert(
+		eq(u64, br->pools[0].held_bytes,
+		   br->pools[0].lent_bytes + br->pools[0].free_bytes + br->pools[0].pending_bytes));
 	if (t)
 		cr_assert(eq(u64, t->nrecs, recs));
 }
@@ -278,7 +279,8 @@ Test(restart_import, a_record_brings_back_every_export_pin_and_import)
 	z2 = import_find(fx.br2, fx.zid);
 	y2 = import_find(fx.br2, fx.xid + 1);
 	cr_assert(x2 && y2 && z2);
-	cr_assert(eq(i32, memcmp(x2->token, import_find(fx.br, fx.xid)->token, IPC_HANDLE_TOKEN), 0));
+	cr_assert(
+		eq(i32, memcmp(x2->token, import_find(fx.br, fx.xid)->token, IPC_HANDLE_TOKEN), 0));
 	cr_assert(eq(ptr, x2->alloc, broker_alloc_get(client2(fx.trainer), fx.x->id)));
 	cr_assert(eq(u32, x2->nchunks, 2));
 	cr_assert(eq(ptr, x2->chunks[1], x2->alloc->chunks[1]));
@@ -391,12 +393,9 @@ static int owner_claim(bool x_mapped, const uint64_t *xids, char *err)
 		{ y->id, "w", 0, y->size, true, yids, 1 },
 	};
 	uint64_t held[] = { xids[0], xids[1], yids[0] };
-	struct broker_claim cl = { .tags = &tag,
-				   .ntags = 1,
-				   .allocs = allocs,
-				   .nallocs = 2,
-				   .held = held,
-				   .nheld = 3 };
+	struct broker_claim cl = {
+		.tags = &tag, .ntags = 1, .allocs = allocs, .nallocs = 2, .held = held, .nheld = 3
+	};
 	struct broker_rejoin_result res;
 	int rc;
 
@@ -598,7 +597,8 @@ Test(restart_import, an_export_whose_facts_do_not_match_is_refused)
 		if (i == 2)
 			rec->import_instance = 0;
 		if (i == 3)
-			rec_alloc(rec, fx.trainer->id, fx.x->id)->active = false; /* imported, paused */
+			rec_alloc(rec, fx.trainer->id, fx.x->id)->active =
+				false; /* imported, paused */
 		restore_rec(rec, &st);
 		cr_assert(not(exported(fx.xid)), "case %d", i);
 		cr_assert(eq(u32, st.exports, i == 2 ? 0 : 2), "case %d", i);
@@ -628,9 +628,8 @@ Test(restart_import, a_record_without_imports_restores_as_before)
 	cr_assert(eq(ptr, fx.br2->imports, NULL));
 	cr_assert(eq(u32, st.clients, 3));
 	/* A table is made at the first export, with an instance of its own. */
-	cr_assert(eq(i32,
-		     import_export(fx.br2, client2(fx.trainer), fx.x->id, 0, h, err), 0),
-		  "%s", err);
+	cr_assert(eq(i32, import_export(fx.br2, client2(fx.trainer), fx.x->id, 0, h, err), 0), "%s",
+		  err);
 	cr_assert(not(eq(u64, fx.br2->imports->instance, fx.br->imports->instance)));
 	gmb__state__free_unpacked(rec, NULL);
 	reclaim_all();
