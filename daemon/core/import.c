@@ -599,3 +599,53 @@ void import_deinit(struct broker *br)
 	free(t);
 	br->imports = NULL;
 }
+
+/* ---- restart without loss: the records a rejoin keeps, the record's walk ---- */
+
+struct import_rec *import_record_of(const struct broker *br, uint64_t export_id,
+				    const struct bclient *c)
+{
+	const struct import_export *ex = import_find(br, export_id);
+
+	return ex ? import_rec_find(ex, c) : NULL;
+}
+
+bool import_record_maps(const struct broker *br, const struct balloc *a)
+{
+	const struct import_export *ex = br->imports ? idmap_get(&br->imports->by_alloc, a->id) :
+						       NULL;
+
+	return ex && ex->alloc == a && ex->imports;
+}
+
+void import_record_sweep(struct broker *br, struct bclient *c, import_record_keep_fn keep,
+			 void *arg)
+{
+	struct import_table *t = br->imports;
+	struct import_export *ex, *next;
+
+	for (ex = t ? t->exports : NULL; ex; ex = next) {
+		struct import_rec *r = import_rec_find(ex, c);
+
+		/* Dropping the last record may free @ex. */
+		next = ex->next;
+		if (r && !keep(arg, r))
+			import_rec_drop(br, r);
+	}
+}
+
+int import_record_walk(const struct broker *br, import_record_export_fn export_fn,
+		       import_walk_fn rec_fn, void *arg)
+{
+	const struct import_table *t = br->imports;
+	int r;
+
+	for (const struct import_export *ex = t ? t->exports : NULL; ex; ex = ex->next) {
+		if ((r = export_fn(arg, ex)) != 0)
+			return r;
+		for (const struct import_rec *rec = ex->imports; rec_fn && rec; rec = rec->next)
+			if ((r = rec_fn(arg, ex, rec)) != 0)
+				return r;
+	}
+	return 0;
+}

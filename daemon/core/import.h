@@ -85,7 +85,7 @@ struct import_export {
 };
 
 struct import_table {
-	uint64_t instance; /* random at the first export: a handle of another gmbd is stale */
+	uint64_t instance; /* random at the first export, kept across restarts (the state record) */
 	uint64_t next_id;
 	struct idmap by_id;	       /* export id -> export */
 	struct idmap by_alloc;	       /* live allocation id -> export */
@@ -192,5 +192,35 @@ void import_client_gone(struct broker *br, struct bclient *c);
 int import_pause_check(struct broker *br, const struct bclient *c, const char *tag, char *err);
 /* broker_free(): the table goes (every client removed before). */
 void import_deinit(struct broker *br);
+
+/*
+ * Restart without loss: the records a rejoin claim keeps or drops
+ * (daemon/core/rejoin.c) and the walk the state record is written from
+ * (daemon/persist/state.c); the table's restore is import_restore.h's.
+ */
+
+/* @c's import record of export @export_id; NULL if none. The table's. */
+struct import_rec *import_record_of(const struct broker *br, uint64_t export_id,
+				    const struct bclient *c);
+/* Is @a imported now (its export has records, so its chunks are pinned)? */
+bool import_record_maps(const struct broker *br, const struct balloc *a);
+typedef bool (*import_record_keep_fn)(void *arg, struct import_rec *r);
+/**
+ * import_record_sweep() - @keep for each import record of @c: one it
+ * answers false for is dropped, as by its last close (the last record of
+ * an export unpins its chunks); @keep may lower r->refs, never to 0.
+ * Return: nothing.
+ */
+void import_record_sweep(struct broker *br, struct bclient *c, import_record_keep_fn keep,
+			 void *arg);
+typedef int (*import_record_export_fn)(void *arg, const struct import_export *ex);
+/**
+ * import_record_walk() - for the state record: @export_fn for every export,
+ * newest first, then @rec_fn (may be NULL) for each of its import records,
+ * newest first. Neither reads past what it is handed nor changes anything.
+ * Return: 0, or the first nonzero result of either.
+ */
+int import_record_walk(const struct broker *br, import_record_export_fn export_fn,
+		       import_walk_fn rec_fn, void *arg);
 
 #endif

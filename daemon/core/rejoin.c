@@ -11,7 +11,9 @@
  * an answer, or a resume's reply never arrived), the record follows the
  * client, but only towards holding less: memory it stopped mapping goes
  * back to the pool, a last lend the two sides disagree on is cleared on
- * both. A mapped allocation must match the record chunk for chunk.
+ * both, an import it closed while gmbd was down is dropped. A mapped
+ * allocation must match the record chunk for chunk, and an import the
+ * client claims must be one the record gives it (daemon/core/import.h).
  *
  * rejoin_accept() checks everything first and changes nothing until the
  * whole claim is known to be acceptable; the only step that can fail after
@@ -26,6 +28,7 @@
 #include "common/log.h"
 #include "common/size.h"
 #include "daemon/core/broker_internal.h"
+#include "daemon/core/import.h"
 #include "include/gmb.h"
 
 /* ---- restore ---- */
@@ -152,6 +155,7 @@ struct rejoin {
 	char *err;
 	struct idmap claimed; /* alloc id -> its broker_claim_alloc */
 	struct idmap mapped;  /* chunk id -> chunk, of mapped claims */
+	struct idmap imports; /* export id -> its broker_claim_import */
 };
 
 static const struct broker_claim_tag *rejoin_claim_tag(const struct broker_claim *cl,
@@ -260,7 +264,45 @@ static int rejoin_check_alloc(struct rejoin *rj, const struct broker_claim_alloc
 	rc = idmap_put(&rj->claimed, ca->id, (void *)ca);
 	if (rc < 0)
 		return err_fmt(rj->err, rc, "out of memory checking the claim");
+	/* Imported: its chunks are the importers' too, whatever the client maps. */
+	if (a->active && import_record_maps(rj->br, a) && !rejoin_same_lend(a, ca))
+		return err_fmt(rj->err, -EPERM,
+			       "claims allocation %llu over other chunks than the ones another"
+			       " process maps",
+			       (unsigned long long)a->id);
 	return ca->mapped ? rejoin_check_mapped(rj, a, ca) : 0;
+}
+
+/* A claimed import: one the record gives the client, of that allocation, no more opens. */
+static int rejoin_check_import(struct rejoin *rj, const struct broker_claim_import *ci)
+{
+	const struct import_rec *r = import_record_of(rj->br, ci->export_id, rj->c);
+	int rc;
+
+	if (ci->opens == 0)
+		return err_fmt(rj->err, -EPROTO, "claims an import of export %llu with no open",
+			       (unsigned long long)ci->export_id);
+	if (!r)
+		return err_fmt(rj->err, -EPERM,
+			       "claims an import of export %llu, which gmbd has no record"
+			       " of",
+			       (unsigned long long)ci->export_id);
+	if (r->ex->alloc_id != ci->alloc_id)
+		return err_fmt(rj->err, -EPERM,
+			       "claims export %llu as of allocation %llu; it is of"
+			       " allocation %llu",
+			       (unsigned long long)ci->export_id, (unsigned long long)ci->alloc_id,
+			       (unsigned long long)r->ex->alloc_id);
+	if (ci->opens > r->refs)
+		return err_fmt(rj->err, -EPERM, "claims %u opens of export %llu; gmbd recorded %u",
+			       ci->opens, (unsigned long long)ci->export_id, r->refs);
+	if (idmap_get(&rj->imports, ci->export_id))
+		return err_fmt(rj->err, -EPROTO, "claims the import of export %llu twice",
+			       (unsigned long long)ci->export_id);
+	rc = idmap_put(&rj->imports, ci->export_id, (void *)ci);
+	if (rc < 0)
+		return err_fmt(rj->err, rc, "out of memory checking the claim");
+	return 0;
 }
 
 static int rejoin_check(struct rejoin *rj)
@@ -273,6 +315,8 @@ static int rejoin_check(struct rejoin *rj)
 	rc = rejoin_check_tags(rj);
 	for (size_t i = 0; rc == 0 && i < rj->cl->nallocs; i++)
 		rc = rejoin_check_alloc(rj, &rj->cl->allocs[i]);
+	for (size_t i = 0; rc == 0 && i < rj->cl->nimports; i++)
+		rc = rejoin_check_import(rj, &rj->cl->imports[i]);
 	return rc;
 }
 
@@ -340,8 +384,12 @@ static void rejoin_apply_alloc(struct rejoin *rj, const struct broker_claim_allo
 	struct balloc *a = idmap_get(&rj->c->allocs, ca->id);
 	struct pool *p = &rj->br->pools[a->dev];
 	bool same = rejoin_same_lend(a, ca);
+	/* Unmapped by a pause whose answer the restart cut short, in a tag still
+	 * active: gmbd refuses that pause while another process maps the
+	 * memory, and the client then maps it again, so it stays lent. */
+	bool keep = import_record_maps(rj->br, a) && !rejoin_claim_tag(rj->cl, ca->tag)->paused;
 
-	if (a->active && !ca->mapped) {
+	if (a->active && !ca->mapped && !keep) {
 		for (uint32_t i = 0; i < a->nchunks; i++)
 			if (a->chunks[i])
 				pool_put(p, a->chunks[i]);
@@ -392,11 +440,29 @@ static void rejoin_drops(struct rejoin *rj, struct broker_rejoin_result *res)
 	}
 }
 
+/* A recorded import stays with the opens claimed; one not claimed is dropped. */
+static bool rejoin_keep_import(void *arg, struct import_rec *r)
+{
+	struct rejoin *rj = arg;
+	const struct broker_claim_import *ci = idmap_get(&rj->imports, r->ex->id);
+
+	if (!ci) {
+		log_info("import dropped: not claimed on rejoin client=%s export=%llu alloc=%llu",
+			 rj->c->name, (unsigned long long)r->ex->id,
+			 (unsigned long long)r->ex->alloc_id);
+		return false;
+	}
+	r->refs = ci->opens;
+	return true;
+}
+
 static void rejoin_apply(struct rejoin *rj, struct broker_rejoin_result *res)
 {
 	uint64_t touched = 0;
 
 	rejoin_reset_drops(rj);
+	/* Imports it closed while gmbd was down go (their pins with them). */
+	import_record_sweep(rj->br, rj->c, rejoin_keep_import, rj);
 	rejoin_free_unclaimed(rj, &touched);
 	for (size_t i = 0; i < rj->cl->nallocs; i++) {
 		rejoin_apply_alloc(rj, &rj->cl->allocs[i], res);
@@ -418,7 +484,8 @@ int rejoin_accept(struct broker *br, struct bclient *c, const struct broker_clai
 			     .cl = claim,
 			     .err = err,
 			     .claimed = IDMAP_INIT,
-			     .mapped = IDMAP_INIT };
+			     .mapped = IDMAP_INIT,
+			     .imports = IDMAP_INIT };
 	uint8_t *created = NULL;
 	int rc;
 
@@ -444,6 +511,7 @@ out:
 	free(created);
 	idmap_deinit(&rj.claimed);
 	idmap_deinit(&rj.mapped);
+	idmap_deinit(&rj.imports);
 	return rc;
 }
 

@@ -10,8 +10,9 @@
  *   - A claim never gives a client a chunk the record did not give it:
  *     where the two differ the record follows the client only towards
  *     holding less (memory it stopped mapping back to the pool, a last lend
- *     the sides disagree on cleared on both); a mapped allocation matches
- *     the record chunk for chunk.
+ *     the sides disagree on cleared on both, an import it closed dropped);
+ *     a mapped allocation matches the record chunk for chunk, and every
+ *     claimed import is one the record gives it.
  *   - rejoin_accept() accepts all of a claim or none: nothing changes on
  *     failure.
  *
@@ -47,6 +48,13 @@ struct broker_claim_alloc {
 	size_t nchunks;
 };
 
+/* An import of another client's memory the client maps (daemon/core/import.h). */
+struct broker_claim_import {
+	uint64_t export_id;
+	uint64_t alloc_id; /* what its handle names */
+	uint32_t opens;	   /* not closed yet */
+};
+
 struct broker_claim {
 	const struct broker_claim_tag *tags;
 	size_t ntags;
@@ -54,6 +62,8 @@ struct broker_claim {
 	size_t nallocs;
 	const uint64_t *held; /* handles the client holds */
 	size_t nheld;
+	const struct broker_claim_import *imports;
+	size_t nimports;
 };
 
 /* What both sides forget after a rejoin; malloc'd arrays owned by the caller. */
@@ -83,10 +93,13 @@ int rejoin_restore_alloc(struct broker *br, struct bclient *c, struct btag *t, u
 /**
  * rejoin_accept() - orphan @c is back with @claim: check it (same
  * allocations, devices, sizes and tags; a mapped allocation over exactly its
- * recorded chunks, each lent to it or free; no chunk mapped twice) and make
- * the record agree with it: unclaimed allocations freed, mapped ones lent,
- * unmapped ones back in the pool, paused ones whose claimed last lend
- * differs cleared. Nothing changes on failure.
+ * recorded chunks, each lent to it or free; no chunk mapped twice; each
+ * import one gmbd recorded for @c, of the same allocation, with no more
+ * opens) and make the record agree with it: unclaimed allocations freed,
+ * mapped ones lent, unmapped ones back in the pool, paused ones whose
+ * claimed last lend differs cleared, unclaimed imports dropped (as by their
+ * last close) and claimed ones left with the opens claimed. Nothing changes
+ * on failure.
  * Return: 0 with @res filled; -EPERM (a claim gmbd did not grant) or
  * -EPROTO (a claim that contradicts itself) with @err saying which; -ENOMEM.
  */

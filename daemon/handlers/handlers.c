@@ -88,9 +88,10 @@ static const struct handler handlers_table[] = {
 	[GMB__ENVELOPE__BODY_CONTROL_STATE] = { "control_state", handlers__control_state, H_STATE },
 	[GMB__ENVELOPE__BODY_WATCH] = { "watch", handlers__watch, 0 },
 	[GMB__ENVELOPE__BODY_WATCH_EVENT] = { "watch_event", NULL, 0 },
-	[GMB__ENVELOPE__BODY_IPC_EXPORT] = { "ipc_export", handlers__ipc_export, 0 },
+	/* A handle or an open leaves only once the record has it (restart without loss). */
+	[GMB__ENVELOPE__BODY_IPC_EXPORT] = { "ipc_export", handlers__ipc_export, H_STATE },
 	[GMB__ENVELOPE__BODY_IPC_EXPORT_REPLY] = { "ipc_export_reply", NULL, 0 },
-	[GMB__ENVELOPE__BODY_IPC_OPEN] = { "ipc_open", handlers__ipc_open, 0 },
+	[GMB__ENVELOPE__BODY_IPC_OPEN] = { "ipc_open", handlers__ipc_open, H_STATE },
 	[GMB__ENVELOPE__BODY_IPC_OPEN_REPLY] = { "ipc_open_reply", NULL, 0 },
 	[GMB__ENVELOPE__BODY_IPC_CLOSE] = { "ipc_close", handlers__ipc_close, H_SETTLE | H_STATE },
 	[GMB__ENVELOPE__BODY_IPC_FOLLOW] = { "ipc_follow", NULL, 0 },

@@ -35,6 +35,7 @@
 
 #define HREJOIN_MAX_PARTS    1024
 #define HREJOIN_MAX_HELD     (1u << 20)
+#define HREJOIN_MAX_IMPORTS  (1u << 20)
 #define HREJOIN_IDS_PER_PART 4096
 
 static int handlers_rejoin_hello(struct hreq *rq, bool control);
@@ -50,7 +51,7 @@ struct hrejoin {
 	Gmb__Envelope **parts; /* owned */
 	size_t nparts;
 	uint64_t *ids; /* the claim's chunk ids, pieces joined; owned */
-	size_t ntags, nallocs, nheld;
+	size_t ntags, nallocs, nheld, nimports;
 };
 
 /* ---- hello ---- */
@@ -247,12 +248,14 @@ static int handlers_rejoin_keep(struct hreq *rq, struct hrejoin *r)
 	r->ntags += m->n_tags;
 	r->nallocs += m->n_allocs;
 	r->nheld += m->n_held_chunk_ids;
+	r->nimports += m->n_imports;
 	if (r->nparts >= HREJOIN_MAX_PARTS || r->ntags > BROKER_MAX_TAGS ||
-	    r->nallocs > BROKER_MAX_ALLOCS || r->nheld > HREJOIN_MAX_HELD) {
+	    r->nallocs > BROKER_MAX_ALLOCS || r->nheld > HREJOIN_MAX_HELD ||
+	    r->nimports > HREJOIN_MAX_IMPORTS) {
 		sess_protocol_error(rq->s,
 				    "a rejoin claim over the limits (%zu parts, %zu tags,"
-				    " %zu allocations, %zu handles)",
-				    r->nparts + 1, r->ntags, r->nallocs, r->nheld);
+				    " %zu allocations, %zu handles, %zu imports)",
+				    r->nparts + 1, r->ntags, r->nallocs, r->nheld, r->nimports);
 		return -EPROTO;
 	}
 	v = realloc(r->parts, (r->nparts + 1) * sizeof(*v));
@@ -327,10 +330,13 @@ static int handlers_rejoin_claim(struct hreq *rq, struct hrejoin *r, struct brok
 	struct broker_claim_tag *tags = calloc(r->ntags + 1, sizeof(*tags));
 	struct broker_claim_alloc *allocs = calloc(r->nallocs + 1, sizeof(*allocs));
 	uint64_t *held = calloc(r->nheld + 1, sizeof(*held));
+	struct broker_claim_import *imports = calloc(r->nimports + 1, sizeof(*imports));
 
-	*cl = (struct broker_claim){ .tags = tags, .allocs = allocs, .held = held };
+	*cl = (struct broker_claim){
+		.tags = tags, .allocs = allocs, .held = held, .imports = imports
+	};
 	r->ids = calloc(handlers_rejoin_nids(r) + 1, sizeof(*r->ids));
-	if (!tags || !allocs || !held || !r->ids)
+	if (!tags || !allocs || !held || !imports || !r->ids)
 		return handlers__fail(rq, -ENOMEM, "out of memory reading the claim");
 	for (size_t p = 0; p < r->nparts; p++) {
 		const Gmb__RejoinRequest *m = r->parts[p]->rejoin;
@@ -348,6 +354,11 @@ static int handlers_rejoin_claim(struct hreq *rq, struct hrejoin *r, struct brok
 			memcpy(held + cl->nheld, m->held_chunk_ids,
 			       m->n_held_chunk_ids * sizeof(*held));
 		cl->nheld += m->n_held_chunk_ids;
+		for (size_t i = 0; i < m->n_imports; i++)
+			imports[cl->nimports++] =
+				(struct broker_claim_import){ .export_id = m->imports[i]->export_id,
+							      .alloc_id = m->imports[i]->alloc_id,
+							      .opens = m->imports[i]->opens };
 	}
 	return handlers_rejoin_names(rq, cl);
 }
@@ -357,6 +368,7 @@ static void handlers_rejoin_claim_free(struct broker_claim *cl)
 	free((void *)cl->tags);
 	free((void *)cl->allocs);
 	free((void *)cl->held);
+	free((void *)cl->imports);
 }
 
 /* RejoinReply in parts of at most HREJOIN_IDS_PER_PART ids of each kind. */

@@ -1,7 +1,9 @@
 /*
  * state.c - the broker's record for the next gmbd: every chunk (id, device,
- * size, owning uid) and every client with its tags and allocations (each
- * allocation's last lend by chunk id), as a Gmb__State (proto/gmb.proto).
+ * size, owning uid), every client with its tags and allocations (each
+ * allocation's last lend by chunk id), and the import table (CUDA IPC: its
+ * instance id, every export with its pinned chunks and who imported it), as
+ * a Gmb__State (proto/gmb.proto).
  *
  * state_encode() reads the broker only. state_restore() rebuilds a fresh
  * broker from a record and the chunk fds the service manager handed back:
@@ -9,14 +11,22 @@
  * new handle to the same physical memory), so no memory is created. Tools
  * hold nothing and are not recorded; pending drops are not either: holders
  * are rebuilt from last lends, and the keep limit marks what it must again.
+ * Exports come back after the clients (they name the restored allocations,
+ * chunks and importers) and before the keep limit is applied, so that no
+ * pinned chunk is ever free; a record without them (an older gmbd's)
+ * restores as before, with a table made at the first export.
  */
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/err.h"
 #include "common/log.h"
+#include "common/ipc_handle.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/import.h"
+#include "daemon/core/import_restore.h"
 #include "daemon/core/rejoin.h"
 #include "daemon/core/walk.h"
 #include "daemon/persist/state.h"
@@ -30,13 +40,15 @@ struct state_enc {
 	Gmb__StateClient *clients, **pclients;
 	Gmb__StateTag *tags, **ptags;
 	Gmb__StateAlloc *allocs, **pallocs;
-	uint64_t *ids;
+	Gmb__StateExport *exports, **pexports;
+	Gmb__StateImport *imports, **pimports;
+	uint64_t *ids; /* allocations' last lends, then exports' pinned chunks */
 	uint32_t *groups;
-	size_t ntags, nallocs, nids, ngroups; /* entries filled */
+	size_t ntags, nallocs, nimports, nids, ngroups; /* entries filled */
 };
 
 struct state_count {
-	size_t clients, tags, allocs, ids, groups;
+	size_t clients, tags, allocs, exports, imports, ids, groups;
 };
 
 static int state_count_client(void *arg, const struct bclient *c)
@@ -64,6 +76,16 @@ static int state_count_alloc(void *arg, const struct balloc *a)
 	return 0;
 }
 
+static int state_count_export(void *arg, const struct import_export *ex)
+{
+	struct state_count *n = arg;
+
+	n->exports++;
+	n->ids += ex->nchunks;
+	n->imports += ex->nimports;
+	return 0;
+}
+
 static void state_count(const struct broker *br, struct state_count *n)
 {
 	static const struct walk_ops ops = { .client = state_count_client,
@@ -72,6 +94,7 @@ static void state_count(const struct broker *br, struct state_count *n)
 
 	*n = (struct state_count){ 0 };
 	walk_tree(br, &ops, n);
+	import_record_walk(br, state_count_export, NULL, n);
 }
 
 static void state_enc_free(struct state_enc *e)
@@ -84,6 +107,10 @@ static void state_enc_free(struct state_enc *e)
 	free(e->ptags);
 	free(e->allocs);
 	free(e->pallocs);
+	free(e->exports);
+	free(e->pexports);
+	free(e->imports);
+	free(e->pimports);
 	free(e->ids);
 	free(e->groups);
 }
@@ -98,10 +125,15 @@ static int state_enc_alloc(struct state_enc *e, size_t nchunks, const struct sta
 	e->ptags = calloc(n->tags + 1, sizeof(*e->ptags));
 	e->allocs = calloc(n->allocs + 1, sizeof(*e->allocs));
 	e->pallocs = calloc(n->allocs + 1, sizeof(*e->pallocs));
+	e->exports = calloc(n->exports + 1, sizeof(*e->exports));
+	e->pexports = calloc(n->exports + 1, sizeof(*e->pexports));
+	e->imports = calloc(n->imports + 1, sizeof(*e->imports));
+	e->pimports = calloc(n->imports + 1, sizeof(*e->pimports));
 	e->ids = calloc(n->ids + 1, sizeof(*e->ids));
 	e->groups = calloc(n->groups + 1, sizeof(*e->groups));
 	if (!e->chunks || !e->pchunks || !e->clients || !e->pclients || !e->tags || !e->ptags ||
-	    !e->allocs || !e->pallocs || !e->ids || !e->groups)
+	    !e->allocs || !e->pallocs || !e->exports || !e->pexports || !e->imports ||
+	    !e->pimports || !e->ids || !e->groups)
 		return -ENOMEM;
 	return 0;
 }
@@ -209,6 +241,57 @@ static void state_enc_clients(const struct broker *br, struct state_enc *e)
 	walk_tree(br, &ops, e);
 }
 
+/* An export, its pinned chunks' ids and, through state_enc_import(), its records. */
+static int state_enc_export(void *arg, const struct import_export *ex)
+{
+	struct state_enc *e = arg;
+	Gmb__StateExport *se = &e->exports[e->st.n_exports];
+
+	gmb__state_export__init(se);
+	se->id = ex->id;
+	se->alloc_id = ex->alloc_id;
+	se->owner_id = ex->owner_id;
+	se->owner = (char *)ex->owner;
+	se->owner_pid = (int32_t)ex->owner_pid;
+	se->owner_uid = (uint32_t)ex->owner_uid;
+	se->device = (uint32_t)ex->dev;
+	se->size = ex->size;
+	se->token.data = (uint8_t *)ex->token;
+	se->token.len = IPC_HANDLE_TOKEN;
+	se->chunk_ids = &e->ids[e->nids];
+	se->n_chunk_ids = ex->nchunks;
+	for (uint32_t i = 0; i < ex->nchunks; i++)
+		e->ids[e->nids++] = ex->chunks[i]->id;
+	se->imports = &e->pimports[e->nimports];
+	e->pexports[e->st.n_exports++] = se;
+	return 0;
+}
+
+static int state_enc_import(void *arg, const struct import_export *ex, const struct import_rec *r)
+{
+	struct state_enc *e = arg;
+	Gmb__StateImport *si = &e->imports[e->nimports];
+
+	(void)ex;
+	gmb__state_import__init(si);
+	si->importer_id = r->importer->id;
+	si->opens = r->refs;
+	e->pimports[e->nimports++] = si;
+	e->pexports[e->st.n_exports - 1]->n_imports++;
+	return 0;
+}
+
+static void state_enc_exports(const struct broker *br, struct state_enc *e)
+{
+	const struct import_table *t = br->imports;
+
+	e->st.import_instance = t ? t->instance : 0;
+	e->st.import_next_export_id = t ? t->next_id : 0;
+	e->st.n_exports = 0;
+	e->st.exports = e->pexports;
+	import_record_walk(br, state_enc_export, state_enc_import, e);
+}
+
 int state_encode(const struct broker *br, uint8_t **buf, size_t *len)
 {
 	struct state_enc e = { 0 };
@@ -240,6 +323,7 @@ int state_encode(const struct broker *br, uint8_t **buf, size_t *len)
 	e.st.chunks_handed_over = handed;
 	state_enc_chunks(br, &e);
 	state_enc_clients(br, &e);
+	state_enc_exports(br, &e);
 	*len = gmb__state__get_packed_size(&e.st);
 	out = malloc(*len ? *len : 1);
 	rc = -ENOMEM;
@@ -390,6 +474,68 @@ static int state_restore_client(struct broker *br, const Gmb__StateClient *sc)
 	return 0;
 }
 
+/* One recorded export, as the core's import_restore_export() takes it. */
+static int state_restore_export(struct broker *br, const Gmb__StateExport *se, char *err)
+{
+	struct import_restore_rec *recs = calloc(se->n_imports + 1, sizeof(*recs));
+	struct import_restore rx = { .id = se->id,
+				     .alloc_id = se->alloc_id,
+				     .owner_id = se->owner_id,
+				     .owner = se->owner,
+				     .owner_pid = se->owner_pid,
+				     .owner_uid = se->owner_uid,
+				     .dev = se->device,
+				     .size = se->size,
+				     .token = se->token.data,
+				     .token_len = se->token.len,
+				     .chunk_ids = se->chunk_ids,
+				     .nchunks = se->n_chunk_ids,
+				     .recs = recs,
+				     .nrecs = se->n_imports };
+	int rc;
+
+	if (!recs)
+		return err_fmt(err, -ENOMEM, "out of memory restoring export %llu",
+			       (unsigned long long)se->id);
+	for (size_t i = 0; i < se->n_imports; i++)
+		recs[i] = (struct import_restore_rec){ .importer_id = se->imports[i]->importer_id,
+						       .opens = se->imports[i]->opens };
+	rc = import_restore_export(br, &rx, err);
+	free(recs);
+	return rc;
+}
+
+/* The import table, then its exports: the record's last first (each is linked first). */
+static void state_restore_imports(struct broker *br, const Gmb__State *st, struct state_stats *out)
+{
+	char err[ERR_MSG_MAX];
+	int rc = import_restore_table(br, st->import_instance, st->import_next_export_id);
+
+	if (rc < 0) {
+		log_warn("import table not restored instance=%llu next_export=%llu err=\"%s\"",
+			 (unsigned long long)st->import_instance,
+			 (unsigned long long)st->import_next_export_id, strerror(-rc));
+		return;
+	}
+	for (size_t i = st->n_exports; i-- > 0;) {
+		const Gmb__StateExport *se = st->exports[i];
+		const struct import_export *ex;
+
+		err[0] = '\0';
+		rc = state_restore_export(br, se, err);
+		if (rc < 0) {
+			log_warn("export not restored export=%llu alloc=%llu owner=%llu"
+				 " err=\"%s\" reason=\"%s\"",
+				 (unsigned long long)se->id, (unsigned long long)se->alloc_id,
+				 (unsigned long long)se->owner_id, strerror(-rc), err);
+			continue;
+		}
+		ex = import_find(br, se->id);
+		out->exports++;
+		out->imports += ex->nimports;
+	}
+}
+
 static int state_check(const struct broker *br, const Gmb__State *st)
 {
 	if (st->version != STATE_VERSION) {
@@ -431,6 +577,9 @@ int state_restore(struct broker *br, const uint8_t *buf, size_t len, struct stat
 		}
 		out->clients++;
 	}
+	state_restore_imports(br, st, out);
+	if (out->exports)
+		log_notice("imports restored exports=%u imports=%u", out->exports, out->imports);
 	if (br->next_client_id < st->next_client_id)
 		br->next_client_id = st->next_client_id;
 	if (br->next_alloc_id < st->next_alloc_id)

@@ -1,6 +1,7 @@
 /*
  * state.h - the broker's record for the next gmbd, as a Gmb__State
- * (proto/gmb.proto): chunks, clients, tags, allocations and last lends.
+ * (proto/gmb.proto): chunks, clients, tags, allocations and last lends,
+ * and the exports and imports of memory shared between processes.
  * daemon/persist/persist.c keeps it in the service manager's fd store; this module
  * only turns a broker into bytes and bytes (plus chunk fds) into a broker.
  */
@@ -27,6 +28,8 @@ struct state_stats {
 	uint32_t chunks;  /* back in the pools */
 	uint32_t lost;	  /* recorded chunks without a usable fd */
 	uint64_t bytes;	  /* of the chunks back */
+	uint32_t exports; /* of memory shared between processes, back */
+	uint32_t imports; /* import records back with them */
 };
 
 /**
@@ -38,9 +41,11 @@ int state_encode(const struct broker *br, uint8_t **buf, size_t *len);
 /**
  * state_restore() - rebuild the fresh broker @br from a packed record and
  * the chunk fds @fds (imported, not consumed: each used one is marked).
- * Recorded clients come back as orphans; what cannot be restored (a chunk
- * without its fd, an allocation naming a chunk of another device) is logged
- * and left out, so that a claim naming it is refused later.
+ * Recorded clients come back as orphans, their imports with them (the
+ * chunks an import pins are never free); what cannot be restored (a chunk
+ * without its fd, an allocation naming a chunk of another device, an export
+ * whose chunks are lent elsewhere) is logged and left out, so that a claim
+ * naming it is refused later.
  * Return: 0 with @out filled; -EPROTO for a record that is not this gmbd's
  * (version, backend) or not decodable: nothing is restored then.
  */

@@ -431,6 +431,74 @@ static void seeds_state_crafted(void)
 	seeds_record("other-backend", &st);
 }
 
+/*
+ * The import table by hand, over the same stored fds: export 1 of a live
+ * allocation imported by another client of the owner's uid, export 2 of a
+ * freed one kept for two importers over its chunk, export 3 of a paused
+ * allocation nobody imports. Fixed instance id and tokens, so that the
+ * record is the same on every run.
+ */
+static void seeds_state_imports(void)
+{
+	Gmb__StateChunk ch[8], *pch[8];
+	Gmb__StateAlloc a[2], *pa0[1], *pa1[1];
+	Gmb__StateTag t[2], *pt[2];
+	Gmb__StateClient cl[2], *pcl[2];
+	Gmb__StateImport im[3], *pim1[1], *pim2[2];
+	Gmb__StateExport ex[3], *pex[3];
+	Gmb__State st = GMB__STATE__INIT;
+	uint64_t ids_w[] = { 1 }, ids_kv[] = { 5 }, pinned1[] = { 1 }, pinned2[] = { 3 };
+	uint8_t tokens[3][IPC_HANDLE_TOKEN];
+
+	for (int i = 0; i < 8; i++) {
+		gmb__state_chunk__init(&ch[i]);
+		ch[i].id = (uint64_t)i + 1, ch[i].device = i < 4 ? 0 : 1;
+		ch[i].size = (i < 4 ? 2 : 4) * MiB, ch[i].uid = 1000 + (i & 1),
+		ch[i].uid_set = i < 6;
+		pch[i] = &ch[i];
+	}
+	for (int i = 0; i < 2; i++) {
+		gmb__state_alloc__init(&a[i]);
+		gmb__state_tag__init(&t[i]);
+		gmb__state_client__init(&cl[i]);
+		pt[i] = &t[i], pcl[i] = &cl[i];
+	}
+	a[0].id = 11, a[0].size = 2 * MiB, a[0].active = true, a[0].n_chunk_ids = 1;
+	a[0].chunk_ids = ids_w;
+	a[1].id = 12, a[1].device = 1, a[1].size = 4 * MiB, a[1].n_chunk_ids = 1;
+	a[1].chunk_ids = ids_kv;
+	pa0[0] = &a[0], pa1[0] = &a[1];
+	t[0].name = "weights", t[0].n_allocs = 1, t[0].allocs = pa0;
+	t[1].name = "kv", t[1].paused = true, t[1].n_allocs = 1, t[1].allocs = pa1;
+	cl[0].id = 3, cl[0].name = "trainer", cl[0].pid = 4242, cl[0].uid = 1000, cl[0].gid = 1000;
+	cl[0].n_tags = 2, cl[0].tags = pt;
+	cl[1].id = 5, cl[1].name = "reader", cl[1].pid = 4245, cl[1].uid = 1000, cl[1].gid = 1000;
+	for (int i = 0; i < 3; i++) {
+		gmb__state_import__init(&im[i]);
+		gmb__state_export__init(&ex[i]);
+		memset(tokens[i], 0x41 + i, sizeof(tokens[i]));
+		ex[i].owner_id = 3, ex[i].owner = "trainer", ex[i].owner_pid = 4242;
+		ex[i].owner_uid = 1000, ex[i].size = 2 * MiB;
+		ex[i].token.data = tokens[i], ex[i].token.len = IPC_HANDLE_TOKEN;
+	}
+	im[0].importer_id = 5, im[0].opens = 1;
+	im[1].importer_id = 5, im[1].opens = 2;
+	im[2].importer_id = 3, im[2].opens = 1;
+	pim1[0] = &im[0], pim2[0] = &im[1], pim2[1] = &im[2];
+	ex[2].id = 1, ex[2].alloc_id = 11, ex[2].n_chunk_ids = 1, ex[2].chunk_ids = pinned1;
+	ex[2].n_imports = 1, ex[2].imports = pim1;
+	ex[1].id = 2, ex[1].alloc_id = 9, ex[1].n_chunk_ids = 1, ex[1].chunk_ids = pinned2;
+	ex[1].n_imports = 2, ex[1].imports = pim2;
+	ex[0].id = 3, ex[0].alloc_id = 12, ex[0].device = 1, ex[0].size = 4 * MiB;
+	for (int i = 0; i < 3; i++)
+		pex[i] = &ex[i];
+	st.version = 1, st.backend = "host", st.next_chunk_id = 9, st.next_client_id = 6;
+	st.next_alloc_id = 13, st.n_chunks = 8, st.chunks = pch, st.n_clients = 2, st.clients = pcl;
+	st.import_instance = 0x1122334455667788ULL, st.import_next_export_id = 4;
+	st.n_exports = 3, st.exports = pex;
+	seeds_record("imports", &st);
+}
+
 /* What the real state_encode() writes for a real broker. The client is a
  * made-up process of root (not this one), so that the record is the
  * same on every run and every machine. */
@@ -671,6 +739,7 @@ int main(int argc, char **argv)
 	mkdir(seeds_dir, 0755);
 	seeds_daemon();
 	seeds_state_crafted();
+	seeds_state_imports();
 	seeds_state_real();
 	seeds_client();
 	return 0;

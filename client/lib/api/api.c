@@ -120,6 +120,8 @@ static struct gmb_client *api_client_new(void)
 	gmb__mem_cbs(&c->mem, &c->conn.cbs);
 	c->conn.cbs.claim_build = gmb__rejoin_claim_build;
 	c->conn.cbs.claim_apply = gmb__rejoin_claim_apply;
+	c->mem.claim_imports = gmb__ipc_claim;
+	c->mem.claim_imports_arg = &c->ipc;
 	c->conn.cbs.ctl_arg = c;
 	c->conn.cbs.control = api_control_run;
 	c->conn.cbs.reconnect = gmb__reconnect;

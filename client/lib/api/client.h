@@ -6,7 +6,9 @@
  * Layer: the top of libgmb. api.c registers the callbacks that the
  * connection calls up through (its own for ControlCommands, the memory
  * layer's for imports, drops and the re-announcement, reconnect.c's for a
- * loss), and every lower layer is reached from here only by calls down.
+ * loss) and the one the memory layer's re-announcement calls (the IPC
+ * layer's list of imports), and every lower layer is reached from here
+ * only by calls down.
  * The hooks (client/lib/hook/) sit above it and use this header.
  */
 #ifndef GMB_CLIENT_API_CLIENT_H

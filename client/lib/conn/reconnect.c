@@ -200,12 +200,20 @@ void gmb__claim_free(struct gmb__claim *cl)
 	free(cl->allocs);
 	free(cl->pallocs);
 	free(cl->held);
+	free(cl->imports);
+	free(cl->pimports);
 }
 
-/* The next part from *@t, *@a, *@h on: as much as RECONNECT_PART_BYTES holds. */
-static void reconnect_part(const struct gmb__claim *cl, size_t *t, size_t *a, size_t *h,
+/* Where the claim's parts have got to: tags, allocations, held ids, imports. */
+struct reconnect_at {
+	size_t t, a, h, i;
+};
+
+/* The next part from @at on: as much as RECONNECT_PART_BYTES holds. */
+static void reconnect_part(const struct gmb__claim *cl, struct reconnect_at *at,
 			   Gmb__RejoinRequest *req)
 {
+	size_t *t = &at->t, *a = &at->a, *h = &at->h, *i = &at->i;
 	size_t bytes = 64;
 
 	req->tags = cl->ptags + *t;
@@ -231,7 +239,14 @@ static void reconnect_part(const struct gmb__claim *cl, size_t *t, size_t *a, si
 		(*h)++;
 		req->n_held_chunk_ids++;
 	}
-	req->last = *t == cl->ntags && *a == cl->nallocs && *h == cl->nheld;
+	req->imports = cl->pimports + *i;
+	while (*i < cl->nimports &&
+	       bytes + gmb__rejoin_import__get_packed_size(cl->pimports[*i]) + 8 <
+		       RECONNECT_PART_BYTES) {
+		bytes += gmb__rejoin_import__get_packed_size(cl->pimports[(*i)++]) + 8;
+		req->n_imports++;
+	}
+	req->last = *t == cl->ntags && *a == cl->nallocs && *h == cl->nheld && *i == cl->nimports;
 }
 
 static int reconnect_answer_add(uint64_t **v, size_t *n, const uint64_t *ids, size_t k)
@@ -288,14 +303,14 @@ static int reconnect_read_answer(struct gmb__conn *c, int fd, Gmb__Envelope *rep
 static int reconnect_send_claim(struct gmb__conn *c, int fd, const struct gmb__claim *cl,
 				uint64_t *next_id, struct gmb__claim_answer *ans)
 {
-	size_t t = 0, a = 0, h = 0;
+	struct reconnect_at at = { 0 };
 
 	for (;;) {
 		Gmb__Envelope env = GMB__ENVELOPE__INIT, *rep = NULL;
 		Gmb__RejoinRequest req = GMB__REJOIN_REQUEST__INIT;
 		uint64_t id = ++*next_id;
 
-		reconnect_part(cl, &t, &a, &h, &req);
+		reconnect_part(cl, &at, &req);
 		env.body_case = GMB__ENVELOPE__BODY_REJOIN;
 		env.rejoin = &req;
 		if (reconnect_ask(fd, &env, id, &rep) < 0)

@@ -21,6 +21,8 @@ struct gmb__claim {
 	size_t nallocs;
 	uint64_t *held;
 	size_t nheld;
+	Gmb__RejoinImport *imports, **pimports; /* imports of others' memory mapped here */
+	size_t nimports;
 };
 
 /* What gmbd answered: last lends to clear, handles to drop (malloc'd). */

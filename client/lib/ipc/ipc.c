@@ -593,3 +593,19 @@ void gmb__ipc_close_all(struct gmb__mem *m, struct gmb__ipc *ipc)
 		}
 	}
 }
+
+size_t gmb__ipc_claim(void *arg, Gmb__RejoinImport *out, size_t cap)
+{
+	struct gmb__ipc *ipc = arg;
+	size_t n = 0;
+
+	for (const struct gmb__import *im = ipc->imports; im; im = im->next, n++) {
+		if (n >= cap)
+			continue;
+		gmb__rejoin_import__init(&out[n]);
+		out[n].export_id = im->gen;
+		out[n].alloc_id = im->alloc;
+		out[n].opens = 1;
+	}
+	return n;
+}

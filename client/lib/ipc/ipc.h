@@ -96,5 +96,13 @@ int gmb__ipc_grant(struct gmb__mem *m, const void *ptr, uint32_t uid, bool revok
 int gmb__ipc_owns(struct gmb__ipc *ipc, const void *ptr);
 /* gmb_close(): every import unmapped and told to gmbd (while connected). */
 void gmb__ipc_close_all(struct gmb__mem *m, struct gmb__ipc *ipc);
+/*
+ * gmb__ipc_claim() - the imports of @ipc (a struct gmb__ipc) as a rejoin
+ * claims them (struct gmb__mem's claim_imports): up to @cap into @out (may
+ * be NULL when @cap is 0), each with one open, the one gmbd answered (a
+ * process's further opens are counted here only). The caller holds the
+ * state lock. Return: how many imports there are.
+ */
+size_t gmb__ipc_claim(void *ipc, Gmb__RejoinImport *out, size_t cap);
 
 #endif

@@ -47,6 +47,13 @@ struct gmb__mem {
 	 * is at most one such reply at a time). */
 	struct gmb__staged *staged;
 	size_t nstaged, cap_staged;
+	/* The imports of others' memory this client maps, for the rejoin claim:
+	 * kept by client/lib/ipc/ (above this layer), which the API registers
+	 * here before the connection starts, read-only then. Fills @out with up
+	 * to @cap of them and returns how many there are; called with the state
+	 * lock held, while no operation runs. NULL: none. */
+	size_t (*claim_imports)(void *arg, Gmb__RejoinImport *out, size_t cap);
+	void *claim_imports_arg;
 	/* Under op_lock only. */
 	struct gmb__tag *tags;
 	struct gmb__backup_bufs bufs; /* backup.c's pinned buffers */

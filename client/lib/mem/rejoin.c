@@ -1,7 +1,9 @@
 /*
  * rejoin.c - what this client holds, as the re-announcement after a gmbd
- * restart tells it (reconnect.c asks through the connection's callbacks),
- * and gmbd's answer applied to the memory tables.
+ * restart tells it (reconnect.c asks through the connection's callbacks):
+ * its tags, allocations and held handles, and the imports of other
+ * processes' memory it maps (listed by client/lib/ipc/ through
+ * m->claim_imports); and gmbd's answer applied to the memory tables.
  *
  * Both run on the reader thread while every operation is still: none runs,
  * or the one running is parked waiting for the connection, and none starts
@@ -64,6 +66,25 @@ static void rejoin_claim_tag(struct gmb__claim *cl, struct gmb__tag *t)
 	}
 }
 
+/* The imports of others' memory, as the IPC layer lists them; state lock held. */
+static int rejoin_claim_imports(struct gmb__mem *m, struct gmb__claim *cl)
+{
+	size_t n = m->claim_imports ? m->claim_imports(m->claim_imports_arg, NULL, 0) : 0;
+
+	cl->imports = calloc(n + 1, sizeof(*cl->imports));
+	cl->pimports = calloc(n + 1, sizeof(*cl->pimports));
+	if (!cl->imports || !cl->pimports)
+		return -ENOMEM;
+	if (n) {
+		size_t got = m->claim_imports(m->claim_imports_arg, cl->imports, n);
+
+		cl->nimports = got < n ? got : n;
+	}
+	for (size_t i = 0; i < cl->nimports; i++)
+		cl->pimports[i] = &cl->imports[i];
+	return 0;
+}
+
 /* Everything this client holds, read while every operation is still. */
 int gmb__rejoin_claim_build(void *arg, struct gmb__claim *cl)
 {
@@ -71,6 +92,7 @@ int gmb__rejoin_claim_build(void *arg, struct gmb__claim *cl)
 	struct gmb__handle *e;
 	size_t ntags, nallocs, it = 0;
 	uint64_t id;
+	int rc = -ENOMEM;
 
 	*cl = (struct gmb__claim){ 0 };
 	rejoin_counts(m, &ntags, &nallocs);
@@ -86,13 +108,12 @@ int gmb__rejoin_claim_build(void *arg, struct gmb__claim *cl)
 		while (idmap_next(&m->tab.cache, &it, &id, (void **)&e))
 			if (e->refs > 0)
 				cl->held[cl->nheld++] = id;
+		rc = rejoin_claim_imports(m, cl);
 	}
 	pthread_mutex_unlock(&m->conn->lock);
-	if (!cl->tags || !cl->ptags || !cl->allocs || !cl->pallocs || !cl->held) {
+	if (rc < 0)
 		gmb__claim_free(cl);
-		return -ENOMEM;
-	}
-	return 0;
+	return rc;
 }
 
 /* gmbd's answer, applied to the tables: both sides now agree. */
