@@ -14,6 +14,7 @@
 
 struct gmbd_proc ipcfx_gmbd;
 char ipcfx_build[PATH_MAX];
+const char *ipcfx_sock;
 
 void ipcfx_start(void)
 {
@@ -40,7 +41,7 @@ static void ipcfx_prog_setup(void *arg)
 {
 	const struct ipcfx_prog_args *a = arg;
 
-	test_shim_env(ipcfx_build, ipcfx_gmbd.sock, true);
+	test_shim_env(ipcfx_build, ipcfx_sock ? ipcfx_sock : ipcfx_gmbd.sock, true);
 	if (a->env)
 		putenv((char *)a->env);
 	if (a->uid && (setgid(a->uid) || setuid(a->uid)))
@@ -159,7 +160,7 @@ double ipcfx_ms_since(const struct timespec *t0)
 int ipcfx_ctl(char *out, size_t cap, const char *const *args)
 {
 	char bin[PATH_MAX + 16];
-	char *argv[16] = { bin, "-s", ipcfx_gmbd.sock };
+	char *argv[16] = { bin, "-s", (char *)(ipcfx_sock ? ipcfx_sock : ipcfx_gmbd.sock) };
 	size_t n = 3;
 
 	snprintf(bin, sizeof(bin), "%s/gmbctl", ipcfx_build);

@@ -23,6 +23,9 @@
 
 extern struct gmbd_proc ipcfx_gmbd;
 extern char ipcfx_build[PATH_MAX];
+/* The socket the programs reach: NULL for ipcfx_gmbd's (a suite with a
+ * gmbd of its own sets it, and ipcfx_build, in its init). */
+extern const char *ipcfx_sock;
 
 /* The suite's init and fini: gmbd started, stopped cleanly. */
 void ipcfx_start(void);

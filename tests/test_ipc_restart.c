@@ -12,7 +12,10 @@
  * restart or after it, stay out of the pool until the importer closes, so
  * the third client never gets them; a handle taken before opens after it;
  * an import the importer no longer claims is dropped, and one gmbd has no
- * record of refuses the claim. Used memory is back to zero after each.
+ * record of refuses the claim; imports that followed their owner's pause
+ * come back unmapped (pinning nothing) and map again on its resume, and
+ * grants come back with their exports. Used memory is back to zero after
+ * each.
  */
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
@@ -23,19 +26,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/ipc_handle.h"
 #include "common/wire.h"
 #include "include/gmb.h"
+#include "tests/ipc_fx.h"
 #include "tests/util.h"
 #include "tests/worker_assert.h"
 
-#define MiB	(1024ULL * 1024)
 #define WAIT_MS 10000
 
 static struct sd_gmbd fx;
-static char build[PATH_MAX];
 
 /* 16 MiB in 4 MiB chunks: an 8 MiB export and 8 MiB for everyone else. */
 static const char *const gmbd_args[] = { "--host-devices", "1",		  "--host-memory",
@@ -57,8 +60,9 @@ static void gmbd_restart(void)
 
 static void setup(void)
 {
-	cr_assert(not(eq(ptr, realpath(test_build_dir(), build), NULL)));
+	cr_assert(not(eq(ptr, realpath(test_build_dir(), ipcfx_build), NULL)));
 	cr_assert(eq(i32, sd_gmbd_open(&fx, "/tmp/gmbipcrs.XXXXXX", true), 0));
+	ipcfx_sock = fx.gmbd.sock;
 	gmbd_up();
 }
 
@@ -69,60 +73,25 @@ static void teardown(void)
 
 TestSuite(ipc_restart, .init = setup, .fini = teardown, .timeout = 90);
 
-/* ---- the programs ---- */
-
-static void prog_setup(void *arg)
-{
-	(void)arg;
-	test_shim_env(build, fx.gmbd.sock, true);
-}
+/* ---- the programs (tests/ipc_fx.h) ---- */
 
 static void prog_start(struct worker *w)
 {
-	char bin[PATH_MAX + 32];
-
-	snprintf(bin, sizeof(bin), "%s/tests/prog_preload", build);
-	cr_assert(eq(i32, worker_spawn(w, bin, prog_setup, NULL), 0));
+	ipcfx_prog(w, 0);
 	cr_assert(eq(i32, worker_cmd(w, NULL, 0, "gmb"), 0), "libgmb not bound");
-}
-
-/* Sends a command, asserts its status is @want; the rest of the answer. */
-static const char *run(struct worker *w, int want, const char *fmt, ...)
-{
-	static char text[1 << 15];
-	char cmd[512];
-	va_list ap;
-	int rc;
-
-	va_start(ap, fmt);
-	vsnprintf(cmd, sizeof(cmd), fmt, ap);
-	va_end(ap);
-	rc = worker_cmd(w, text, sizeof(text), "%s", cmd);
-	cr_assert(eq(i32, rc, want), "\"%s\" answered %d (%s), want %d", cmd, rc, text, want);
-	return text;
 }
 
 /* An exporter with 8 MiB of gmbd memory in tag "w" (two chunks) at @p, filled with @byte. */
 static void exporter(struct worker *w, int byte, char p[32])
 {
-	prog_start(w);
-	run(w, 0, "region w discard");
-	snprintf(p, 32, "%s", run(w, 0, "malloc %llu", 8 * MiB));
-	run(w, 0, "fill %s %llu %d", p, 8 * MiB, byte);
-}
-
-static void get_handle(struct worker *w, const char *p, char h[160])
-{
-	snprintf(h, 160, "%s", run(w, 0, "ipcget %s", p));
-	cr_assert(eq(sz, strlen(h), 128));
+	ipcfx_exporter(w, 8 * MiB, byte, p);
 }
 
 /* An importer that mapped @h at @q. */
 static void importer(struct worker *w, const char *h, char q[32])
 {
 	prog_start(w);
-	snprintf(q, 32, "%s", run(w, 0, "ipcopen %s", h));
-	cr_assert(strcmp(q, "(nil)") != 0);
+	ipcfx_open_handle(w, h, q);
 }
 
 /* The hex handle @h as bytes, decoded. */
@@ -137,11 +106,6 @@ static void handle_of(const char *h, struct ipc_handle *out)
 		b[i] = (uint8_t)v;
 	}
 	cr_assert(eq(i32, ipc_handle_decode(b, out), 0));
-}
-
-static void quit(struct worker *w)
-{
-	cr_assert(eq(i32, worker_quit(w), 0), "the program did not exit cleanly");
 }
 
 /* ---- status ---- */
@@ -198,21 +162,22 @@ Test(ipc_restart, an_import_survives_a_restart)
 	char *json;
 
 	exporter(&a, 0x5a, p);
-	get_handle(&a, p, h);
+	ipcfx_get_handle(&a, p, h);
 	importer(&b, h, q);
 	gmbd_restart();
 
 	/* Each call waits for its client's rejoin. */
-	run(&a, 0, "status");
-	run(&b, 0, "status");
-	run(&b, 0, "check %s %llu 90", q, 8 * MiB);
+	ipcfx_run(&a, 0, "status");
+	ipcfx_run(&b, 0, "status");
+	ipcfx_run(&b, 0, "check %s %llu 90", q, 8 * MiB);
 	json = status();
 	snprintf(want, sizeof(want),
 		 "\"importer_pid\":%d,\"owner_id\":1,\"owner\":\"prog_preload-%d\"", (int)b.pid,
 		 (int)a.pid);
 	cr_assert(not(eq(ptr, strstr(json, want), NULL)), "the import is not listed: %s", json);
 	cr_assert(not(eq(ptr,
-			 strstr(json, "\"opens\":1,\"owner_freed\":false}],\"imports_total\":1"),
+			 strstr(json, "\"opens\":1,\"owner_freed\":false,\"mapped\":true}],"
+				      "\"imports_total\":1"),
 			 NULL)),
 		  "%s", json);
 	free(json);
@@ -221,18 +186,18 @@ Test(ipc_restart, an_import_survives_a_restart)
 	snprintf(want, sizeof(want), "client 'prog_preload-%d' (pid %d) has allocation", (int)b.pid,
 		 (int)b.pid);
 	cr_assert(log_has(want), "the refusal does not name the importer");
-	run(&b, 0, "fill %s %llu 51", q, 1 * MiB);
-	run(&a, 0, "check %s %llu 51", p, 1 * MiB);
+	ipcfx_run(&b, 0, "fill %s %llu 51", q, 1 * MiB);
+	ipcfx_run(&a, 0, "check %s %llu 51", p, 1 * MiB);
 	/* The close is the import's end at gmbd: the pause goes through now. */
-	run(&b, 0, "ipcclose %s", q);
+	ipcfx_run(&b, 0, "ipcclose %s", q);
 	cr_assert(status_has("\"imports\":[],\"imports_total\":0"), "the close was not recorded");
-	run(&a, 0, "pause w");
+	ipcfx_run(&a, 0, "pause w");
 	cr_assert(eq(i64, used(), 0));
-	run(&a, 0, "resume w");
-	run(&a, 0, "free %s", p);
+	ipcfx_run(&a, 0, "resume w");
+	ipcfx_run(&a, 0, "free %s", p);
 	cr_assert(eq(i64, used(), 0));
-	quit(&b);
-	quit(&a);
+	ipcfx_quit(&b);
+	ipcfx_quit(&a);
 }
 
 static pid_t gone_pid;
@@ -250,7 +215,7 @@ static int owner_gone(void *arg)
 static void owner_lets_go(struct worker *a, const char *p, bool kill)
 {
 	if (!kill) {
-		run(a, 0, "free %s", p);
+		ipcfx_run(a, 0, "free %s", p);
 		return;
 	}
 	gone_pid = a->pid;
@@ -270,14 +235,14 @@ static void owner_goes(bool kill, bool before)
 	char p[32], q[32], h[160];
 
 	exporter(&a, 0x5a, p);
-	get_handle(&a, p, h);
+	ipcfx_get_handle(&a, p, h);
 	importer(&b, h, q);
 	if (before)
 		owner_lets_go(&a, p, kill);
 	gmbd_restart();
-	run(&b, 0, "status");
+	ipcfx_run(&b, 0, "status");
 	if (!before) {
-		run(&a, 0, "status");
+		ipcfx_run(&a, 0, "status");
 		owner_lets_go(&a, p, kill);
 	}
 
@@ -286,11 +251,11 @@ static void owner_goes(bool kill, bool before)
 	worker_ok(&t, NULL, 0, "fill all 0x11");
 	cr_assert(eq(i32, worker_cmd(&t, NULL, 0, "malloc more 4194304"), -ENOMEM),
 		  "the importer's chunks were lent again");
-	run(&b, 0, "check %s %llu 90", q, 8 * MiB);
+	ipcfx_run(&b, 0, "check %s %llu 90", q, 8 * MiB);
 	cr_assert(owner_freed(NULL), "the import is not listed as kept for its importer");
 	cr_assert(eq(i64, used(), (int64_t)(16 * MiB)));
 
-	run(&b, 0, "ipcclose %s", q);
+	ipcfx_run(&b, 0, "ipcclose %s", q);
 	cr_assert(eq(i64, used(), (int64_t)(8 * MiB)), "not back at the last close");
 	worker_ok(&t, NULL, 0, "malloc more 8388608");
 	worker_ok(&t, NULL, 0, "free all");
@@ -298,9 +263,9 @@ static void owner_goes(bool kill, bool before)
 	cr_assert(eq(i64, used(), 0));
 	cr_assert(status_has("\"imports\":[],\"imports_total\":0"));
 	cr_assert(eq(i32, worker_quit(&t), 0));
-	quit(&b);
+	ipcfx_quit(&b);
 	if (!kill)
-		quit(&a);
+		ipcfx_quit(&a);
 }
 
 Test(ipc_restart, an_owner_that_freed_before_the_restart_keeps_the_chunks_out)
@@ -329,19 +294,19 @@ Test(ipc_restart, a_handle_taken_before_the_restart_opens_after_it)
 	char p[32], q[32], h[160], h2[160];
 
 	exporter(&a, 0x3c, p);
-	get_handle(&a, p, h);
+	ipcfx_get_handle(&a, p, h);
 	gmbd_restart();
-	run(&a, 0, "status");
+	ipcfx_run(&a, 0, "status");
 	/* The same bytes: gmbd kept its instance id and the export's token. */
-	get_handle(&a, p, h2);
+	ipcfx_get_handle(&a, p, h2);
 	cr_assert(eq(str, h2, h));
 	importer(&b, h, q);
-	run(&b, 0, "check %s %llu 60", q, 8 * MiB);
-	run(&b, 0, "ipcclose %s", q);
-	run(&a, 0, "free %s", p);
+	ipcfx_run(&b, 0, "check %s %llu 60", q, 8 * MiB);
+	ipcfx_run(&b, 0, "ipcclose %s", q);
+	ipcfx_run(&a, 0, "free %s", p);
 	cr_assert(eq(i64, used(), 0));
-	quit(&b);
-	quit(&a);
+	ipcfx_quit(&b);
+	ipcfx_quit(&a);
 }
 
 /* ---- claims, by in-process importers that do not rejoin by themselves ---- */
@@ -417,12 +382,12 @@ Test(ipc_restart, an_import_not_claimed_is_dropped_and_one_not_recorded_refused)
 	void *q1, *q2;
 
 	exporter(&a, 0x77, p);
-	get_handle(&a, p, h);
+	ipcfx_get_handle(&a, p, h);
 	handle_of(h, &hd);
 	gone = importer_here("closed-meanwhile", h, &q1);
 	liar = importer_here("liar", h, &q2);
 	gmbd_restart();
-	run(&a, 0, "status");
+	ipcfx_run(&a, 0, "status");
 	cr_assert(status_has("\"imports_total\":2"), "the imports were not restored");
 	cr_assert(eq(i32, worker_cmd(&a, NULL, 0, "pause w"), -EBUSY));
 
@@ -435,13 +400,13 @@ Test(ipc_restart, an_import_not_claimed_is_dropped_and_one_not_recorded_refused)
 	/* Closed while gmbd was down: it claims no import, and gmbd drops it. */
 	cr_assert(eq(i32, raw_rejoin(gmb_client_id(gone), NULL), 0));
 	cr_assert(status_has("\"imports\":[],\"imports_total\":0"), "an unclaimed import stayed");
-	run(&a, 0, "pause w");
-	run(&a, 0, "resume w");
-	run(&a, 0, "free %s", p);
+	ipcfx_run(&a, 0, "pause w");
+	ipcfx_run(&a, 0, "resume w");
+	ipcfx_run(&a, 0, "free %s", p);
 	cr_assert(eq(i64, used(), 0));
 	gmb_close(gone);
 	gmb_close(liar);
-	quit(&a);
+	ipcfx_quit(&a);
 }
 
 Test(ipc_restart, a_claim_of_another_allocation_or_more_opens_is_refused)
@@ -454,7 +419,7 @@ Test(ipc_restart, a_claim_of_another_allocation_or_more_opens_is_refused)
 	void *q1, *q2;
 
 	exporter(&a, 0x77, p);
-	get_handle(&a, p, h);
+	ipcfx_get_handle(&a, p, h);
 	handle_of(h, &hd);
 	c1 = importer_here("other-alloc", h, &q1);
 	c2 = importer_here("more-opens", h, &q2);
@@ -468,9 +433,63 @@ Test(ipc_restart, a_claim_of_another_allocation_or_more_opens_is_refused)
 	cr_assert(eq(i32, raw_rejoin(gmb_client_id(c2), &ri), -EPERM));
 	/* Refused claims reclaim their clients, imports and all. */
 	cr_assert(status_has("\"imports\":[],\"imports_total\":0"));
-	run(&a, 0, "free %s", p);
+	ipcfx_run(&a, 0, "free %s", p);
 	cr_assert(eq(i64, used(), 0));
 	gmb_close(c1);
 	gmb_close(c2);
-	quit(&a);
+	ipcfx_quit(&a);
+}
+
+/* Another uid may reach gmbd's socket (its folder and the socket opened up). */
+static void share_socket(void)
+{
+	cr_assert(eq(i32, chmod(fx.gmbd.dir, 0711), 0));
+	cr_assert(eq(i32, chmod(fx.gmbd.sock, 0666), 0));
+}
+
+Test(ipc_restart, imports_that_followed_a_pause_and_grants_survive_a_restart)
+{
+	struct worker a, b, c, d;
+	char p[32], q[32], r[32], q2[32], h[160];
+	char *json;
+
+	share_socket();
+	ipcfx_exporter_mode(&a, 8 * MiB, 0x42, p, "preserve", "GMB_IPC_FOLLOW=1");
+	ipcfx_run(&a, 0, "ipcgrant %s 65534", p);
+	ipcfx_get_handle(&a, p, h);
+	importer(&b, h, q);
+	ipcfx_prog(&c, 65534);
+	ipcfx_run(&c, 0, "gmb");
+	ipcfx_open_handle(&c, h, r);
+	/* Both follow the pause: the memory is back before the restart. */
+	ipcfx_run(&a, 0, "pause w");
+	cr_assert(eq(i64, used(), 0));
+	gmbd_restart();
+	share_socket();
+	ipcfx_run(&a, 0, "status");
+	ipcfx_run(&b, 0, "status");
+	ipcfx_run(&c, 0, "status");
+	json = status();
+	cr_assert(eq(ptr, strstr(json, "\"mapped\":true"), NULL), "%s", json);
+	cr_assert(not(eq(ptr, strstr(json, "\"imports_total\":2"), NULL)), "%s", json);
+	free(json);
+	cr_assert(eq(i64, used(), 0), "unmapped imports pin nothing after the restart either");
+	/* Resumed: both map it again at the same addresses, the bytes kept. */
+	ipcfx_run(&a, 0, "resume w");
+	ipcfx_run(&b, 0, "check %s %llu 66", q, 8 * MiB);
+	ipcfx_run(&c, 0, "check %s %llu 66", r, 8 * MiB);
+	cr_assert(not(status_has("\"mapped\":false")), "both are mapped again");
+	/* The grant came back with the export: a new process of that uid opens. */
+	ipcfx_prog(&d, 65534);
+	ipcfx_open_handle(&d, h, q2);
+	ipcfx_run(&d, 0, "check %s %llu 66", q2, 8 * MiB);
+	ipcfx_run(&d, 0, "ipcclose %s", q2);
+	ipcfx_run(&c, 0, "ipcclose %s", r);
+	ipcfx_run(&b, 0, "ipcclose %s", q);
+	ipcfx_run(&a, 0, "free %s", p);
+	cr_assert(eq(i64, used(), 0));
+	ipcfx_quit(&d);
+	ipcfx_quit(&c);
+	ipcfx_quit(&b);
+	ipcfx_quit(&a);
 }

@@ -89,6 +89,14 @@ static int import_restore_alloc(struct broker *br, const struct import_restore *
 	return 0;
 }
 
+static bool import_restore_granted(const struct import_restore *rx, uid_t uid)
+{
+	for (size_t i = 0; i < rx->ngrants; i++)
+		if (rx->grants[i] == (uint32_t)uid)
+			return true;
+	return false;
+}
+
 /* Why record @i of @rx stays out, NULL if it may come back; @seen: importers kept so far. */
 static const char *import_restore_rec_bad(struct broker *br, const struct import_restore *rx,
 					  size_t i, const struct idmap *seen, struct bclient **out)
@@ -99,8 +107,8 @@ static const char *import_restore_rec_bad(struct broker *br, const struct import
 	*out = c;
 	if (!c)
 		return "no such client in the record";
-	if (c->uid != rx->owner_uid)
-		return "a client of another uid than the owner's";
+	if (c->uid != rx->owner_uid && !import_restore_granted(rx, c->uid))
+		return "a client of another uid than the owner's, not granted";
 	if (rr->opens == 0)
 		return "no open";
 	if (idmap_get(seen, c->id))
@@ -132,7 +140,9 @@ static int import_restore_recs(struct broker *br, const struct import_restore *r
 		v[*n] = calloc(1, sizeof(*v[*n]));
 		if (!v[*n] || idmap_put(&seen, c->id, c) < 0)
 			goto err_free;
-		*v[(*n)++] = (struct import_rec){ .importer = c, .refs = rx->recs[i].opens };
+		*v[(*n)++] = (struct import_rec){ .importer = c,
+						  .refs = rx->recs[i].opens,
+						  .mapped = !rx->recs[i].unmapped };
 	}
 	idmap_deinit(&seen);
 	*out = v;
@@ -260,7 +270,7 @@ static void import_restore_link(struct broker *br, struct import_export *ex, str
 	struct import_table *t = br->imports;
 	struct pool *p = &br->pools[ex->dev];
 
-	/* Owned by @ex from now on (NULL without records: nothing pinned). */
+	/* Owned by @ex from now on (NULL without mapped records: nothing pinned). */
 	ex->chunks = v;
 	ex->nchunks = n;
 	for (uint32_t i = 0; i < n; i++) {
@@ -286,6 +296,7 @@ int import_restore_export(struct broker *br, const struct import_restore *rx, ch
 	struct chunk **chunks = NULL;
 	struct balloc *a = NULL;
 	size_t nrecs = 0;
+	uint32_t nmapped = 0;
 	int rc;
 
 	rc = import_restore_check(br, rx, err);
@@ -299,7 +310,15 @@ int import_restore_export(struct broker *br, const struct import_restore *rx, ch
 		rc = err_fmt(err, -ENOENT, "its allocation is gone and no client imports it");
 		goto err_recs;
 	}
-	if (nrecs) {
+	for (size_t i = 0; i < nrecs; i++)
+		nmapped += recs[i]->mapped;
+	if (rx->ngrants > IMPORT_MAX_GRANTS) {
+		rc = err_fmt(err, -EINVAL, "%zu grants, more than %d", rx->ngrants,
+			     IMPORT_MAX_GRANTS);
+		goto err_recs;
+	}
+	/* Only mapped imports pin: those that followed a pause map nothing. */
+	if (nmapped) {
 		rc = -ENOMEM;
 		chunks = calloc(rx->nchunks + 1, sizeof(*chunks));
 		if (!chunks) {
@@ -316,7 +335,10 @@ int import_restore_export(struct broker *br, const struct import_restore *rx, ch
 	if (rc < 0)
 		goto err_chunks;
 	/* Nothing fails from here on. */
-	import_restore_link(br, ex, chunks, nrecs ? (uint32_t)rx->nchunks : 0, recs, nrecs);
+	import_restore_link(br, ex, chunks, nmapped ? (uint32_t)rx->nchunks : 0, recs, nrecs);
+	ex->nmapped = nmapped;
+	for (size_t i = 0; i < rx->ngrants; i++)
+		ex->grants[ex->ngrants++] = (uid_t)rx->grants[i];
 	free(recs);
 	if (br->imports->next_id <= rx->id)
 		br->imports->next_id = rx->id + 1;

@@ -17,6 +17,7 @@
 #ifndef GMB_IMPORT_RESTORE_H
 #define GMB_IMPORT_RESTORE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -27,6 +28,7 @@ struct broker;
 struct import_restore_rec {
 	uint64_t importer_id;
 	uint32_t opens;
+	bool unmapped; /* it followed its owner's pause: pins nothing */
 };
 
 /* One export as the record has it: ids, checked by import_restore_export(). */
@@ -43,6 +45,8 @@ struct import_restore {
 	size_t nchunks;
 	const struct import_restore_rec *recs; /* newest first, as recorded */
 	size_t nrecs;
+	const uint32_t *grants; /* other uids that may open it */
+	size_t ngrants;
 };
 
 /**

@@ -296,6 +296,13 @@ static int rejoin_check_import(struct rejoin *rj, const struct broker_claim_impo
 	if (ci->opens > r->refs)
 		return err_fmt(rj->err, -EPERM, "claims %u opens of export %llu; gmbd recorded %u",
 			       ci->opens, (unsigned long long)ci->export_id, r->refs);
+	/* Unmapped in the record, it pins nothing: mapped, the client may map
+	 * chunks gone to others. The other way the record follows the client. */
+	if (!ci->unmapped && !r->mapped)
+		return err_fmt(rj->err, -EPERM,
+			       "claims export %llu mapped; gmbd recorded it unmapped (it followed"
+			       " its owner's pause)",
+			       (unsigned long long)ci->export_id);
 	if (idmap_get(&rj->imports, ci->export_id))
 		return err_fmt(rj->err, -EPROTO, "claims the import of export %llu twice",
 			       (unsigned long long)ci->export_id);
@@ -453,6 +460,9 @@ static bool rejoin_keep_import(void *arg, struct import_rec *r)
 		return false;
 	}
 	r->refs = ci->opens;
+	/* It unmapped to follow a pause whose answer the restart cut short. */
+	if (ci->unmapped && r->mapped)
+		import_unmapped(rj->br, rj->c, r->ex->id);
 	return true;
 }
 

@@ -358,7 +358,8 @@ static int handlers_rejoin_claim(struct hreq *rq, struct hrejoin *r, struct brok
 			imports[cl->nimports++] =
 				(struct broker_claim_import){ .export_id = m->imports[i]->export_id,
 							      .alloc_id = m->imports[i]->alloc_id,
-							      .opens = m->imports[i]->opens };
+							      .opens = m->imports[i]->opens,
+							      .unmapped = m->imports[i]->unmapped };
 	}
 	return handlers_rejoin_names(rq, cl);
 }

@@ -241,6 +241,8 @@ static void state_enc_clients(const struct broker *br, struct state_enc *e)
 	walk_tree(br, &ops, e);
 }
 
+_Static_assert(sizeof(uid_t) == sizeof(uint32_t), "grants go in the record as uint32 uids");
+
 /* An export, its pinned chunks' ids and, through state_enc_import(), its records. */
 static int state_enc_export(void *arg, const struct import_export *ex)
 {
@@ -263,6 +265,8 @@ static int state_enc_export(void *arg, const struct import_export *ex)
 	for (uint32_t i = 0; i < ex->nchunks; i++)
 		e->ids[e->nids++] = ex->chunks[i]->id;
 	se->imports = &e->pimports[e->nimports];
+	se->grants = (uint32_t *)ex->grants;
+	se->n_grants = ex->ngrants;
 	e->pexports[e->st.n_exports++] = se;
 	return 0;
 }
@@ -276,6 +280,7 @@ static int state_enc_import(void *arg, const struct import_export *ex, const str
 	gmb__state_import__init(si);
 	si->importer_id = r->importer->id;
 	si->opens = r->refs;
+	si->unmapped = !r->mapped;
 	e->pimports[e->nimports++] = si;
 	e->pexports[e->st.n_exports - 1]->n_imports++;
 	return 0;
@@ -491,7 +496,9 @@ static int state_restore_export(struct broker *br, const Gmb__StateExport *se, c
 				     .chunk_ids = se->chunk_ids,
 				     .nchunks = se->n_chunk_ids,
 				     .recs = recs,
-				     .nrecs = se->n_imports };
+				     .nrecs = se->n_imports,
+				     .grants = se->grants,
+				     .ngrants = se->n_grants };
 	int rc;
 
 	if (!recs)
@@ -499,7 +506,8 @@ static int state_restore_export(struct broker *br, const Gmb__StateExport *se, c
 			       (unsigned long long)se->id);
 	for (size_t i = 0; i < se->n_imports; i++)
 		recs[i] = (struct import_restore_rec){ .importer_id = se->imports[i]->importer_id,
-						       .opens = se->imports[i]->opens };
+						       .opens = se->imports[i]->opens,
+						       .unmapped = se->imports[i]->unmapped };
 	rc = import_restore_export(br, &rx, err);
 	free(recs);
 	return rc;

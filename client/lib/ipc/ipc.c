@@ -606,6 +606,7 @@ size_t gmb__ipc_claim(void *arg, Gmb__RejoinImport *out, size_t cap)
 		out[n].export_id = im->gen;
 		out[n].alloc_id = im->alloc;
 		out[n].opens = 1;
+		out[n].unmapped = !im->mapped;
 	}
 	return n;
 }
