@@ -459,3 +459,28 @@ Test(ipc, status_shows_who_imported_whose_allocation)
 	ipcfx_quit(&b);
 	ipcfx_quit(&a);
 }
+
+Test(ipc, a_closed_imports_range_serves_the_next_import_of_its_size)
+{
+	struct worker a, b;
+	char p[32], p2[32], q[32], q2[32], h[160], h2[160];
+
+	ipcfx_exporter(&a, 4 * MiB, 0x19, p);
+	snprintf(p2, sizeof(p2), "%s", ipcfx_run(&a, 0, "malloc %llu", 4 * MiB));
+	ipcfx_run(&a, 0, "fill %s %llu 20", p2, 4 * MiB);
+	ipcfx_get_handle(&a, p, h);
+	ipcfx_get_handle(&a, p2, h2);
+	ipcfx_prog(&b, 0);
+	ipcfx_open_handle(&b, h, q);
+	ipcfx_run(&b, 0, "ipcclose %s", q);
+	/* Another allocation of the same size: mapped where the last one was. */
+	ipcfx_open_handle(&b, h2, q2);
+	cr_assert(eq(str, q, q2), "the range was kept for it");
+	ipcfx_run(&b, 0, "check %s %llu 20", q2, 4 * MiB);
+	ipcfx_run(&b, 0, "ipcclose %s", q2);
+	ipcfx_open_handle(&b, h, q2);
+	ipcfx_run(&b, 0, "check %s %llu 25", q2, 4 * MiB);
+	ipcfx_run(&b, 0, "ipcclose %s", q2);
+	ipcfx_quit(&b);
+	ipcfx_quit(&a);
+}

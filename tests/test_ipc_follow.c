@@ -180,6 +180,16 @@ static int log_has(void *needle)
 	return strstr(log, needle) != NULL;
 }
 
+/* gmbd lists the (one) import mapped. */
+static int mapped_again(void *arg)
+{
+	static char out[1 << 16];
+
+	(void)arg;
+	ipcfx_ctl_status(true, out, sizeof(out));
+	return strstr(out, "\"mapped\":true}") != NULL;
+}
+
 Test(ipc_follow, an_importer_that_cannot_follow_leaves_the_tag_active)
 {
 	static const char *const args[] = {
@@ -209,7 +219,9 @@ Test(ipc_follow, an_importer_that_cannot_follow_leaves_the_tag_active)
 	ipcfx_run(&a, 0, "check %s %llu 60", p, 4 * MiB);
 	ipcfx_run(&a, 0, "fill %s %llu 61", p, 1 * MiB);
 	cr_assert(eq(i32, kill(b.pid, SIGCONT), 0));
-	cr_assert(eq(i32, wait_until(log_has, "import mapped again", 5000), 0),
+	cr_assert(eq(i32, wait_until(log_has, "import unmapped late, asked to map again", 5000), 0),
+		  "the late unmap was seen");
+	cr_assert(eq(i32, wait_until(mapped_again, NULL, 5000), 0),
 		  "the late unmap was followed by a map");
 	ipcfx_run(&b, 0, "check %s %llu 61", q, 1 * MiB);
 	cr_assert(eq(i64, ipcfx_used(&a), (int64_t)(4 * MiB)));

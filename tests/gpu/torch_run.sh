@@ -18,6 +18,8 @@
 #                        bytes exact both ways, imports listed, a pause of the
 #                        exported tag refused naming the importer, none left after;
 #                        the sender's memory one tag (GMB_DEFAULT_TAG) or a region
+#   driver_ipc           the driver's cuIpc* on gmbd memory through the global scope and
+#                        the runtime's entry point lookup, a child reading every byte
 #   torch_ipc_follow     (on the --pool-keep 0 gmbd below) the same sender's tag paused
 #                        with GMB_IPC_FOLLOW=1 while the
 #                        child holds a 1 GiB import under a captured graph: the pause
@@ -70,7 +72,7 @@ while [ $# -gt 0 ]; do
 	case $1 in
 	--no-build) DO_BUILD=0 ;;
 	--only) ONLY=",$2,"; shift ;;
-	-h | --help) sed -n '2,45p' "$0"; exit 0 ;;
+	-h | --help) sed -n '2,47p' "$0"; exit 0 ;;
 	*) echo "torch_run.sh: unknown option $1" >&2; exit 2 ;;
 	esac
 	shift
@@ -230,6 +232,8 @@ scenario torch_ipc_tag 240 env LD_PRELOAD="$SHIM" GMB_DEFAULT_TAG=ipc GMB_DEFAUL
 	GMB_CLIENT_NAME=ipc-sender "$PY" tests/gpu/torch_ipc.py --where tag
 scenario torch_ipc_region 240 env LD_PRELOAD="$SHIM" GMB_CLIENT_NAME=ipc-sender "$PY" \
 	tests/gpu/torch_ipc.py --where region
+scenario driver_ipc 120 env LD_PRELOAD="$SHIM" GMB_DEFAULT_TAG=drv GMB_DEFAULT_MODE=discard \
+	GMB_CLIENT_NAME=driver-ipc "$PY" tests/gpu/driver_ipc.py
 scenario torch_rl_warm 300 env LD_PRELOAD="$SHIM" "$PY" tests/gpu/torch_rl.py --gmbctl "$B/gmbctl" \
 	--rounds 5 --label warm --baseline "$B/torch_baseline" --json "$OUTDIR/torch-rl-warm.json"
 

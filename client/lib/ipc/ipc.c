@@ -357,22 +357,46 @@ err_unmap:
 	return rc;
 }
 
-/* Reserve, map back to back, set access; on failure nothing is mapped. */
-static int ipc_map(struct gmb__mem *m, struct gmb__import *im, int dev_index, char *err)
+/* A range for @im: a spare one of its size and device, else a new one. */
+static int ipc_range_get(struct gmb__mem *m, struct gmb__ipc *ipc, struct gmb__import *im)
 {
-	struct backend *be = m->be;
+	for (unsigned i = 0; i < ipc->nspare; i++) {
+		if (ipc->spare[i].size == im->size && ipc->spare[i].dev == im->dev) {
+			im->va = ipc->spare[i].va;
+			ipc->spare[i] = ipc->spare[--ipc->nspare];
+			return 0;
+		}
+	}
+	return m->be->ops->va_reserve(m->be, im->size, m->devs->granularity[im->dev], &im->va);
+}
+
+/* @im's range (unmapped) kept for the next import, or freed when enough are kept. */
+static void ipc_range_put(struct gmb__mem *m, struct gmb__ipc *ipc, const struct gmb__import *im)
+{
+	if (ipc->nspare < GMB__IPC_SPARES) {
+		ipc->spare[ipc->nspare++] =
+			(struct gmb__ipc_range){ .va = im->va, .size = im->size, .dev = im->dev };
+		return;
+	}
+	m->be->ops->va_free(m->be, im->va, im->size);
+}
+
+/* Reserve, map back to back, set access; on failure nothing is mapped. */
+static int ipc_map(struct gmb__mem *m, struct gmb__ipc *ipc, struct gmb__import *im,
+		   int dev_index, char *err)
+{
 	int rc;
 
 	if (im->dev < 0 || im->dev >= m->devs->ndevices)
 		return err_fmt(err, -EPROTO, "gmbd's open reply names device %d of %d", im->dev,
 			       m->devs->ndevices);
-	rc = be->ops->va_reserve(be, im->size, m->devs->granularity[im->dev], &im->va);
+	rc = ipc_range_get(m, ipc, im);
 	if (rc < 0)
 		return backend_fail_msg(err, rc, "reserving the import's address range");
 	im->access_dev = dev_index;
 	rc = ipc_map_chunks(m, im, err);
 	if (rc < 0)
-		be->ops->va_free(be, im->va, im->size);
+		ipc_range_put(m, ipc, im);
 	return rc;
 }
 
@@ -408,7 +432,7 @@ static int ipc_open_new(struct gmb__mem *m, struct gmb__ipc *ipc, const struct i
 		im->dev = (int)r->device;
 		im->size = r->size;
 		memcpy(im->token, h->token, sizeof(im->token));
-		rc = ipc_map(m, im, dev_index, err);
+		rc = ipc_map(m, ipc, im, dev_index, err);
 	}
 	if (rc < 0) {
 		/* gmbd counted the open: give it back, keep our reason. */
@@ -550,16 +574,15 @@ int gmb__ipc_open(struct gmb__mem *m, struct gmb__ipc *ipc, const uint8_t *handl
 	return 0;
 }
 
-/* Drain, unmap, free the range, tell gmbd, forget @im. */
+/* Drain, unmap, keep (or free) the range, tell gmbd, forget @im. */
 static int ipc_unmap(struct gmb__mem *m, struct gmb__ipc *ipc, struct gmb__import *im, char *err)
 {
-	struct backend *be = m->be;
 	int rc;
 
 	/* The runtime's close waits for work on the memory, as a free does. */
 	if (im->mapped && (rc = ipc_unmap_keep(m, im, err)) < 0)
 		return rc;
-	be->ops->va_free(be, im->va, im->size);
+	ipc_range_put(m, ipc, im);
 	ipc_send_close(m, im->gen);
 	ipc_unlink(m, ipc, im);
 	ipc_import_free(m, im);
@@ -591,6 +614,11 @@ void gmb__ipc_close_all(struct gmb__mem *m, struct gmb__ipc *ipc)
 			ipc_unlink(m, ipc, im);
 			ipc_import_free(m, im);
 		}
+	}
+	while (ipc->nspare > 0) {
+		const struct gmb__ipc_range *r = &ipc->spare[--ipc->nspare];
+
+		m->be->ops->va_free(m->be, r->va, r->size);
 	}
 }
 

@@ -40,8 +40,23 @@ struct gmb__import {
 	struct gmb__import *next;
 };
 
+/* An address range kept reserved after its import closed. */
+struct gmb__ipc_range {
+	uintptr_t va;
+	uint64_t size;
+	int dev;
+};
+
+#define GMB__IPC_SPARES 8
+
 struct gmb__ipc {
 	struct gmb__import *imports; /* changed under op_lock and the state lock */
+	/* Ranges of closed imports, reserved still, for the next import of the
+	 * same size on the same device: a reserve and a free fewer per open
+	 * (weight syncs open and close the same buckets each round). Under
+	 * op_lock; freed by gmb__ipc_close_all(). */
+	struct gmb__ipc_range spare[GMB__IPC_SPARES];
+	unsigned nspare;
 };
 
 /*
