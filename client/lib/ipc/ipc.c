@@ -382,8 +382,8 @@ static void ipc_range_put(struct gmb__mem *m, struct gmb__ipc *ipc, const struct
 }
 
 /* Reserve, map back to back, set access; on failure nothing is mapped. */
-static int ipc_map(struct gmb__mem *m, struct gmb__ipc *ipc, struct gmb__import *im,
-		   int dev_index, char *err)
+static int ipc_map(struct gmb__mem *m, struct gmb__ipc *ipc, struct gmb__import *im, int dev_index,
+		   char *err)
 {
 	int rc;
 
