@@ -107,15 +107,15 @@ int handlers__ipc_open(struct hreq *rq)
 		return r;
 	if (m->export_id) {
 		log_debug("import mapped again " SESS_FMT " owner=%s alloc=%" PRIu64 " chunks=%u",
-			 SESS_ARGS(rq->s), ex->owner, ex->alloc_id, ex->nchunks);
+			  SESS_ARGS(rq->s), ex->owner, ex->alloc_id, ex->nchunks);
 		handlers_ipc_send(rq->s, rq->env->id, ex, 0);
 		handlers_ipc_event(rq, EVENT_IMPORT_MAP, ex);
 		return 0;
 	}
 	log_debug("memory imported " SESS_FMT " owner=%s owner_pid=%d alloc=%" PRIu64
-		 " bytes=%s chunks=%u",
-		 SESS_ARGS(rq->s), ex->owner, (int)ex->owner_pid, ex->alloc_id,
-		 size_str(ex->size, b), ex->nchunks);
+		  " bytes=%s chunks=%u",
+		  SESS_ARGS(rq->s), ex->owner, (int)ex->owner_pid, ex->alloc_id,
+		  size_str(ex->size, b), ex->nchunks);
 	/* A reply that cannot go out dooms the session: its imports go with it. */
 	handlers_ipc_send(rq->s, rq->env->id, ex, range_off);
 	handlers_ipc_event(rq, EVENT_IMPORT, ex);
