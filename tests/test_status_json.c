@@ -686,7 +686,8 @@ Test(status_json, imports_say_who_maps_whose_allocation)
 			    "\"imports\":[{\"importer_id\":2,\"importer\":\"engine\\u001b[2J\","
 			    "\"importer_pid\":456,\"owner_id\":1,\"owner\":\"w\","
 			    "\"owner_pid\":123,\"alloc_id\":7,\"device\":0,\"bytes\":4194304,"
-			    "\"opens\":2,\"owner_freed\":true}],\"imports_total\":70}"),
+			    "\"opens\":2,\"owner_freed\":true,\"mapped\":true}],"
+			    "\"imports_total\":70}"),
 		     NULL),
 		  "%s", json);
 	cr_expect(json_valid(json), "%s", json);
@@ -703,9 +704,9 @@ Test(status_table, imports_get_a_table_of_their_own)
 	text = render_table(&f.st);
 	cr_expect(ne(ptr,
 		     strstr(text, "IMPORTED BY       PID  OWNER  PID  ALLOC  DEV    BYTES  OPENS"
-				  "  OWNER'S\n"
+				  "  OWNER'S  MAPPED\n"
 				  "#2 engine\\x1b[2J  456  #1 w   123      7    0  4.0 MiB      2"
-				  "  freed\n"
+				  "  freed    yes\n"
 				  "... and 69 more imports\n"),
 		     NULL),
 		  "%s", text);

@@ -30,7 +30,11 @@ import gmb
 from torch_common import MiB, log, result
 
 N = 64 * MiB
-HANDLE = ctypes.c_char * 64
+
+
+class HANDLE(ctypes.Structure):
+    """CUipcMemHandle / cudaIpcMemHandle_t: 64 bytes, passed by value."""
+    _fields_ = [("reserved", ctypes.c_char * 64)]
 
 
 def glob():
@@ -43,6 +47,7 @@ def child(hexh, digest):
     torch.zeros(1, device="cuda")  # the primary context, current on this thread
     g = glob()
     h = HANDLE.from_buffer_copy(bytes.fromhex(hexh))
+    g.cuIpcOpenMemHandle_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), HANDLE, ctypes.c_uint]
     ptr = ctypes.c_uint64(0)
     r = g.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), h, ctypes.c_uint(1))
     if r != 0:

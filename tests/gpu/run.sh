@@ -231,6 +231,8 @@ scenario restart 240 python3 tests/gpu/gpu_restart.py "$B" 8
 scenario unmap_probe 120 "$B/unmap_probe"
 # A lend with and without another exported fd open (what the cuda backend keeps).
 scenario export_probe 120 "$B/export_probe"
+# A 1 GiB IPC open and close through libgmb next to the driver calls it is made of.
+scenario ipc_probe 120 "$B/ipc_probe"
 
 # The PyTorch scenarios start their own gmbd; each of their rows joins this table.
 if [ "$DO_TORCH" = 1 ] && [ -x tests/gpu/torch_run.sh ]; then
