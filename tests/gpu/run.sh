@@ -171,6 +171,8 @@ scenario uid_isolation 300 "$B/uid_isolation"
 scenario two_gpus 180 "$B/two_gpus"
 # Access for a peer GPU (gmb_malloc_peers); on one GPU its one-device part, then SKIP.
 scenario peer_access 180 "$B/peer_access"
+# A 1 GiB IPC open and close through libgmb next to the driver calls it is made of.
+scenario ipc_probe 120 "$B/ipc_probe"
 
 if wanted budget; then
 	# The main gmbd's warm pool may hold most of device 0: give it back first.
@@ -231,8 +233,6 @@ scenario restart 240 python3 tests/gpu/gpu_restart.py "$B" 8
 scenario unmap_probe 120 "$B/unmap_probe"
 # A lend with and without another exported fd open (what the cuda backend keeps).
 scenario export_probe 120 "$B/export_probe"
-# A 1 GiB IPC open and close through libgmb next to the driver calls it is made of.
-scenario ipc_probe 120 "$B/ipc_probe"
 
 # The PyTorch scenarios start their own gmbd; each of their rows joins this table.
 if [ "$DO_TORCH" = 1 ] && [ -x tests/gpu/torch_run.sh ]; then
