@@ -471,3 +471,34 @@ Test(import, a_follower_unmapped_pins_nothing_and_maps_again_after_the_resume)
 	broker_client_remove(br, a);
 	check_zero();
 }
+
+Test(import, chunks_another_uid_mapped_never_serve_another_allocation)
+{
+	struct bclient *a, *b;
+	struct balloc *x, *y;
+	uint8_t h[IPC_HANDLE_SIZE];
+	char err[ERR_MSG_MAX] = "";
+	uint64_t id, xchunk;
+
+	open_broker(UINT64_MAX, 2 * MiB); /* the pool keeps what comes back */
+	a = client("owner", 100, 1000);
+	b = client("grantee", 101, 2000);
+	x = alloc_ok(a, 2 * MiB, "w");
+	y = alloc_ok(a, 2 * MiB, "w");
+	xchunk = x->chunks[0]->id;
+	cr_assert(eq(i32, import_grant(br, a, x->id, 2000, false, err), 0), "%s", err);
+	export_ok(a, x, 0, h);
+	id = open_ok(b, h, NULL)->id;
+	cr_assert(eq(i32, import_close(br, b, id, err), 0));
+	cr_assert(eq(i32, lend_free(br, a, x->id, err), 0));
+	cr_assert(eq(i32, lend_free(br, a, y->id, err), 0));
+	/* y's chunk is back in the pool; x's went to the backend. */
+	cr_assert(eq(u64, free_list_bytes(), 2 * MiB));
+	cr_assert(eq(ptr, broker_chunk_get(br, xchunk), NULL), "the grantee's chunk was released");
+	x = alloc_ok(a, 2 * MiB, "w");
+	cr_assert(not(eq(u64, x->chunks[0]->id, xchunk)));
+	cr_assert(eq(i32, lend_free(br, a, x->id, err), 0));
+	broker_client_remove(br, b);
+	broker_client_remove(br, a);
+	check_zero();
+}

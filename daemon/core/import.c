@@ -274,6 +274,11 @@ static int import_rec_map(struct broker *br, struct import_rec *r, char *err)
 		return rc;
 	r->mapped = true;
 	ex->nmapped++;
+	/* A grantee may keep a handle past its close: the chunks never serve
+	 * another allocation (pool.c releases them when they come back). */
+	if (r->importer->uid != ex->owner_uid)
+		for (uint32_t i = 0; i < ex->nchunks; i++)
+			ex->chunks[i]->shared_out = true;
 	return 0;
 }
 

@@ -203,7 +203,9 @@ static bool pool_uid_ok(const struct chunk *c, uid_t uid)
 /* A switch's reservation binds everyone but that switch's own takes. */
 static bool pool_usable(const struct chunk *c, uint64_t handover)
 {
-	return c->handover == 0 || c->handover == handover;
+	/* A chunk another uid imported is never lent again (a restored free one
+	 * waits for the pool's shrink or a trim to go to the backend). */
+	return !c->shared_out && (c->handover == 0 || c->handover == handover);
 }
 
 /* At equal size: a chunk the client holds (no fd to send), then an idle one
@@ -565,6 +567,13 @@ void pool_put(struct pool *p, struct chunk *c)
 	if (c->pins)
 		return;
 	p->lent_bytes -= c->size;
+	/* Another uid mapped it and may still hold a handle of it: zeroed by
+	 * the driver before anyone else of its uid gets its bytes. */
+	if (c->shared_out && !c->releasing) {
+		pool_free_link(p, c);
+		pool_mark_releasing(p, c);
+		return;
+	}
 	if (!c->releasing) {
 		pool_free_link(p, c);
 		return;

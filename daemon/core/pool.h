@@ -66,6 +66,9 @@ struct chunk {
 	bool acked;		   /* scratch flag of broker_dropped() */
 	uint64_t handover;	   /* free and reserved for this switch; 0: not */
 	uint32_t pins;		   /* imports mapping it (import.c); > 0: kept out */
+	/* A client of another uid than its own imported it (a grant): once back
+	 * in the pool it goes to the backend, never to another allocation. */
+	bool shared_out;
 };
 
 /*

@@ -149,6 +149,7 @@ static int state_enc_chunk(void *arg, const struct chunk *ch)
 	sc->size = ch->size;
 	sc->uid = (uint32_t)ch->uid;
 	sc->uid_set = ch->uid_set;
+	sc->shared_out = ch->shared_out;
 	e->pchunks[e->st.n_chunks++] = sc;
 	return 0;
 }
@@ -377,6 +378,7 @@ static int state_restore_chunk(struct broker *br, const Gmb__StateChunk *sc, str
 	}
 	ch->uid = (uid_t)sc->uid;
 	ch->uid_set = sc->uid_set;
+	ch->shared_out = sc->shared_out;
 	f->used = true;
 	if (br->next_chunk_id <= sc->id)
 		br->next_chunk_id = sc->id + 1;
