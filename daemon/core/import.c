@@ -143,18 +143,39 @@ static void import_handle_of(const struct import_table *t, const struct import_e
 	ipc_handle_encode(&h, out);
 }
 
+/* @c's allocation @alloc_id, or NULL with @err. */
+static struct balloc *import_alloc_of(struct bclient *c, uint64_t alloc_id, char *err)
+{
+	struct balloc *a = idmap_get(&c->allocs, alloc_id);
+
+	if (!a)
+		err_fmt(err, -ENOENT, "client '%s' has no allocation %llu", c->name,
+			(unsigned long long)alloc_id);
+	return a;
+}
+
+/* @a's export, made at the first call. */
+static int import_export_of(struct broker *br, struct balloc *a, struct import_export **out,
+			    char *err)
+{
+	struct import_table *t = import_table_get(br, err);
+
+	if (!t)
+		return -ENOMEM;
+	*out = idmap_get(&t->by_alloc, a->id);
+	return *out ? 0 : import_export_new(t, a, out, err);
+}
+
 int import_export(struct broker *br, struct bclient *c, uint64_t alloc_id, uint64_t offset,
 		  uint8_t *handle, char *err)
 {
-	struct balloc *a = idmap_get(&c->allocs, alloc_id);
-	struct import_table *t;
+	struct balloc *a = import_alloc_of(c, alloc_id, err);
 	struct import_export *ex;
 	uint64_t range_off;
 	int rc;
 
 	if (!a)
-		return err_fmt(err, -ENOENT, "client '%s' has no allocation %llu", c->name,
-			       (unsigned long long)alloc_id);
+		return -ENOENT;
 	if (!a->active)
 		return err_fmt(err, -EBUSY,
 			       "allocation %llu is in paused tag '%s': resume it to share it",
@@ -163,16 +184,10 @@ int import_export(struct broker *br, struct bclient *c, uint64_t alloc_id, uint6
 		return err_fmt(err, -EINVAL, "offset %llu is past allocation %llu's %llu bytes",
 			       (unsigned long long)offset, (unsigned long long)alloc_id,
 			       (unsigned long long)a->size);
-	t = import_table_get(br, err);
-	if (!t)
-		return -ENOMEM;
-	ex = idmap_get(&t->by_alloc, alloc_id);
-	if (!ex) {
-		rc = import_export_new(t, a, &ex, err);
-		if (rc < 0)
-			return rc;
-	}
-	import_handle_of(t, ex, range_off, handle);
+	rc = import_export_of(br, a, &ex, err);
+	if (rc < 0)
+		return rc;
+	import_handle_of(br->imports, ex, range_off, handle);
 	return 0;
 }
 
@@ -493,29 +508,21 @@ int import_pause_check(struct broker *br, const struct bclient *c, const char *t
 int import_grant(struct broker *br, struct bclient *c, uint64_t alloc_id, uid_t uid, bool revoke,
 		 char *err)
 {
-	struct balloc *a = idmap_get(&c->allocs, alloc_id);
-	struct import_table *t;
+	struct balloc *a = import_alloc_of(c, alloc_id, err);
 	struct import_export *ex;
 	uint32_t i;
 	int rc;
 
 	if (!a)
-		return err_fmt(err, -ENOENT, "client '%s' has no allocation %llu", c->name,
-			       (unsigned long long)alloc_id);
+		return -ENOENT;
 	if (uid == c->uid)
 		return err_fmt(err, -EINVAL, "uid %u is the owner's own: it needs no grant",
 			       (unsigned)uid);
-	t = import_table_get(br, err);
-	if (!t)
-		return -ENOMEM;
-	ex = idmap_get(&t->by_alloc, alloc_id);
-	if (!ex) {
-		if (revoke)
-			return 0;
-		rc = import_export_new(t, a, &ex, err);
-		if (rc < 0)
-			return rc;
-	}
+	ex = br->imports ? idmap_get(&br->imports->by_alloc, alloc_id) : NULL;
+	if (!ex && revoke)
+		return 0;
+	if (!ex && (rc = import_export_of(br, a, &ex, err)) < 0)
+		return rc;
 	for (i = 0; i < ex->ngrants && ex->grants[i] != uid; i++)
 		;
 	if (revoke) {

@@ -26,6 +26,15 @@ static int hook_ipc_done(struct gmb_client *c, int rc, const char *err, const ch
 	return gmb__hook_fail_client(rc, c, what);
 }
 
+/* @c (NULL: the default client, not made here) if @ptr may be its gmbd
+ * memory, else NULL: the pointer is the runtime's. */
+static struct gmb_client *hook_ipc_mine(struct gmb_client *c, const void *ptr)
+{
+	if (!c)
+		c = gmb__hook_client_peek();
+	return c && gmb__ipc_maybe_ours(&c->mem, &c->ipc, ptr) ? c : NULL;
+}
+
 GMB_API int gmb_ipc_is_handle(const void *handle)
 {
 	return ipc_handle_is_gmb(handle);
@@ -36,9 +45,8 @@ GMB_API int gmb_ipc_get_handle(gmb_client *c, const void *ptr, void *handle)
 	char err[ERR_MSG_MAX] = "";
 	int rc;
 
+	c = hook_ipc_mine(c, ptr);
 	if (!c)
-		c = gmb__hook_client_peek();
-	if (!c || !gmb__ipc_maybe_ours(&c->mem, &c->ipc, ptr))
 		return -ENXIO; /* the runtime's, at once */
 	gmb__op_begin(&c->conn);
 	rc = gmb__ipc_get_handle(&c->mem, &c->ipc, ptr, handle, err);
@@ -72,9 +80,8 @@ GMB_API int gmb_ipc_close(gmb_client *c, void *ptr)
 	char err[ERR_MSG_MAX] = "";
 	int rc;
 
+	c = hook_ipc_mine(c, ptr);
 	if (!c)
-		c = gmb__hook_client_peek();
-	if (!c || !gmb__ipc_maybe_ours(&c->mem, &c->ipc, ptr))
 		return -ENXIO;
 	gmb__op_begin(&c->conn);
 	rc = gmb__ipc_close(&c->mem, &c->ipc, ptr, err);
@@ -87,9 +94,8 @@ static int hook_ipc_grant(gmb_client *c, const void *ptr, uint32_t uid, bool rev
 	char err[ERR_MSG_MAX] = "";
 	int rc;
 
+	c = hook_ipc_mine(c, ptr);
 	if (!c)
-		c = gmb__hook_client_peek();
-	if (!c || !gmb__ipc_maybe_ours(&c->mem, &c->ipc, ptr))
 		return -ENXIO;
 	gmb__op_begin(&c->conn);
 	rc = gmb__ipc_grant(&c->mem, ptr, uid, revoke, err);
