@@ -271,6 +271,46 @@ class NativeApi(unittest.TestCase):
             c.malloc_peers(MiB, peers=[64])
         c.free(p)
 
+    def test_ipc_handles_open_grant_and_follow_a_pause(self):
+        owner, reader = self.client("ipc-owner"), self.client("ipc-reader")
+        with owner.region("w", "preserve"):
+            p = owner.malloc(4 * MiB)
+        fill(p, 0x2C, 4 * MiB)
+        h = owner.ipc_handle(p)
+        self.assertEqual(len(h), 64)
+        self.assertEqual(h[:6], b"GMBIPC")
+        self.assertEqual(owner.ipc_handle(p), h, "the same bytes every time")
+        q = reader.ipc_open(h)
+        self.assertNotEqual(q, p, "another mapping of the same memory")
+        self.assertEqual(bytes_at(q, 4 * MiB), b"\x2c" * (4 * MiB))
+        fill(q, 0x2D, MiB)
+        self.assertEqual(bytes_at(p, MiB), b"\x2d" * MiB, "a write is seen by the owner")
+        imports = owner.status()["imports"]
+        self.assertEqual([(m["importer"], m["owner"], m["mapped"]) for m in imports],
+                         [("ipc-reader", "ipc-owner", True)])
+        # By default the pause is refused while imported, naming the reader.
+        with self.assertRaises(gmb.GmbError) as e:
+            owner.pause("w")
+        self.assertEqual(e.exception.errno, errno.EBUSY)
+        self.assertIn("ipc-reader", e.exception.strerror)
+        # Following: the reader unmaps first, and is mapped again at the same address.
+        owner.set_ipc_follow(True)
+        owner.pause("w")
+        self.assertEqual([m["mapped"] for m in owner.status()["imports"]], [False])
+        owner.resume("w")
+        self.assertEqual([m["mapped"] for m in owner.status()["imports"]], [True])
+        self.assertEqual(bytes_at(q, MiB), b"\x2d" * MiB, "the bytes kept, at the same address")
+        reader.ipc_close(q)
+        self.assertEqual(owner.status()["imports"], [])
+        with self.assertRaises(gmb.GmbError) as e:
+            owner.ipc_grant(p, os.getuid())
+        self.assertEqual(e.exception.errno, errno.EINVAL)
+        owner.ipc_grant(p, 65534)
+        owner.ipc_revoke(p, 65534)
+        with self.assertRaises(ValueError):
+            reader.ipc_open(h[:10])
+        owner.free(p)
+
     def test_host_copy_and_memory_margin(self):
         c = self.client("backup")
         with gmb.region("w", "preserve"):

@@ -284,6 +284,48 @@ class Client:
             raise ValueError(f"gmb: wait of {seconds!r} s is out of range")
         self._check(self._lib().gmb_set_wait(self._handle(), ms))
 
+    # Sharing memory between processes (CUDA IPC; README: "Sharing memory
+    # between processes"). The preload shim answers cudaIpc*MemHandle with
+    # these; a program may call them itself.
+
+    IPC_HANDLE_SIZE = 64
+
+    def ipc_handle(self, ptr):
+        """The 64-byte handle of the gmbd memory at ``ptr`` (one of this client's
+        allocations, or an import), as ``bytes``."""
+        h = ctypes.create_string_buffer(self.IPC_HANDLE_SIZE)
+        self._check(self._lib().gmb_ipc_get_handle(self._handle(), c_void_p(ptr), h))
+        return h.raw
+
+    def ipc_open(self, handle, device=-1):
+        """Map what ``handle`` names into this process (once per allocation, each
+        open counted); the address of the handle's chunk. ``device``: the one to
+        give access (-1: the memory's own)."""
+        if len(handle) != self.IPC_HANDLE_SIZE:
+            raise ValueError(f"gmb: a handle is {self.IPC_HANDLE_SIZE} bytes, not {len(handle)}")
+        p = c_void_p()
+        self._check(self._lib().gmb_ipc_open(self._handle(), bytes(handle), int(device),
+                                             byref(p)))
+        return p.value
+
+    def ipc_close(self, ptr):
+        """One open of the import holding ``ptr`` fewer; the last unmaps it."""
+        self._check(self._lib().gmb_ipc_close(self._handle(), c_void_p(ptr)))
+
+    def ipc_grant(self, ptr, uid):
+        """Let processes of ``uid`` open handles of the allocation holding ``ptr``."""
+        self._check(self._lib().gmb_ipc_grant(self._handle(), c_void_p(ptr), int(uid)))
+
+    def ipc_revoke(self, ptr, uid):
+        """No new opens by ``uid`` of the allocation holding ``ptr``; open ones stay."""
+        self._check(self._lib().gmb_ipc_revoke(self._handle(), c_void_p(ptr), int(uid)))
+
+    def set_ipc_follow(self, on):
+        """Whether this client's pauses (and those it asks of others) have the
+        processes that imported the tag's memory unmap it first, and map it again
+        at the same addresses after the resume ($GMB_IPC_FOLLOW=1 at connect)."""
+        self._check(self._lib().gmb_set_ipc_follow(self._handle(), 1 if on else 0))
+
     def switch(self, frm, to, tags=None):
         """What ``gmbctl switch FROM TO [--tags ...]`` does: the report, one line per step.
 

@@ -57,6 +57,12 @@ _PROTOTYPES = {
     "gmb_switch": (c_int, [_H, c_char_p, c_char_p, POINTER(c_char_p), c_size_t,
                            POINTER(c_void_p)]),
     "gmb_set_priority": (c_int, [_H, c_char_p, c_int]),
+    "gmb_ipc_get_handle": (c_int, [_H, c_void_p, c_char_p]),
+    "gmb_ipc_open": (c_int, [_H, c_char_p, c_int, POINTER(c_void_p)]),
+    "gmb_ipc_close": (c_int, [_H, c_void_p]),
+    "gmb_ipc_grant": (c_int, [_H, c_void_p, ctypes.c_uint32]),
+    "gmb_ipc_revoke": (c_int, [_H, c_void_p, ctypes.c_uint32]),
+    "gmb_set_ipc_follow": (c_int, [_H, c_int]),
 }
 
 _lock = threading.Lock()
