@@ -337,6 +337,17 @@ GMB_API int gmb_ipc_revoke(gmb_client *c, const void *ptr, uint32_t uid);
  * $GMB_IPC_FOLLOW=1 sets it at connect. Return: 0, -EINVAL.
  */
 GMB_API int gmb_set_ipc_follow(gmb_client *c, int on);
+/**
+ * gmb_set_ipc_keep() - with @on 1, the last close of an import (@c's
+ * gmb_ipc_close(), the shim's cudaIpcCloseMemHandle) keeps it mapped,
+ * idle, and the next open of the same handle takes it again without
+ * mapping anything: one round trip each, instead of fetching, mapping and
+ * unmapping the chunks (a weight sync that opens the same buckets every
+ * round). gmbd asks for an idle import back before a pause of its owner's
+ * tag and once its owner freed it; it stays pinned, and listed, until then.
+ * $GMB_IPC_KEEP=1 sets it at connect. Return: 0, -EINVAL.
+ */
+GMB_API int gmb_set_ipc_keep(gmb_client *c, int on);
 
 /**
  * gmb_host_copy() - the host copy of [@ptr, @ptr+@size) inside one of @c's

@@ -441,8 +441,9 @@ Test(ipc, status_shows_who_imported_whose_allocation)
 	cr_assert(not(eq(ptr, strstr(out, want), NULL)), "%s", out);
 	cr_assert(
 		not(eq(ptr,
-		       strstr(out, "\"alloc_id\":1,\"device\":0,\"bytes\":4194304,\"opens\":1,"
-				   "\"owner_freed\":false,\"mapped\":true}],\"imports_total\":1}"),
+		       strstr(out,
+			      "\"alloc_id\":1,\"device\":0,\"bytes\":4194304,\"opens\":1,"
+			      "\"owner_freed\":false,\"mapped\":true,\"idle\":false}],\"imports_total\":1}"),
 		       NULL)),
 		"%s", out);
 	/* The owner frees: the import is kept, and says so. */

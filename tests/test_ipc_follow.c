@@ -111,7 +111,7 @@ Test(ipc_follow, importers_follow_a_pause_and_read_the_bytes_at_the_same_address
 	cr_assert(not(eq(ptr,
 			 strstr(imports_of(out, sizeof(out)), "\"opens\":1,"
 							      "\"owner_freed\":false,"
-							      "\"mapped\":false}"),
+							      "\"mapped\":false,"),
 			 NULL)),
 		  "%s", out);
 	ipcfx_ctl_status(false, out, sizeof(out));
@@ -122,7 +122,7 @@ Test(ipc_follow, importers_follow_a_pause_and_read_the_bytes_at_the_same_address
 	ipcfx_run(&a, 0, "resume w");
 	ipcfx_run(&b, 0, "check %s %llu 51", q, 1 * MiB);
 	ipcfx_run(&a, 0, "check %s %llu 51", p, 1 * MiB);
-	cr_assert(not(eq(ptr, strstr(imports_of(out, sizeof(out)), "\"mapped\":true}"), NULL)),
+	cr_assert(not(eq(ptr, strstr(imports_of(out, sizeof(out)), "\"mapped\":true,"), NULL)),
 		  "%s", out);
 	ipcfx_open_handle(&b, h, q2);
 	cr_assert(eq(str, q, q2), "the same import, the same address");
@@ -187,7 +187,7 @@ static int mapped_again(void *arg)
 
 	(void)arg;
 	ipcfx_ctl_status(true, out, sizeof(out));
-	return strstr(out, "\"mapped\":true}") != NULL;
+	return strstr(out, "\"mapped\":true,") != NULL;
 }
 
 Test(ipc_follow, an_importer_that_cannot_follow_leaves_the_tag_active)
@@ -259,5 +259,78 @@ Test(ipc_follow, a_killed_follower_is_dropped_and_the_resume_goes_on)
 	ipcfx_run(&a, 0, "free %s", p);
 	cr_assert(eq(i64, ipcfx_used(&a), 0));
 	ipcfx_quit(&c);
+	ipcfx_quit(&a);
+}
+
+/* The one import's row in gmbctl status --json has @needle. */
+static int import_row_has(void *needle)
+{
+	static char out[1 << 16];
+
+	ipcfx_ctl_status(true, out, sizeof(out));
+	return strstr(out, needle) != NULL;
+}
+
+Test(ipc_follow, GMB_IPC_KEEP_keeps_a_closed_import_mapped_for_the_next_open)
+{
+	static char out[1 << 16];
+	struct worker a, b;
+	char p[32], q[32], q2[32], h[160];
+
+	ipcfx_exporter_mode(&a, 4 * MiB, 0x4b, p, "preserve", NULL);
+	ipcfx_get_handle(&a, p, h);
+	ipcfx_prog_env(&b, 0, "GMB_IPC_KEEP=1");
+	ipcfx_run(&b, 0, "gmb");
+	ipcfx_open_handle(&b, h, q);
+	ipcfx_run(&b, 0, "ipcclose %s", q);
+	/* Closed, kept: listed idle, still pinned. */
+	cr_assert(import_row_has("\"mapped\":true,\"idle\":true}"), "the import is not idle");
+	cr_assert(eq(i64, ipcfx_used(&a), (int64_t)(4 * MiB)));
+	ipcfx_ctl_status(false, out, sizeof(out));
+	cr_assert(not(eq(ptr, strstr(out, "live     idle\n"), NULL)), "%s", out);
+	/* Opened again: the same mapping, the bytes, nothing of the runtime's. */
+	ipcfx_open_handle(&b, h, q2);
+	cr_assert(eq(str, q, q2));
+	cr_assert(import_row_has("\"idle\":false}"));
+	ipcfx_run(&b, 0, "check %s %llu 75", q2, 4 * MiB);
+	cr_assert(eq(str, (char *)ipcfx_run(&b, 0, "ipcstats"), "gets=0 opens=0 closes=0"));
+	/* A close of a closed import is not gmbd's: it goes to the runtime. */
+	ipcfx_run(&b, 0, "ipcclose %s", q2);
+	ipcfx_run(&b, 0, "ipcclose %s", q2);
+	cr_assert(eq(str, (char *)ipcfx_run(&b, 0, "ipcstats"), "gets=0 opens=0 closes=1"));
+	/* The owner's pause asks for the idle import back: no wait, no follow needed. */
+	ipcfx_run(&a, 0, "pause w");
+	cr_assert(import_row_has("\"imports\":[],"), "the idle import was not given back");
+	ipcfx_run(&a, 0, "resume w");
+	/* After it went, an open maps anew. */
+	ipcfx_open_handle(&b, h, q2);
+	ipcfx_run(&b, 0, "check %s %llu 75", q2, 4 * MiB);
+	ipcfx_run(&b, 0, "ipcclose %s", q2);
+	/* The owner frees: the idle import is asked back, the memory returns. */
+	ipcfx_run(&a, 0, "free %s", p);
+	cr_assert(eq(i32, wait_until(import_row_has, "\"imports\":[],", 2000), 0),
+		  "the freed allocation's idle import stayed");
+	cr_assert(eq(i64, ipcfx_used(&a), 0));
+	ipcfx_quit(&b);
+	ipcfx_quit(&a);
+}
+
+Test(ipc_follow, a_waiting_pause_goes_on_once_the_import_closes_idle)
+{
+	struct worker a, b;
+	char p[32], q[32], h[160];
+
+	ipcfx_exporter_env(&a, 4 * MiB, 0x3c, p, "GMB_WAIT_MS=20000");
+	ipcfx_get_handle(&a, p, h);
+	ipcfx_prog_env(&b, 0, "GMB_IPC_KEEP=1");
+	ipcfx_open_handle(&b, h, q);
+	fprintf(a.in, "pause w\n");
+	cr_assert(not(ipcfx_answered(&a, 300)), "the pause waits while the import is open");
+	ipcfx_run(&b, 0, "ipcclose %s", q);
+	cr_assert(ipcfx_answered(&a, 5000), "the idle import was asked back and the pause went on");
+	cr_assert(eq(i32, ipcfx_answer(&a), 0));
+	cr_assert(import_row_has("\"imports\":[],"));
+	ipcfx_run(&a, 0, "resume w");
+	ipcfx_quit(&b);
 	ipcfx_quit(&a);
 }

@@ -175,11 +175,13 @@ Test(ipc_restart, an_import_survives_a_restart)
 		 "\"importer_pid\":%d,\"owner_id\":1,\"owner\":\"prog_preload-%d\"", (int)b.pid,
 		 (int)a.pid);
 	cr_assert(not(eq(ptr, strstr(json, want), NULL)), "the import is not listed: %s", json);
-	cr_assert(not(eq(ptr,
-			 strstr(json, "\"opens\":1,\"owner_freed\":false,\"mapped\":true}],"
-				      "\"imports_total\":1"),
-			 NULL)),
-		  "%s", json);
+	cr_assert(
+		not(eq(ptr,
+		       strstr(json,
+			      "\"opens\":1,\"owner_freed\":false,\"mapped\":true,\"idle\":false}],"
+			      "\"imports_total\":1"),
+		       NULL)),
+		"%s", json);
 	free(json);
 	/* The owner's pause is refused, naming the importer; nothing moved. */
 	cr_assert(eq(i32, worker_cmd(&a, NULL, 0, "pause w"), -EBUSY));

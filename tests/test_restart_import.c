@@ -341,11 +341,12 @@ Test(restart_import, a_claim_keeps_what_it_names_and_drops_what_it_does_not)
 	lent = fx.br2->pools[0].lent_bytes;
 	{
 		const struct broker_claim_import bad[][1] = {
-			{ { fx.xid + 7, fx.x->id, 1, false } }, /* no such export */
-			{ { fx.xid + 1, fx.y->id, 1, false } }, /* an export it never opened */
-			{ { fx.xid, fx.y->id, 1, false } },	/* another allocation */
-			{ { fx.xid, fx.x->id, 3, false } },	/* more opens than recorded */
-			{ { fx.xid, fx.x->id, 0, false } },	/* no open */
+			{ { fx.xid + 7, fx.x->id, 1, false, false } }, /* no such export */
+			{ { fx.xid + 1, fx.y->id, 1, false,
+			    false } },				   /* an export it never opened */
+			{ { fx.xid, fx.y->id, 1, false, false } }, /* another allocation */
+			{ { fx.xid, fx.x->id, 3, false, false } }, /* more opens than recorded */
+			{ { fx.xid, fx.x->id, 0, false, false } }, /* no open */
 		};
 		const int want[] = { -EPERM, -EPERM, -EPERM, -EPERM, -EPROTO };
 
@@ -356,8 +357,9 @@ Test(restart_import, a_claim_keeps_what_it_names_and_drops_what_it_does_not)
 		}
 	}
 	{
-		const struct broker_claim_import twice[] = { { fx.xid, fx.x->id, 1, false },
-							     { fx.xid, fx.x->id, 1, false } };
+		const struct broker_claim_import twice[] = {
+			{ fx.xid, fx.x->id, 1, false, false }, { fx.xid, fx.x->id, 1, false, false }
+		};
 
 		cr_assert(eq(i32, claim(r, twice, 2, err), -EPROTO), "%s", err);
 	}
@@ -368,7 +370,7 @@ Test(restart_import, a_claim_keeps_what_it_names_and_drops_what_it_does_not)
 	check_pools(fx.br2);
 	/* The truth: x with one open (it closed one meanwhile), z closed. */
 	{
-		const struct broker_claim_import ok[] = { { fx.xid, fx.x->id, 1, false } };
+		const struct broker_claim_import ok[] = { { fx.xid, fx.x->id, 1, false, false } };
 
 		cr_assert(eq(i32, claim(r, ok, 1, err), 0), "%s", err);
 	}

@@ -404,6 +404,39 @@ int import_close(struct broker *br, struct bclient *c, uint64_t export_id, char 
 	return 0;
 }
 
+int import_keep(struct broker *br, struct bclient *c, uint64_t export_id, char *err)
+{
+	struct import_export *ex = br->imports ? idmap_get(&br->imports->by_id, export_id) : NULL;
+	struct import_rec *r = ex ? import_rec_find(ex, c) : NULL;
+
+	if (!r)
+		return err_fmt(err, -ENOENT, "client '%s' has no import of export %llu", c->name,
+			       (unsigned long long)export_id);
+	if (r->refs != 1 || r->idle || !r->mapped)
+		return err_fmt(err, -EINVAL,
+			       "client '%s' keeps export %llu with %u opens, idle %d, mapped %d",
+			       c->name, (unsigned long long)export_id, r->refs, r->idle, r->mapped);
+	r->idle = true;
+	r->asked = false;
+	return 0;
+}
+
+int import_reopen(struct broker *br, struct bclient *c, uint64_t export_id, char *err)
+{
+	struct import_export *ex = br->imports ? idmap_get(&br->imports->by_id, export_id) : NULL;
+	struct import_rec *r = ex ? import_rec_find(ex, c) : NULL;
+
+	if (!r)
+		return err_fmt(err, -ENOENT, "client '%s' has no import of export %llu", c->name,
+			       (unsigned long long)export_id);
+	if (!r->idle)
+		return err_fmt(err, -EINVAL, "client '%s' reopens export %llu, which is not idle",
+			       c->name, (unsigned long long)export_id);
+	r->idle = false;
+	r->asked = false;
+	return 0;
+}
+
 const struct import_export *import_find(const struct broker *br, uint64_t export_id)
 {
 	return br->imports ? idmap_get(&br->imports->by_id, export_id) : NULL;
@@ -495,14 +528,29 @@ int import_pause_check(struct broker *br, const struct bclient *c, const char *t
 					" until they close it:",
 					ex->alloc->tag->name);
 			if (named <= 8)
-				err_append(err, " client '%s' (pid %d) has allocation %llu open",
+				err_append(err, " client '%s' (pid %d) has allocation %llu %s",
 					   r->importer->name, (int)r->importer->pid,
-					   (unsigned long long)ex->alloc_id);
+					   (unsigned long long)ex->alloc_id,
+					   r->idle ? "kept mapped, idle" : "open");
 		}
 	}
 	if (named > 8)
 		err_append(err, " and %u more", named - 8);
 	return named ? -EBUSY : 0;
+}
+
+void import_idle_walk(struct broker *br, const struct bclient *owner, const char *tag,
+		      import_idle_fn fn, void *arg)
+{
+	struct import_table *t = br->imports;
+
+	for (struct import_export *ex = t ? t->exports : NULL; ex; ex = ex->next) {
+		if (owner ? !import_of_tag(ex, owner, tag) : ex->alloc != NULL)
+			continue;
+		for (struct import_rec *r = ex->imports; r; r = r->next)
+			if (r->idle && !r->asked)
+				fn(arg, ex, r);
+	}
 }
 
 int import_grant(struct broker *br, struct bclient *c, uint64_t alloc_id, uid_t uid, bool revoke,

@@ -55,8 +55,11 @@ struct import_export;
 struct import_rec {
 	struct bclient *importer; /* owned by the broker */
 	struct import_export *ex;
-	uint32_t refs;			/* opens not closed yet */
-	bool mapped;			/* not unmapped to follow its owner's pause */
+	uint32_t refs; /* opens not closed yet */
+	bool mapped;   /* not unmapped to follow its owner's pause */
+	/* Closed by its importer, which keeps it mapped for its next open
+	 * (GMB_IPC_KEEP): still pinned, until gmbd asks for it (asked). */
+	bool idle, asked;
 	struct import_rec *prev, *next; /* on ex->imports */
 };
 
@@ -163,6 +166,24 @@ typedef int (*import_follow_fn)(void *arg, const struct import_export *ex,
  */
 int import_followers(const struct broker *br, const struct bclient *c, const char *tag, bool mapped,
 		     import_follow_fn fn, void *arg);
+
+/**
+ * import_keep() - @c closed its last open of export @export_id but keeps
+ * the import mapped for its next open: idle (still counted, still pinned).
+ * import_reopen() - that next open. Return: 0; -ENOENT (no import of it),
+ * -EINVAL (keep: not its last open; reopen: not idle), with @err.
+ */
+int import_keep(struct broker *br, struct bclient *c, uint64_t export_id, char *err);
+int import_reopen(struct broker *br, struct bclient *c, uint64_t export_id, char *err);
+
+typedef void (*import_idle_fn)(void *arg, const struct import_export *ex, struct import_rec *r);
+/**
+ * import_idle_walk() - @fn for every idle import record not asked back yet
+ * of an allocation of @owner's tag @tag ("": every tag), or, @owner NULL,
+ * of an export whose allocation is gone. @fn may set r->asked, nothing else.
+ */
+void import_idle_walk(struct broker *br, const struct bclient *owner, const char *tag,
+		      import_idle_fn fn, void *arg);
 
 /* Export @export_id, NULL if none: the table's, valid until its next change. */
 const struct import_export *import_find(const struct broker *br, uint64_t export_id);

@@ -140,9 +140,11 @@ static int import_restore_recs(struct broker *br, const struct import_restore *r
 		v[*n] = calloc(1, sizeof(*v[*n]));
 		if (!v[*n] || idmap_put(&seen, c->id, c) < 0)
 			goto err_free;
-		*v[(*n)++] = (struct import_rec){ .importer = c,
-						  .refs = rx->recs[i].opens,
-						  .mapped = !rx->recs[i].unmapped };
+		*v[(*n)++] =
+			(struct import_rec){ .importer = c,
+					     .refs = rx->recs[i].opens,
+					     .mapped = !rx->recs[i].unmapped,
+					     .idle = rx->recs[i].idle && !rx->recs[i].unmapped };
 	}
 	idmap_deinit(&seen);
 	*out = v;

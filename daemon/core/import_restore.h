@@ -29,6 +29,7 @@ struct import_restore_rec {
 	uint64_t importer_id;
 	uint32_t opens;
 	bool unmapped; /* it followed its owner's pause: pins nothing */
+	bool idle;     /* closed, kept mapped by its importer */
 };
 
 /* One export as the record has it: ids, checked by import_restore_export(). */

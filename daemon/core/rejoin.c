@@ -463,6 +463,9 @@ static bool rejoin_keep_import(void *arg, struct import_rec *r)
 	/* It unmapped to follow a pause whose answer the restart cut short. */
 	if (ci->unmapped && r->mapped)
 		import_unmapped(rj->br, rj->c, r->ex->id);
+	/* Idle or open as the client says (a keep or reopen cut short). */
+	r->idle = ci->idle && r->mapped;
+	r->asked = false;
 	return true;
 }
 

@@ -54,6 +54,7 @@ struct broker_claim_import {
 	uint64_t alloc_id; /* what its handle names */
 	uint32_t opens;	   /* not closed yet */
 	bool unmapped;	   /* it followed its owner's pause: maps nothing now */
+	bool idle;	   /* closed, kept mapped for its next open */
 };
 
 struct broker_claim {

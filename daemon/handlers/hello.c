@@ -359,7 +359,8 @@ static int handlers_rejoin_claim(struct hreq *rq, struct hrejoin *r, struct brok
 				(struct broker_claim_import){ .export_id = m->imports[i]->export_id,
 							      .alloc_id = m->imports[i]->alloc_id,
 							      .opens = m->imports[i]->opens,
-							      .unmapped = m->imports[i]->unmapped };
+							      .unmapped = m->imports[i]->unmapped,
+							      .idle = m->imports[i]->idle };
 	}
 	return handlers_rejoin_names(rq, cl);
 }

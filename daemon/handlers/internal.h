@@ -159,9 +159,10 @@ struct hdreq {
 	size_t nids;
 	/* HDREQ_PREEMPT: the client it pauses for. */
 	uint64_t for_client;
-	/* HDREQ_FOLLOW: the export, and whether to map it again or unmap it. */
+	/* HDREQ_FOLLOW: the export, and whether to map it again or unmap it,
+	 * or (drop) to close an idle one for good. */
 	uint64_t export_id;
-	bool map;
+	bool map, drop;
 };
 
 /* A kind's done handler: @d ended as @res says. @d is valid during the
@@ -325,12 +326,13 @@ void handlers__ipc_retry(struct handlers *h);
 /* The waiting pauses of @s (NULL: all) end unanswered. */
 void handlers__ipc_cancel(struct handlers *h, struct sess *s);
 /**
- * handlers__ipc_follow() - ask the importers of @rq's tag @tag to unmap,
+ * handlers__ipc_follow() - ask the importers of @rq's tag @tag that keep it
+ * mapped idle to close it for good and, with @follow, the others to unmap;
  * then run @fn (the pause) again with rq->retry set.
  * Return: HANDLERS_KEPT (the round has rq->env); 0 when none could be
  * asked, rq->err then naming who and why.
  */
-int handlers__ipc_follow(struct hreq *rq, handlers_fn fn, const char *tag);
+int handlers__ipc_follow(struct hreq *rq, handlers_fn fn, const char *tag, bool follow);
 /* Import records of @c's tag @tag that followed a pause (ResumeReply.followers). */
 uint32_t handlers__ipc_followers(struct handlers *h, const struct bclient *c, const char *tag);
 /* IpcResumed: the followers map the tag again; answered once they did. */

@@ -97,6 +97,14 @@ int handlers__ipc_open(struct hreq *rq)
 	char b[SIZE_STR_MAX];
 	int r;
 
+	/* export_id and reopen: its idle import (kept mapped) is open again. */
+	if (m->export_id && m->reopen) {
+		r = import_reopen(rq->h->broker, c, m->export_id, rq->err);
+		if (r < 0)
+			return r;
+		handlers__reply_status(rq->s, rq->env->id, 0, NULL);
+		return 0;
+	}
 	/* export_id: its import followed a pause, and maps the chunks again. */
 	if (m->export_id)
 		r = import_remap(rq->h->broker, c, m->export_id, &ex, rq->err);
@@ -132,7 +140,9 @@ int handlers__ipc_close(struct hreq *rq)
 	/* The export may go with the close: what the event says first. */
 	if (ex)
 		facts = *ex;
-	r = import_close(rq->h->broker, hconn_of(rq->s)->client, m->export_id, rq->err);
+	/* keep: its last open, the client keeps it mapped for the next (idle). */
+	r = m->keep ? import_keep(rq->h->broker, hconn_of(rq->s)->client, m->export_id, rq->err) :
+		      import_close(rq->h->broker, hconn_of(rq->s)->client, m->export_id, rq->err);
 	if (r < 0)
 		return r;
 	handlers_ipc_event(rq, EVENT_IMPORT_CLOSE, &facts);
@@ -179,6 +189,7 @@ static int handlers_ipc_row(void *arg, const struct import_export *ex, const str
 		ii->opens = r->refs;
 		ii->owner_freed = ex->alloc == NULL;
 		ii->unmapped = !r->mapped;
+		ii->idle = r->idle;
 		rows->pv[rows->n++] = ii;
 	}
 	rows->total++;

@@ -8,8 +8,15 @@
  * handler once the importers closed, or at its deadline with EBUSY and the
  * sentence naming them. Waiting pauses are on handlers->ipc_waits.
  *
- * Rounds. A pause with importers_follow first asks each importer that can
- * be asked (connected, not the owner itself) to unmap (IpcFollow, map =
+ * Idle imports. An importer that closed its last open but keeps the
+ * import mapped for its next open (GMB_IPC_KEEP) is idle: gmbd asks for it
+ * back (IpcFollow with drop) before a pause of its tag (in the pause's round,
+ * or, for a waiting pause, before each retry), and as soon as its owner's
+ * allocation is gone (handlers__ipc_retry(), after every change); the
+ * importer closes it for good, or answers EBUSY when it has opened it again.
+ *
+ * Rounds. A pause of an imported tag first asks the idle importers back and,
+ * with importers_follow, each importer that can be asked (connected, not the owner itself) to unmap (IpcFollow, map =
  * false, due in --control-timeout); an answer marks its record unmapped
  * (import_unmapped(), which unpins the chunks with the last one). When
  * every request has ended the pause is tried again: done, or waiting as
@@ -103,8 +110,38 @@ int handlers__ipc_wait(struct hreq *rq, handlers_fn fn, uint32_t wait_ms)
 	return HANDLERS_KEPT;
 }
 
+/* A lone request to @r's importer to close its idle import for good. */
+static void handlers_drop_ask(void *arg, const struct import_export *ex, struct import_rec *r)
+{
+	struct handlers *h = arg;
+	struct sess *ts = handlers__conn_client(h, r->importer);
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__IpcFollow f = GMB__IPC_FOLLOW__INIT;
+	struct hdreq *d;
+
+	if (!ts || ts->state != SESS_OPEN)
+		return; /* its going drops it */
+	d = handlers__dreq_new(HDREQ_FOLLOW, NULL);
+	if (!d)
+		return;
+	d->export_id = ex->id;
+	d->drop = true;
+	f.export_id = ex->id;
+	f.drop = true;
+	env.body_case = GMB__ENVELOPE__BODY_IPC_FOLLOW;
+	env.ipc_follow = &f;
+	if (handlers__dreq_send(ts, d, &env, h->control_timeout_ms) < 0) {
+		handlers__dreq_free(d);
+		return;
+	}
+	r->asked = true;
+	log_debug("idle import asked back " SESS_FMT " export=%" PRIu64, SESS_ARGS(ts), ex->id);
+}
+
 void handlers__ipc_retry(struct handlers *h)
 {
+	/* Idle imports of freed allocations pin memory nobody uses: ask them back. */
+	import_idle_walk(h->broker, NULL, "", handlers_drop_ask, h);
 	struct hipc_wait *w, *next;
 
 	for (w = h->ipc_waits; w; w = next) {
@@ -120,6 +157,10 @@ void handlers__ipc_retry(struct handlers *h)
 		next = w->next;
 		if (w->s->state != SESS_OPEN)
 			continue;
+		/* Imports closed meanwhile but kept mapped (idle) hold the pause: ask them back. */
+		import_idle_walk(h->broker, hconn_of(w->s)->client,
+				 w->env->pause->tag ? w->env->pause->tag : "", handlers_drop_ask,
+				 h);
 		r = w->fn(&rq);
 		if (r == HANDLERS_PARK) {
 			memcpy(w->why, rq.err, sizeof(w->why));
@@ -201,6 +242,7 @@ static void handlers_round_why(char *why, uint32_t *n, const struct bclient *imp
 struct hipc_ask {
 	struct hipc_round *rd;
 	bool map;
+	bool follow; /* a pause's: the open ones are asked to unmap too */
 	uint32_t cap, skipped;
 };
 
@@ -215,6 +257,9 @@ static int handlers_round_ask(void *arg, const struct import_export *ex, const s
 
 	if (rd->ndreqs == a->cap)
 		return 0; /* counted before: cannot happen */
+	/* A pause asks an idle import back always, an open one only following. */
+	if (!a->map && !r->idle && !a->follow)
+		return 0;
 	if (r->importer == hconn_of(rd->s)->client) {
 		handlers_round_why(rd->why, &a->skipped, r->importer, "is the owner itself");
 		return 0;
@@ -230,8 +275,10 @@ static int handlers_round_ask(void *arg, const struct import_export *ex, const s
 	}
 	d->export_id = ex->id;
 	d->map = a->map;
+	d->drop = !a->map && r->idle;
 	f.export_id = ex->id;
 	f.map = a->map;
+	f.drop = d->drop;
 	env.body_case = GMB__ENVELOPE__BODY_IPC_FOLLOW;
 	env.ipc_follow = &f;
 	if (handlers__dreq_send(ts, d, &env, rd->h->control_timeout_ms) < 0) {
@@ -273,11 +320,12 @@ static void handlers_round_free(struct hipc_round *rd)
  * Return: HANDLERS_KEPT, the round owning rq->env; 0 when nobody could be
  * asked (rq->err says who and why); -ENOMEM.
  */
-static int handlers_round_start(struct hreq *rq, handlers_fn fn, const char *tag, bool map)
+static int handlers_round_start(struct hreq *rq, handlers_fn fn, const char *tag, bool map,
+				bool follow)
 {
 	const struct bclient *c = hconn_of(rq->s)->client;
 	struct hipc_round *rd;
-	struct hipc_ask a = { .map = map };
+	struct hipc_ask a = { .map = map, .follow = follow };
 	uint32_t n = 0;
 
 	import_followers(rq->h->broker, c, tag, !map, handlers_round_count, &n);
@@ -298,7 +346,7 @@ static int handlers_round_start(struct hreq *rq, handlers_fn fn, const char *tag
 	a.cap = n;
 	import_followers(rq->h->broker, c, tag, !map, handlers_round_ask, &a);
 	if (!rd->asking) {
-		if (*rq->err)
+		if (*rq->err && *rd->why)
 			err_append(rq->err, "; ");
 		err_append(rq->err, "%s", rd->why);
 		handlers_round_free(rd);
@@ -311,9 +359,9 @@ static int handlers_round_start(struct hreq *rq, handlers_fn fn, const char *tag
 	return HANDLERS_KEPT;
 }
 
-int handlers__ipc_follow(struct hreq *rq, handlers_fn fn, const char *tag)
+int handlers__ipc_follow(struct hreq *rq, handlers_fn fn, const char *tag, bool follow)
 {
-	int r = handlers_round_start(rq, fn, tag, false);
+	int r = handlers_round_start(rq, fn, tag, false, follow);
 
 	return r < 0 ? 0 : r;
 }
@@ -334,7 +382,7 @@ int handlers__ipc_resumed(struct hreq *rq)
 	r = handlers__check_name(rq, "the tag", tag);
 	if (r < 0)
 		return r;
-	r = handlers_round_start(rq, NULL, tag, true);
+	r = handlers_round_start(rq, NULL, tag, true, false);
 	if (r == HANDLERS_KEPT)
 		return r;
 	/* Nobody to map again (or nobody reachable: they stay unmapped until they reopen). */
@@ -409,14 +457,23 @@ void handlers__follow_done(struct hdreq *d, const struct hdreq_result *res)
 	uint32_t skipped = 0;
 	char what[ERR_MSG_MAX];
 
-	/* Answered: it unmapped (gmbd no longer pins for it), or mapped again. */
-	if (res->end == HDREQ_ANSWERED && !d->map && imp)
+	/* Answered: it unmapped (gmbd no longer pins for it), or mapped again;
+	 * a drop's answer comes after its close, which dropped the record. */
+	if (res->end == HDREQ_ANSWERED && !d->map && !d->drop && imp)
 		handlers_follow_unmapped(d, imp);
+	if (d->drop && res->end != HDREQ_ANSWERED && imp) {
+		struct import_rec *r = import_record_of(d->h->broker, d->export_id, imp);
+
+		if (r)
+			r->asked = false; /* open again: asked anew when idle again */
+	}
 	if (!rd)
-		return; /* a lone request of handlers__follow_late() */
+		return; /* a lone request (handlers__follow_late(), a drop) */
 	if (res->end != HDREQ_ANSWERED && imp) {
 		snprintf(what, sizeof(what), "did not %s: %.200s",
-			 d->map ? "map it again" : "unmap",
+			 d->drop ? "give an idle import back" :
+			 d->map	 ? "map it again" :
+				   "unmap",
 			 *res->error ? res->error : strerror(-res->status));
 		handlers_round_why(rd->why, &skipped, imp, what);
 	}
@@ -436,7 +493,7 @@ void handlers__follow_late(struct hdreq *d)
 	Gmb__IpcFollow f = GMB__IPC_FOLLOW__INIT;
 	struct hdreq *again;
 
-	if (d->map || !imp || handlers_follow_unmapped(d, imp) < 0)
+	if (d->map || d->drop || !imp || handlers_follow_unmapped(d, imp) < 0)
 		return;
 	/* The pause failed without it, or is over: the owner's memory is
 	 * mapped, so the importer maps it again; a later pause asks anew. */

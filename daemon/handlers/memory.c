@@ -181,12 +181,14 @@ int handlers__pause(struct hreq *rq)
 	/* With handles_released, what nobody holds goes back to the backend before the reply. */
 	r = lend_pause(rq->h->broker, hconn_of(rq->s)->client, tag,
 		       rq->env->pause->handles_released, rq->err);
-	/* Other processes map the tag's memory: have them follow (once), wait
-	 * for them, if the client may wait; fail otherwise. */
+	/* Other processes map the tag's memory: ask the idle ones back and,
+	 * following, the others to unmap (once); wait for them, if the client
+	 * may wait; fail otherwise. */
 	if (r == -EBUSY &&
 	    import_pause_check(rq->h->broker, hconn_of(rq->s)->client, tag, NULL) < 0) {
-		if (!rq->retry && rq->env->pause->importers_follow &&
-		    handlers__ipc_follow(rq, handlers__pause, tag) == HANDLERS_KEPT)
+		if (!rq->retry &&
+		    handlers__ipc_follow(rq, handlers__pause, tag,
+					 rq->env->pause->importers_follow) == HANDLERS_KEPT)
 			return HANDLERS_KEPT;
 		if (rq->env->pause->wait_ms)
 			return rq->retry ? HANDLERS_PARK :

@@ -282,6 +282,7 @@ static int state_enc_import(void *arg, const struct import_export *ex, const str
 	si->importer_id = r->importer->id;
 	si->opens = r->refs;
 	si->unmapped = !r->mapped;
+	si->idle = r->idle;
 	e->pimports[e->nimports++] = si;
 	e->pexports[e->st.n_exports - 1]->n_imports++;
 	return 0;
@@ -509,7 +510,8 @@ static int state_restore_export(struct broker *br, const Gmb__StateExport *se, c
 	for (size_t i = 0; i < se->n_imports; i++)
 		recs[i] = (struct import_restore_rec){ .importer_id = se->imports[i]->importer_id,
 						       .opens = se->imports[i]->opens,
-						       .unmapped = se->imports[i]->unmapped };
+						       .unmapped = se->imports[i]->unmapped,
+						       .idle = se->imports[i]->idle };
 	rc = import_restore_export(br, &rx, err);
 	free(recs);
 	return rc;

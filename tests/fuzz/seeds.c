@@ -236,6 +236,21 @@ static void d_ipc_remap(struct seed *s, int sock, uint64_t export_id)
 	seeds_send(s, sock, GMB__ENVELOPE__BODY_IPC_OPEN, &o);
 }
 
+/* The importer's last close keeping it mapped (idle), then its reopen. */
+static void d_ipc_keep(struct seed *s, int sock, uint64_t export_id)
+{
+	Gmb__IpcCloseRequest c = GMB__IPC_CLOSE_REQUEST__INIT;
+	Gmb__IpcOpenRequest o = GMB__IPC_OPEN_REQUEST__INIT;
+	uint8_t bytes[IPC_HANDLE_SIZE] = { 0 };
+
+	c.export_id = export_id, c.keep = true;
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_IPC_CLOSE, &c);
+	o.handle.data = bytes, o.handle.len = sizeof(bytes), o.export_id = export_id;
+	o.reopen = true;
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_IPC_OPEN, &o);
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_IPC_CLOSE, &c);
+}
+
 static void d_ipc_grant(struct seed *s, int sock, uint64_t alloc, uint32_t uid, bool revoke)
 {
 	Gmb__IpcGrantRequest g = GMB__IPC_GRANT_REQUEST__INIT;
@@ -368,6 +383,24 @@ static void seeds_daemon(void)
 	d_ipc_close(&s, 1, 1);
 	d_follow_cycle(&s, 0, "w");
 	seeds_write("daemon", "ipc-follow", &s);
+
+	s.len = 0; /* an import kept idle: the pause asks it back, so does the owner's free */
+	d_hello(&s, 0, "trainer", 0, false);
+	d_alloc(&s, 0, 0, 8 * MiB, "w");
+	d_ipc_export(&s, 0, 10, 0);
+	d_hello(&s, 1, "engine", 0, false);
+	d_ipc_open(&s, 1, 10, 10, 1, 0, IPC_HANDLE_SIZE);
+	d_ipc_keep(&s, 1, 1);
+	d_cycle(&s, 0, "w");
+	seeds_op(&s, 4 | (1 << 3), 0);
+	d_ipc_close(&s, 1, 1);
+	d_cycle(&s, 0, "w");
+	d_ipc_open(&s, 1, 10, 10, 1, 0, IPC_HANDLE_SIZE);
+	d_ipc_keep(&s, 1, 1);
+	d_free(&s, 0, 10);
+	seeds_op(&s, 4 | (1 << 3), (uint8_t)-EBUSY);
+	d_status(&s, 2);
+	seeds_write("daemon", "ipc-keep", &s);
 }
 
 /* ---- state: records ---- */

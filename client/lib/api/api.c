@@ -65,10 +65,11 @@ static int api_wait_env(struct gmb_client *c, char *err)
 	return 0;
 }
 
-/* $GMB_IPC_FOLLOW (0 or 1) and $GMB_IPC_GRANT (uids, comma-separated). */
+/* $GMB_IPC_FOLLOW and $GMB_IPC_KEEP (0 or 1), $GMB_IPC_GRANT (uids, comma-separated). */
 static int api_ipc_env(struct gmb_client *c, char *err)
 {
 	const char *f = getenv("GMB_IPC_FOLLOW"), *g = getenv("GMB_IPC_GRANT");
+	const char *k = getenv("GMB_IPC_KEEP");
 	const size_t max = sizeof(c->mem.ipc_grants) / sizeof(c->mem.ipc_grants[0]);
 	unsigned long v;
 	char *end;
@@ -77,6 +78,11 @@ static int api_ipc_env(struct gmb_client *c, char *err)
 		if (strcmp(f, "0") && strcmp(f, "1"))
 			return err_fmt(err, -EINVAL, "GMB_IPC_FOLLOW=\"%.32s\": use 0 or 1", f);
 		c->mem.ipc_follow = *f == '1';
+	}
+	if (k && *k) {
+		if (strcmp(k, "0") && strcmp(k, "1"))
+			return err_fmt(err, -EINVAL, "GMB_IPC_KEEP=\"%.32s\": use 0 or 1", k);
+		c->mem.ipc_keep = *k == '1';
 	}
 	while (g && *g) {
 		errno = 0;
@@ -382,7 +388,7 @@ static void api_control_run(void *arg, const struct gmb__job *job)
 	if (job->env->body_case == GMB__ENVELOPE__BODY_IPC_FOLLOW) {
 		gmb__op_begin(&c->conn);
 		rc = gmb__ipc_follow(&c->mem, &c->ipc, job->env->ipc_follow->export_id,
-				     job->env->ipc_follow->map, err);
+				     job->env->ipc_follow->map, job->env->ipc_follow->drop, err);
 		gmb__op_end(&c->conn);
 		gmb__send_reply(&c->conn, job->gen, job->env->id, rc, rc < 0 ? err : "");
 		return;
@@ -731,6 +737,16 @@ GMB_API int gmb_set_wait(gmb_client *c, uint32_t ms)
 	pthread_mutex_lock(&c->conn.lock);
 	c->mem.wait_ms = ms;
 	pthread_mutex_unlock(&c->conn.lock);
+	gmb__op_end(&c->conn);
+	return 0;
+}
+
+GMB_API int gmb_set_ipc_keep(gmb_client *c, int on)
+{
+	if (!c || (on != 0 && on != 1))
+		return -EINVAL;
+	gmb__op_begin(&c->conn);
+	c->mem.ipc_keep = on;
 	gmb__op_end(&c->conn);
 	return 0;
 }

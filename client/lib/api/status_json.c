@@ -371,9 +371,10 @@ static void json_put_import(struct sbuf *b, const Gmb__ImportInfo *m)
 	sbuf_printf(b,
 		    ",\"owner_pid\":%" PRId32 ",\"alloc_id\":%" PRIu64 ",\"device\":%" PRIu32
 		    ",\"bytes\":%" PRIu64 ",\"opens\":%" PRIu32 ",\"owner_freed\":%s"
-		    ",\"mapped\":%s}",
+		    ",\"mapped\":%s,\"idle\":%s}",
 		    m->owner_pid, m->alloc_id, m->device, m->bytes, m->opens,
-		    m->owner_freed ? "true" : "false", m->unmapped ? "false" : "true");
+		    m->owner_freed ? "true" : "false", m->unmapped ? "false" : "true",
+		    m->idle ? "true" : "false");
 }
 
 /**
@@ -621,7 +622,8 @@ static int status_put_imports(const Gmb__StatusReply *st, struct sbuf *out)
 		table_add_u64(&t, m->opens);
 		table_add(&t, m->owner_freed ? "freed" : "live");
 		/* "paused": it followed its owner's pause and maps it again on resume. */
-		table_add(&t, m->unmapped ? "paused" : "yes");
+		/* "idle": closed, kept mapped by the importer for its next open. */
+		table_add(&t, m->unmapped ? "paused" : m->idle ? "idle" : "yes");
 		n++;
 	}
 	if (n) {

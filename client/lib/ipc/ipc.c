@@ -275,6 +275,32 @@ static struct gmb__import *ipc_find_handle(struct gmb__ipc *ipc, const struct ip
 	return NULL;
 }
 
+/* IpcCloseRequest{@export_id, keep} or IpcOpenRequest{@export_id, reopen}:
+ * the import stays mapped either way, only gmbd's record changes. */
+static int ipc_send_idle(struct gmb__mem *m, uint64_t export_id, bool idle, char *err)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__IpcCloseRequest close = GMB__IPC_CLOSE_REQUEST__INIT;
+	Gmb__IpcOpenRequest open = GMB__IPC_OPEN_REQUEST__INIT;
+	struct gmb__reply rep;
+	int rc;
+
+	if (idle) {
+		close.export_id = export_id;
+		close.keep = true;
+		env.body_case = GMB__ENVELOPE__BODY_IPC_CLOSE;
+		env.ipc_close = &close;
+	} else {
+		open.export_id = export_id;
+		open.reopen = true;
+		env.body_case = GMB__ENVELOPE__BODY_IPC_OPEN;
+		env.ipc_open = &open;
+	}
+	rc = gmb__request(m->conn, &env, &rep, err);
+	gmb__reply_deinit(&rep);
+	return rc;
+}
+
 static void ipc_send_close(struct gmb__mem *m, uint64_t export_id)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
@@ -525,8 +551,10 @@ static int ipc_unmap_keep(struct gmb__mem *m, struct gmb__import *im, char *err)
 	return 0;
 }
 
+static int ipc_unmap(struct gmb__mem *m, struct gmb__ipc *ipc, struct gmb__import *im, char *err);
+
 int gmb__ipc_follow(struct gmb__mem *m, struct gmb__ipc *ipc, uint64_t export_id, bool map,
-		    char *err)
+		    bool drop, char *err)
 {
 	struct gmb__import *im;
 
@@ -534,6 +562,12 @@ int gmb__ipc_follow(struct gmb__mem *m, struct gmb__ipc *ipc, uint64_t export_id
 		;
 	if (!im)
 		return err_fmt(err, -ENOENT, "no import of export %" PRIu64, export_id);
+	/* Idle, it goes for good (its close tells gmbd before this answers). */
+	if (im->idle && !map)
+		return ipc_unmap(m, ipc, im, err);
+	if (drop)
+		return err_fmt(err, -EBUSY, "the import of export %" PRIu64 " is open again",
+			       export_id);
 	if (im->mapped == map)
 		return 0;
 	return map ? ipc_remap(m, im, err) : ipc_unmap_keep(m, im, err);
@@ -553,6 +587,19 @@ int gmb__ipc_open(struct gmb__mem *m, struct gmb__ipc *ipc, const uint8_t *handl
 	if (ipc_handle_decode(handle, &h) < 0)
 		return err_fmt(err, -EINVAL, "a gmbd handle of another version, or damaged");
 	im = ipc_find_handle(ipc, &h);
+	/* Kept idle by its last close: gmbd knows it open again, nothing to map. */
+	if (im && im->idle) {
+		if (!ipc_is_range(im, h.range_off))
+			return err_fmt(err, -EINVAL, "range offset %" PRIu64 " starts no chunk",
+				       h.range_off);
+		rc = ipc_send_idle(m, im->gen, false, err);
+		if (rc < 0)
+			return rc;
+		im->idle = false;
+		im->opens = 1;
+		*ptr = (void *)(im->va + h.range_off);
+		return 0;
+	}
 	if (im) {
 		/* It followed its owner's pause: map it again first (EBUSY while paused). */
 		if (!im->mapped && (rc = ipc_remap(m, im, err)) < 0)
@@ -594,10 +641,16 @@ int gmb__ipc_close(struct gmb__mem *m, struct gmb__ipc *ipc, const void *ptr, ch
 	struct gmb__import *im = ptr ? ipc_find_ptr(ipc, (uintptr_t)ptr) : NULL;
 	int rc;
 
-	if (!im)
-		return err_fmt(err, -ENXIO, "pointer %p is in no import of this client", ptr);
+	if (!im || im->idle)
+		return err_fmt(err, -ENXIO, "pointer %p is in no open import of this client", ptr);
 	if (im->opens > 1) {
 		im->opens--;
+		return 0;
+	}
+	/* Kept for the next open of its handle: gmbd records it idle, still pinned. */
+	if (m->ipc_keep && im->mapped && ipc_send_idle(m, im->gen, true, NULL) == 0) {
+		im->opens = 0;
+		im->idle = true;
 		return 0;
 	}
 	rc = ipc_unmap(m, ipc, im, err);
@@ -635,6 +688,7 @@ size_t gmb__ipc_claim(void *arg, Gmb__RejoinImport *out, size_t cap)
 		out[n].alloc_id = im->alloc;
 		out[n].opens = 1;
 		out[n].unmapped = !im->mapped;
+		out[n].idle = im->idle;
 	}
 	return n;
 }

@@ -36,6 +36,9 @@ struct gmb__import {
 	/* False while it follows its owner's pause: the range stays reserved,
 	 * nothing is mapped and chunks is empty. */
 	bool mapped;
+	/* Its last open closed with GMB_IPC_KEEP: still mapped (opens 0), for
+	 * the next open of the same handle; gmbd may ask for it back. */
+	bool idle;
 	int access_dev; /* the device given access besides dev (gmbd's index), -1: none */
 	struct gmb__import *next;
 };
@@ -96,11 +99,12 @@ int gmb__ipc_close(struct gmb__mem *m, struct gmb__ipc *ipc, const void *ptr, ch
  * gmb__ipc_follow() - gmbd's IpcFollow: the owner of export @export_id
  * pauses (@map false: drain the device, unmap the import, keep its range)
  * or has resumed (@map true: fetch the chunks again and map them at the
- * same addresses). Either is a no-op when already so.
+ * same addresses). Either is a no-op when already so. @drop: close an idle
+ * import for good (-EBUSY when it is open again).
  * Return: 0; -ENOENT (no import of it); gmbd's or the backend's error.
  */
 int gmb__ipc_follow(struct gmb__mem *m, struct gmb__ipc *ipc, uint64_t export_id, bool map,
-		    char *err);
+		    bool drop, char *err);
 /**
  * gmb__ipc_grant() - uid @uid may (@revoke: may no longer) open handles of
  * this client's allocation holding @ptr.

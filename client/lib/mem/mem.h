@@ -60,6 +60,7 @@ struct gmb__mem {
 	uint32_t wait_ms;	      /* how long malloc and resume may wait for memory;
 					written under the state lock too */
 	bool ipc_follow;	      /* pauses have their importers follow (gmb_set_ipc_follow) */
+	bool ipc_keep; /* closed imports stay mapped for the next open (gmb_set_ipc_keep) */
 	/* $GMB_IPC_GRANT: uids every shared allocation is granted to. */
 	uint32_t ipc_grants[8];
 	uint32_t nipc_grants;

@@ -326,6 +326,12 @@ class Client:
         at the same addresses after the resume ($GMB_IPC_FOLLOW=1 at connect)."""
         self._check(self._lib().gmb_set_ipc_follow(self._handle(), 1 if on else 0))
 
+    def set_ipc_keep(self, on):
+        """Whether the last close of an import keeps it mapped (idle) for the next
+        open of the same handle ($GMB_IPC_KEEP=1 at connect); gmbd asks for it
+        back before its owner's pause and once its owner freed it."""
+        self._check(self._lib().gmb_set_ipc_keep(self._handle(), 1 if on else 0))
+
     def switch(self, frm, to, tags=None):
         """What ``gmbctl switch FROM TO [--tags ...]`` does: the report, one line per step.
 

@@ -63,6 +63,7 @@ _PROTOTYPES = {
     "gmb_ipc_grant": (c_int, [_H, c_void_p, ctypes.c_uint32]),
     "gmb_ipc_revoke": (c_int, [_H, c_void_p, ctypes.c_uint32]),
     "gmb_set_ipc_follow": (c_int, [_H, c_int]),
+    "gmb_set_ipc_keep": (c_int, [_H, c_int]),
 }
 
 _lock = threading.Lock()
