@@ -103,7 +103,7 @@ def engine_name(mode):
     return f"ipc-engine-{mode}"
 
 
-# Weights, buckets, checksums (trainer, engine and tests/gpu/ipc_bench.py).
+# Weights, buckets, checksums (trainer, engine and bench/ipc_bench.py).
 
 def weight_spec(total):
     """[(name, shape)] of bf16 tensors of 2-100 MiB adding up to at least ``total`` bytes."""

@@ -35,7 +35,7 @@
 #                        child reads them right, imports shown owner_freed, none after
 #                        (all three: no import left, driver free memory back within 64 MiB)
 #   ipc_bench            open + close of a 1 GiB handle and a 16 GiB weight sync on gmbd
-#                        memory against the runtime's, same run (tests/gpu/ipc_bench.py)
+#                        memory against the runtime's, same run (bench/ipc_bench.py)
 #   ipc_bench_keep       the same with GMB_IPC_KEEP=1: closed imports kept for the next open
 #   torch_rl_warm        trainer (AdamW, GMB_DEFAULT_TAG=train) and inference engine
 #   torch_rl_cold        alternate 5 rounds driven by gmbctl; switch times next to the
@@ -285,9 +285,9 @@ if wanted torch_ipc_follow || wanted torch_ipc_sglang || wanted torch_ipc_vllm |
 		GMB_SOCKET=$SOCK4 scenario torch_ipc_kill 180 env GMB_SOCKET="$SOCK4" "$PY" \
 			tests/gpu/torch_ipc_sync.py --mode kill --gmbctl "$B/gmbctl"
 		GMB_SOCKET=$SOCK4 scenario ipc_bench 240 env LD_PRELOAD="$SHIM" GMB_SOCKET="$SOCK4" \
-			GMB_CLIENT_NAME=ipc-bench "$PY" tests/gpu/ipc_bench.py --json "$OUTDIR/ipc-bench.json"
+			GMB_CLIENT_NAME=ipc-bench "$PY" bench/ipc_bench.py --json "$OUTDIR/ipc-bench.json"
 		GMB_SOCKET=$SOCK4 scenario ipc_bench_keep 240 env LD_PRELOAD="$SHIM" GMB_SOCKET="$SOCK4" \
-			GMB_IPC_KEEP=1 GMB_CLIENT_NAME=ipc-bench "$PY" tests/gpu/ipc_bench.py \
+			GMB_IPC_KEEP=1 GMB_CLIENT_NAME=ipc-bench "$PY" bench/ipc_bench.py \
 			--json "$OUTDIR/ipc-bench-keep.json"
 		GMB_SOCKET=$SOCK4 timeout 10 "$B/gmbctl" status >>"$LOG" 2>&1
 		gmbd_stop "$IPC_PID" || echo "the IPC gmbd (--pool-keep 0) did not stop cleanly" >>"$LOG"

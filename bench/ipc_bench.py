@@ -4,7 +4,7 @@ How to run: `tests/gpu/torch_run.sh --only ipc_bench` on the GPU machine (it
 builds the shim and starts gmbd with --pool-keep 0), or by hand under the shim:
 
     GMB_SOCKET=/tmp/gmbd.sock LD_PRELOAD=build-gpu/libgmb_preload.so GMB_LIB=build-gpu/libgmb.so \\
-    PYTHONPATH=client/python:tests/gpu python3 tests/gpu/ipc_bench.py [--opens 20] [--reps 5] [--json F]
+    PYTHONPATH=client/python:tests/gpu python3 bench/ipc_bench.py [--opens 20] [--reps 5] [--json F]
 
 Two processes, both under the shim: this one (the sender) and a receiver it
 spawns as torch.multiprocessing does. The baseline is measured in the same
@@ -45,7 +45,7 @@ import traceback
 from ctypes import POINTER, byref, c_char_p, c_int, c_size_t, c_uint, c_void_p
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "gpu"))  # torch_ipc_sync, torch_common
 
 from torch_ipc_sync import (GiB, answer, ask, checksums, deserialize, make_weights,  # noqa: E402
                             median, serialize, weight_spec)
