@@ -475,10 +475,13 @@ class Trainer:
             self.expect(self.engine.exitcode == 0, f"the engine exited {self.engine.exitcode}")
 
     def imports_of_mine(self, owner_id, deadline_s=5.0):
-        """gmbd's imports of this trainer's allocations, waited for to drop to none."""
+        """gmbd's open imports of this trainer's allocations, waited for to drop to
+        none (under GMB_IPC_KEEP=1 a closed import stays listed, idle, until the
+        trainer's pause asks for it back: it is closed, not open)."""
         end = time.monotonic() + deadline_s
         while True:
-            left = [m for m in self.ctl.status().get("imports", []) if m.get("owner_id") == owner_id]
+            left = [m for m in self.ctl.status().get("imports", [])
+                    if m.get("owner_id") == owner_id and not m.get("idle")]
             if not left or time.monotonic() > end:
                 return left
             time.sleep(0.05)

@@ -37,6 +37,8 @@
 #   ipc_bench            open + close of a 1 GiB handle and a 16 GiB weight sync on gmbd
 #                        memory against the runtime's, same run (bench/ipc_bench.py)
 #   ipc_bench_keep       the same with GMB_IPC_KEEP=1: closed imports kept for the next open
+#   torch_ipc_sglang_keep  torch_ipc_sglang with GMB_IPC_KEEP=1: the trainer's pauses ask
+#                        the engine's idle imports back
 #   torch_rl_warm        trainer (AdamW, GMB_DEFAULT_TAG=train) and inference engine
 #   torch_rl_cold        alternate 5 rounds driven by gmbctl; switch times next to the
 #                        create-per-allocation baseline (warm: --pool-keep unlimited; cold: a
@@ -73,7 +75,7 @@ while [ $# -gt 0 ]; do
 	case $1 in
 	--no-build) DO_BUILD=0 ;;
 	--only) ONLY=",$2,"; shift ;;
-	-h | --help) sed -n '2,48p' "$0"; exit 0 ;;
+	-h | --help) sed -n '2,50p' "$0"; exit 0 ;;
 	*) echo "torch_run.sh: unknown option $1" >&2; exit 2 ;;
 	esac
 	shift
@@ -270,8 +272,8 @@ fi
 # back to the driver (--pool-keep 0): the torch_ipc_* scenarios compare the
 # driver's free memory before and after. Their first process stays outside
 # gmbd (no shim) and starts the trainer under the shim itself.
-if wanted torch_ipc_follow || wanted torch_ipc_sglang || wanted torch_ipc_vllm || wanted torch_ipc_kill ||
-	wanted ipc_bench || wanted ipc_bench_keep; then
+if wanted torch_ipc_follow || wanted torch_ipc_sglang || wanted torch_ipc_sglang_keep ||
+	wanted torch_ipc_vllm || wanted torch_ipc_kill || wanted ipc_bench || wanted ipc_bench_keep; then
 	SOCK4=$TMPD/gmbd-ipc.sock
 	if gmbd_start "$SOCK4" "$TMPD/gmbd-ipc.log" --pool-keep 0; then
 		IPC_PID=$GMBD_STARTED_PID
@@ -280,6 +282,8 @@ if wanted torch_ipc_follow || wanted torch_ipc_sglang || wanted torch_ipc_vllm |
 			GMB_CLIENT_NAME=ipc-sender "$PY" tests/gpu/torch_ipc_follow.py
 		GMB_SOCKET=$SOCK4 scenario torch_ipc_sglang 180 env GMB_SOCKET="$SOCK4" "$PY" \
 			tests/gpu/torch_ipc_sync.py --mode sglang --gmbctl "$B/gmbctl"
+		GMB_SOCKET=$SOCK4 scenario torch_ipc_sglang_keep 180 env GMB_SOCKET="$SOCK4" GMB_IPC_KEEP=1 \
+			"$PY" tests/gpu/torch_ipc_sync.py --mode sglang --gmbctl "$B/gmbctl"
 		GMB_SOCKET=$SOCK4 scenario torch_ipc_vllm 180 env GMB_SOCKET="$SOCK4" "$PY" \
 			tests/gpu/torch_ipc_sync.py --mode vllm --gmbctl "$B/gmbctl"
 		GMB_SOCKET=$SOCK4 scenario torch_ipc_kill 180 env GMB_SOCKET="$SOCK4" "$PY" \
@@ -292,8 +296,8 @@ if wanted torch_ipc_follow || wanted torch_ipc_sglang || wanted torch_ipc_vllm |
 		GMB_SOCKET=$SOCK4 timeout 10 "$B/gmbctl" status >>"$LOG" 2>&1
 		gmbd_stop "$IPC_PID" || echo "the IPC gmbd (--pool-keep 0) did not stop cleanly" >>"$LOG"
 	else
-		for n in torch_ipc_follow torch_ipc_sglang torch_ipc_vllm torch_ipc_kill ipc_bench \
-			ipc_bench_keep; do
+		for n in torch_ipc_follow torch_ipc_sglang torch_ipc_sglang_keep torch_ipc_vllm \
+			torch_ipc_kill ipc_bench ipc_bench_keep; do
 			wanted "$n" && record "$n" FAIL "gmbd --pool-keep 0 did not start"
 		done
 	fi
