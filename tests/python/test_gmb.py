@@ -311,6 +311,26 @@ class NativeApi(unittest.TestCase):
             reader.ipc_open(h[:10])
         owner.free(p)
 
+    def test_ipc_keep_holds_a_closed_import_for_the_next_open(self):
+        owner, reader = self.client("keep-owner"), self.client("keep-reader")
+        with owner.region("k", "preserve"):
+            p = owner.malloc(2 * MiB)
+        fill(p, 0x6B, 2 * MiB)
+        h = owner.ipc_handle(p)
+        reader.set_ipc_keep(True)
+        q = reader.ipc_open(h)
+        reader.ipc_close(q)
+        self.assertEqual([m["idle"] for m in owner.status()["imports"]], [True])
+        self.assertEqual(reader.ipc_open(h), q, "the kept mapping, at the same address")
+        self.assertEqual(bytes_at(q, 2 * MiB), b"\x6b" * (2 * MiB))
+        self.assertEqual([m["idle"] for m in owner.status()["imports"]], [False])
+        reader.ipc_close(q)
+        # The owner's pause takes the idle import back: no refusal, no follow.
+        owner.pause("k")
+        self.assertEqual(owner.status()["imports"], [])
+        owner.resume("k")
+        owner.free(p)
+
     def test_host_copy_and_memory_margin(self):
         c = self.client("backup")
         with gmb.region("w", "preserve"):
