@@ -390,15 +390,25 @@ static void import_rec_drop(struct broker *br, struct import_rec *r)
 	}
 }
 
-int import_close(struct broker *br, struct bclient *c, uint64_t export_id, char *err)
+/* @c's record of export @export_id, or NULL with @err (-ENOENT). */
+static struct import_rec *import_rec_get(struct broker *br, const struct bclient *c,
+					 uint64_t export_id, char *err)
 {
-	struct import_table *t = br->imports;
-	struct import_export *ex = t ? idmap_get(&t->by_id, export_id) : NULL;
+	struct import_export *ex = br->imports ? idmap_get(&br->imports->by_id, export_id) : NULL;
 	struct import_rec *r = ex ? import_rec_find(ex, c) : NULL;
 
 	if (!r)
-		return err_fmt(err, -ENOENT, "client '%s' has no import of export %llu", c->name,
-			       (unsigned long long)export_id);
+		err_fmt(err, -ENOENT, "client '%s' has no import of export %llu", c->name,
+			(unsigned long long)export_id);
+	return r;
+}
+
+int import_close(struct broker *br, struct bclient *c, uint64_t export_id, char *err)
+{
+	struct import_rec *r = import_rec_get(br, c, export_id, err);
+
+	if (!r)
+		return -ENOENT;
 	if (--r->refs == 0)
 		import_rec_drop(br, r);
 	return 0;
@@ -406,12 +416,10 @@ int import_close(struct broker *br, struct bclient *c, uint64_t export_id, char 
 
 int import_keep(struct broker *br, struct bclient *c, uint64_t export_id, char *err)
 {
-	struct import_export *ex = br->imports ? idmap_get(&br->imports->by_id, export_id) : NULL;
-	struct import_rec *r = ex ? import_rec_find(ex, c) : NULL;
+	struct import_rec *r = import_rec_get(br, c, export_id, err);
 
 	if (!r)
-		return err_fmt(err, -ENOENT, "client '%s' has no import of export %llu", c->name,
-			       (unsigned long long)export_id);
+		return -ENOENT;
 	if (r->refs != 1 || r->idle || !r->mapped)
 		return err_fmt(err, -EINVAL,
 			       "client '%s' keeps export %llu with %u opens, idle %d, mapped %d",
@@ -423,12 +431,10 @@ int import_keep(struct broker *br, struct bclient *c, uint64_t export_id, char *
 
 int import_reopen(struct broker *br, struct bclient *c, uint64_t export_id, char *err)
 {
-	struct import_export *ex = br->imports ? idmap_get(&br->imports->by_id, export_id) : NULL;
-	struct import_rec *r = ex ? import_rec_find(ex, c) : NULL;
+	struct import_rec *r = import_rec_get(br, c, export_id, err);
 
 	if (!r)
-		return err_fmt(err, -ENOENT, "client '%s' has no import of export %llu", c->name,
-			       (unsigned long long)export_id);
+		return -ENOENT;
 	if (!r->idle)
 		return err_fmt(err, -EINVAL, "client '%s' reopens export %llu, which is not idle",
 			       c->name, (unsigned long long)export_id);
@@ -602,14 +608,12 @@ int import_unmapped(struct broker *br, struct bclient *c, uint64_t export_id)
 int import_remap(struct broker *br, struct bclient *c, uint64_t export_id,
 		 struct import_export **out, char *err)
 {
-	struct import_table *t = br->imports;
-	struct import_export *ex = t ? idmap_get(&t->by_id, export_id) : NULL;
-	struct import_rec *r = ex ? import_rec_find(ex, c) : NULL;
+	struct import_rec *r = import_rec_get(br, c, export_id, err);
+	struct import_export *ex = r ? r->ex : NULL;
 	int rc;
 
 	if (!r)
-		return err_fmt(err, -ENOENT, "client '%s' has no import of export %llu", c->name,
-			       (unsigned long long)export_id);
+		return -ENOENT;
 	if (!ex->alloc)
 		return err_fmt(err, -ENOENT, "allocation %llu of client '%s' was freed",
 			       (unsigned long long)ex->alloc_id, ex->owner);
