@@ -316,17 +316,24 @@ Test(restart_import, a_record_brings_back_every_export_pin_and_import)
 
 /* ---- claims ---- */
 
-static int claim(struct bclient *c, const struct broker_claim_import *imp, size_t n, char *err)
+/* rejoin_accept() of @cl for @c; its result let go of. */
+static int accept_claim(struct bclient *c, const struct broker_claim *cl, char *err)
 {
-	struct broker_claim cl = { .imports = imp, .nimports = n };
 	struct broker_rejoin_result res;
 	int rc;
 
 	err[0] = '\0';
-	rc = rejoin_accept(fx.br2, c, &cl, &res, err);
+	rc = rejoin_accept(fx.br2, c, cl, &res, err);
 	if (rc == 0)
 		rejoin_result_deinit(&res);
 	return rc;
+}
+
+static int claim(struct bclient *c, const struct broker_claim_import *imp, size_t n, char *err)
+{
+	struct broker_claim cl = { .imports = imp, .nimports = n };
+
+	return accept_claim(c, &cl, err);
 }
 
 Test(restart_import, a_claim_keeps_what_it_names_and_drops_what_it_does_not)
@@ -398,14 +405,8 @@ static int owner_claim(bool x_mapped, const uint64_t *xids, char *err)
 	struct broker_claim cl = {
 		.tags = &tag, .ntags = 1, .allocs = allocs, .nallocs = 2, .held = held, .nheld = 3
 	};
-	struct broker_rejoin_result res;
-	int rc;
 
-	err[0] = '\0';
-	rc = rejoin_accept(fx.br2, t, &cl, &res, err);
-	if (rc == 0)
-		rejoin_result_deinit(&res);
-	return rc;
+	return accept_claim(t, &cl, err);
 }
 
 /* An owner whose pause of an imported tag the restart cut short (it
