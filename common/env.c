@@ -3,8 +3,11 @@
  */
 #include "common/env.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "common/err.h"
 
 bool env_true(const char *name)
 {
@@ -15,4 +18,16 @@ bool env_true(const char *name)
 		if (strcmp(v, yes[i]) == 0)
 			return true;
 	return false;
+}
+
+int env_01(const char *name, bool *out, char *err)
+{
+	const char *v = getenv(name);
+
+	if (!v || !*v)
+		return 0;
+	if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0)
+		return err_fmt(err, -EINVAL, "%s=\"%.32s\": use 0 or 1", name, v);
+	*out = *v == '1';
+	return 0;
 }

@@ -1,7 +1,8 @@
 /*
- * env.h - yes/no settings from the environment, read as torch_memory_saver
- * reads its boolean variables (its get_bool_env_var), so that the same
- * TMS_* values mean the same in libgmb and in the LD_PRELOAD shim.
+ * env.h - yes/no settings from the environment: torch_memory_saver's, read
+ * as it reads its boolean variables (its get_bool_env_var), so that the
+ * same TMS_* values mean the same in libgmb and in the LD_PRELOAD shim;
+ * gmbd's own, strictly 0 or 1.
  */
 #ifndef GMB_ENV_H
 #define GMB_ENV_H
@@ -10,5 +11,12 @@
 
 /* Whether @name is set to 1, true, TRUE, yes or YES; anything else is no. */
 bool env_true(const char *name);
+
+/**
+ * env_01() - gmbd's own switches ($GMB_PREEMPTIBLE, $GMB_IPC_FOLLOW, ...),
+ * strictly 0 or 1: *@out set when @name is set and not empty, else left.
+ * Return: 0, or -EINVAL with @err (ERR_MSG_MAX bytes) naming the value.
+ */
+int env_01(const char *name, bool *out, char *err);
 
 #endif

@@ -376,6 +376,7 @@ static void import_rec_drop(struct broker *br, struct import_rec *r)
 	struct pool *p = &br->pools[ex->dev];
 
 	import_rec_unmap(br, r);
+	import_record_idle(br, r, false);
 	DLIST_UNLINK(ex->imports, r);
 	ex->nimports--;
 	t->nrecs--;
@@ -424,8 +425,7 @@ int import_keep(struct broker *br, struct bclient *c, uint64_t export_id, char *
 		return err_fmt(err, -EINVAL,
 			       "client '%s' keeps export %llu with %u opens, idle %d, mapped %d",
 			       c->name, (unsigned long long)export_id, r->refs, r->idle, r->mapped);
-	r->idle = true;
-	r->asked = false;
+	import_record_idle(br, r, true);
 	return 0;
 }
 
@@ -438,8 +438,7 @@ int import_reopen(struct broker *br, struct bclient *c, uint64_t export_id, char
 	if (!r->idle)
 		return err_fmt(err, -EINVAL, "client '%s' reopens export %llu, which is not idle",
 			       c->name, (unsigned long long)export_id);
-	r->idle = false;
-	r->asked = false;
+	import_record_idle(br, r, false);
 	return 0;
 }
 
@@ -545,11 +544,26 @@ int import_pause_check(struct broker *br, const struct bclient *c, const char *t
 	return named ? -EBUSY : 0;
 }
 
+void import_record_idle(struct broker *br, struct import_rec *r, bool idle)
+{
+	if (r->idle != idle) {
+		r->idle = idle;
+		if (idle)
+			br->imports->nidle++;
+		else
+			br->imports->nidle--;
+	}
+	r->asked = false;
+}
+
 void import_idle_walk(struct broker *br, const struct bclient *owner, const char *tag,
 		      import_idle_fn fn, void *arg)
 {
 	struct import_table *t = br->imports;
 
+	/* Called after every change (handlers__ipc_retry()): nothing to walk for most. */
+	if (!t || !t->nidle)
+		return;
 	for (struct import_export *ex = t ? t->exports : NULL; ex; ex = ex->next) {
 		if (owner ? !import_of_tag(ex, owner, tag) : ex->alloc != NULL)
 			continue;

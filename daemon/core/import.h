@@ -94,6 +94,7 @@ struct import_table {
 	struct idmap by_alloc;	       /* live allocation id -> export */
 	struct import_export *exports; /* newest first */
 	uint64_t nexports, nrecs;      /* for status and tests */
+	uint64_t nidle;		       /* idle records: the sweeps for them run only while > 0 */
 };
 
 /* The broker's table, made on first use; NULL when there is none yet. */
@@ -175,6 +176,9 @@ int import_followers(const struct broker *br, const struct bclient *c, const cha
  */
 int import_keep(struct broker *br, struct bclient *c, uint64_t export_id, char *err);
 int import_reopen(struct broker *br, struct bclient *c, uint64_t export_id, char *err);
+
+/* @r idle or not (rejoin.c: as the claim says), counted in the table. */
+void import_record_idle(struct broker *br, struct import_rec *r, bool idle);
 
 typedef void (*import_idle_fn)(void *arg, const struct import_export *ex, struct import_rec *r);
 /**

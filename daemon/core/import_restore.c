@@ -288,6 +288,7 @@ static void import_restore_link(struct broker *br, struct import_export *ex, str
 		DLIST_PUSH(ex->imports, recs[i]);
 		ex->nimports++;
 		t->nrecs++;
+		t->nidle += recs[i]->idle;
 	}
 }
 

@@ -464,8 +464,7 @@ static bool rejoin_keep_import(void *arg, struct import_rec *r)
 	if (ci->unmapped && r->mapped)
 		import_unmapped(rj->br, rj->c, r->ex->id);
 	/* Idle or open as the client says (a keep or reopen cut short). */
-	r->idle = ci->idle && r->mapped;
-	r->asked = false;
+	import_record_idle(rj->br, r, ci->idle && r->mapped);
 	return true;
 }
 

@@ -110,30 +110,49 @@ int handlers__ipc_wait(struct hreq *rq, handlers_fn fn, uint32_t wait_ms)
 	return HANDLERS_KEPT;
 }
 
-/* A lone request to @r's importer to close its idle import for good. */
-static void handlers_drop_ask(void *arg, const struct import_export *ex, struct import_rec *r)
+/*
+ * An IpcFollow of export @export_id (@map: map again, @drop: close an idle
+ * import for good, neither: unmap) to session @ts for round @rd (NULL: a
+ * lone request), due in --control-timeout.
+ * Return: the request, now @ts's; NULL when it could not be sent.
+ */
+static struct hdreq *handlers_follow_send(struct handlers *h, struct sess *ts,
+					  struct hipc_round *rd, uint64_t export_id, bool map,
+					  bool drop)
 {
-	struct handlers *h = arg;
-	struct sess *ts = handlers__conn_client(h, r->importer);
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__IpcFollow f = GMB__IPC_FOLLOW__INIT;
 	struct hdreq *d;
 
 	if (!ts || ts->state != SESS_OPEN)
-		return; /* its going drops it */
-	d = handlers__dreq_new(HDREQ_FOLLOW, NULL);
+		return NULL;
+	d = handlers__dreq_new(HDREQ_FOLLOW, rd);
 	if (!d)
-		return;
-	d->export_id = ex->id;
-	d->drop = true;
-	f.export_id = ex->id;
-	f.drop = true;
+		return NULL;
+	d->export_id = export_id;
+	d->map = map;
+	d->drop = drop;
+	f.export_id = export_id;
+	f.map = map;
+	f.drop = drop;
 	env.body_case = GMB__ENVELOPE__BODY_IPC_FOLLOW;
 	env.ipc_follow = &f;
 	if (handlers__dreq_send(ts, d, &env, h->control_timeout_ms) < 0) {
 		handlers__dreq_free(d);
-		return;
+		return NULL;
 	}
+	return d;
+}
+
+/* A lone request to @r's importer to close its idle import for good. */
+static void handlers_drop_ask(void *arg, const struct import_export *ex, struct import_rec *r)
+{
+	struct handlers *h = arg;
+	struct sess *ts = handlers__conn_client(h, r->importer);
+
+	/* Not connected: its going drops it. */
+	if (!handlers_follow_send(h, ts, NULL, ex->id, false, true))
+		return;
 	r->asked = true;
 	log_debug("idle import asked back " SESS_FMT " export=%" PRIu64, SESS_ARGS(ts), ex->id);
 }
@@ -251,8 +270,6 @@ static int handlers_round_ask(void *arg, const struct import_export *ex, const s
 	struct hipc_ask *a = arg;
 	struct hipc_round *rd = a->rd;
 	struct sess *ts = handlers__conn_client(rd->h, r->importer);
-	Gmb__Envelope env = GMB__ENVELOPE__INIT;
-	Gmb__IpcFollow f = GMB__IPC_FOLLOW__INIT;
 	struct hdreq *d;
 
 	if (rd->ndreqs == a->cap)
@@ -268,21 +285,8 @@ static int handlers_round_ask(void *arg, const struct import_export *ex, const s
 		handlers_round_why(rd->why, &a->skipped, r->importer, "is not connected");
 		return 0;
 	}
-	d = handlers__dreq_new(HDREQ_FOLLOW, rd);
+	d = handlers_follow_send(rd->h, ts, rd, ex->id, a->map, !a->map && r->idle);
 	if (!d) {
-		handlers_round_why(rd->why, &a->skipped, r->importer, "could not be asked");
-		return 0;
-	}
-	d->export_id = ex->id;
-	d->map = a->map;
-	d->drop = !a->map && r->idle;
-	f.export_id = ex->id;
-	f.map = a->map;
-	f.drop = d->drop;
-	env.body_case = GMB__ENVELOPE__BODY_IPC_FOLLOW;
-	env.ipc_follow = &f;
-	if (handlers__dreq_send(ts, d, &env, rd->h->control_timeout_ms) < 0) {
-		handlers__dreq_free(d);
 		handlers_round_why(rd->why, &a->skipped, r->importer, "could not be asked");
 		return 0;
 	}
@@ -489,9 +493,6 @@ void handlers__follow_late(struct hdreq *d)
 	struct handlers *h = d->h;
 	struct bclient *imp = hconn_of(d->target)->client;
 	const struct import_export *ex = import_find(h->broker, d->export_id);
-	Gmb__Envelope env = GMB__ENVELOPE__INIT;
-	Gmb__IpcFollow f = GMB__IPC_FOLLOW__INIT;
-	struct hdreq *again;
 
 	if (d->map || d->drop || !imp || handlers_follow_unmapped(d, imp) < 0)
 		return;
@@ -499,19 +500,9 @@ void handlers__follow_late(struct hdreq *d)
 	 * mapped, so the importer maps it again; a later pause asks anew. */
 	if (!ex || !ex->alloc || !ex->alloc->active)
 		return;
-	again = handlers__dreq_new(HDREQ_FOLLOW, NULL);
-	if (!again)
-		return;
-	again->export_id = d->export_id;
-	again->map = true;
-	f.export_id = d->export_id;
-	f.map = true;
-	env.body_case = GMB__ENVELOPE__BODY_IPC_FOLLOW;
-	env.ipc_follow = &f;
 	log_info("import unmapped late, asked to map again " SESS_FMT " export=%" PRIu64,
 		 SESS_ARGS(d->target), d->export_id);
-	if (handlers__dreq_send(d->target, again, &env, h->control_timeout_ms) < 0)
-		handlers__dreq_free(again);
+	handlers_follow_send(h, d->target, NULL, d->export_id, true, false);
 }
 
 void handlers__ipc_rounds_gone(struct handlers *h, struct sess *s)

@@ -179,7 +179,8 @@ static void fuzz_check_holders(const struct broker *br)
 }
 
 /* One export's imports and pins (daemon/core/import.h's invariants). */
-static void fuzz_check_export(const struct import_export *ex, uint64_t *lent, uint64_t *nrecs)
+static void fuzz_check_export(const struct import_export *ex, uint64_t *lent, uint64_t *nrecs,
+			      uint64_t *nidle)
 {
 	uint32_t n = 0, mapped = 0;
 
@@ -187,7 +188,11 @@ static void fuzz_check_export(const struct import_export *ex, uint64_t *lent, ui
 		if (r->refs == 0 || r->ex != ex)
 			fuzz_fail("export %llu: an import record of no open",
 				  (unsigned long long)ex->id);
+		if (r->idle && !r->mapped)
+			fuzz_fail("export %llu: an idle import that maps nothing",
+				  (unsigned long long)ex->id);
 		mapped += r->mapped;
+		*nidle += r->idle;
 	}
 	if (mapped != ex->nmapped)
 		fuzz_fail("export %llu: %u mapped records, counted %u", (unsigned long long)ex->id,
@@ -223,20 +228,21 @@ static void fuzz_check_export(const struct import_export *ex, uint64_t *lent, ui
 static void fuzz_check_imports(const struct broker *br, uint64_t *lent)
 {
 	const struct import_table *t = br->imports;
-	uint64_t nrecs = 0, nexports = 0, pinned = 0, pins = 0, key;
+	uint64_t nrecs = 0, nexports = 0, nidle = 0, pinned = 0, pins = 0, key;
 	void *val;
 
 	for (const struct import_export *ex = t ? t->exports : NULL; ex; ex = ex->next) {
-		fuzz_check_export(ex, lent, &nrecs);
+		fuzz_check_export(ex, lent, &nrecs, &nidle);
 		pinned += ex->nchunks;
 		nexports++;
 	}
 	for (size_t it = 0; idmap_next(&br->chunks, &it, &key, &val);)
 		pins += ((const struct chunk *)val)->pins;
-	if (pins != pinned || (t && (t->nrecs != nrecs || t->nexports != nexports)))
-		fuzz_fail("imports: %llu pins for %llu pinned chunks, records %llu",
+	if (pins != pinned ||
+	    (t && (t->nrecs != nrecs || t->nexports != nexports || t->nidle != nidle)))
+		fuzz_fail("imports: %llu pins for %llu pinned chunks, records %llu, idle %llu",
 			  (unsigned long long)pins, (unsigned long long)pinned,
-			  (unsigned long long)nrecs);
+			  (unsigned long long)nrecs, (unsigned long long)nidle);
 }
 
 void fuzz_check_broker(const struct broker *br, int over_budget)

@@ -27,6 +27,7 @@
 #include "client/lib/api/status_json.h"
 #include "client/lib/conn/reconnect.h"
 #include "common/deadline.h"
+#include "common/env.h"
 #include "common/size.h"
 
 /* gmb_connect() fails before there is a client to hold the reason: the
@@ -68,22 +69,17 @@ static int api_wait_env(struct gmb_client *c, char *err)
 /* $GMB_IPC_FOLLOW and $GMB_IPC_KEEP (0 or 1), $GMB_IPC_GRANT (uids, comma-separated). */
 static int api_ipc_env(struct gmb_client *c, char *err)
 {
-	const char *f = getenv("GMB_IPC_FOLLOW"), *g = getenv("GMB_IPC_GRANT");
-	const char *k = getenv("GMB_IPC_KEEP");
+	const char *g = getenv("GMB_IPC_GRANT");
 	const size_t max = sizeof(c->mem.ipc_grants) / sizeof(c->mem.ipc_grants[0]);
 	unsigned long v;
 	char *end;
+	int rc;
 
-	if (f && *f) {
-		if (strcmp(f, "0") && strcmp(f, "1"))
-			return err_fmt(err, -EINVAL, "GMB_IPC_FOLLOW=\"%.32s\": use 0 or 1", f);
-		c->mem.ipc_follow = *f == '1';
-	}
-	if (k && *k) {
-		if (strcmp(k, "0") && strcmp(k, "1"))
-			return err_fmt(err, -EINVAL, "GMB_IPC_KEEP=\"%.32s\": use 0 or 1", k);
-		c->mem.ipc_keep = *k == '1';
-	}
+	rc = env_01("GMB_IPC_FOLLOW", &c->mem.ipc_follow, err);
+	if (rc == 0)
+		rc = env_01("GMB_IPC_KEEP", &c->mem.ipc_keep, err);
+	if (rc < 0)
+		return rc;
 	while (g && *g) {
 		errno = 0;
 		v = strtoul(g, &end, 10);

@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "client/lib/conn/conn.h"
+#include "common/env.h"
 #include "common/deadline.h"
 
 static void *conn_reader_main(void *arg);
@@ -191,7 +192,6 @@ void gmb__conn_deinit(struct gmb__conn *c)
 static int conn_arb_env(struct gmb__conn *c, unsigned flags, char *err)
 {
 	const char *g = getenv("GMB_GROUP"), *p = getenv("GMB_PRIORITY");
-	const char *pre = getenv("GMB_PREEMPTIBLE");
 	char *end;
 	long v;
 
@@ -207,10 +207,8 @@ static int conn_arb_env(struct gmb__conn *c, unsigned flags, char *err)
 			return err_fmt(err, -EINVAL, "GMB_PRIORITY=\"%.32s\" is not an integer", p);
 		c->priority = (int)v;
 	}
-	if (pre && *pre && strcmp(pre, "0") != 0 && strcmp(pre, "1") != 0)
-		return err_fmt(err, -EINVAL, "GMB_PREEMPTIBLE=\"%.32s\": use 0 or 1", pre);
-	c->preemptible = pre && strcmp(pre, "1") == 0;
-	return 0;
+	c->preemptible = false;
+	return env_01("GMB_PREEMPTIBLE", &c->preemptible, err);
 }
 
 /**
