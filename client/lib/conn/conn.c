@@ -501,6 +501,15 @@ int gmb__request(struct gmb__conn *c, Gmb__Envelope *env, struct gmb__reply *rep
 }
 
 /** gmb__send_reply() - answer gmbd's request @reply_to of connection @gen. */
+int gmb__request_status(struct gmb__conn *c, Gmb__Envelope *env, char *err)
+{
+	struct gmb__reply rep;
+	int rc = gmb__request(c, env, &rep, err);
+
+	gmb__reply_deinit(&rep);
+	return rc;
+}
+
 int gmb__send_reply(struct gmb__conn *c, uint64_t gen, uint64_t reply_to, int status,
 		    const char *error)
 {

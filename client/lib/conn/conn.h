@@ -181,6 +181,8 @@ int gmb__conn_start(struct gmb__conn *c, char *err);
 void gmb__conn_stop(struct gmb__conn *c);
 void gmb__conn_closing(struct gmb__conn *c);
 int gmb__request(struct gmb__conn *c, Gmb__Envelope *env, struct gmb__reply *rep, char *err);
+/* gmb__request() of a request answered with a status only (the reply let go of). */
+int gmb__request_status(struct gmb__conn *c, Gmb__Envelope *env, char *err);
 void gmb__reply_deinit(struct gmb__reply *rep);
 /* Records the first import failure of @rep (for cbs.import). */
 void gmb__reply_import_fail(struct gmb__reply *rep, int rc, const char *what, uint64_t id);

@@ -193,17 +193,13 @@ static int ipc_send_grant(struct gmb__mem *m, uint64_t alloc_id, uint32_t uid, b
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__IpcGrantRequest req = GMB__IPC_GRANT_REQUEST__INIT;
-	struct gmb__reply rep;
-	int rc;
 
 	req.alloc_id = alloc_id;
 	req.uid = uid;
 	req.revoke = revoke;
 	env.body_case = GMB__ENVELOPE__BODY_IPC_GRANT;
 	env.ipc_grant = &req;
-	rc = gmb__request(m->conn, &env, &rep, err);
-	gmb__reply_deinit(&rep);
-	return rc;
+	return gmb__request_status(m->conn, &env, err);
 }
 
 /* $GMB_IPC_GRANT's uids, at the first share of @a (the owner's own uid needs none). */
@@ -275,44 +271,32 @@ static struct gmb__import *ipc_find_handle(struct gmb__ipc *ipc, const struct ip
 	return NULL;
 }
 
-/* IpcCloseRequest{@export_id, keep} or IpcOpenRequest{@export_id, reopen}:
- * the import stays mapped either way, only gmbd's record changes. */
-static int ipc_send_idle(struct gmb__mem *m, uint64_t export_id, bool idle, char *err)
-{
-	Gmb__Envelope env = GMB__ENVELOPE__INIT;
-	Gmb__IpcCloseRequest close = GMB__IPC_CLOSE_REQUEST__INIT;
-	Gmb__IpcOpenRequest open = GMB__IPC_OPEN_REQUEST__INIT;
-	struct gmb__reply rep;
-	int rc;
-
-	if (idle) {
-		close.export_id = export_id;
-		close.keep = true;
-		env.body_case = GMB__ENVELOPE__BODY_IPC_CLOSE;
-		env.ipc_close = &close;
-	} else {
-		open.export_id = export_id;
-		open.reopen = true;
-		env.body_case = GMB__ENVELOPE__BODY_IPC_OPEN;
-		env.ipc_open = &open;
-	}
-	rc = gmb__request(m->conn, &env, &rep, err);
-	gmb__reply_deinit(&rep);
-	return rc;
-}
-
-static void ipc_send_close(struct gmb__mem *m, uint64_t export_id)
+/* One open of export @export_id fewer at gmbd; @keep: the last, the import
+ * kept mapped (idle) for the next open. Callers that unmapped already
+ * ignore a failure: a lost connection dropped the import at gmbd. */
+static int ipc_send_close(struct gmb__mem *m, uint64_t export_id, bool keep, char *err)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__IpcCloseRequest req = GMB__IPC_CLOSE_REQUEST__INIT;
-	struct gmb__reply rep;
 
 	req.export_id = export_id;
+	req.keep = keep;
 	env.body_case = GMB__ENVELOPE__BODY_IPC_CLOSE;
 	env.ipc_close = &req;
-	/* A lost connection dropped the import at gmbd already. */
-	gmb__request(m->conn, &env, &rep, NULL);
-	gmb__reply_deinit(&rep);
+	return gmb__request_status(m->conn, &env, err);
+}
+
+/* The idle import of export @export_id is open again (nothing to map). */
+static int ipc_send_reopen(struct gmb__mem *m, uint64_t export_id, char *err)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__IpcOpenRequest req = GMB__IPC_OPEN_REQUEST__INIT;
+
+	req.export_id = export_id;
+	req.reopen = true;
+	env.body_case = GMB__ENVELOPE__BODY_IPC_OPEN;
+	env.ipc_open = &req;
+	return gmb__request_status(m->conn, &env, err);
 }
 
 static void ipc_import_free(struct gmb__mem *m, struct gmb__import *im)
@@ -462,7 +446,7 @@ static int ipc_open_new(struct gmb__mem *m, struct gmb__ipc *ipc, const struct i
 	}
 	if (rc < 0) {
 		/* gmbd counted the open: give it back, keep our reason. */
-		ipc_send_close(m, h->gen);
+		ipc_send_close(m, h->gen, false, NULL);
 		goto err_rep;
 	}
 	gmb__reply_deinit(&rep);
@@ -592,7 +576,7 @@ int gmb__ipc_open(struct gmb__mem *m, struct gmb__ipc *ipc, const uint8_t *handl
 		if (!ipc_is_range(im, h.range_off))
 			return err_fmt(err, -EINVAL, "range offset %" PRIu64 " starts no chunk",
 				       h.range_off);
-		rc = ipc_send_idle(m, im->gen, false, err);
+		rc = ipc_send_reopen(m, im->gen, err);
 		if (rc < 0)
 			return rc;
 		im->idle = false;
@@ -630,7 +614,7 @@ static int ipc_unmap(struct gmb__mem *m, struct gmb__ipc *ipc, struct gmb__impor
 	if (im->mapped && (rc = ipc_unmap_keep(m, im, err)) < 0)
 		return rc;
 	ipc_range_put(m, ipc, im);
-	ipc_send_close(m, im->gen);
+	ipc_send_close(m, im->gen, false, NULL);
 	ipc_unlink(m, ipc, im);
 	ipc_import_free(m, im);
 	return 0;
@@ -648,7 +632,7 @@ int gmb__ipc_close(struct gmb__mem *m, struct gmb__ipc *ipc, const void *ptr, ch
 		return 0;
 	}
 	/* Kept for the next open of its handle: gmbd records it idle, still pinned. */
-	if (m->ipc_keep && im->mapped && ipc_send_idle(m, im->gen, true, NULL) == 0) {
+	if (m->ipc_keep && im->mapped && ipc_send_close(m, im->gen, true, NULL) == 0) {
 		im->opens = 0;
 		im->idle = true;
 		return 0;

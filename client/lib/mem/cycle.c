@@ -452,13 +452,11 @@ static void cycle_tell_followers(struct gmb__mem *m, const char *name)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__IpcResumed req = GMB__IPC_RESUMED__INIT;
-	struct gmb__reply rep;
 
 	req.tag = (char *)name;
 	env.body_case = GMB__ENVELOPE__BODY_IPC_RESUMED;
 	env.ipc_resumed = &req;
-	gmb__request(m->conn, &env, &rep, NULL);
-	gmb__reply_deinit(&rep);
+	gmb__request_status(m->conn, &env, NULL);
 }
 
 /**

@@ -131,8 +131,6 @@ int gmb__mem_send_pause(struct gmb__mem *m, const char *name, uint64_t copied, c
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__PauseRequest req = GMB__PAUSE_REQUEST__INIT;
-	struct gmb__reply rep;
-	int rc;
 
 	req.tag = (char *)name;
 	/* cycle.c lets go of the paused allocations' chunks once gmbd answers. */
@@ -144,9 +142,7 @@ int gmb__mem_send_pause(struct gmb__mem *m, const char *name, uint64_t copied, c
 	req.importers_follow = m->ipc_follow;
 	env.body_case = GMB__ENVELOPE__BODY_PAUSE;
 	env.pause = &req;
-	rc = gmb__request(m->conn, &env, &rep, err);
-	gmb__reply_deinit(&rep);
-	return rc;
+	return gmb__request_status(m->conn, &env, err);
 }
 
 /*
@@ -561,16 +557,12 @@ static int mem_send_mode(struct gmb__mem *m, const char *name, int mode, char *e
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__TagModeRequest req = GMB__TAG_MODE_REQUEST__INIT;
-	struct gmb__reply rep;
-	int rc;
 
 	req.tag = (char *)name;
 	req.mode = (Gmb__Mode)mode;
 	env.body_case = GMB__ENVELOPE__BODY_TAG_MODE;
 	env.tag_mode = &req;
-	rc = gmb__request(m->conn, &env, &rep, err);
-	gmb__reply_deinit(&rep);
-	return rc;
+	return gmb__request_status(m->conn, &env, err);
 }
 
 /**
