@@ -68,6 +68,8 @@ say "gmbd.socket listening, 0660 group gmb"
 
 # ---- a client allocates; its first connection starts gmbd ----
 coproc W { GMB_SOCKET=$SOCK exec "$WORKER"; }
+# bash unsets W_PID as soon as the coproc exits: keep our own copy.
+WORKER_PID=$W_PID
 ok connect trainer
 ok mode weights preserve
 ok malloc weights 20971520
@@ -140,7 +142,7 @@ say "SIGKILL: restarted by systemd (pid $PID2 -> $PID3), nothing lost"
 
 # ---- the client leaves; a stop empties the store ----
 echo quit >&"${W[1]}"
-wait "$W_PID" 2> /dev/null || true
+wait "$WORKER_PID" 2> /dev/null || true
 wait_for "STATUS= without clients" sh -c \
 	'systemctl status gmbd --no-pager | grep -q "Status: \"0 clients"'
 systemctl stop gmbd.socket gmbd || fail "systemctl stop"
@@ -159,6 +161,7 @@ systemctl daemon-reload || fail "daemon-reload with the drop-in"
 	fail "the drop-in did not set FileDescriptorStoreMax=4"
 systemctl start gmbd.socket || fail "systemctl start gmbd.socket (small store)"
 coproc W { GMB_SOCKET=$SOCK exec "$WORKER"; }
+WORKER_PID=$W_PID
 ok connect small
 # The state and three 8 MiB chunks (max-chunk 8MiB) fill a store of 4.
 ok malloc a 8388608
@@ -192,7 +195,7 @@ journalctl -b _PID="$PID5" --no-pager -p notice |
 	fail "the restart with a small store did not restore 3 chunks and lose none"
 say "FileDescriptorStoreMax=4 < --fdstore-max 16384: warned, the 4th chunk refused (ENOSPC), restart lost nothing"
 echo quit >&"${W[1]}"
-wait "$W_PID" 2> /dev/null || true
+wait "$WORKER_PID" 2> /dev/null || true
 systemctl stop gmbd.socket gmbd || fail "systemctl stop (small store)"
 rm -rf "$DROPIN"
 systemctl daemon-reload
