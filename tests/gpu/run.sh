@@ -233,6 +233,8 @@ scenario restart 240 python3 tests/gpu/gpu_restart.py "$B" 8
 scenario unmap_probe 120 "$B/unmap_probe"
 # A lend with and without another exported fd open (what the cuda backend keeps).
 scenario export_probe 120 "$B/export_probe"
+# What a chunk costs the process that maps it: made here, or imported (a lend).
+scenario map_probe 120 "$B/map_probe"
 
 # The PyTorch scenarios start their own gmbd; each of their rows joins this table.
 if [ "$DO_TORCH" = 1 ] && [ -x tests/gpu/torch_run.sh ]; then
