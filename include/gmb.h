@@ -349,6 +349,74 @@ GMB_API int gmb_set_ipc_follow(gmb_client *c, int on);
  */
 GMB_API int gmb_set_ipc_keep(gmb_client *c, int on);
 
+/*
+ * Named objects: memory that belongs to a name under this process's uid,
+ * not to a process. A version is one allocation, published: from then on
+ * gmbd keeps its memory (counted in the device's budget and the uid's chunk
+ * bound) after the publisher exits and across gmbd's restarts, until the
+ * object is dropped (gmb_object_drop(), `gmbctl object drop`). Publishing
+ * again makes a new version the latest at once; the one before stays for
+ * the processes that have it open and goes with its last close. Readers
+ * map a version read-only (the device enforces it: a write faults), at an
+ * address of their own that stays as long as they hold it. A name is 1 to
+ * 64 bytes of [A-Za-z0-9._-]; another uid's object is "UID/NAME", opened
+ * only where its owner granted that uid. Versions count from 1; 0 means
+ * the latest. The description (meta) is the publisher's bytes, at most
+ * GMB_OBJECT_META_MAX, returned to each reader.
+ */
+#define GMB_OBJECT_META_MAX (48 * 1024)
+
+struct gmb_object_info {
+	uint64_t version;
+	uint64_t size;	    /* bytes mapped at the pointer */
+	int device;	    /* this process's ordinal of the memory's device */
+	uint32_t owner_uid;
+	size_t meta_len;    /* the description's length (copied up to meta_cap) */
+};
+
+/**
+ * gmb_object_publish() - the allocation at @ptr (its base; active) becomes
+ * the next version of @name (the object made if new), with the description
+ * @meta (@meta_len bytes, may be 0). The allocation is no longer @c's: it
+ * stays mapped at @ptr, read-only, as this process's open of the new
+ * version (close it with gmb_object_close(); gmb_free() refuses it).
+ * *@version (may be NULL) gets the version's number.
+ * Return: 0; -EINVAL (a bad name, @ptr not an allocation's base); -EBUSY
+ * (its tag is paused); -E2BIG (@meta_len past GMB_OBJECT_META_MAX);
+ * -ENOSPC (too many objects); gmbd's error.
+ */
+GMB_API int gmb_object_publish(gmb_client *c, const char *name, void *ptr, const void *meta,
+			       size_t meta_len, uint64_t *version);
+/**
+ * gmb_object_open() - map version @version (0: the latest) of @name
+ * read-only into this process; *@ptr is its address, *@info (may be NULL)
+ * its facts, and up to @meta_cap bytes of its description go to @meta
+ * (may be NULL). Opening one version twice maps it once and counts.
+ * Return: 0; -ENOENT (no such object or version); -EPERM (another uid's,
+ * not granted: gmb_last_error() names the owner); gmbd's error.
+ */
+GMB_API int gmb_object_open(gmb_client *c, const char *name, uint64_t version, void **ptr,
+			    struct gmb_object_info *info, void *meta, size_t meta_cap);
+/**
+ * gmb_object_close() - one open of the version mapped at @ptr fewer; the
+ * last waits for the device and unmaps it. Return: 0; -ENXIO (@ptr is no
+ * open version of @c).
+ */
+GMB_API int gmb_object_close(gmb_client *c, void *ptr);
+/**
+ * gmb_object_drop() - drop version @version of @name (0: the whole
+ * object); what readers have open stays until they close. The owner's uid,
+ * root or gmbd's admin group only. Return: 0; -ENOENT; -EPERM.
+ */
+GMB_API int gmb_object_drop(gmb_client *c, const char *name, uint64_t version);
+/**
+ * gmb_object_grant() - let processes of uid @uid open @name's versions
+ * ("OWNER_UID/NAME" for them), or with @revoke no longer (opens already
+ * made stay). At most 8 uids. Return: 0; -ENOENT; -EINVAL (@uid is the
+ * owner's); -ENOSPC (8 uids already).
+ */
+GMB_API int gmb_object_grant(gmb_client *c, const char *name, uint32_t uid, int revoke);
+
 /**
  * gmb_host_copy() - the host copy of [@ptr, @ptr+@size) inside one of @c's
  * allocations (@c NULL: the default client), whenever one exists: while

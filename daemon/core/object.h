@@ -1,0 +1,146 @@
+/*
+ * object.h - named objects: memory that belongs to a name under a uid, not
+ * to a process (README "Named objects").
+ *
+ * A version is what one published allocation was: its chunks, held by an
+ * export of the import table (daemon/core/import.h) that no allocation
+ * owns, so that readers open it exactly as they open CUDA IPC memory and
+ * every rule of imports holds for them (pins, their death, follow, the
+ * state record). The object holds its latest version; a version it no
+ * longer holds (superseded, dropped) lives while readers have it open.
+ *
+ * Pure core, like broker.h: no socket, no protobuf type. The handlers
+ * (daemon/handlers/object.c) call object_publish(), object_open(),
+ * object_drop() and object_grant(); import.c calls object_version_gone()
+ * when a version's export goes.
+ *
+ * Invariants:
+ *   - (uid, name) is unique; a name is 1..OBJECT_NAME_MAX bytes of
+ *     [A-Za-z0-9._-];
+ *   - a version is on its object's list from its publish until its export
+ *     goes; held versions pin their chunks (import.h); an object lives while
+ *     it has a version on its list or is not dropped;
+ *   - version numbers of one object only grow, across drops and restarts;
+ *   - latest is 0 or the number of a held version.
+ */
+#ifndef GMB_OBJECT_H
+#define GMB_OBJECT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "common/wire.h"
+
+struct broker;
+struct bclient;
+struct import_export;
+
+#define OBJECT_NAME_MAX	     64
+#define OBJECT_META_MAX	     (48 * 1024)
+#define OBJECT_MAX_PER_UID   1024
+#define OBJECT_MAX_GRANTS    8
+
+struct bobject;
+
+struct bobject_version {
+	uint64_t version;
+	struct bobject *obj;
+	struct import_export *ex; /* holds the chunks; its ->version points back */
+	bool held;		  /* the object's latest (pins the chunks) */
+	uint8_t *meta;		  /* owned */
+	uint32_t meta_len;
+	uint64_t published_ns; /* CLOCK_REALTIME */
+	char publisher[WIRE_MAX_NAME + 1];
+	pid_t publisher_pid;
+	struct bobject_version *prev, *next; /* oldest first on obj->versions */
+};
+
+struct bobject {
+	char name[OBJECT_NAME_MAX + 1];
+	uid_t uid;
+	uint64_t next_version;
+	uint64_t latest; /* 0: none */
+	bool dropped;	 /* kept only for the versions readers hold */
+	uid_t grants[OBJECT_MAX_GRANTS];
+	uint32_t ngrants;
+	struct bobject_version *versions;
+	uint32_t nversions;
+	struct bobject *prev, *next;
+};
+
+struct object_table {
+	struct bobject *objects; /* newest first */
+	uint64_t nobjects;
+};
+
+/* The broker's table, made on first use; NULL when there is none yet. */
+struct object_table *object_table(struct broker *br);
+
+/**
+ * object_name_check() - @name as a client gives it: NAME (@c's uid) or
+ * UID/NAME. *@uid and the bare name (into @bare, OBJECT_NAME_MAX + 1 bytes).
+ * Return: 0; -EINVAL with @err.
+ */
+int object_name_check(const struct bclient *c, const char *name, uid_t *uid, char *bare,
+		      char *err);
+
+/**
+ * object_publish() - @c's allocation @alloc_id becomes the next version of
+ * @name (@c's uid; the object made if new): the allocation leaves @c (its
+ * holds dropped, as a free takes it) and its chunks stay for the version.
+ * *@out is the version (the table's).
+ * Return: 0; -EINVAL (name), -ENOENT (no such allocation of @c), -EBUSY
+ * (paused), -E2BIG (@meta_len), -ENOSPC (OBJECT_MAX_PER_UID), -EPERM (a
+ * tool), -ENOMEM, -EIO; @err says why.
+ */
+int object_publish(struct broker *br, struct bclient *c, const char *name, uint64_t alloc_id,
+		   const uint8_t *meta, size_t meta_len, struct bobject_version **out, char *err);
+
+/**
+ * object_open() - version @version (0: the latest) of @name for @c to open:
+ * *@out (the table's). The open itself is an import of (*@out)->ex.
+ * Return: 0; -EINVAL, -ENOENT (no such object or version: one answer for
+ * another uid's that @c may not know of), -EPERM (another uid's, not
+ * granted, named).
+ */
+int object_open(struct broker *br, struct bclient *c, const char *name, uint64_t version,
+		struct bobject_version **out, char *err);
+
+/**
+ * object_drop() - @name's version @version (0: every version, and the
+ * object) is no longer held; readers keep what they have open. Only @c of
+ * the owner's uid, or one @may_admin says may act for anyone.
+ * Return: 0; -EINVAL, -ENOENT, -EPERM.
+ */
+int object_drop(struct broker *br, struct bclient *c, bool may_admin, const char *name,
+		uint64_t version, char *err);
+
+/**
+ * object_grant() - uid @uid may (@revoke: may no longer) open @name's
+ * versions. Return: 0; -EINVAL, -ENOENT, -ENOSPC, -EPERM.
+ */
+int object_grant(struct broker *br, struct bclient *c, const char *name, uid_t uid, bool revoke,
+		 char *err);
+
+/* May @uid open @obj's versions (its owner, or granted)? */
+bool object_may_open(const struct bobject *obj, uid_t uid);
+
+/* import.c: @v's export is going (its last reader closed, unheld): @v goes. */
+void object_version_gone(struct broker *br, struct bobject_version *v);
+
+/* Bytes of every version on @obj's list; chunks held for uid @uid. */
+uint64_t object_bytes(const struct bobject *obj);
+uint64_t object_uid_chunks(const struct broker *br, uid_t uid);
+
+/* Every object, newest first; @fn's nonzero return stops and is returned. */
+typedef int (*object_walk_fn)(void *arg, const struct bobject *obj);
+int object_walk(const struct broker *br, object_walk_fn fn, void *arg);
+/* Readers (import records) of @v. */
+uint32_t object_version_readers(const struct bobject_version *v);
+
+/* broker_free(): everything goes (the exports with the import table). */
+void object_deinit(struct broker *br);
+
+#endif
