@@ -311,6 +311,8 @@ static int import_open_version(struct import_export *ex, const struct bclient *c
 			       "object '%s' belongs to uid %u, which did not grant uid %u:"
 			       " client '%s' may not open it",
 			       obj->name, (unsigned)obj->uid, (unsigned)c->uid, c->name);
+	if (obj->paused || obj->busy)
+		return err_fmt(err, -EBUSY, "object '%s' is paused: resume it first", obj->name);
 	if (h->range_off != 0)
 		return err_fmt(err, -EINVAL, "range offset %llu of object '%s': a version's is 0",
 			       (unsigned long long)h->range_off, obj->name);
@@ -469,7 +471,8 @@ static void import_rec_drop(struct broker *br, struct import_rec *r)
 	if (ex->imports)
 		return;
 	if (ex->version) {
-		if (!ex->version->held)
+		/* A job copying its bytes keeps it until it ends (object_job_end()). */
+		if (!ex->version->held && !ex->version->obj->busy)
 			import_version_free(br, ex);
 		return;
 	}
@@ -739,6 +742,8 @@ int import_remap(struct broker *br, struct bclient *c, uint64_t export_id,
 	if (!ex->alloc && !ex->version)
 		return err_fmt(err, -ENOENT, "allocation %llu of client '%s' was freed",
 			       (unsigned long long)ex->alloc_id, ex->owner);
+	if (ex->version && (ex->version->obj->paused || ex->version->obj->busy))
+		return err_fmt(err, -EBUSY, "object '%s' is paused", ex->version->obj->name);
 	if (ex->alloc && !ex->alloc->active)
 		return err_fmt(err, -EBUSY, "allocation %llu of client '%s' is in paused tag '%s'",
 			       (unsigned long long)ex->alloc_id, ex->owner, ex->alloc->tag->name);

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/err.h"
 #include "common/list.h"
@@ -233,6 +234,9 @@ int object_publish(struct broker *br, struct bclient *c, const char *name, uint6
 	if (rc < 0)
 		return rc;
 	obj = object_find(br, uid, bare);
+	if (obj && (obj->paused || obj->busy))
+		return err_fmt(err, -EBUSY, "object '%s' is %s: resume it to publish", bare,
+			       obj->busy ? "being paused or resumed" : "paused");
 	if (!obj) {
 		rc = object_new(br, uid, bare, &obj, err);
 		if (rc < 0)
@@ -240,6 +244,8 @@ int object_publish(struct broker *br, struct bclient *c, const char *name, uint6
 		created = true;
 	}
 	v = calloc(1, sizeof(*v));
+	if (v)
+		v->copy_fd = -1;
 	if (!v || (meta_len && !(v->meta = malloc(meta_len)))) {
 		rc = err_fmt(err, -ENOMEM, "out of memory recording a version of '%s'", bare);
 		goto err_v;
@@ -330,6 +336,10 @@ int object_open(struct broker *br, struct bclient *c, const char *name, uint64_t
 	if (version == 0 && !obj->latest)
 		return err_fmt(err, -ENOENT, "object '%s' of uid %u was dropped", obj->name,
 			       (unsigned)obj->uid);
+	if (obj->paused || obj->busy)
+		return err_fmt(err, -EBUSY, "object '%s' of uid %u is %s", obj->name,
+			       (unsigned)obj->uid,
+			       obj->busy ? "being paused or resumed" : "paused: resume it first");
 	v = object_version_find(obj, version ? version : obj->latest);
 	if (!v)
 		return err_fmt(err, -ENOENT,
@@ -354,6 +364,8 @@ int object_drop(struct broker *br, struct bclient *c, bool may_admin, const char
 		return err_fmt(err, -EPERM,
 			       "object '%s' belongs to uid %u: uid %u may open it, not drop it",
 			       obj->name, (unsigned)obj->uid, (unsigned)c->uid);
+	if (obj->busy)
+		return err_fmt(err, -EBUSY, "object '%s' is being paused or resumed", obj->name);
 	if (version) {
 		v = object_version_find(obj, version);
 		if (!v || !v->held)
@@ -421,6 +433,8 @@ void object_version_gone(struct broker *br, struct bobject_version *v)
 	obj->nversions--;
 	if (obj->latest == v->version)
 		obj->latest = 0;
+	if (v->copy_fd >= 0)
+		close(v->copy_fd);
 	free(v->meta);
 	free(v);
 	object_free_if_done(br, obj);
@@ -485,6 +499,8 @@ void object_deinit(struct broker *br)
 				struct bobject_version *v = obj->versions;
 
 				DLIST_UNLINK(obj->versions, v);
+				if (v->copy_fd >= 0)
+					close(v->copy_fd);
 				free(v->meta);
 				free(v);
 			}
@@ -493,4 +509,147 @@ void object_deinit(struct broker *br)
 	}
 	free(t);
 	br->objects = NULL;
+}
+
+/* ---- pause and resume ---- */
+
+int object_pause_find(struct broker *br, struct bclient *c, bool may_admin, const char *name,
+		      bool resume, struct bobject **out, char *err)
+{
+	struct bobject *obj;
+	int rc = object_lookup(br, c, name, &obj, err);
+
+	if (rc < 0)
+		return rc;
+	if (c->uid != obj->uid && !may_admin)
+		return err_fmt(err, -EPERM,
+			       "object '%s' belongs to uid %u: uid %u may not pause or resume it",
+			       obj->name, (unsigned)obj->uid, (unsigned)c->uid);
+	if (obj->busy)
+		return err_fmt(err, -EBUSY, "object '%s' is being paused or resumed already",
+			       obj->name);
+	*out = obj;
+	return obj->paused == !resume ? 1 : 0;
+}
+
+uint32_t object_mapped_readers(const struct bobject *obj)
+{
+	uint32_t n = 0;
+
+	for (const struct bobject_version *v = obj->versions; v; v = v->next)
+		n += v->ex->nmapped;
+	return n;
+}
+
+void object_pause_release(struct broker *br, struct bobject *obj, bool discarded)
+{
+	uint64_t touched = 0;
+
+	for (struct bobject_version *v = obj->versions; v; v = v->next) {
+		struct import_export *ex = v->ex;
+		struct pool *p = &br->pools[ex->dev];
+
+		for (uint32_t i = 0; i < ex->nchunks; i++)
+			pool_unpin(p, ex->chunks[i]);
+		free(ex->chunks);
+		ex->chunks = NULL;
+		ex->nchunks = 0;
+		touched |= 1ULL << (unsigned)ex->dev;
+	}
+	obj->paused = true;
+	obj->discarded = discarded;
+	/* The driver gets them back now, as a tag's pause gives them (the keep limit). */
+	for (int d = 0; d < br->ndevices; d++)
+		if (touched & (1ULL << (unsigned)d))
+			pool_shrink(&br->pools[d], br->opts.pool_keep, NULL);
+	log_info("object paused name=%s uid=%u versions=%u discarded=%d", obj->name,
+		 (unsigned)obj->uid, obj->nversions, discarded);
+}
+
+/* @ex's new chunks for @size bytes of uid @uid, pinned and lent to nobody. */
+static int object_take(struct broker *br, struct import_export *ex, uid_t uid, char *err)
+{
+	struct pool *p = &br->pools[ex->dev];
+	struct pool_take t = { .size = ex->size, .uid = uid };
+	int rc = pool_take(p, &t);
+
+	if (rc < 0)
+		return err_fmt(err, rc,
+			       "device %d: %llu bytes for object version (export %llu): %s%s", ex->dev,
+			       (unsigned long long)ex->size, (unsigned long long)ex->id,
+			       rc == -ENOMEM ? "the budget is exhausted" : strerror(-rc),
+			       rc == -EAGAIN ? " (waiting for drops)" : "");
+	for (uint32_t i = 0; i < t.nchunks; i++) {
+		pool_lend(p, t.chunks[i], NULL);
+		pool_pin(p, t.chunks[i]);
+	}
+	ex->chunks = t.chunks;
+	ex->nchunks = t.nchunks;
+	return 0;
+}
+
+/* @ex's chunks back (a resume undone). */
+static void object_untake(struct broker *br, struct import_export *ex)
+{
+	struct pool *p = &br->pools[ex->dev];
+
+	for (uint32_t i = 0; i < ex->nchunks; i++)
+		pool_unpin(p, ex->chunks[i]);
+	free(ex->chunks);
+	ex->chunks = NULL;
+	ex->nchunks = 0;
+	pool_shrink(p, br->opts.pool_keep, NULL);
+}
+
+int object_resume_take(struct broker *br, struct bobject *obj, char *err)
+{
+	struct bobject_version *v;
+	int rc = 0;
+
+	for (v = obj->versions; v && rc == 0; v = v->next)
+		rc = object_take(br, v->ex, obj->uid, err);
+	if (rc == 0)
+		return 0;
+	object_resume_undo(br, obj);
+	return rc;
+}
+
+void object_resume_undo(struct broker *br, struct bobject *obj)
+{
+	for (struct bobject_version *v = obj->versions; v; v = v->next)
+		if (v->ex->chunks)
+			object_untake(br, v->ex);
+}
+
+void object_resume_done(struct broker *br, struct bobject *obj)
+{
+	(void)br;
+	for (struct bobject_version *v = obj->versions; v; v = v->next) {
+		if (v->copy_fd >= 0)
+			close(v->copy_fd);
+		v->copy_fd = -1;
+		v->copy_size = 0;
+	}
+	obj->paused = false;
+	obj->discarded = false;
+	log_info("object resumed name=%s uid=%u versions=%u", obj->name, (unsigned)obj->uid,
+		 obj->nversions);
+}
+
+void object_job_end(struct broker *br, struct bobject *obj)
+{
+	struct bobject_version *v, *next;
+
+	obj->busy = false;
+	/* Readers that closed while it copied: their versions go now (maybe @obj too). */
+	for (v = obj->versions; v; v = next) {
+		next = v->next;
+		if (!v->held && !v->ex->imports) {
+			if (!next) {
+				import_version_unheld(br, v->ex);
+				return;
+			}
+			import_version_unheld(br, v->ex);
+		}
+	}
 }

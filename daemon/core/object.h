@@ -55,6 +55,10 @@ struct bobject_version {
 	uint64_t published_ns; /* CLOCK_REALTIME */
 	char publisher[WIRE_MAX_NAME + 1];
 	pid_t publisher_pid;
+	/* Paused with its bytes: their host copy (a memfd of copy_size bytes,
+	 * owned; in the fd store under gmbd); -1 otherwise. */
+	int copy_fd;
+	uint64_t copy_size;
 	struct bobject_version *prev, *next; /* oldest first on obj->versions */
 };
 
@@ -64,6 +68,12 @@ struct bobject {
 	uint64_t next_version;
 	uint64_t latest; /* 0: none */
 	bool dropped;	 /* kept only for the versions readers hold */
+	/* Paused: no version's export holds chunks (their readers unmapped,
+	 * keeping their addresses); discarded: without the bytes. */
+	bool paused, discarded;
+	/* A pause or resume copies its bytes off the loop (the handlers'
+	 * job): its versions stay as they are, nothing else may change it. */
+	bool busy;
 	uid_t grants[OBJECT_MAX_GRANTS];
 	uint32_t ngrants;
 	struct bobject_version *versions;
@@ -123,6 +133,38 @@ int object_drop(struct broker *br, struct bclient *c, bool may_admin, const char
  */
 int object_grant(struct broker *br, struct bclient *c, const char *name, uid_t uid, bool revoke,
 		 char *err);
+
+/*
+ * Pause and resume (daemon/handlers/object_pause.c drives them: readers
+ * follow, bytes copied off the loop while the object is busy).
+ */
+/**
+ * object_pause_find() - @name for @c to pause (@resume false) or resume:
+ * *@out, the owner's uid or one @may_admin says may act for anyone.
+ * Return: 0; 1 when it is so already (nothing to do); -EINVAL, -ENOENT,
+ * -EPERM, -EBUSY (a pause or resume of it is running).
+ */
+int object_pause_find(struct broker *br, struct bclient *c, bool may_admin, const char *name,
+		      bool resume, struct bobject **out, char *err);
+/* Mapped readers of @obj's versions (a pause waits for them to unmap). */
+uint32_t object_mapped_readers(const struct bobject *obj);
+/* Every version's chunks back to the pool (the keep limit applies): @obj
+ * is paused. No reader may map any (object_mapped_readers() == 0). */
+void object_pause_release(struct broker *br, struct bobject *obj, bool discarded);
+/**
+ * object_resume_take() - new chunks for every version of paused @obj,
+ * pinned, lent to nobody (all or nothing): the caller copies the bytes
+ * back, then object_resume_done(). Return: 0; -ENOMEM (the budget, named),
+ * -ENOSPC, -EMFILE, with @err.
+ */
+int object_resume_take(struct broker *br, struct bobject *obj, char *err);
+/* A resume took its chunks and restored the bytes: @obj is active again,
+ * its host copies closed. */
+void object_resume_done(struct broker *br, struct bobject *obj);
+/* A resume whose copy failed gives back what object_resume_take() took. */
+void object_resume_undo(struct broker *br, struct bobject *obj);
+/* The job on @obj ended: versions nobody holds or reads go now. */
+void object_job_end(struct broker *br, struct bobject *obj);
 
 /* May @uid open @obj's versions (its owner, or granted)? */
 bool object_may_open(const struct bobject *obj, uid_t uid);
