@@ -62,7 +62,8 @@ DAEMON_MAIN := daemon/service/main.c
 # libgmb, top down: the API, the hooks above it (regions, the default client,
 # the PyTorch entry points), memory, the tables, the connection. The LD_PRELOAD
 # shim is a library of its own that loads libgmb at run time (no NEEDED on it).
-LIB_SRC := client/lib/api/api.c client/lib/api/status_json.c client/lib/api/status_top.c \
+LIB_SRC := client/lib/api/api.c client/lib/api/object.c client/lib/api/status_json.c \
+	client/lib/api/status_top.c \
 	client/lib/hook/region.c client/lib/hook/default.c client/lib/hook/alloc.c \
 	client/lib/hook/torch.c client/lib/hook/libpath.c client/lib/hook/tms.c client/lib/hook/ipc.c \
 	client/lib/mem/mem.c client/lib/mem/cycle.c client/lib/mem/rejoin.c client/lib/mem/backup.c \
@@ -88,7 +89,7 @@ BROKER_FX_SRC := tests/broker_fx.c
 BROKER_FX_TESTS := test_broker test_arb test_walk
 # The CUDA IPC integration tests' fixture (gmbd and prog_preload programs).
 IPC_FX_SRC := tests/ipc_fx.c
-IPC_FX_TESTS := test_ipc test_ipc_follow test_ipc_restart test_ipc_driver
+IPC_FX_TESTS := test_ipc test_ipc_follow test_ipc_restart test_ipc_driver test_object
 TEST_PROG_SRC := $(wildcard tests/prog_*.c)
 # Fuzz harnesses (tests/fuzz/fuzz_<name>.c), each with a corpus in
 # tests/fuzz/corpus/<name>/; fuzz_util.c holds their invariant checks.
