@@ -416,6 +416,20 @@ GMB_API int gmb_object_drop(gmb_client *c, const char *name, uint64_t version);
  * owner's); -ENOSPC (8 uids already).
  */
 GMB_API int gmb_object_grant(gmb_client *c, const char *name, uint32_t uid, int revoke);
+/**
+ * gmb_object_pause() - pause @name: every process that has a version open
+ * is asked to unmap it (keeping its address), its bytes go to host memory
+ * gmbd holds (@discard 1: they are dropped) and its GPU memory back to the
+ * driver; opens wait for the resume (-EBUSY). gmb_object_resume() takes
+ * new memory, copies the bytes back (zeros when discarded) and has the
+ * readers map it again at the same addresses before it returns. Either on
+ * an object so already does nothing. The owner's uid, root or gmbd's admin
+ * group. Return: 0; -ENOENT; -EPERM; -EBUSY (a reader did not follow,
+ * named; or a pause or resume of it is running); -ENOMEM (the budget, on
+ * resume).
+ */
+GMB_API int gmb_object_pause(gmb_client *c, const char *name, int discard);
+GMB_API int gmb_object_resume(gmb_client *c, const char *name);
 
 /**
  * gmb_host_copy() - the host copy of [@ptr, @ptr+@size) inside one of @c's

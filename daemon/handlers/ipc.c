@@ -77,6 +77,7 @@ static int handlers_ipc_send(struct sess *s, uint64_t reply_to, const struct imp
 	orp.size = ex->size;
 	orp.range_offset = range_off;
 	orp.nchunks = ex->nchunks;
+	orp.read_only = ex->version != NULL;
 	return sess_send(s, &env);
 }
 

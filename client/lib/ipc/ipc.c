@@ -401,10 +401,11 @@ static void ipc_range_put(struct gmb__mem *m, struct gmb__ipc *ipc, const struct
 	m->be->ops->va_free(m->be, im->va, im->size);
 }
 
-/* Reserve (or take @how's range), map back to back, set access; on
- * failure nothing is mapped and @how's range is still the caller's. */
+/* Reserve (or take @how's range), map back to back, set access (read-only
+ * for a named object's version, @read_only or @how's); on failure nothing
+ * is mapped and @how's range is still the caller's. */
 static int ipc_map(struct gmb__mem *m, struct gmb__ipc *ipc, struct gmb__import *im,
-		   const struct gmb__ipc_how *how, char *err)
+		   const struct gmb__ipc_how *how, bool read_only, char *err)
 {
 	int rc;
 
@@ -419,8 +420,9 @@ static int ipc_map(struct gmb__mem *m, struct gmb__ipc *ipc, struct gmb__import 
 		im->va = how->at;
 	else if ((rc = ipc_range_get(m, ipc, im)) < 0)
 		return backend_fail_msg(err, rc, "reserving the import's address range");
-	im->access_dev = how->object ? -1 : how->dev_index;
-	im->object = how->object;
+	/* gmbd says which memory is a version: read-only however it is opened. */
+	im->object = how->object || read_only;
+	im->access_dev = im->object ? -1 : how->dev_index;
 	rc = ipc_map_chunks(m, im, err);
 	if (rc < 0 && !how->at)
 		ipc_range_put(m, ipc, im);
@@ -460,7 +462,7 @@ static int ipc_open_new(struct gmb__mem *m, struct gmb__ipc *ipc, const struct i
 		im->dev = (int)r->device;
 		im->size = r->size;
 		memcpy(im->token, h->token, sizeof(im->token));
-		rc = ipc_map(m, ipc, im, how, err);
+		rc = ipc_map(m, ipc, im, how, r->read_only, err);
 	}
 	if (rc < 0) {
 		/* gmbd counted the open: give it back, keep our reason. */
