@@ -47,6 +47,7 @@ struct bclient;
 struct balloc;
 struct chunk;
 struct import_export;
+struct bobject_version;
 
 /* Uids one allocation may be granted to. */
 #define IMPORT_MAX_GRANTS 8
@@ -84,6 +85,9 @@ struct import_export {
 	/* Other uids the owner let open it (IpcGrantRequest). */
 	uid_t grants[IMPORT_MAX_GRANTS];
 	uint32_t ngrants;
+	/* The named object's version it holds (daemon/core/object.h); NULL
+	 * for an allocation's export. */
+	struct bobject_version *version;
 	struct import_export *prev, *next;
 };
 
