@@ -26,6 +26,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "daemon/core/import.h"
+#include "daemon/core/object.h"
 #include "include/gmb.h"
 
 #define BROKER_DEFAULT_MAX_CHUNK (1ULL << 30)
@@ -93,6 +94,8 @@ void broker_free(struct broker *br)
 		return;
 	while (br->clients)
 		broker_client_remove(br, br->clients);
+	/* The objects let go of their versions, whose exports go with the table. */
+	object_deinit(br);
 	import_deinit(br);
 	for (int d = 0; d < br->ndevices; d++)
 		pool_deinit(&br->pools[d]);
@@ -694,7 +697,8 @@ uint64_t broker_uid_chunks(const struct broker *br, uid_t uid)
 	for (const struct bclient *c = br->clients; c; c = c->next)
 		if (c->uid == uid)
 			n += c->lent_chunks;
-	return n;
+	/* What the uid's named objects keep counts as its own. */
+	return n + object_uid_chunks(br, uid);
 }
 
 /* Uids but @uid that hold lent chunks; on ENOMEM every such client counts

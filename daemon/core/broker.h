@@ -60,6 +60,7 @@ struct bclient;
 struct bhandover;
 struct bwaiter;
 struct import_table;
+struct object_table;
 
 struct balloc {
 	uint64_t id;
@@ -165,6 +166,8 @@ struct broker {
 	/* Exports and imports of memory shared between processes
 	 * (daemon/core/import.h); NULL until the first export. */
 	struct import_table *imports;
+	/* Named objects (daemon/core/object.h); NULL until the first publish. */
+	struct object_table *objects;
 };
 
 /* What alloc/resume lend: send fds of send[] first, then the lends. The

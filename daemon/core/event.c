@@ -24,6 +24,8 @@ static const char *const event_kind_names[EVENT_NKINDS] = {
 	[EVENT_IMPORT_CLOSE] = "import_close",
 	[EVENT_IMPORT_UNMAP] = "import_unmap",
 	[EVENT_IMPORT_MAP] = "import_map",
+	[EVENT_OBJECT_PUBLISH] = "object_publish",
+	[EVENT_OBJECT_DROP] = "object_drop",
 };
 
 static const char *const event_reason_names[EVENT_NREASONS] = {

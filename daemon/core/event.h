@@ -32,6 +32,8 @@ enum event_kind {
 	EVENT_IMPORT_CLOSE, /* it closed one open of such an import */
 	EVENT_IMPORT_UNMAP, /* it unmapped one to follow its owner's pause */
 	EVENT_IMPORT_MAP,   /* it mapped such an import again, after the resume */
+	EVENT_OBJECT_PUBLISH, /* a named object's new version; detail: "NAME vN" */
+	EVENT_OBJECT_DROP,    /* a version, or an object, no longer held; detail as above */
 	EVENT_NKINDS
 };
 

@@ -20,6 +20,10 @@
 #include "common/list.h"
 #include "common/log.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/object.h"
+
+static void import_version_free(struct broker *br, struct import_export *ex);
+static int import_pin(struct broker *br, struct import_export *ex, char *err);
 
 static int import_random(void *buf, size_t n)
 {
@@ -191,6 +195,63 @@ int import_export(struct broker *br, struct bclient *c, uint64_t alloc_id, uint6
 	return 0;
 }
 
+int import_export_version(struct broker *br, struct balloc *a, struct bobject_version *v,
+			  struct import_export **out, uint8_t *handle, char *err)
+{
+	struct import_table *t = import_table_get(br, err);
+	struct import_export *ex;
+	int rc;
+
+	if (!t)
+		return -ENOMEM;
+	ex = calloc(1, sizeof(*ex));
+	if (!ex)
+		return err_fmt(err, -ENOMEM, "out of memory recording a version");
+	rc = import_random(ex->token, sizeof(ex->token));
+	if (rc < 0) {
+		free(ex);
+		return err_fmt(err, -EIO, "no randomness for the version's token");
+	}
+	ex->id = t->next_id;
+	ex->alloc_id = a->id;
+	ex->owner_id = a->tag->client->id;
+	snprintf(ex->owner, sizeof(ex->owner), "%s", a->tag->client->name);
+	ex->owner_pid = a->tag->client->pid;
+	ex->owner_uid = a->tag->client->uid;
+	ex->dev = a->dev;
+	ex->size = a->size;
+	ex->version = v;
+	/* The allocation goes right after: pin its chunks for the version now. */
+	ex->alloc = a;
+	rc = import_pin(br, ex, err);
+	ex->alloc = NULL;
+	if (rc < 0 || idmap_put(&t->by_id, ex->id, ex) < 0) {
+		for (uint32_t i = 0; rc == 0 && i < ex->nchunks; i++)
+			pool_unpin(&br->pools[ex->dev], ex->chunks[i]);
+		free(ex->chunks);
+		free(ex);
+		return rc < 0 ? rc : err_fmt(err, -ENOMEM, "out of memory recording a version");
+	}
+	t->next_id++;
+	DLIST_PUSH(t->exports, ex);
+	t->nexports++;
+	import_handle_of(t, ex, 0, handle);
+	*out = ex;
+	return 0;
+}
+
+void import_version_handle(const struct broker *br, const struct import_export *ex,
+			   uint8_t *handle)
+{
+	import_handle_of(br->imports, ex, 0, handle);
+}
+
+void import_version_unheld(struct broker *br, struct import_export *ex)
+{
+	if (!ex->imports)
+		import_version_free(br, ex);
+}
+
 /* The export @h names, exactly; NULL for any difference. */
 static struct import_export *import_lookup(const struct import_table *t, const struct ipc_handle *h)
 {
@@ -240,6 +301,23 @@ static bool import_granted(const struct import_export *ex, uid_t uid)
 	return false;
 }
 
+/* A named object's version: its object's grants, range offset 0. */
+static int import_open_version(struct import_export *ex, const struct bclient *c,
+			       const struct ipc_handle *h, char *err)
+{
+	const struct bobject *obj = ex->version->obj;
+
+	if (!object_may_open(obj, c->uid))
+		return err_fmt(err, -EPERM,
+			       "object '%s' belongs to uid %u, which did not grant uid %u:"
+			       " client '%s' may not open it",
+			       obj->name, (unsigned)obj->uid, (unsigned)c->uid, c->name);
+	if (h->range_off != 0)
+		return err_fmt(err, -EINVAL, "range offset %llu of object '%s': a version's is 0",
+			       (unsigned long long)h->range_off, obj->name);
+	return 0;
+}
+
 /* Check order: form, then identity (one answer for all), then who and when. */
 static int import_open_check(struct import_table *t, const struct bclient *c, const uint8_t *handle,
 			     size_t len, struct ipc_handle *h, struct import_export **out,
@@ -258,6 +336,13 @@ static int import_open_check(struct import_table *t, const struct bclient *c, co
 			       " earlier gmbd)");
 	if (c->tool)
 		return err_fmt(err, -EPERM, "a tool may not import memory");
+	if (ex->version) {
+		int rc = import_open_version(ex, c, h, err);
+
+		if (rc == 0)
+			*out = ex;
+		return rc;
+	}
 	if (c->uid != ex->owner_uid && !import_granted(ex, c->uid))
 		return err_fmt(err, -EPERM,
 			       "allocation %llu belongs to client '%s' (pid %d, uid %u), which did"
@@ -285,7 +370,8 @@ static int import_rec_map(struct broker *br, struct import_rec *r, char *err)
 
 	if (r->mapped)
 		return 0;
-	if (ex->nmapped == 0 && (rc = import_pin(br, ex, err)) < 0)
+	/* A version's chunks are pinned from its making to its end. */
+	if (ex->nmapped == 0 && !ex->version && (rc = import_pin(br, ex, err)) < 0)
 		return rc;
 	r->mapped = true;
 	ex->nmapped++;
@@ -306,7 +392,7 @@ static void import_rec_unmap(struct broker *br, struct import_rec *r)
 	if (!r->mapped)
 		return;
 	r->mapped = false;
-	if (--ex->nmapped > 0)
+	if (--ex->nmapped > 0 || ex->version)
 		return;
 	for (uint32_t i = 0; i < ex->nchunks; i++)
 		pool_unpin(p, ex->chunks[i]);
@@ -383,12 +469,34 @@ static void import_rec_drop(struct broker *br, struct import_rec *r)
 	free(r);
 	if (ex->imports)
 		return;
+	if (ex->version) {
+		if (!ex->version->held)
+			import_version_free(br, ex);
+		return;
+	}
 	if (!ex->alloc) {
 		log_debug("imported chunks back alloc=%llu owner=%s dev=%d",
 			  (unsigned long long)ex->alloc_id, ex->owner, ex->dev);
 		import_export_free(t, ex);
 		pool_shrink(p, br->opts.pool_keep, NULL);
 	}
+}
+
+/* Version export @ex goes (unheld, no record): its chunks back, its version with it. */
+static void import_version_free(struct broker *br, struct import_export *ex)
+{
+	struct pool *p = &br->pools[ex->dev];
+	struct bobject_version *v = ex->version;
+
+	log_debug("object version's chunks back export=%llu dev=%d chunks=%u",
+		  (unsigned long long)ex->id, ex->dev, ex->nchunks);
+	for (uint32_t i = 0; i < ex->nchunks; i++)
+		pool_unpin(p, ex->chunks[i]);
+	ex->nchunks = 0;
+	ex->version = NULL;
+	import_export_free(br->imports, ex);
+	object_version_gone(br, v);
+	pool_shrink(p, br->opts.pool_keep, NULL);
 }
 
 /* @c's record of export @export_id, or NULL with @err (-ENOENT). */
@@ -565,7 +673,8 @@ void import_idle_walk(struct broker *br, const struct bclient *owner, const char
 	if (!t || !t->nidle)
 		return;
 	for (struct import_export *ex = t ? t->exports : NULL; ex; ex = ex->next) {
-		if (owner ? !import_of_tag(ex, owner, tag) : ex->alloc != NULL)
+		if (owner ? !import_of_tag(ex, owner, tag) :
+			    ex->alloc != NULL || (ex->version && ex->version->held))
 			continue;
 		for (struct import_rec *r = ex->imports; r; r = r->next)
 			if (r->idle && !r->asked)
@@ -628,10 +737,10 @@ int import_remap(struct broker *br, struct bclient *c, uint64_t export_id,
 
 	if (!r)
 		return -ENOENT;
-	if (!ex->alloc)
+	if (!ex->alloc && !ex->version)
 		return err_fmt(err, -ENOENT, "allocation %llu of client '%s' was freed",
 			       (unsigned long long)ex->alloc_id, ex->owner);
-	if (!ex->alloc->active)
+	if (ex->alloc && !ex->alloc->active)
 		return err_fmt(err, -EBUSY, "allocation %llu of client '%s' is in paused tag '%s'",
 			       (unsigned long long)ex->alloc_id, ex->owner, ex->alloc->tag->name);
 	rc = import_rec_map(br, r, err);
@@ -669,7 +778,9 @@ void import_deinit(struct broker *br)
 		while (ex->imports)
 			import_rec_drop(br, ex->imports);
 		/* The last drop freed an export whose allocation was gone. */
-		if (t->exports == ex)
+		if (t->exports == ex && ex->version)
+			import_version_free(br, ex);
+		else if (t->exports == ex)
 			import_export_free(t, ex);
 	}
 	idmap_deinit(&t->by_id);

@@ -85,8 +85,10 @@ struct import_export {
 	/* Other uids the owner let open it (IpcGrantRequest). */
 	uid_t grants[IMPORT_MAX_GRANTS];
 	uint32_t ngrants;
-	/* The named object's version it holds (daemon/core/object.h); NULL
-	 * for an allocation's export. */
+	/* A named object's version (daemon/core/object.h), NULL for an
+	 * allocation's export: no allocation owns it, its chunks are pinned
+	 * from its making to its end, and it lives while the object holds it
+	 * or a record is on its list. */
 	struct bobject_version *version;
 	struct import_export *prev, *next;
 };
@@ -206,6 +208,21 @@ typedef int (*import_walk_fn)(void *arg, const struct import_export *ex,
  * Return: 0, or the first nonzero result of @fn.
  */
 int import_walk(const struct broker *br, import_walk_fn fn, void *arg);
+
+/**
+ * import_export_version() - a new export for version @v of a named object,
+ * holding the chunks of @c's allocation @a (pinned here, once; the
+ * allocation may go right after); *@out the table's, its handle into
+ * @handle (range offset 0). Return: 0; -ENOMEM, -EIO with @err.
+ */
+int import_export_version(struct broker *br, struct balloc *a, struct bobject_version *v,
+			  struct import_export **out, uint8_t *handle, char *err);
+/* The handle of version export @ex (range offset 0) into @handle. */
+void import_version_handle(const struct broker *br, const struct import_export *ex,
+			   uint8_t *handle);
+/* Version export @ex is no longer held by its object: it goes now if no
+ * record is on its list (object_version_gone() is called), else with the last. */
+void import_version_unheld(struct broker *br, struct import_export *ex);
 
 /* Hooks of the broker. */
 /* @a goes (freed, or its client removed): its export, if any, loses it. */

@@ -97,6 +97,15 @@ static const struct handler handlers_table[] = {
 	[GMB__ENVELOPE__BODY_IPC_FOLLOW] = { "ipc_follow", NULL, 0 },
 	[GMB__ENVELOPE__BODY_IPC_RESUMED] = { "ipc_resumed", handlers__ipc_resumed, H_INFLIGHT },
 	[GMB__ENVELOPE__BODY_IPC_GRANT] = { "ipc_grant", handlers__ipc_grant, H_STATE },
+	/* A version superseded or dropped may give memory back: waiters are retried. */
+	[GMB__ENVELOPE__BODY_OBJECT_PUBLISH] = { "object_publish", handlers__object_publish,
+						 H_SETTLE | H_STATE },
+	[GMB__ENVELOPE__BODY_OBJECT_PUBLISH_REPLY] = { "object_publish_reply", NULL, 0 },
+	[GMB__ENVELOPE__BODY_OBJECT_OPEN] = { "object_open", handlers__object_open, 0 },
+	[GMB__ENVELOPE__BODY_OBJECT_OPEN_REPLY] = { "object_open_reply", NULL, 0 },
+	[GMB__ENVELOPE__BODY_OBJECT_DROP] = { "object_drop", handlers__object_drop,
+					      H_SETTLE | H_STATE },
+	[GMB__ENVELOPE__BODY_OBJECT_GRANT] = { "object_grant", handlers__object_grant, H_STATE },
 };
 
 #define HANDLERS_N (sizeof(handlers_table) / sizeof(handlers_table[0]))

@@ -316,6 +316,11 @@ int handlers__ipc_export(struct hreq *rq);
 int handlers__ipc_open(struct hreq *rq);
 int handlers__ipc_close(struct hreq *rq);
 int handlers__ipc_grant(struct hreq *rq);
+/* objects.c: named objects. */
+int handlers__object_publish(struct hreq *rq);
+int handlers__object_open(struct hreq *rq);
+int handlers__object_drop(struct hreq *rq);
+int handlers__object_grant(struct hreq *rq);
 
 /* ipc_pause.c: a pause of a tag other processes map. */
 /* @rq (a pause of an imported tag) waits @wait_ms for the importers to
