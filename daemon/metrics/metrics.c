@@ -349,6 +349,10 @@ static void metrics_counters(struct mbuf *b, const struct metrics *m)
 		  "Imports unmapped to follow their owner's pause (CUDA IPC)." },
 		{ EVENT_IMPORT_MAP, "gmbd_import_remaps_total",
 		  "Imports mapped again after their owner's resume (CUDA IPC)." },
+		{ EVENT_OBJECT_PUBLISH, "gmbd_object_publishes_total",
+		  "Versions of named objects published." },
+		{ EVENT_OBJECT_DROP, "gmbd_object_drops_total",
+		  "Drops of a named object's version, or of a whole object." },
 	};
 
 	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
