@@ -408,6 +408,52 @@ Test(backend_host, contents_helpers_refuse_a_mapping_without_access)
 	cr_assert(eq(i32, b->ops->copy_to_host(b, 0, buf, va, sizeof(buf)), 0));
 }
 
+/* A child that writes one byte at @va: how it ended (a wait status). */
+static int write_in_child(uintptr_t va)
+{
+	int st = 0;
+	pid_t pid = fork();
+
+	cr_assert(ge(i32, pid, 0));
+	if (pid == 0) {
+		*(volatile uint8_t *)va = 0x5a;
+		_exit(0);
+	}
+	cr_assert(eq(i32, waitpid(pid, &st, 0), pid));
+	return st;
+}
+
+Test(backend_host, set_access_ro_reads_and_a_write_faults)
+{
+	uintptr_t va = reserve(2 * G), other = reserve(2 * G);
+	uint64_t h = chunk(2 * G);
+	uint8_t buf[16];
+	int st;
+
+	map_rw(other, 2 * G, h);
+	memset((void *)other, 0x3c, 2 * G);
+	cr_assert(eq(i32, b->ops->map(b, va, 2 * G, h), 0));
+	cr_assert(eq(i32, b->ops->set_access_ro(b, NDEV, va, 2 * G), -EINVAL));
+	cr_assert(eq(i32, b->ops->set_access_ro(b, 0, va, G), -EINVAL), "part of a mapping");
+	cr_assert(eq(i32, b->ops->set_access_ro(b, 0, va, 2 * G), 0), "%s", backend_last_error());
+	expect_fill(va, 2 * G, 0x3c);
+	cr_assert(eq(i32, b->ops->copy_to_host(b, 0, buf, va, sizeof(buf)), 0));
+	cr_assert(eq(u8, buf[0], 0x3c));
+	/* The device's own writes are refused too, as the driver refuses them. */
+	cr_assert(eq(i32, b->ops->copy_from_host(b, 0, va, buf, sizeof(buf)), -EACCES));
+	cr_assert(not(eq(ptr, strstr(backend_last_error(), "read-only"), NULL)));
+	cr_assert(eq(i32, b->ops->zero(b, 0, va, G), -EACCES));
+	st = write_in_child(va);
+	cr_assert(eq(int, WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV, 1), "wait status 0x%x", st);
+	/* The read-write mapping of the same chunk still writes. */
+	st = write_in_child(other);
+	cr_assert(eq(i32, st, 0), "wait status 0x%x", st);
+	/* set_access makes it writable again. */
+	cr_assert(eq(i32, b->ops->set_access(b, 0, va, 2 * G), 0));
+	cr_assert(eq(i32, b->ops->zero(b, 0, va, G), 0));
+	expect_fill(other, G, 0);
+}
+
 Test(backend_host, unmap_keeps_the_va_reserved_and_a_new_chunk_maps_there)
 {
 	uintptr_t va = reserve(G), other = reserve(G);

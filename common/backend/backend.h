@@ -78,6 +78,11 @@ struct backend_ops {
 	 */
 	int (*set_access_peers)(struct backend *b, int dev, uint64_t peers, uintptr_t va,
 				uint64_t size);
+	/*
+	 * set_access, read-only for @dev: a write to the range faults (host:
+	 * SIGSEGV; cuda: CU_MEM_ACCESS_FLAGS_PROT_READ). Named objects' versions.
+	 */
+	int (*set_access_ro)(struct backend *b, int dev, uintptr_t va, uint64_t size);
 	int (*unmap)(struct backend *b, uintptr_t va, uint64_t size);
 
 	/* Contents (client side). sync drains the device's queued work. */

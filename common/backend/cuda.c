@@ -440,7 +440,7 @@ static int cuda_map(struct backend *b, uintptr_t va, uint64_t size, uint64_t han
 }
 
 /* One descriptor per device of @dev and @peers, by this process's ordinals. */
-static int cuda_access_descs(struct cuda_priv *c, int dev, uint64_t peers,
+static int cuda_access_descs(struct cuda_priv *c, int dev, uint64_t peers, CUmemAccess_flags flags,
 			     CUmemAccessDesc desc[static BACKEND_MAX_DEVICES], int *n)
 {
 	int rc = cuda__check_dev(c, "set_access", dev);
@@ -456,21 +456,21 @@ static int cuda_access_descs(struct cuda_priv *c, int dev, uint64_t peers,
 		desc[(*n)++] = (CUmemAccessDesc){
 			.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE,
 				      .id = c->b.devices[d].ordinal },
-			.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+			.flags = flags,
 		};
 	}
 	return rc;
 }
 
-static int cuda_set_access_peers(struct backend *b, int dev, uint64_t peers, uintptr_t va,
-				 uint64_t size)
+static int cuda_access(struct backend *b, int dev, uint64_t peers, CUmemAccess_flags flags,
+		       uintptr_t va, uint64_t size)
 {
 	struct cuda_priv *c = b->priv;
 	CUmemAccessDesc desc[BACKEND_MAX_DEVICES];
 	CUresult r;
 	int rc, n;
 
-	rc = cuda_access_descs(c, dev, peers, desc, &n);
+	rc = cuda_access_descs(c, dev, peers, flags, desc, &n);
 	if (rc == 0)
 		rc = cuda_check_range(c, "set_access", dev, va, size);
 	if (rc < 0)
@@ -487,9 +487,21 @@ static int cuda_set_access_peers(struct backend *b, int dev, uint64_t peers, uin
 	return 0;
 }
 
+static int cuda_set_access_peers(struct backend *b, int dev, uint64_t peers, uintptr_t va,
+				 uint64_t size)
+{
+	return cuda_access(b, dev, peers, CU_MEM_ACCESS_FLAGS_PROT_READWRITE, va, size);
+}
+
 static int cuda_set_access(struct backend *b, int dev, uintptr_t va, uint64_t size)
 {
 	return cuda_set_access_peers(b, dev, 0, va, size);
+}
+
+/* The device enforces it: a kernel's write to the range faults. */
+static int cuda_set_access_ro(struct backend *b, int dev, uintptr_t va, uint64_t size)
+{
+	return cuda_access(b, dev, 0, CU_MEM_ACCESS_FLAGS_PROT_READ, va, size);
 }
 
 static int cuda_unmap(struct backend *b, uintptr_t va, uint64_t size)
@@ -580,6 +592,7 @@ static const struct backend_ops cuda_ops = {
 	.map = cuda_map,
 	.set_access = cuda_set_access,
 	.set_access_peers = cuda_set_access_peers,
+	.set_access_ro = cuda_set_access_ro,
 	.unmap = cuda_unmap,
 	.sync = cuda__sync,
 	.zero = cuda__zero,

@@ -6,7 +6,7 @@
  *   export       a CLOEXEC dup of the memfd
  *   reservation  an mmap(PROT_NONE, MAP_NORESERVE) range of this process
  *   map          mmap(MAP_SHARED|MAP_FIXED) of the whole memfd, PROT_NONE
- *   set_access   mprotect(PROT_READ|PROT_WRITE)
+ *   set_access   mprotect(PROT_READ|PROT_WRITE); set_access_ro: PROT_READ
  *   unmap        a fresh PROT_NONE anonymous mapping over the range, so the
  *                VA stays reserved and the memfd reference is dropped
  *
@@ -48,6 +48,7 @@ struct host_range {
 	uintptr_t va;
 	uint64_t size;
 	bool access; /* mappings only: set_access was called */
+	bool ro;     /* ... set_access_ro: the device's writes fault */
 };
 
 struct host_table {
@@ -212,8 +213,10 @@ static int host_maps_span(struct host_priv *p, const char *op, uintptr_t va, uin
 	return 0;
 }
 
-/* Every byte of [va, va+size) mapped and accessible (any sub-range will do). */
-static int host_check_access(struct host_priv *p, const char *op, uintptr_t va, uint64_t size)
+/* Every byte of [va, va+size) mapped and accessible (any sub-range will do);
+ * @write: writable too (the driver refuses a copy into a read-only range). */
+static int host_check_access(struct host_priv *p, const char *op, uintptr_t va, uint64_t size,
+			     bool write)
 {
 	size_t i = host_table_floor(&p->maps, va);
 	uintptr_t end = va + size, cur = va;
@@ -230,6 +233,11 @@ static int host_check_access(struct host_priv *p, const char *op, uintptr_t va, 
 			return backend_fail(-EINVAL,
 					    "host backend: %s: mapping at 0x%" PRIxPTR
 					    " has no access (set_access first)",
+					    op, m->va);
+		if (write && m->ro)
+			return backend_fail(-EACCES,
+					    "host backend: %s: mapping at 0x%" PRIxPTR
+					    " is read-only",
 					    op, m->va);
 		cur = m->va + m->size;
 	}
@@ -545,20 +553,33 @@ static int host_map(struct backend *b, uintptr_t va, uint64_t size, uint64_t han
 	return rc;
 }
 
-static int host_set_access_locked(struct host_priv *p, uintptr_t va, uint64_t size)
+static int host_protect_locked(struct host_priv *p, const char *op, uintptr_t va, uint64_t size,
+			       int prot)
 {
 	size_t first, count;
 	int rc;
 
-	rc = host_maps_span(p, "set_access", va, size, &first, &count);
+	rc = host_maps_span(p, op, va, size, &first, &count);
 	if (rc < 0)
 		return rc;
-	if (mprotect((void *)va, size, PROT_READ | PROT_WRITE) < 0)
-		return backend_fail(-errno, "host backend: set_access: mprotect: %s",
-				    strerror(errno));
-	for (size_t i = first; i < first + count; i++)
+	if (mprotect((void *)va, size, prot) < 0)
+		return backend_fail(-errno, "host backend: %s: mprotect: %s", op, strerror(errno));
+	for (size_t i = first; i < first + count; i++) {
 		p->maps.v[i].access = true;
+		p->maps.v[i].ro = !(prot & PROT_WRITE);
+	}
 	return 0;
+}
+
+static int host_set_access_locked(struct host_priv *p, uintptr_t va, uint64_t size)
+{
+	return host_protect_locked(p, "set_access", va, size, PROT_READ | PROT_WRITE);
+}
+
+/* PROT_READ only: a write faults (SIGSEGV), as a GPU's write to a read-only mapping does. */
+static int host_set_access_ro_locked(struct host_priv *p, uintptr_t va, uint64_t size)
+{
+	return host_protect_locked(p, "set_access_ro", va, size, PROT_READ);
 }
 
 static int host_set_access_peers(struct backend *b, int dev, uint64_t peers, uintptr_t va,
@@ -580,6 +601,15 @@ static int host_set_access_peers(struct backend *b, int dev, uint64_t peers, uin
 static int host_set_access(struct backend *b, int dev, uintptr_t va, uint64_t size)
 {
 	return host_set_access_peers(b, dev, 0, va, size);
+}
+
+static int host_set_access_ro(struct backend *b, int dev, uintptr_t va, uint64_t size)
+{
+	int rc = host_check_dev(b, "set_access_ro", dev);
+
+	if (rc < 0)
+		return rc;
+	return host_range_locked(b->priv, host_set_access_ro_locked, va, size);
 }
 
 static int host_unmap_locked(struct host_priv *p, uintptr_t va, uint64_t size)
@@ -623,7 +653,7 @@ static int host_sync(struct backend *b, int dev)
 
 /* Checks that a contents operation on device memory [va, va+size) is allowed. */
 static int host_check_contents(struct backend *b, const char *op, int dev, uintptr_t va,
-			       uint64_t size)
+			       uint64_t size, bool write)
 {
 	struct host_priv *p = b->priv;
 	int rc;
@@ -632,14 +662,14 @@ static int host_check_contents(struct backend *b, const char *op, int dev, uintp
 	if (rc < 0 || size == 0)
 		return rc;
 	pthread_mutex_lock(&p->lock);
-	rc = host_check_access(p, op, va, size);
+	rc = host_check_access(p, op, va, size, write);
 	pthread_mutex_unlock(&p->lock);
 	return rc;
 }
 
 static int host_zero(struct backend *b, int dev, uintptr_t va, uint64_t size)
 {
-	int rc = host_check_contents(b, "zero", dev, va, size);
+	int rc = host_check_contents(b, "zero", dev, va, size, true);
 
 	if (rc == 0 && size)
 		memset((void *)va, 0, size);
@@ -652,7 +682,7 @@ static int host_copy_to_host(struct backend *b, int dev, void *dst, uintptr_t sr
 
 	if (!dst && size)
 		return backend_fail(-EINVAL, "host backend: copy_to_host: no destination");
-	rc = host_check_contents(b, "copy_to_host", dev, src, size);
+	rc = host_check_contents(b, "copy_to_host", dev, src, size, false);
 	if (rc == 0 && size)
 		memcpy(dst, (const void *)src, size);
 	return rc;
@@ -665,7 +695,7 @@ static int host_copy_from_host(struct backend *b, int dev, uintptr_t dst, const 
 
 	if (!src && size)
 		return backend_fail(-EINVAL, "host backend: copy_from_host: no source");
-	rc = host_check_contents(b, "copy_from_host", dev, dst, size);
+	rc = host_check_contents(b, "copy_from_host", dev, dst, size, true);
 	if (rc == 0 && size)
 		memcpy((void *)dst, src, size);
 	return rc;
@@ -867,6 +897,7 @@ static const struct backend_ops host_ops = {
 	.map = host_map,
 	.set_access = host_set_access,
 	.set_access_peers = host_set_access_peers,
+	.set_access_ro = host_set_access_ro,
 	.unmap = host_unmap,
 	.sync = host_sync,
 	.zero = host_zero,

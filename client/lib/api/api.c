@@ -237,7 +237,14 @@ GMB_API int gmb_free(gmb_client *c, void *ptr)
 	if (!c)
 		return -EINVAL;
 	gmb__op_begin(&c->conn);
-	rc = gmb__mem_free(&c->mem, ptr, err);
+	/* A published allocation is a named object's version now, read-only here. */
+	if (gmb__ipc_is_object(&c->ipc, ptr))
+		rc = err_fmt(err, -EINVAL,
+			     "pointer %p is a named object's version, not an allocation:"
+			     " gmb_object_close() it",
+			     ptr);
+	else
+		rc = gmb__mem_free(&c->mem, ptr, err);
 	gmb__op_end(&c->conn);
 	return api_done(c, rc, err);
 }

@@ -114,3 +114,201 @@ GMB_API int gmb_object_grant(gmb_client *c, const char *name, uint32_t uid, int 
 	env.object_grant = &req;
 	return obj_done(c, gmb__request_status(&c->conn, &env, err), err);
 }
+
+/* The last part of @rep, of kind @body; NULL when gmbd sent another. */
+static const Gmb__Envelope *obj_last(const struct gmb__reply *rep, Gmb__Envelope__BodyCase body)
+{
+	const Gmb__Envelope *last = rep->nparts ? rep->parts[rep->nparts - 1] : NULL;
+
+	return last && last->body_case == body ? last : NULL;
+}
+
+/* A handle of gmbd's, naming its range's start (a version's handle does). */
+static bool obj_handle_ok(const ProtobufCBinaryData *b)
+{
+	struct ipc_handle h;
+
+	return b->len == IPC_HANDLE_SIZE && ipc_handle_decode(b->data, &h) == 0 && h.range_off == 0;
+}
+
+/*
+ * gmbd took @a (version @version of @name, handle @handle): it leaves this
+ * client, and its range is mapped again, read-only, as this process's open
+ * of the version. On failure the range is freed: the version stays
+ * published, the pointer is gone.
+ */
+static int obj_publish_map(struct gmb_client *c, struct gmb__alloc *a, const char *name,
+			   uint64_t version, const uint8_t *handle, char *err)
+{
+	struct gmb__ipc_how how = { .dev_index = -1, .object = true };
+	void *base = (void *)a->va, *p = NULL;
+	int rc;
+
+	gmb__mem_give_away(&c->mem, a, &how.at, &how.at_size);
+	if (!how.at)
+		return err_fmt(err, -EIO,
+			       "published version %" PRIu64 " of \"%s\", but %p could not be"
+			       " unmapped to map it again read-only",
+			       version, name, base);
+	/* The handle names the range's start (obj_handle_ok()): p is base. */
+	rc = gmb__ipc_open_how(&c->mem, &c->ipc, handle, &how, &p, err);
+	if (rc < 0) {
+		char why[ERR_MSG_MAX];
+
+		snprintf(why, sizeof(why), "%s", *err ? err : gmb_strerror(rc));
+		c->mem.be->ops->va_free(c->mem.be, how.at, how.at_size);
+		err_fmt(err, rc,
+			"published version %" PRIu64 " of \"%s\", but mapping it again: %s",
+			version, name, why);
+	}
+	return rc;
+}
+
+GMB_API int gmb_object_publish(gmb_client *c, const char *name, void *ptr, const void *meta,
+			       size_t meta_len, uint64_t *version)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__ObjectPublishRequest req = GMB__OBJECT_PUBLISH_REQUEST__INIT;
+	struct gmb__reply rep = GMB__REPLY_INIT;
+	const Gmb__Envelope *last;
+	uint8_t handle[IPC_HANDLE_SIZE];
+	char err[ERR_MSG_MAX] = "";
+	struct gmb__alloc *a;
+	uint64_t v = 0;
+	int rc;
+
+	if (!c)
+		return -EINVAL;
+	rc = obj_name_check(name, err);
+	if (rc == 0 && strchr(name, '/'))
+		rc = err_fmt(err, -EINVAL, "object \"%.80s\": one publishes under one's own uid",
+			     name);
+	if (rc == 0 && meta_len > GMB_OBJECT_META_MAX)
+		rc = err_fmt(err, -E2BIG, "a description of %zu bytes is past %d", meta_len,
+			     GMB_OBJECT_META_MAX);
+	if (rc == 0 && !meta && meta_len)
+		rc = err_fmt(err, -EINVAL, "no description for %zu bytes", meta_len);
+	if (rc < 0)
+		return obj_done(c, rc, err);
+	gmb__op_begin(&c->conn);
+	rc = gmb__mem_give_check(&c->mem, ptr, &a, err);
+	if (rc < 0)
+		goto out;
+	req.name = (char *)name;
+	req.alloc_id = a->id;
+	req.meta.data = (uint8_t *)meta;
+	req.meta.len = meta_len;
+	env.body_case = GMB__ENVELOPE__BODY_OBJECT_PUBLISH;
+	env.object_publish = &req;
+	rc = gmb__request(&c->conn, &env, &rep, err);
+	if (rc < 0 && rep.status < 0)
+		goto out; /* refused: the allocation is still ours */
+	last = obj_last(&rep, GMB__ENVELOPE__BODY_OBJECT_PUBLISH_REPLY);
+	if (rc == 0 && (!last || !obj_handle_ok(&last->object_publish_reply->handle) ||
+			last->object_publish_reply->version == 0))
+		rc = err_fmt(err, -EPROTO, "gmbd's publish reply lacks a version or its handle");
+	if (rc < 0) {
+		/* gmbd took it all the same: nothing of it may stay mapped here. */
+		uintptr_t va;
+		uint64_t size;
+
+		gmb__mem_give_away(&c->mem, a, &va, &size);
+		if (va)
+			c->mem.be->ops->va_free(c->mem.be, va, size);
+		goto out;
+	}
+	v = last->object_publish_reply->version;
+	memcpy(handle, last->object_publish_reply->handle.data, IPC_HANDLE_SIZE);
+	if (version)
+		*version = v;
+	rc = obj_publish_map(c, a, name, v, handle, err);
+out:
+	gmb__reply_deinit(&rep);
+	gmb__op_end(&c->conn);
+	return obj_done(c, rc, err);
+}
+
+/* The reply's facts for the caller; the version is open at @p already. */
+static void obj_info_fill(struct gmb_client *c, const Gmb__ObjectOpenReply *r,
+			  struct gmb_object_info *info, void *meta, size_t meta_cap)
+{
+	const struct backend *be = c->mem.be;
+
+	if (meta && meta_cap)
+		memcpy(meta, r->meta.data, r->meta.len < meta_cap ? r->meta.len : meta_cap);
+	if (!info)
+		return;
+	*info = (struct gmb_object_info){
+		.version = r->version,
+		.size = r->size,
+		/* gmbd's index, as this process's runtime names the device. */
+		.device = r->device < (uint32_t)be->ndevices ? be->devices[r->device].ordinal : -1,
+		.owner_uid = r->owner_uid,
+		.meta_len = r->meta.len,
+	};
+}
+
+GMB_API int gmb_object_open(gmb_client *c, const char *name, uint64_t version, void **ptr,
+			    struct gmb_object_info *info, void *meta, size_t meta_cap)
+{
+	const struct gmb__ipc_how how = { .dev_index = -1, .object = true };
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__ObjectOpenRequest req = GMB__OBJECT_OPEN_REQUEST__INIT;
+	struct gmb__reply rep = GMB__REPLY_INIT;
+	const Gmb__ObjectOpenReply *r;
+	const Gmb__Envelope *last;
+	char err[ERR_MSG_MAX] = "";
+	void *p = NULL;
+	int rc;
+
+	if (!c)
+		return -EINVAL;
+	rc = obj_name_check(name, err);
+	if (rc == 0 && !ptr)
+		rc = err_fmt(err, -EINVAL, "no place for the pointer");
+	if (rc < 0)
+		return obj_done(c, rc, err);
+	gmb__op_begin(&c->conn);
+	rc = gmb__mem_backend(&c->mem, err);
+	if (rc < 0)
+		goto out;
+	req.name = (char *)name;
+	req.version = version;
+	env.body_case = GMB__ENVELOPE__BODY_OBJECT_OPEN;
+	env.object_open = &req;
+	rc = gmb__request(&c->conn, &env, &rep, err);
+	last = obj_last(&rep, GMB__ENVELOPE__BODY_OBJECT_OPEN_REPLY);
+	if (rc == 0 && (!last || !obj_handle_ok(&last->object_open_reply->handle) ||
+			last->object_open_reply->version == 0 ||
+			(version && last->object_open_reply->version != version)))
+		rc = err_fmt(err, -EPROTO, "gmbd's open reply lacks the version or its handle");
+	if (rc < 0)
+		goto out;
+	r = last->object_open_reply;
+	rc = gmb__ipc_open_how(&c->mem, &c->ipc, r->handle.data, &how, &p, err);
+	if (rc < 0)
+		goto out;
+	obj_info_fill(c, r, info, meta, meta_cap);
+	*ptr = p;
+out:
+	gmb__reply_deinit(&rep);
+	gmb__op_end(&c->conn);
+	return obj_done(c, rc, err);
+}
+
+GMB_API int gmb_object_close(gmb_client *c, void *ptr)
+{
+	char err[ERR_MSG_MAX] = "";
+	int rc;
+
+	if (!c)
+		return -EINVAL;
+	gmb__op_begin(&c->conn);
+	if (!gmb__ipc_is_object(&c->ipc, ptr))
+		rc = err_fmt(err, -ENXIO, "pointer %p is no open version of a named object here",
+			     ptr);
+	else
+		rc = gmb__ipc_close(&c->mem, &c->ipc, ptr, err);
+	gmb__op_end(&c->conn);
+	return obj_done(c, rc, err);
+}

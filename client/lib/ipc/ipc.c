@@ -38,6 +38,13 @@ int gmb__ipc_owns(struct gmb__ipc *ipc, const void *ptr)
 	return ptr && ipc_find_ptr(ipc, (uintptr_t)ptr) != NULL;
 }
 
+bool gmb__ipc_is_object(struct gmb__ipc *ipc, const void *ptr)
+{
+	const struct gmb__import *im = ptr ? ipc_find_ptr(ipc, (uintptr_t)ptr) : NULL;
+
+	return im && im->object && !im->idle;
+}
+
 bool gmb__ipc_maybe_ours(struct gmb__mem *m, struct gmb__ipc *ipc, const void *ptr)
 {
 	uintptr_t p = (uintptr_t)ptr;
@@ -353,7 +360,10 @@ static int ipc_map_chunks(struct gmb__mem *m, struct gmb__import *im, char *err)
 	}
 	if (im->access_dev >= 0 && im->access_dev != im->dev)
 		peers = GMB__DEV_BIT(im->access_dev);
-	rc = be->ops->set_access_peers(be, im->dev, peers, im->va, im->size);
+	if (im->object)
+		rc = be->ops->set_access_ro(be, im->dev, im->va, im->size);
+	else
+		rc = be->ops->set_access_peers(be, im->dev, peers, im->va, im->size);
 	if (rc < 0) {
 		rc = backend_fail_msg(err, rc, "setting access to the import");
 		goto err_unmap;
@@ -391,28 +401,36 @@ static void ipc_range_put(struct gmb__mem *m, struct gmb__ipc *ipc, const struct
 	m->be->ops->va_free(m->be, im->va, im->size);
 }
 
-/* Reserve, map back to back, set access; on failure nothing is mapped. */
-static int ipc_map(struct gmb__mem *m, struct gmb__ipc *ipc, struct gmb__import *im, int dev_index,
-		   char *err)
+/* Reserve (or take @how's range), map back to back, set access; on
+ * failure nothing is mapped and @how's range is still the caller's. */
+static int ipc_map(struct gmb__mem *m, struct gmb__ipc *ipc, struct gmb__import *im,
+		   const struct gmb__ipc_how *how, char *err)
 {
 	int rc;
 
 	if (im->dev < 0 || im->dev >= m->devs->ndevices)
 		return err_fmt(err, -EPROTO, "gmbd's open reply names device %d of %d", im->dev,
 			       m->devs->ndevices);
-	rc = ipc_range_get(m, ipc, im);
-	if (rc < 0)
+	if (how->at && how->at_size != im->size)
+		return err_fmt(err, -EPROTO,
+			       "gmbd opens %" PRIu64 " bytes for a %" PRIu64 "-byte range",
+			       im->size, how->at_size);
+	if (how->at)
+		im->va = how->at;
+	else if ((rc = ipc_range_get(m, ipc, im)) < 0)
 		return backend_fail_msg(err, rc, "reserving the import's address range");
-	im->access_dev = dev_index;
+	im->access_dev = how->object ? -1 : how->dev_index;
+	im->object = how->object;
 	rc = ipc_map_chunks(m, im, err);
-	if (rc < 0)
+	if (rc < 0 && !how->at)
 		ipc_range_put(m, ipc, im);
 	return rc;
 }
 
 /* Asks gmbd for @h's chunks and maps them into a new import. */
 static int ipc_open_new(struct gmb__mem *m, struct gmb__ipc *ipc, const struct ipc_handle *h,
-			const uint8_t *handle, int dev_index, struct gmb__import **out, char *err)
+			const uint8_t *handle, const struct gmb__ipc_how *how,
+			struct gmb__import **out, char *err)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__IpcOpenRequest req = GMB__IPC_OPEN_REQUEST__INIT;
@@ -442,7 +460,7 @@ static int ipc_open_new(struct gmb__mem *m, struct gmb__ipc *ipc, const struct i
 		im->dev = (int)r->device;
 		im->size = r->size;
 		memcpy(im->token, h->token, sizeof(im->token));
-		rc = ipc_map(m, ipc, im, dev_index, err);
+		rc = ipc_map(m, ipc, im, how, err);
 	}
 	if (rc < 0) {
 		/* gmbd counted the open: give it back, keep our reason. */
@@ -560,6 +578,14 @@ int gmb__ipc_follow(struct gmb__mem *m, struct gmb__ipc *ipc, uint64_t export_id
 int gmb__ipc_open(struct gmb__mem *m, struct gmb__ipc *ipc, const uint8_t *handle, int dev_index,
 		  void **ptr, char *err)
 {
+	const struct gmb__ipc_how how = { .dev_index = dev_index };
+
+	return gmb__ipc_open_how(m, ipc, handle, &how, ptr, err);
+}
+
+int gmb__ipc_open_how(struct gmb__mem *m, struct gmb__ipc *ipc, const uint8_t *handle,
+		      const struct gmb__ipc_how *how, void **ptr, char *err)
+{
 	struct gmb__import *im;
 	struct ipc_handle h;
 	int rc;
@@ -571,6 +597,14 @@ int gmb__ipc_open(struct gmb__mem *m, struct gmb__ipc *ipc, const uint8_t *handl
 	if (ipc_handle_decode(handle, &h) < 0)
 		return err_fmt(err, -EINVAL, "a gmbd handle of another version, or damaged");
 	im = ipc_find_handle(ipc, &h);
+	/* Mapped once per process: an object's version read-only, at one address. */
+	if (im && how->object && !im->object)
+		return err_fmt(
+			err, -EBUSY,
+			"the version is open read-write here (gmb_ipc_open): close that first");
+	if (im && how->at)
+		return err_fmt(err, -EEXIST, "the handle is open here already, at %p",
+			       (void *)im->va);
 	/* Kept idle by its last close: gmbd knows it open again, nothing to map. */
 	if (im && im->idle) {
 		if (!ipc_is_range(im, h.range_off))
@@ -598,7 +632,7 @@ int gmb__ipc_open(struct gmb__mem *m, struct gmb__ipc *ipc, const uint8_t *handl
 	rc = gmb__mem_backend(m, err);
 	if (rc < 0)
 		return rc;
-	rc = ipc_open_new(m, ipc, &h, handle, dev_index, &im, err);
+	rc = ipc_open_new(m, ipc, &h, handle, how, &im, err);
 	if (rc < 0)
 		return rc;
 	*ptr = (void *)(im->va + h.range_off);
@@ -631,8 +665,11 @@ int gmb__ipc_close(struct gmb__mem *m, struct gmb__ipc *ipc, const void *ptr, ch
 		im->opens--;
 		return 0;
 	}
-	/* Kept for the next open of its handle: gmbd records it idle, still pinned. */
-	if (m->ipc_keep && im->mapped && ipc_send_close(m, im->gen, true, NULL) == 0) {
+	/* Kept for the next open of its handle: gmbd records it idle, still
+	 * pinned. Not an object's version: that would pin one no longer the
+	 * latest for as long as the process lives. */
+	if (m->ipc_keep && im->mapped && !im->object &&
+	    ipc_send_close(m, im->gen, true, NULL) == 0) {
 		im->opens = 0;
 		im->idle = true;
 		return 0;

@@ -40,6 +40,10 @@ struct gmb__import {
 	 * the next open of the same handle; gmbd may ask for it back. */
 	bool idle;
 	int access_dev; /* the device given access besides dev (gmbd's index), -1: none */
+	/* A named object's version (gmb_object_open(), a publish): mapped
+	 * read-only for dev alone, never kept idle (its last close lets gmbd
+	 * let go of a version no longer the latest). */
+	bool object;
 	struct gmb__import *next;
 };
 
@@ -89,6 +93,26 @@ int gmb__ipc_get_handle(struct gmb__mem *m, struct gmb__ipc *ipc, const void *pt
  */
 int gmb__ipc_open(struct gmb__mem *m, struct gmb__ipc *ipc, const uint8_t *handle, int dev_index,
 		  void **ptr, char *err);
+/* How gmb__ipc_open_how() maps a new import. */
+struct gmb__ipc_how {
+	int dev_index; /* gmbd's index of a device given access too; -1: none */
+	bool object;   /* a named object's version: read-only, dev_index unused */
+	/* 0: a range of the import's own. Else a range this process reserved,
+	 * of @at_size bytes, for the import to be mapped at: the import's once
+	 * the open succeeds, still the caller's when it fails. */
+	uintptr_t at;
+	uint64_t at_size;
+};
+
+/**
+ * gmb__ipc_open_how() - gmb__ipc_open() as @how says. An object's handle
+ * already open here counts one more open (at its own address: -EEXIST
+ * with @how->at); one open read-write by gmb_ipc_open() is -EBUSY.
+ */
+int gmb__ipc_open_how(struct gmb__mem *m, struct gmb__ipc *ipc, const uint8_t *handle,
+		      const struct gmb__ipc_how *how, void **ptr, char *err);
+/* Is @ptr in an open import of a named object's version? */
+bool gmb__ipc_is_object(struct gmb__ipc *ipc, const void *ptr);
 /**
  * gmb__ipc_close() - one open of the import holding @ptr fewer; the last
  * drains its device, unmaps it, frees its range and tells gmbd.

@@ -543,6 +543,53 @@ int gmb__mem_free(struct gmb__mem *m, void *ptr, char *err)
 	return rc;
 }
 
+/**
+ * gmb__mem_give_check() - the allocation whose base is @ptr, active and
+ * drained, for a publish to give to gmbd (a named object's version).
+ * Return: 0; -EINVAL (no allocation's base); -EBUSY (its tag is paused);
+ * the backend's error.
+ */
+int gmb__mem_give_check(struct gmb__mem *m, void *ptr, struct gmb__alloc **out, char *err)
+{
+	struct gmb__alloc *a;
+
+	pthread_mutex_lock(&m->conn->lock);
+	a = ptr ? idmap_get(&m->tab.by_va, (uintptr_t)ptr) : NULL;
+	pthread_mutex_unlock(&m->conn->lock);
+	if (!a)
+		return err_fmt(err, -EINVAL, "pointer %p is no allocation's base (gmb_malloc's)",
+			       ptr);
+	if (!a->mapped)
+		return err_fmt(err, -EBUSY, "pointer %p is in paused tag \"%s\": resume it first",
+			       ptr, a->tag->name);
+	*out = a;
+	/* What the readers see is what the device wrote before now. */
+	return gmb__mem_sync(m, GMB__DEV_BIT(a->dev), err);
+}
+
+/**
+ * gmb__mem_give_away() - gmbd took @a (a publish): forget it as a free
+ * does, without a FreeRequest, and hand its address range, unmapped but
+ * reserved still, to the caller (*@va, *@size), who frees it.
+ */
+void gmb__mem_give_away(struct gmb__mem *m, struct gmb__alloc *a, uintptr_t *va, uint64_t *size)
+{
+	/* An unmap that fails leaves the range to the process: it cannot be reused. */
+	if (a->mapped && gmb__mem_unmap(m, a, NULL) < 0) {
+		*va = 0;
+		*size = 0;
+	} else {
+		*va = a->va;
+		*size = a->size;
+	}
+	mem_forget(m, a);
+	mem_tag_unlink(a->tag, a);
+	gmb__backup_free(m->be, &m->bufs, a);
+	free(a->chunk_ids);
+	free(a->chunk_sizes);
+	free(a);
+}
+
 /* Mode. */
 
 /* The host copies of @t's allocations that follow its mode (not PRESERVE any more). */

@@ -88,6 +88,10 @@ struct gmb__mem_how {
 int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const char *tag,
 		    const struct gmb__mem_how *how, uint64_t peers, char *err);
 int gmb__mem_free(struct gmb__mem *m, void *ptr, char *err);
+/* A publish: the allocation at @ptr checked and drained, then given away
+ * (its range the caller's: *@va 0 when it could not be unmapped). */
+int gmb__mem_give_check(struct gmb__mem *m, void *ptr, struct gmb__alloc **out, char *err);
+void gmb__mem_give_away(struct gmb__mem *m, struct gmb__alloc *a, uintptr_t *va, uint64_t *size);
 int gmb__mem_set_mode(struct gmb__mem *m, const char *tag, int mode, char *err);
 struct gmb__tag *gmb__mem_tag_find(struct gmb__mem *m, const char *name);
 /* Helpers shared with cycle.c. */
