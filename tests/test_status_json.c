@@ -921,3 +921,33 @@ Test(watch_format, object_events_name_the_version)
 	cr_expect(json_valid(json), "%s", json);
 	free(json);
 }
+
+/* top: a line an object after the clients, within the width; none without objects. */
+Test(status_top, objects_get_a_line_each)
+{
+	struct fixture_objects x;
+	struct fixture f;
+	char *text, want[160];
+
+	fixture_objects(&f, &x);
+	cr_assert(eq(i32, gmb__status_to_top(&f.st, 80, &text), 0));
+	snprintf(want, sizeof(want), "\n%-40s %7s %7s %4s %10s %7s\n", "OBJECT", "OWNER", "LATEST",
+		 "VERS", "BYTES", "READERS");
+	cr_expect(ne(ptr, strstr(text, want), NULL), "%s", text);
+	snprintf(want, sizeof(want), "\n%-40s %7u %7s %4d %10s %7d\n", "weights", 1000, "v2", 2,
+		 "128.0 MiB", 2);
+	cr_expect(ne(ptr, strstr(text, want), NULL), "%s", text);
+	snprintf(want, sizeof(want), "\n%-40s %7u %7s %4d %10s %7d\n", "old", 0, "-", 1, "2.0 MiB",
+		 1);
+	cr_expect(ne(ptr, strstr(text, want), NULL), "%s", text);
+	for (char *l = text, *e; *l; l = e + 1) {
+		e = strchr(l, '\n');
+		cr_assert(ne(ptr, e, NULL));
+		cr_expect(le(sz, (size_t)(e - l), 80), "%.*s", (int)(e - l), l);
+	}
+	free(text);
+	fixture_small(&f);
+	cr_assert(eq(i32, gmb__status_to_top(&f.st, 60, &text), 0));
+	cr_expect(eq(ptr, strstr(text, "OBJECT"), NULL), "%s", text);
+	free(text);
+}
