@@ -378,10 +378,10 @@ GMB_API int gmb_set_ipc_keep(gmb_client *c, int on);
 
 struct gmb_object_info {
 	uint64_t version;
-	uint64_t size;	    /* bytes mapped at the pointer */
-	int device;	    /* this process's ordinal of the memory's device */
+	uint64_t size; /* bytes mapped at the pointer */
+	int device;    /* this process's ordinal of the memory's device */
 	uint32_t owner_uid;
-	size_t meta_len;    /* the description's length (copied up to meta_cap) */
+	size_t meta_len; /* the description's length (copied up to meta_cap) */
 };
 
 /**

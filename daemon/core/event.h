@@ -20,18 +20,18 @@ enum event_kind {
 	EVENT_GONE,	  /* it disconnected; bytes: what returned */
 	EVENT_ALLOC,
 	EVENT_FREE,
-	EVENT_PAUSE,	    /* bytes unlent; duration: request to reply */
-	EVENT_RESUME,	    /* bytes lent again */
-	EVENT_REFUSED,	    /* a request failed; reason, status, detail */
-	EVENT_DROP,	    /* gmbd asked a client to drop cached handles */
-	EVENT_TRIM,	    /* free chunks went back to the driver */
-	EVENT_CONTROL,	    /* an operator's pause/resume of another client, answered */
-	EVENT_DROPPED,	    /* this watcher fell behind and is disconnected */
-	EVENT_MISSED,	    /* count: events this watcher was not sent while replies were held */
-	EVENT_IMPORT,	    /* a client mapped another's allocation (CUDA IPC); detail: whose */
-	EVENT_IMPORT_CLOSE, /* it closed one open of such an import */
-	EVENT_IMPORT_UNMAP, /* it unmapped one to follow its owner's pause */
-	EVENT_IMPORT_MAP,   /* it mapped such an import again, after the resume */
+	EVENT_PAUSE,	      /* bytes unlent; duration: request to reply */
+	EVENT_RESUME,	      /* bytes lent again */
+	EVENT_REFUSED,	      /* a request failed; reason, status, detail */
+	EVENT_DROP,	      /* gmbd asked a client to drop cached handles */
+	EVENT_TRIM,	      /* free chunks went back to the driver */
+	EVENT_CONTROL,	      /* an operator's pause/resume of another client, answered */
+	EVENT_DROPPED,	      /* this watcher fell behind and is disconnected */
+	EVENT_MISSED,	      /* count: events this watcher was not sent while replies were held */
+	EVENT_IMPORT,	      /* a client mapped another's allocation (CUDA IPC); detail: whose */
+	EVENT_IMPORT_CLOSE,   /* it closed one open of such an import */
+	EVENT_IMPORT_UNMAP,   /* it unmapped one to follow its owner's pause */
+	EVENT_IMPORT_MAP,     /* it mapped such an import again, after the resume */
 	EVENT_OBJECT_PUBLISH, /* a named object's new version; detail: "NAME vN" */
 	EVENT_OBJECT_DROP,    /* a version, or an object, no longer held; detail as above */
 	EVENT_NKINDS

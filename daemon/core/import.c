@@ -240,8 +240,7 @@ int import_export_version(struct broker *br, struct balloc *a, struct bobject_ve
 	return 0;
 }
 
-void import_version_handle(const struct broker *br, const struct import_export *ex,
-			   uint8_t *handle)
+void import_version_handle(const struct broker *br, const struct import_export *ex, uint8_t *handle)
 {
 	import_handle_of(br->imports, ex, 0, handle);
 }

@@ -22,6 +22,7 @@
 #include "common/log.h"
 #include "daemon/core/broker.h"
 #include "daemon/core/import.h"
+#include "daemon/core/object.h"
 
 int import_restore_table(struct broker *br, uint64_t instance, uint64_t next_id)
 {
@@ -99,7 +100,8 @@ static bool import_restore_granted(const struct import_restore *rx, uid_t uid)
 
 /* Why record @i of @rx stays out, NULL if it may come back; @seen: importers kept so far. */
 static const char *import_restore_rec_bad(struct broker *br, const struct import_restore *rx,
-					  size_t i, const struct idmap *seen, struct bclient **out)
+					  const struct bobject_version *v, size_t i,
+					  const struct idmap *seen, struct bclient **out)
 {
 	const struct import_restore_rec *rr = &rx->recs[i];
 	struct bclient *c = broker_client_get(br, rr->importer_id);
@@ -107,7 +109,8 @@ static const char *import_restore_rec_bad(struct broker *br, const struct import
 	*out = c;
 	if (!c)
 		return "no such client in the record";
-	if (c->uid != rx->owner_uid && !import_restore_granted(rx, c->uid))
+	if (v ? !object_may_open(v->obj, c->uid) :
+		c->uid != rx->owner_uid && !import_restore_granted(rx, c->uid))
 		return "a client of another uid than the owner's, not granted";
 	if (rr->opens == 0)
 		return "no open";
@@ -118,7 +121,8 @@ static const char *import_restore_rec_bad(struct broker *br, const struct import
 
 /* The records of @rx that come back, new, in *@out (malloc'd, record order). */
 static int import_restore_recs(struct broker *br, const struct import_restore *rx,
-			       struct import_rec ***out, size_t *n, char *err)
+			       const struct bobject_version *ver, struct import_rec ***out,
+			       size_t *n, char *err)
 {
 	struct import_rec **v = calloc(rx->nrecs + 1, sizeof(*v));
 	struct idmap seen = IDMAP_INIT;
@@ -129,7 +133,7 @@ static int import_restore_recs(struct broker *br, const struct import_restore *r
 		goto err_nomem;
 	for (i = 0; i < rx->nrecs; i++) {
 		struct bclient *c;
-		const char *why = import_restore_rec_bad(br, rx, i, &seen, &c);
+		const char *why = import_restore_rec_bad(br, rx, ver, i, &seen, &c);
 
 		if (why) {
 			log_warn("import not restored export=%llu importer=%llu reason=\"%s\"",
@@ -298,18 +302,24 @@ int import_restore_export(struct broker *br, const struct import_restore *rx, ch
 	struct import_rec **recs = NULL;
 	struct chunk **chunks = NULL;
 	struct balloc *a = NULL;
+	struct bobject_version *v = NULL;
 	size_t nrecs = 0;
 	uint32_t nmapped = 0;
 	int rc;
 
 	rc = import_restore_check(br, rx, err);
-	if (rc == 0)
+	if (rc == 0 && rx->version) {
+		v = object_restore_version_of(br, rx->id);
+		if (!v)
+			rc = err_fmt(err, -ENOENT, "it names no recorded object version");
+	} else if (rc == 0) {
 		rc = import_restore_alloc(br, rx, &a, err);
+	}
 	if (rc == 0)
-		rc = import_restore_recs(br, rx, &recs, &nrecs, err);
+		rc = import_restore_recs(br, rx, v, &recs, &nrecs, err);
 	if (rc < 0)
 		return rc;
-	if (!a && nrecs == 0) {
+	if (!a && !v && nrecs == 0) {
 		rc = err_fmt(err, -ENOENT, "its allocation is gone and no client imports it");
 		goto err_recs;
 	}
@@ -320,8 +330,9 @@ int import_restore_export(struct broker *br, const struct import_restore *rx, ch
 			     IMPORT_MAX_GRANTS);
 		goto err_recs;
 	}
-	/* Only mapped imports pin: those that followed a pause map nothing. */
-	if (nmapped) {
+	/* Only mapped imports pin, those that followed a pause map nothing; a
+	 * version's chunks are pinned for its life. */
+	if (nmapped || v) {
 		rc = -ENOMEM;
 		chunks = calloc(rx->nchunks + 1, sizeof(*chunks));
 		if (!chunks) {
@@ -338,8 +349,12 @@ int import_restore_export(struct broker *br, const struct import_restore *rx, ch
 	if (rc < 0)
 		goto err_chunks;
 	/* Nothing fails from here on. */
-	import_restore_link(br, ex, chunks, nmapped ? (uint32_t)rx->nchunks : 0, recs, nrecs);
+	import_restore_link(br, ex, chunks, nmapped || v ? (uint32_t)rx->nchunks : 0, recs, nrecs);
 	ex->nmapped = nmapped;
+	if (v) {
+		ex->version = v;
+		v->ex = ex;
+	}
 	for (size_t i = 0; i < rx->ngrants; i++)
 		ex->grants[ex->ngrants++] = (uid_t)rx->grants[i];
 	free(recs);

@@ -48,6 +48,9 @@ struct import_restore {
 	size_t nrecs;
 	const uint32_t *grants; /* other uids that may open it */
 	size_t ngrants;
+	/* A named object's version (object.h): linked to the restored version
+	 * of its id, its chunks pinned whether or not anybody imports it. */
+	bool version;
 };
 
 /**

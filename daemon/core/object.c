@@ -67,8 +67,7 @@ static int object_name_owner(const char *name, uid_t dflt, uid_t *uid, const cha
 	return 0;
 }
 
-int object_name_check(const struct bclient *c, const char *name, uid_t *uid, char *bare,
-		      char *err)
+int object_name_check(const struct bclient *c, const char *name, uid_t *uid, char *bare, char *err)
 {
 	const char *rest;
 	size_t n;
@@ -83,9 +82,10 @@ int object_name_check(const struct bclient *c, const char *name, uid_t *uid, cha
 			       OBJECT_NAME_MAX);
 	for (size_t i = 0; i < n; i++)
 		if (!object_name_char(rest[i]))
-			return err_fmt(err, -EINVAL,
-				       "object name '%.80s': only letters, digits, '.', '_' and '-'",
-				       rest);
+			return err_fmt(
+				err, -EINVAL,
+				"object name '%.80s': only letters, digits, '.', '_' and '-'",
+				rest);
 	memcpy(bare, rest, n + 1);
 	return 0;
 }
@@ -131,8 +131,12 @@ static void object_unhold(struct broker *br, struct bobject_version *v)
 	if (!v->held)
 		return;
 	v->held = false;
-	if (v->obj->latest == v->version)
+	/* Only the latest is held: without it the object holds nothing and is
+	 * gone once its last version is (its name free again). */
+	if (v->obj->latest == v->version) {
 		v->obj->latest = 0;
+		v->obj->dropped = true;
+	}
 	/* May free @v (and its object) at once when nobody reads it. */
 	import_version_unheld(br, v->ex);
 }
@@ -243,6 +247,7 @@ int object_publish(struct broker *br, struct bclient *c, const char *name, uint6
 	rc = import_export_version(br, a, v, &v->ex, handle, err);
 	if (rc < 0)
 		goto err_v;
+	v->export_id = v->ex->id;
 	if (meta_len)
 		memcpy(v->meta, meta, meta_len);
 	v->meta_len = (uint32_t)meta_len;
@@ -352,10 +357,10 @@ int object_drop(struct broker *br, struct bclient *c, bool may_admin, const char
 	if (version) {
 		v = object_version_find(obj, version);
 		if (!v || !v->held)
-			return err_fmt(err, -ENOENT, "object '%s' holds no version %llu",
-				       obj->name, (unsigned long long)version);
-		log_info("object version dropped name=%s uid=%u version=%llu client=%s",
-			 obj->name, (unsigned)obj->uid, (unsigned long long)version, c->name);
+			return err_fmt(err, -ENOENT, "object '%s' holds no version %llu", obj->name,
+				       (unsigned long long)version);
+		log_info("object version dropped name=%s uid=%u version=%llu client=%s", obj->name,
+			 (unsigned)obj->uid, (unsigned long long)version, c->name);
 		object_unhold(br, v);
 		return 0;
 	}
@@ -400,8 +405,8 @@ int object_grant(struct broker *br, struct bclient *c, const char *name, uid_t u
 	if (i < obj->ngrants)
 		return 0;
 	if (obj->ngrants == OBJECT_MAX_GRANTS)
-		return err_fmt(err, -ENOSPC, "object '%s' is granted to %d uids already",
-			       obj->name, OBJECT_MAX_GRANTS);
+		return err_fmt(err, -ENOSPC, "object '%s' is granted to %d uids already", obj->name,
+			       OBJECT_MAX_GRANTS);
 	obj->grants[obj->ngrants++] = uid;
 	return 0;
 }

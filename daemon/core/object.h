@@ -37,10 +37,10 @@ struct broker;
 struct bclient;
 struct import_export;
 
-#define OBJECT_NAME_MAX	     64
-#define OBJECT_META_MAX	     (48 * 1024)
-#define OBJECT_MAX_PER_UID   1024
-#define OBJECT_MAX_GRANTS    8
+#define OBJECT_NAME_MAX	   64
+#define OBJECT_META_MAX	   (48 * 1024)
+#define OBJECT_MAX_PER_UID 1024
+#define OBJECT_MAX_GRANTS  8
 
 struct bobject;
 
@@ -48,6 +48,7 @@ struct bobject_version {
 	uint64_t version;
 	struct bobject *obj;
 	struct import_export *ex; /* holds the chunks; its ->version points back */
+	uint64_t export_id;	  /* ex's id (a restore links them by it) */
 	bool held;		  /* the object's latest (pins the chunks) */
 	uint8_t *meta;		  /* owned */
 	uint32_t meta_len;
@@ -83,8 +84,7 @@ struct object_table *object_table(struct broker *br);
  * UID/NAME. *@uid and the bare name (into @bare, OBJECT_NAME_MAX + 1 bytes).
  * Return: 0; -EINVAL with @err.
  */
-int object_name_check(const struct bclient *c, const char *name, uid_t *uid, char *bare,
-		      char *err);
+int object_name_check(const struct bclient *c, const char *name, uid_t *uid, char *bare, char *err);
 
 /**
  * object_publish() - @c's allocation @alloc_id becomes the next version of
@@ -139,6 +139,41 @@ typedef int (*object_walk_fn)(void *arg, const struct bobject *obj);
 int object_walk(const struct broker *br, object_walk_fn fn, void *arg);
 /* Readers (import records) of @v. */
 uint32_t object_version_readers(const struct bobject_version *v);
+
+/*
+ * Restart without loss (daemon/persist/state.c): the objects come back
+ * before the import table's exports, each version without its export;
+ * import_restore_export() links a version's export to it by id
+ * (object_restore_version_of()), and object_restore_finish() drops the
+ * versions whose export did not come back and lets go of those nobody
+ * holds or reads.
+ */
+struct object_restore_version {
+	uint64_t version, export_id;
+	const uint8_t *meta; /* copied */
+	size_t meta_len;
+	bool held;
+	uint64_t published_ns;
+	const char *publisher; /* copied (truncated) */
+	pid_t publisher_pid;
+};
+
+struct object_restore {
+	const char *name;
+	uid_t uid;
+	uint64_t next_version, latest;
+	const uint32_t *grants;
+	size_t ngrants;
+	const struct object_restore_version *versions; /* oldest first */
+	size_t nversions;
+};
+
+/* Return: 0; -EINVAL (a bad name, version numbers, too many grants),
+ * -EEXIST (the name twice), -ENOMEM; @err says why. */
+int object_restore(struct broker *br, const struct object_restore *ro, char *err);
+/* The restored version whose export is @export_id, not linked yet; NULL if none. */
+struct bobject_version *object_restore_version_of(struct broker *br, uint64_t export_id);
+void object_restore_finish(struct broker *br);
 
 /* broker_free(): everything goes (the exports with the import table). */
 void object_deinit(struct broker *br);

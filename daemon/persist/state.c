@@ -27,6 +27,7 @@
 #include "daemon/core/broker.h"
 #include "daemon/core/import.h"
 #include "daemon/core/import_restore.h"
+#include "daemon/core/object.h"
 #include "daemon/core/rejoin.h"
 #include "daemon/core/walk.h"
 #include "daemon/persist/state.h"
@@ -42,13 +43,15 @@ struct state_enc {
 	Gmb__StateAlloc *allocs, **pallocs;
 	Gmb__StateExport *exports, **pexports;
 	Gmb__StateImport *imports, **pimports;
+	Gmb__StateObject *objects, **pobjects;
+	Gmb__StateObjectVersion *versions, **pversions;
 	uint64_t *ids; /* allocations' last lends, then exports' pinned chunks */
 	uint32_t *groups;
-	size_t ntags, nallocs, nimports, nids, ngroups; /* entries filled */
+	size_t ntags, nallocs, nimports, nids, ngroups, nversions; /* entries filled */
 };
 
 struct state_count {
-	size_t clients, tags, allocs, exports, imports, ids, groups;
+	size_t clients, tags, allocs, exports, imports, ids, groups, objects, versions;
 };
 
 static int state_count_client(void *arg, const struct bclient *c)
@@ -86,6 +89,15 @@ static int state_count_export(void *arg, const struct import_export *ex)
 	return 0;
 }
 
+static int state_count_object(void *arg, const struct bobject *obj)
+{
+	struct state_count *n = arg;
+
+	n->objects++;
+	n->versions += obj->nversions;
+	return 0;
+}
+
 static void state_count(const struct broker *br, struct state_count *n)
 {
 	static const struct walk_ops ops = { .client = state_count_client,
@@ -95,6 +107,7 @@ static void state_count(const struct broker *br, struct state_count *n)
 	*n = (struct state_count){ 0 };
 	walk_tree(br, &ops, n);
 	import_record_walk(br, state_count_export, NULL, n);
+	object_walk(br, state_count_object, n);
 }
 
 static void state_enc_free(struct state_enc *e)
@@ -111,6 +124,10 @@ static void state_enc_free(struct state_enc *e)
 	free(e->pexports);
 	free(e->imports);
 	free(e->pimports);
+	free(e->objects);
+	free(e->pobjects);
+	free(e->versions);
+	free(e->pversions);
 	free(e->ids);
 	free(e->groups);
 }
@@ -129,11 +146,16 @@ static int state_enc_alloc(struct state_enc *e, size_t nchunks, const struct sta
 	e->pexports = calloc(n->exports + 1, sizeof(*e->pexports));
 	e->imports = calloc(n->imports + 1, sizeof(*e->imports));
 	e->pimports = calloc(n->imports + 1, sizeof(*e->pimports));
+	e->objects = calloc(n->objects + 1, sizeof(*e->objects));
+	e->pobjects = calloc(n->objects + 1, sizeof(*e->pobjects));
+	e->versions = calloc(n->versions + 1, sizeof(*e->versions));
+	e->pversions = calloc(n->versions + 1, sizeof(*e->pversions));
 	e->ids = calloc(n->ids + 1, sizeof(*e->ids));
 	e->groups = calloc(n->groups + 1, sizeof(*e->groups));
 	if (!e->chunks || !e->pchunks || !e->clients || !e->pclients || !e->tags || !e->ptags ||
 	    !e->allocs || !e->pallocs || !e->exports || !e->pexports || !e->imports ||
-	    !e->pimports || !e->ids || !e->groups)
+	    !e->pimports || !e->objects || !e->pobjects || !e->versions || !e->pversions ||
+	    !e->ids || !e->groups)
 		return -ENOMEM;
 	return 0;
 }
@@ -268,6 +290,7 @@ static int state_enc_export(void *arg, const struct import_export *ex)
 	se->imports = &e->pimports[e->nimports];
 	se->grants = (uint32_t *)ex->grants;
 	se->n_grants = ex->ngrants;
+	se->version = ex->version != NULL;
 	e->pexports[e->st.n_exports++] = se;
 	return 0;
 }
@@ -297,6 +320,39 @@ static void state_enc_exports(const struct broker *br, struct state_enc *e)
 	e->st.n_exports = 0;
 	e->st.exports = e->pexports;
 	import_record_walk(br, state_enc_export, state_enc_import, e);
+}
+
+/* A named object and its versions, each naming its export. */
+static int state_enc_object(void *arg, const struct bobject *obj)
+{
+	struct state_enc *e = arg;
+	Gmb__StateObject *so = &e->objects[e->st.n_objects];
+
+	gmb__state_object__init(so);
+	so->name = (char *)obj->name;
+	so->uid = (uint32_t)obj->uid;
+	so->next_version = obj->next_version;
+	so->latest = obj->latest;
+	so->grants = (uint32_t *)obj->grants;
+	so->n_grants = obj->ngrants;
+	so->versions = &e->pversions[e->nversions];
+	for (const struct bobject_version *v = obj->versions; v; v = v->next) {
+		Gmb__StateObjectVersion *sv = &e->versions[e->nversions];
+
+		gmb__state_object_version__init(sv);
+		sv->version = v->version;
+		sv->export_id = v->ex->id;
+		sv->meta.data = v->meta;
+		sv->meta.len = v->meta_len;
+		sv->held = v->held;
+		sv->published_ns = v->published_ns;
+		sv->publisher = (char *)v->publisher;
+		sv->publisher_pid = (int32_t)v->publisher_pid;
+		e->pversions[e->nversions++] = sv;
+		so->n_versions++;
+	}
+	e->pobjects[e->st.n_objects++] = so;
+	return 0;
 }
 
 int state_encode(const struct broker *br, uint8_t **buf, size_t *len)
@@ -331,6 +387,8 @@ int state_encode(const struct broker *br, uint8_t **buf, size_t *len)
 	state_enc_chunks(br, &e);
 	state_enc_clients(br, &e);
 	state_enc_exports(br, &e);
+	e.st.objects = e.pobjects;
+	object_walk(br, state_enc_object, &e);
 	*len = gmb__state__get_packed_size(&e.st);
 	out = malloc(*len ? *len : 1);
 	rc = -ENOMEM;
@@ -501,7 +559,8 @@ static int state_restore_export(struct broker *br, const Gmb__StateExport *se, c
 				     .recs = recs,
 				     .nrecs = se->n_imports,
 				     .grants = se->grants,
-				     .ngrants = se->n_grants };
+				     .ngrants = se->n_grants,
+				     .version = se->version };
 	int rc;
 
 	if (!recs)
@@ -548,6 +607,52 @@ static void state_restore_imports(struct broker *br, const Gmb__State *st, struc
 	}
 }
 
+/* One recorded object with its versions, still without their exports. */
+static int state_restore_object(struct broker *br, const Gmb__StateObject *so, char *err)
+{
+	struct object_restore_version *vs = calloc(so->n_versions + 1, sizeof(*vs));
+	struct object_restore ro = { .name = so->name,
+				     .uid = (uid_t)so->uid,
+				     .next_version = so->next_version,
+				     .latest = so->latest,
+				     .grants = so->grants,
+				     .ngrants = so->n_grants,
+				     .versions = vs,
+				     .nversions = so->n_versions };
+	int rc;
+
+	if (!vs)
+		return err_fmt(err, -ENOMEM, "out of memory restoring object '%s'", so->name);
+	for (size_t i = 0; i < so->n_versions; i++) {
+		const Gmb__StateObjectVersion *sv = so->versions[i];
+
+		vs[i] = (struct object_restore_version){ .version = sv->version,
+							 .export_id = sv->export_id,
+							 .meta = sv->meta.data,
+							 .meta_len = sv->meta.len,
+							 .held = sv->held,
+							 .published_ns = sv->published_ns,
+							 .publisher = sv->publisher,
+							 .publisher_pid = sv->publisher_pid };
+	}
+	rc = object_restore(br, &ro, err);
+	free(vs);
+	return rc;
+}
+
+/* The objects, before the exports that hold their versions' chunks. */
+static void state_restore_objects(struct broker *br, const Gmb__State *st)
+{
+	char err[ERR_MSG_MAX];
+
+	for (size_t i = st->n_objects; i-- > 0;) {
+		err[0] = '\0';
+		if (state_restore_object(br, st->objects[i], err) < 0)
+			log_warn("object not restored name=%s uid=%u reason=\"%s\"",
+				 st->objects[i]->name, st->objects[i]->uid, err);
+	}
+}
+
 static int state_check(const struct broker *br, const Gmb__State *st)
 {
 	if (st->version != STATE_VERSION) {
@@ -589,7 +694,9 @@ int state_restore(struct broker *br, const uint8_t *buf, size_t len, struct stat
 		}
 		out->clients++;
 	}
+	state_restore_objects(br, st);
 	state_restore_imports(br, st, out);
+	object_restore_finish(br);
 	if (out->exports)
 		log_notice("imports restored exports=%u imports=%u", out->exports, out->imports);
 	if (br->next_client_id < st->next_client_id)
