@@ -319,7 +319,8 @@ Test(gmbctl, objects_listed_granted_and_dropped)
 
 	/* A second version is the latest; the first stays while it is open. */
 	cr_assert(eq(i32, worker_cmd(&w, NULL, 0, "malloc kv2 %llu", 4 * MiB), 0));
-	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "publish kv2 weights"), 0), "%s", text);
+	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "publish kv2 weights"), 0), "%s",
+		  text);
 	cr_assert(eq(str, text, "2"));
 	cr_assert(eq(i32, ctl("objects"), 0), "%s", err);
 	cr_expect(has(out, "      v2         2  20.0 MiB        2  -\n"), "%s", out);

@@ -219,7 +219,8 @@ Test(metrics, named_objects)
 	cr_assert(eq(i32, worker_cmd(&w, NULL, 0, "malloc kv %llu", 4 * MiB), 0));
 	cr_assert(eq(i32, worker_cmd(&w, NULL, 0, "malloc kv2 %llu", 2 * MiB), 0));
 	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "publish kv weights"), 0), "%s", text);
-	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "publish kv2 weights"), 0), "%s", text);
+	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "publish kv2 weights"), 0), "%s",
+		  text);
 	cr_assert(eq(i32, scrape(), 0), "%s", err);
 	cr_expect(has(out, "gmbd_objects 1\n"), "%s", out);
 	snprintf(want, sizeof(want), "gmbd_object_bytes{uid=\"%u\",name=\"weights\"} 6291456\n",

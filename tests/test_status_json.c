@@ -55,11 +55,11 @@ int faulty_watch_format(const Gmb__WatchEvent *ev, bool json, char **out);
 int faulty_objects_to_json(const Gmb__StatusReply *st, char **out);
 int faulty_objects_to_table(const Gmb__StatusReply *st, char **out);
 
-#define realloc		     fault_realloc
-#define free		     fault_free
-#define gmb__status_to_json  faulty_status_to_json
-#define gmb__status_to_table faulty_status_to_table
-#define gmb__watch_format    faulty_watch_format
+#define realloc		      fault_realloc
+#define free		      fault_free
+#define gmb__status_to_json   faulty_status_to_json
+#define gmb__status_to_table  faulty_status_to_table
+#define gmb__watch_format     faulty_watch_format
 #define gmb__objects_to_json  faulty_objects_to_json
 #define gmb__objects_to_table faulty_objects_to_table
 #include "client/lib/api/status_json.c"
@@ -790,23 +790,24 @@ Test(status_json, objects_with_their_versions)
 
 	fixture_objects(&f, &x);
 	json = render_json(&f.st);
-	cr_expect(ne(ptr,
-		     strstr(json,
-			    "\"objects\":[{\"name\":\"weights\",\"owner_uid\":1000,\"latest\":2,"
-			    "\"bytes\":134217728,\"grants\":[1001,1002],\"versions\":["
-			    "{\"version\":1,\"bytes\":67108864,\"device\":0,\"readers\":2,"
-			    "\"latest\":false,\"published_ns\":1700000000000000000,"
-			    "\"publisher\":\"trainer\",\"publisher_pid\":77,\"meta_bytes\":0},"
-			    "{\"version\":2,\"bytes\":67108864,\"device\":1,\"readers\":0,"
-			    "\"latest\":true,\"published_ns\":0,\"publisher\":\"trainer\","
-			    "\"publisher_pid\":77,\"meta_bytes\":12}]},"
-			    "{\"name\":\"old\",\"owner_uid\":0,\"latest\":0,\"bytes\":2097152,"
-			    "\"grants\":[],\"versions\":[{\"version\":5,\"bytes\":2097152,"
-			    "\"device\":0,\"readers\":1,\"latest\":false,\"published_ns\":0,"
-			    "\"publisher\":\"p\\u001b[2J\",\"publisher_pid\":0,\"meta_bytes\":0}]}],"
-			    "\"objects_total\":3}"),
-		     NULL),
-		  "%s", json);
+	cr_expect(
+		ne(ptr,
+		   strstr(json,
+			  "\"objects\":[{\"name\":\"weights\",\"owner_uid\":1000,\"latest\":2,"
+			  "\"bytes\":134217728,\"grants\":[1001,1002],\"versions\":["
+			  "{\"version\":1,\"bytes\":67108864,\"device\":0,\"readers\":2,"
+			  "\"latest\":false,\"published_ns\":1700000000000000000,"
+			  "\"publisher\":\"trainer\",\"publisher_pid\":77,\"meta_bytes\":0},"
+			  "{\"version\":2,\"bytes\":67108864,\"device\":1,\"readers\":0,"
+			  "\"latest\":true,\"published_ns\":0,\"publisher\":\"trainer\","
+			  "\"publisher_pid\":77,\"meta_bytes\":12}]},"
+			  "{\"name\":\"old\",\"owner_uid\":0,\"latest\":0,\"bytes\":2097152,"
+			  "\"grants\":[],\"versions\":[{\"version\":5,\"bytes\":2097152,"
+			  "\"device\":0,\"readers\":1,\"latest\":false,\"published_ns\":0,"
+			  "\"publisher\":\"p\\u001b[2J\",\"publisher_pid\":0,\"meta_bytes\":0}]}],"
+			  "\"objects_total\":3}"),
+		   NULL),
+		"%s", json);
 	cr_expect(json_valid(json), "%s", json);
 	free(json);
 	/* The objects alone (gmbctl objects --json): the same entries. */
@@ -834,10 +835,11 @@ Test(status_table, objects_get_a_table_of_their_own)
 	f.st.objects_total = 5;
 	text = render_table(&f.st);
 	cr_expect(ne(ptr,
-		     strstr(text, "\n\nOBJECT   OWNER  LATEST  VERSIONS      BYTES  READERS  GRANTS\n"
-				  "weights   1000      v2         2  128.0 MiB        2  1001,1002\n"
-				  "old          0       -         1    2.0 MiB        1  -\n"
-				  "... and 3 more objects\n"),
+		     strstr(text,
+			    "\n\nOBJECT   OWNER  LATEST  VERSIONS      BYTES  READERS  GRANTS\n"
+			    "weights   1000      v2         2  128.0 MiB        2  1001,1002\n"
+			    "old          0       -         1    2.0 MiB        1  -\n"
+			    "... and 3 more objects\n"),
 		     NULL),
 		  "%s", text);
 	free(text);
@@ -866,14 +868,16 @@ Test(status_json, an_import_of_a_version_names_the_object)
 	ii.object = "weights";
 	ii.object_version = 3;
 	text = render_json(&f.st);
-	cr_expect(ne(ptr, strstr(text, "\"idle\":false,\"object\":\"weights\",\"object_version\":3}"),
+	cr_expect(ne(ptr,
+		     strstr(text, "\"idle\":false,\"object\":\"weights\",\"object_version\":3}"),
 		     NULL),
 		  "%s", text);
 	cr_expect(json_valid(text), "%s", text);
 	free(text);
 	text = render_table(&f.st);
-	cr_expect(ne(ptr, strstr(text, "#2 engine\\x1b[2J  456  weights@3  123      7    0  4.0 MiB"
-				       "      2  object   yes\n"),
+	cr_expect(ne(ptr,
+		     strstr(text, "#2 engine\\x1b[2J  456  weights@3  123      7    0  4.0 MiB"
+				  "      2  object   yes\n"),
 		     NULL),
 		  "%s", text);
 	free(text);
