@@ -237,8 +237,8 @@ Test(object_core, bad_input_is_refused_and_changes_nothing)
 	struct bobject_version *v;
 	uint8_t big[OBJECT_META_MAX + 1] = { 0 };
 	char err[ERR_MSG_MAX] = "";
-	static const char *const bad[] = { "", "a b", "x/y", "1/", "/x", "12345678901/x",
-					   "\xff", "a\nb" };
+	static const char *const bad[] = { "",	 "a b",		  "x/y",  "1/",
+					   "/x", "12345678901/x", "\xff", "a\nb" };
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
 		cr_assert(eq(i32, object_publish(fx.br, fx.writer, bad[i], a->id, NULL, 0, &v, err),
@@ -295,7 +295,8 @@ Test(object_core, another_uid_opens_only_by_grant)
 
 		publish(fx.writer, "g", 2 * MiB, "");
 		rc = object_grant(fx.br, fx.writer, "g", getuid() + 100 + u, false, err);
-		cr_assert(eq(i32, rc, u <= OBJECT_MAX_GRANTS ? 0 : -ENOSPC), "grant %u", (unsigned)u);
+		cr_assert(eq(i32, rc, u <= OBJECT_MAX_GRANTS ? 0 : -ENOSPC), "grant %u",
+			  (unsigned)u);
 	}
 }
 

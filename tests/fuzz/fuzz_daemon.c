@@ -97,6 +97,12 @@ static void fd_sock_open(struct fd_sock *s)
 }
 
 /* Reads everything gmbd sent on @s; remembers its requests. */
+static void fd_take_handle(const uint8_t *h)
+{
+	memcpy(fd_handle, h, IPC_HANDLE_SIZE);
+	fd_have_handle = true;
+}
+
 static void fd_sock_drain(struct fd_sock *s)
 {
 	Gmb__Envelope *env;
@@ -112,10 +118,15 @@ static void fd_sock_drain(struct fd_sock *s)
 			break;
 		wire_close_fds(fds, nfds);
 		if (env->body_case == GMB__ENVELOPE__BODY_IPC_EXPORT_REPLY &&
-		    env->ipc_export_reply->handle.len == IPC_HANDLE_SIZE) {
-			memcpy(fd_handle, env->ipc_export_reply->handle.data, IPC_HANDLE_SIZE);
-			fd_have_handle = true;
-		}
+		    env->ipc_export_reply->handle.len == IPC_HANDLE_SIZE)
+			fd_take_handle(env->ipc_export_reply->handle.data);
+		/* A named object's version is opened by the handle gmbd gives too. */
+		if (env->body_case == GMB__ENVELOPE__BODY_OBJECT_PUBLISH_REPLY &&
+		    env->object_publish_reply->handle.len == IPC_HANDLE_SIZE)
+			fd_take_handle(env->object_publish_reply->handle.data);
+		if (env->body_case == GMB__ENVELOPE__BODY_OBJECT_OPEN_REPLY &&
+		    env->object_open_reply->handle.len == IPC_HANDLE_SIZE)
+			fd_take_handle(env->object_open_reply->handle.data);
 		if (env->id && env->reply_to == 0 && s->ndreqs < FD_MAX_DREQS)
 			s->dreqs[s->ndreqs++] = env->id;
 		gmb__envelope__free_unpacked(env, NULL);

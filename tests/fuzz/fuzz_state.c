@@ -11,14 +11,17 @@
  * leaves nothing lent; the brokers freed, the process has the fds it had.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "common/backend/backend.h"
+#include "common/err.h"
 #include "common/log.h"
 #include "daemon/core/broker.h"
+#include "daemon/core/object.h"
 #include "daemon/core/rejoin.h"
 #include "daemon/persist/state.h"
 #include "tests/fuzz/fuzz.h"
@@ -60,8 +63,27 @@ static struct broker *fs_broker(struct backend *be)
 
 static void fs_reclaim_all(struct broker *br)
 {
+	char err[ERR_MSG_MAX];
+
 	while (br->clients)
 		rejoin_reclaim(br, br->clients, "fuzz: not back");
+	fuzz_check_broker(br, 1);
+	/* Named objects outlive every client: dropped by their owner (root here). */
+	while (br->objects && br->objects->objects) {
+		struct bobject *o = br->objects->objects;
+		struct broker_peer peer = { .pid = 1, .uid = o->uid, .gid = 0 };
+		struct bclient *c;
+		char name[OBJECT_NAME_MAX + 16];
+
+		if (broker_client_add(br, &peer, "fuzz-dropper", false, false, &c) < 0)
+			fuzz_fail("broker_client_add");
+		snprintf(name, sizeof(name), "%u/%s", (unsigned)o->uid, o->name);
+		if (object_drop(br, c, true, name, 0, err) < 0)
+			fuzz_fail("dropping object '%s': %s", name, err);
+		broker_client_remove(br, c);
+		if (br->objects && br->objects->objects == o)
+			fuzz_fail("object '%s' outlived its drop without a reader", name);
+	}
 	fuzz_check_broker(br, 1);
 	for (int d = 0; d < br->ndevices; d++)
 		if (br->pools[d].lent_bytes || br->pools[d].pending_bytes)

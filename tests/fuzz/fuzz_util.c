@@ -12,6 +12,7 @@
 
 #include "daemon/core/broker.h"
 #include "daemon/core/import.h"
+#include "daemon/core/object.h"
 #include "tests/broker_refs.h"
 #include "tests/fuzz/fuzz.h"
 
@@ -197,7 +198,8 @@ static void fuzz_check_export(const struct import_export *ex, uint64_t *lent, ui
 	if (mapped != ex->nmapped)
 		fuzz_fail("export %llu: %u mapped records, counted %u", (unsigned long long)ex->id,
 			  mapped, ex->nmapped);
-	if (n != ex->nimports || (!ex->alloc && n == 0))
+	/* A named object's version lives unread while its object holds it. */
+	if (n != ex->nimports || (!ex->alloc && n == 0 && !(ex->version && ex->version->held)))
 		fuzz_fail("export %llu: %u records, counted %u, allocation %s",
 			  (unsigned long long)ex->id, n, ex->nimports,
 			  ex->alloc ? "alive" : "gone");
@@ -205,7 +207,8 @@ static void fuzz_check_export(const struct import_export *ex, uint64_t *lent, ui
 	/* Only imports that followed the pause (unmapped) outlive it. */
 	if (mapped && ex->alloc && !ex->alloc->active)
 		fuzz_fail("export %llu: mapped while paused", (unsigned long long)ex->id);
-	if ((mapped != 0) != (ex->chunks != NULL))
+	if (ex->version ? (ex->alloc || !ex->chunks || ex->version->ex != ex) :
+			  (mapped != 0) != (ex->chunks != NULL))
 		fuzz_fail("export %llu: pinned chunks without mapped imports, or the reverse",
 			  (unsigned long long)ex->id);
 	for (uint32_t i = 0; i < ex->nchunks; i++) {
@@ -222,6 +225,34 @@ static void fuzz_check_export(const struct import_export *ex, uint64_t *lent, ui
 					  (unsigned long long)ch->id);
 			lent[ch->dev] += ch->size;
 		}
+	}
+}
+
+/* Named objects (daemon/core/object.h's invariants): unique names, a
+ * latest that is a held version, versions increasing, each on its export. */
+static void fuzz_check_objects(const struct broker *br)
+{
+	for (const struct bobject *o = br->objects ? br->objects->objects : NULL; o; o = o->next) {
+		uint64_t prev = 0, held = 0;
+		uint32_t n = 0;
+
+		for (const struct bobject *p = o->next; p; p = p->next)
+			if (p->uid == o->uid && strcmp(p->name, o->name) == 0)
+				fuzz_fail("object '%s' of uid %u twice", o->name, (unsigned)o->uid);
+		for (const struct bobject_version *v = o->versions; v; v = v->next, n++) {
+			if (v->version <= prev || v->version >= o->next_version || v->obj != o ||
+			    !v->ex || v->ex->version != v)
+				fuzz_fail("object '%s': version %llu out of order or unlinked",
+					  o->name, (unsigned long long)v->version);
+			if (v->held)
+				held = v->version;
+			prev = v->version;
+		}
+		if (n != o->nversions || held != o->latest || (o->dropped && o->latest) ||
+		    (o->dropped && n == 0))
+			fuzz_fail("object '%s': %u versions (counted %u), latest %llu held %llu",
+				  o->name, n, o->nversions, (unsigned long long)o->latest,
+				  (unsigned long long)held);
 	}
 }
 
@@ -252,6 +283,7 @@ void fuzz_check_broker(const struct broker *br, int over_budget)
 
 	fuzz_check_clients(br, lent);
 	fuzz_check_imports(br, lent);
+	fuzz_check_objects(br);
 	for (int d = 0; d < br->ndevices; d++) {
 		fuzz_check_pool(&br->pools[d], over_budget);
 		if (br->pools[d].lent_bytes != lent[d])

@@ -19,6 +19,8 @@
 #include "common/wire.h"
 #include "daemon/core/broker.h"
 #include "daemon/core/lend.h"
+#include "daemon/core/import.h"
+#include "daemon/core/object.h"
 #include "daemon/persist/state.h"
 #include "include/gmb.h"
 
@@ -259,6 +261,72 @@ static void d_ipc_grant(struct seed *s, int sock, uint64_t alloc, uint32_t uid, 
 	seeds_send(s, sock, GMB__ENVELOPE__BODY_IPC_GRANT, &g);
 }
 
+static void d_obj_publish(struct seed *s, int sock, const char *name, uint64_t alloc,
+			  const char *meta)
+{
+	Gmb__ObjectPublishRequest p = GMB__OBJECT_PUBLISH_REQUEST__INIT;
+
+	p.name = (char *)name, p.alloc_id = alloc;
+	p.meta.data = (uint8_t *)meta, p.meta.len = strlen(meta);
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_OBJECT_PUBLISH, &p);
+}
+
+static void d_obj_open(struct seed *s, int sock, const char *name, uint64_t version)
+{
+	Gmb__ObjectOpenRequest o = GMB__OBJECT_OPEN_REQUEST__INIT;
+
+	o.name = (char *)name, o.version = version;
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_OBJECT_OPEN, &o);
+}
+
+static void d_obj_drop(struct seed *s, int sock, const char *name, uint64_t version)
+{
+	Gmb__ObjectDropRequest d = GMB__OBJECT_DROP_REQUEST__INIT;
+
+	d.name = (char *)name, d.version = version;
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_OBJECT_DROP, &d);
+}
+
+static void d_obj_grant(struct seed *s, int sock, const char *name, uint32_t uid, bool revoke)
+{
+	Gmb__ObjectGrantRequest g = GMB__OBJECT_GRANT_REQUEST__INIT;
+
+	g.name = (char *)name, g.uid = uid, g.revoke = revoke;
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_OBJECT_GRANT, &g);
+}
+
+/* Named objects: publish, a new version over a reader, opens, drops, grants, bad names. */
+static void seeds_daemon_objects(void)
+{
+	struct seed s;
+
+	s.len = 0;
+	d_hello(&s, 0, "writer", 0, false);
+	d_alloc(&s, 0, 0, 4 * MiB, "w");
+	d_alloc(&s, 0, 0, 2 * MiB, "w");
+	d_obj_publish(&s, 0, "weights", 10, "{\"a\": [0, \"bf16\", [4]]}");
+	d_hello(&s, 1, "reader", 0, false);
+	d_obj_open(&s, 1, "weights", 0);
+	d_ipc_open(&s, 1, 10, 10, 1, 0, IPC_HANDLE_SIZE);
+	d_obj_publish(&s, 0, "weights", 11, "");
+	d_obj_open(&s, 1, "weights", 1);
+	d_obj_open(&s, 1, "weights", 7);
+	d_ipc_open(&s, 1, 10, 11, 2, 0, IPC_HANDLE_SIZE);
+	d_obj_grant(&s, 0, "weights", 4242, false);
+	d_obj_grant(&s, 1, "0/weights", 4242, true);
+	d_status(&s, 2);
+	d_ipc_close(&s, 1, 1);
+	d_obj_drop(&s, 0, "weights", 2);
+	d_obj_drop(&s, 0, "weights", 0);
+	d_obj_publish(&s, 0, "a/b/c", 10, "");
+	d_obj_publish(&s, 0, "", 99, "");
+	d_obj_open(&s, 1, "12345678901/x", 0);
+	d_obj_drop(&s, 1, "nothing", 0);
+	seeds_op(&s, 6 | (1 << 3), 0);
+	d_status(&s, 2);
+	seeds_write("daemon", "objects", &s);
+}
+
 static void seeds_daemon(void)
 {
 	struct seed s;
@@ -401,6 +469,7 @@ static void seeds_daemon(void)
 	seeds_op(&s, 4 | (1 << 3), (uint8_t)-EBUSY);
 	d_status(&s, 2);
 	seeds_write("daemon", "ipc-keep", &s);
+	seeds_daemon_objects();
 }
 
 /* ---- state: records ---- */
@@ -535,6 +604,53 @@ static void seeds_state_imports(void)
 /* What the real state_encode() writes for a real broker. The client is a
  * made-up process of root (not this one), so that the record is the
  * same on every run and every machine. */
+/* A real broker's record with named objects: two versions of one, the
+ * first kept for a reader, a grant; made-up root processes as above. */
+static void seeds_state_objects(void)
+{
+	struct backend_host_opts ho = { .ndevices = 2, .memory = 32 * MiB, .granularity = 2 * MiB };
+	struct broker_opts bo = { .max_chunk = 4 * MiB, .pool_keep = 0, .daemon_uid = 0 };
+	struct broker_peer peer = { .pid = 4246, .uid = 0, .gid = 0 };
+	struct broker_result res = BROKER_RESULT_INIT;
+	struct bobject_version *v;
+	struct import_export *ex;
+	uint8_t h[IPC_HANDLE_SIZE];
+	struct backend *be;
+	struct broker *br;
+	struct bclient *c, *r;
+	struct seed s;
+	uint64_t range;
+	uint8_t *buf;
+	size_t len;
+
+	if (backend_host_open(&ho, &be) < 0 || broker_new(be, &bo, &br) < 0 ||
+	    broker_client_add(br, &peer, "writer", true, false, &c) < 0)
+		exit(1);
+	peer.pid = 4247;
+	if (broker_client_add(br, &peer, "reader", true, false, &r) < 0)
+		exit(1);
+	for (uint64_t id = 1; id <= 2; id++) {
+		lend_alloc(br, c, 0, 2 * MiB, "w", &res, NULL);
+		broker_result_deinit(&res);
+		if (object_publish(br, c, "weights", id, (const uint8_t *)"meta", 4, &v, NULL) < 0)
+			exit(1);
+		if (id == 1) {
+			import_version_handle(br, v->ex, h);
+			if (import_open(br, r, h, sizeof(h), &ex, &range, NULL) < 0)
+				exit(1);
+		}
+	}
+	object_grant(br, c, "weights", 4242, false, NULL);
+	if (state_encode(br, &buf, &len) < 0)
+		exit(1);
+	memcpy(s.buf, buf, len);
+	s.len = len;
+	seeds_write("state", "objects", &s);
+	free(buf);
+	broker_free(br);
+	backend_close(be);
+}
+
 static void seeds_state_real(void)
 {
 	struct backend_host_opts ho = { .ndevices = 2, .memory = 32 * MiB, .granularity = 2 * MiB };
@@ -773,6 +889,7 @@ int main(int argc, char **argv)
 	seeds_daemon();
 	seeds_state_crafted();
 	seeds_state_imports();
+	seeds_state_objects();
 	seeds_state_real();
 	seeds_client();
 	return 0;
