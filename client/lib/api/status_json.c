@@ -383,14 +383,14 @@ static void json_put_import(struct sbuf *b, const Gmb__ImportInfo *m)
 		    m->owner_pid, m->alloc_id, m->device, m->bytes, m->opens,
 		    m->owner_freed ? "true" : "false", m->unmapped ? "false" : "true",
 		    m->idle ? "true" : "false");
-	/* A named object's version, or null: an allocation's import. */
+	/* A named object's version: its name and number; an allocation's
+	 * import has neither (its document as before objects). */
 	if (m->object && *m->object) {
 		sbuf_puts(b, ",\"object\":");
 		json_put_str(b, m->object);
-		sbuf_printf(b, ",\"object_version\":%" PRIu64 "}", m->object_version);
-	} else {
-		sbuf_puts(b, ",\"object\":null,\"object_version\":null}");
+		sbuf_printf(b, ",\"object_version\":%" PRIu64, m->object_version);
 	}
+	sbuf_putc(b, '}');
 }
 
 static void json_put_object_version(struct sbuf *b, const Gmb__ObjectVersionInfo *v)
