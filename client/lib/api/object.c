@@ -234,7 +234,8 @@ static void obj_info_fill(struct gmb_client *c, const Gmb__ObjectOpenReply *r,
 {
 	const struct backend *be = c->mem.be;
 
-	if (meta && meta_cap)
+	/* An empty description comes as no data at all. */
+	if (meta && meta_cap && r->meta.len)
 		memcpy(meta, r->meta.data, r->meta.len < meta_cap ? r->meta.len : meta_cap);
 	if (!info)
 		return;

@@ -332,6 +332,49 @@ class Client:
         back before its owner's pause and once its owner freed it."""
         self._check(self._lib().gmb_set_ipc_keep(self._handle(), 1 if on else 0))
 
+    # Named objects (README: "Named objects"): memory that belongs to a name
+    # under this uid, not to a process. gmb.objects builds state dicts on them.
+
+    OBJECT_META_MAX = 48 * 1024
+
+    def object_publish(self, name, ptr, meta=b""):
+        """The allocation at ``ptr`` (its base, active) becomes the next version of
+        ``name``, described by ``meta`` (bytes, at most 48 KiB); the version's
+        number. ``ptr`` stays mapped, read-only: ``object_close`` it, never ``free``."""
+        meta = bytes(meta)
+        v = c_uint64()
+        self._check(self._lib().gmb_object_publish(self._handle(), _b(name), c_void_p(ptr),
+                                                   meta, len(meta), byref(v)))
+        return v.value
+
+    def object_open(self, name, version=0):
+        """Map version ``version`` (0: the latest) of ``name`` (or "UID/NAME") read-only:
+        ``(ptr, info, meta)`` with info ``{version, size, device, owner_uid}`` and the
+        publisher's description as bytes. Opening one version twice maps it once."""
+        p = c_void_p()
+        info = _lib.ObjectInfo()
+        meta = ctypes.create_string_buffer(self.OBJECT_META_MAX)
+        self._check(self._lib().gmb_object_open(self._handle(), _b(name), c_uint64(version),
+                                                byref(p), ctypes.addressof(info), meta,
+                                                len(meta)))
+        n = min(int(info.meta_len), len(meta))
+        facts = {"version": int(info.version), "size": int(info.size),
+                 "device": int(info.device), "owner_uid": int(info.owner_uid)}
+        return p.value, facts, meta.raw[:n]
+
+    def object_close(self, ptr):
+        """One open of the version mapped at ``ptr`` fewer; the last unmaps it."""
+        self._check(self._lib().gmb_object_close(self._handle(), c_void_p(ptr)))
+
+    def object_drop(self, name, version=0):
+        """Drop version ``version`` of ``name`` (0: the whole object); open ones stay."""
+        self._check(self._lib().gmb_object_drop(self._handle(), _b(name), c_uint64(version)))
+
+    def object_grant(self, name, uid, revoke=False):
+        """Let processes of ``uid`` open ``name`` (as "OWNER_UID/NAME"), or no longer."""
+        self._check(self._lib().gmb_object_grant(self._handle(), _b(name), int(uid),
+                                                 1 if revoke else 0))
+
     def switch(self, frm, to, tags=None):
         """What ``gmbctl switch FROM TO [--tags ...]`` does: the report, one line per step.
 

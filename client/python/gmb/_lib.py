@@ -64,7 +64,20 @@ _PROTOTYPES = {
     "gmb_ipc_revoke": (c_int, [_H, c_void_p, ctypes.c_uint32]),
     "gmb_set_ipc_follow": (c_int, [_H, c_int]),
     "gmb_set_ipc_keep": (c_int, [_H, c_int]),
+    "gmb_object_publish": (c_int, [_H, c_char_p, c_void_p, c_char_p, c_size_t,
+                                   POINTER(c_uint64)]),
+    "gmb_object_open": (c_int, [_H, c_char_p, c_uint64, POINTER(c_void_p), c_void_p, c_void_p,
+                                c_size_t]),
+    "gmb_object_close": (c_int, [_H, c_void_p]),
+    "gmb_object_drop": (c_int, [_H, c_char_p, c_uint64]),
+    "gmb_object_grant": (c_int, [_H, c_char_p, ctypes.c_uint32, c_int]),
 }
+
+
+class ObjectInfo(ctypes.Structure):
+    """struct gmb_object_info."""
+    _fields_ = [("version", c_uint64), ("size", c_uint64), ("device", c_int),
+                ("owner_uid", ctypes.c_uint32), ("meta_len", c_size_t)]
 
 _lock = threading.Lock()
 _lib = None
