@@ -58,6 +58,8 @@ DAEMON_SRC := daemon/core/pool.c daemon/core/broker.c daemon/core/lend.c daemon/
 	daemon/transport/sess.c daemon/transport/server.c \
 	daemon/system/sd.c daemon/service/opts.c daemon/service/conf.c \
 	daemon/metrics/metrics.c daemon/metrics/http.c
+# The named objects' part of the status reply.
+DAEMON_SRC += daemon/handlers/object_status.c
 DAEMON_MAIN := daemon/service/main.c
 # libgmb, top down: the API, the hooks above it (regions, the default client,
 # the PyTorch entry points), memory, the tables, the connection. The LD_PRELOAD

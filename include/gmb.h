@@ -179,6 +179,16 @@ GMB_API int gmb_status_text(gmb_client *c, char **text);
  */
 GMB_API int gmb_status_top(gmb_client *c, int width, char **text);
 
+/**
+ * gmb_objects_text() - the named objects alone, as `gmbctl objects`
+ * prints them: a table (NAME, owner uid, latest version, versions kept,
+ * bytes, readers, grants) or "no objects". gmb_objects_json() - the same as
+ * {"objects":[...],"objects_total":N}, each object as in gmb_status_json().
+ * *@text / *@json is malloc'd; the caller frees it.
+ */
+GMB_API int gmb_objects_text(gmb_client *c, char **text);
+GMB_API int gmb_objects_json(gmb_client *c, char **json);
+
 /** gmb_trim() - release free pool chunks of @device (-1: all) to the backend. */
 GMB_API int gmb_trim(gmb_client *c, int device, uint64_t *released, uint64_t *pending);
 

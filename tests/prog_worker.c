@@ -19,6 +19,9 @@
  *   pause TAG|*  resume TAG|*
  *   poll MS                gmb_poll
  *   status                 the JSON status on one line
+ *   publish TAG NAME       the first allocation of TAG becomes NAME's next version
+ *                          (its version; it leaves TAG, mapped read-only as an open)
+ *   object_close NAME      close the version the last publish of NAME left open
  *   quit
  */
 #include <errno.h>
@@ -143,6 +146,48 @@ static int cmd_addr(const char *tag, char *out, size_t cap)
 	return -ENOENT;
 }
 
+/* The versions this worker published, kept open at their pointers. */
+static struct {
+	char name[128];
+	void *ptr;
+} published[64];
+static int npublished;
+
+static int cmd_publish(const char *tag, const char *name, char *out, size_t cap)
+{
+	uint64_t version = 0;
+	int rc;
+
+	for (int i = 0; i < nallocs; i++) {
+		if (strcmp(allocs[i].tag, tag))
+			continue;
+		if (npublished == 64)
+			return -ENOSPC;
+		rc = gmb_object_publish(client, name, allocs[i].ptr, "meta", 4, &version);
+		if (rc)
+			return rc;
+		snprintf(published[npublished].name, sizeof(published[0].name), "%s", name);
+		published[npublished++].ptr = allocs[i].ptr;
+		allocs[i] = allocs[--nallocs];
+		snprintf(out, cap, "%llu", (unsigned long long)version);
+		return 0;
+	}
+	return -ENOENT;
+}
+
+static int cmd_object_close(const char *name)
+{
+	for (int i = npublished - 1; i >= 0; i--) {
+		if (strcmp(published[i].name, name))
+			continue;
+		int rc = gmb_object_close(client, published[i].ptr);
+
+		published[i] = published[--npublished];
+		return rc;
+	}
+	return -ENOENT;
+}
+
 static int run(char *line, char *out, size_t cap)
 {
 	char a[128] = "", b[128] = "", c[64] = "";
@@ -191,6 +236,10 @@ static int run(char *line, char *out, size_t cap)
 	}
 	if (!strcmp(verb, "status"))
 		return cmd_status(out, cap);
+	if (!strcmp(verb, "publish"))
+		return cmd_publish(a, b, out, cap);
+	if (!strcmp(verb, "object_close"))
+		return cmd_object_close(a);
 	return -EINVAL;
 }
 

@@ -6,10 +6,12 @@
 #include <criterion/new/assert.h>
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tests/util.h"
@@ -254,4 +256,122 @@ Test(gmbctl, another_uid_may_not_control)
 	cr_assert(eq(i32, ctl("resume", "nobodyjob"), 0), "root may: %s", err);
 	cr_assert(eq(i32, worker_quit(&root_w), 0));
 	cr_assert(eq(i32, worker_quit(&nobody_w), 0));
+}
+
+static bool has(const char *s, const char *needle)
+{
+	return strstr(s, needle) != NULL;
+}
+
+/* `gmbctl objects` says "no objects" within a few seconds (a process's
+ * last close reaches gmbd after it exits). */
+static bool objects_none_soon(void)
+{
+	for (int i = 0; i < 100; i++) {
+		struct timespec ts = { 0, 50 * 1000 * 1000 };
+
+		if (ctl("objects") == 0 && !strcmp(out, "no objects\n"))
+			return true;
+		nanosleep(&ts, NULL);
+	}
+	return false;
+}
+
+Test(gmbctl, objects_listed_granted_and_dropped)
+{
+	struct worker w;
+	char text[256], row[128], owner[160];
+
+	cr_assert(eq(i32, ctl("objects"), 0), "%s", err);
+	cr_expect(eq(str, out, "no objects\n"));
+	cr_assert(eq(i32, ctl("objects", "--json"), 0), "%s", err);
+	cr_expect(eq(str, out, "{\"objects\":[],\"objects_total\":0}\n"));
+	cr_assert(eq(i32, ctl("status", "--json"), 0), "%s", err);
+	cr_expect(has(out, "\"objects\":[],\"objects_total\":0}"), "%s", out);
+	cr_assert(eq(i32, ctl("status"), 0), "%s", err);
+	cr_expect(eq(ptr, strstr(out, "OBJECT"), NULL), "%s", out);
+
+	worker_up(&w, "publisher", NULL);
+	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "publish kv weights"), 0), "%s", text);
+	cr_assert(eq(str, text, "1"));
+	cr_assert(eq(i32, ctl("objects"), 0), "%s", err);
+	snprintf(row, sizeof(row), "weights  %5u      v1         1  16.0 MiB        1  -\n",
+		 (unsigned)getuid());
+	cr_expect(has(out, "OBJECT   OWNER  LATEST  VERSIONS     BYTES  READERS  GRANTS\n"), "%s",
+		  out);
+	cr_expect(has(out, row), "%s", out);
+	cr_assert(eq(i32, ctl("objects", "--json"), 0), "%s", err);
+	snprintf(owner, sizeof(owner), "{\"objects\":[{\"name\":\"weights\",\"owner_uid\":%u,",
+		 (unsigned)getuid());
+	cr_expect(has(out, owner), "%s", out);
+	cr_expect(has(out, "\"latest\":1,\"bytes\":16777216,\"grants\":[],\"versions\":[{"
+			   "\"version\":1,\"bytes\":16777216,\"device\":0,\"readers\":1,"
+			   "\"latest\":true,"),
+		  "%s", out);
+	cr_expect(has(out, "\"publisher\":\"publisher\""), "%s", out);
+	cr_expect(has(out, "\"meta_bytes\":4}]}],\"objects_total\":1}"), "%s", out);
+	/* The whole status has them too, and the publisher's open of its version. */
+	cr_assert(eq(i32, ctl("status", "--json"), 0), "%s", err);
+	cr_expect(has(out, "\"objects\":[{\"name\":\"weights\""), "%s", out);
+	cr_expect(has(out, "\"object\":\"weights\",\"object_version\":1}"), "%s", out);
+	cr_assert(eq(i32, ctl("status"), 0), "%s", err);
+	cr_expect(has(out, "\nOBJECT ") && has(out, "weights@1"), "%s", out);
+
+	/* A second version is the latest; the first stays while it is open. */
+	cr_assert(eq(i32, worker_cmd(&w, NULL, 0, "malloc kv2 %llu", 4 * MiB), 0));
+	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "publish kv2 weights"), 0), "%s",
+		  text);
+	cr_assert(eq(str, text, "2"));
+	cr_assert(eq(i32, ctl("objects"), 0), "%s", err);
+	cr_expect(has(out, "      v2         2  20.0 MiB        2  -\n"), "%s", out);
+
+	cr_assert(eq(i32, ctl("object", "grant", "weights", NOBODY), 0), "%s", err);
+	cr_expect(eq(str, out, "uid " NOBODY " may open object 'weights'\n"));
+	cr_assert(eq(i32, ctl("objects"), 0), "%s", err);
+	cr_expect(has(out, "  " NOBODY "\n"), "%s", out);
+	cr_assert(eq(i32, ctl("object", "revoke", "weights", NOBODY), 0), "%s", err);
+	cr_expect(eq(str, out, "uid " NOBODY " may no longer open object 'weights'\n"));
+	cr_assert(eq(i32, ctl("objects", "--json"), 0), "%s", err);
+	cr_expect(has(out, "\"grants\":[]"), "%s", out);
+
+	/* Refusals: the daemon's sentence, exit 1. */
+	cr_assert(eq(i32, ctl("object", "drop", "no-such-object"), 1));
+	cr_expect(has(err, "gmbctl: object drop: ") && strlen(err) > 22, "%s", err);
+	cr_assert(eq(i32, ctl("object", "drop", "weights@9"), 1));
+	cr_expect(has(err, "gmbctl: object drop: "), "%s", err);
+	cr_assert(eq(i32, ctl("object", "drop", "bad name"), 1));
+	cr_expect(has(err, "[A-Za-z0-9._-]"), "%s", err);
+	snprintf(owner, sizeof(owner), "%u/weights", (unsigned)getuid());
+	cr_assert(eq(i32, ctl_as(NOBODY, "object", "drop", owner), 1));
+	cr_expect(ne(sz, strlen(err), 0));
+
+	/* The whole object: readers keep their opens, the object has no latest. */
+	cr_assert(eq(i32, ctl("object", "drop", "weights"), 0), "%s", err);
+	cr_expect(eq(str, out, "dropped object 'weights'\n"));
+	cr_assert(eq(i32, ctl("objects", "--json"), 0), "%s", err);
+	cr_expect(has(out, "\"name\":\"weights\"") && has(out, "\"latest\":0,"), "%s", out);
+	cr_assert(eq(i32, worker_cmd(&w, NULL, 0, "object_close weights"), 0));
+	cr_assert(eq(i32, worker_cmd(&w, NULL, 0, "object_close weights"), 0));
+	cr_expect(objects_none_soon(), "%s", out);
+	cr_assert(eq(i32, worker_quit(&w), 0));
+}
+
+Test(gmbctl, a_version_is_dropped_alone)
+{
+	struct worker w;
+	char text[256];
+
+	worker_up(&w, "publisher2", NULL);
+	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "publish kv w2"), 0), "%s", text);
+	cr_assert(eq(i32, worker_cmd(&w, NULL, 0, "object_close w2"), 0));
+	cr_assert(eq(i32, ctl("objects"), 0), "%s", err);
+	cr_expect(has(out, "w2 ") && has(out, " v1 "), "%s", out);
+	cr_assert(eq(i32, ctl("object", "drop", "w2@1"), 0), "%s", err);
+	cr_expect(eq(str, out, "dropped version 1 of object 'w2'\n"));
+	cr_assert(eq(i32, ctl("objects", "--json"), 0), "%s", err);
+	cr_expect(eq(ptr, strstr(out, "\"version\":1,"), NULL), "%s", out);
+	/* Whatever the version's drop left of the object, dropping it ends it. */
+	ctl("object", "drop", "w2");
+	cr_expect(objects_none_soon(), "%s", out);
+	cr_assert(eq(i32, worker_quit(&w), 0));
 }

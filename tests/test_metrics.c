@@ -201,3 +201,39 @@ Test(metrics, prometheus_scrapes_gmbd)
 	cr_expect(eq(i32, found, 1), "Prometheus never answered gmbd_pauses_total 1: %s", out);
 	cr_expect(has(out, "\"__name__\":\"gmbd_pauses_total\""), "%s", out);
 }
+
+Test(metrics, named_objects)
+{
+	struct worker w;
+	char text[256], want[256];
+
+	cr_assert(eq(i32, scrape(), 0), "%s", err);
+	cr_expect(has(out, "# TYPE gmbd_objects gauge\ngmbd_objects 0\n"), "%s", out);
+	cr_expect(has(out, "# TYPE gmbd_object_bytes gauge\n# HELP gmbd_object_versions "), "%s",
+		  out);
+	cr_expect(eq(ptr, strstr(out, "gmbd_object_bytes{"), NULL), "%s", out);
+	cr_expect(has(out, "gmbd_object_publishes_total 0\n"), "%s", out);
+
+	cr_assert(eq(i32, worker_start(&w, gmbd.sock), 0));
+	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "connect pub"), 0), "%s", text);
+	cr_assert(eq(i32, worker_cmd(&w, NULL, 0, "malloc kv %llu", 4 * MiB), 0));
+	cr_assert(eq(i32, worker_cmd(&w, NULL, 0, "malloc kv2 %llu", 2 * MiB), 0));
+	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "publish kv weights"), 0), "%s", text);
+	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "publish kv2 weights"), 0), "%s",
+		  text);
+	cr_assert(eq(i32, scrape(), 0), "%s", err);
+	cr_expect(has(out, "gmbd_objects 1\n"), "%s", out);
+	snprintf(want, sizeof(want), "gmbd_object_bytes{uid=\"%u\",name=\"weights\"} 6291456\n",
+		 (unsigned)getuid());
+	cr_expect(has(out, want), "%s", out);
+	snprintf(want, sizeof(want), "gmbd_object_versions{uid=\"%u\",name=\"weights\"} 2\n",
+		 (unsigned)getuid());
+	cr_expect(has(out, want), "%s", out);
+	/* The publisher keeps each of its versions open. */
+	snprintf(want, sizeof(want), "gmbd_object_readers{uid=\"%u\",name=\"weights\"} 2\n",
+		 (unsigned)getuid());
+	cr_expect(has(out, want), "%s", out);
+	cr_expect(has(out, "gmbd_object_publishes_total 2\n"), "%s", out);
+	cr_expect(has(out, "gmbd_object_drops_total 0\n"), "%s", out);
+	worker_quit(&w);
+}

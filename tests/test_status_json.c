@@ -52,16 +52,22 @@ static void fault_free(void *p)
 int faulty_status_to_json(const Gmb__StatusReply *st, char **out);
 int faulty_status_to_table(const Gmb__StatusReply *st, char **out);
 int faulty_watch_format(const Gmb__WatchEvent *ev, bool json, char **out);
+int faulty_objects_to_json(const Gmb__StatusReply *st, char **out);
+int faulty_objects_to_table(const Gmb__StatusReply *st, char **out);
 
-#define realloc		     fault_realloc
-#define free		     fault_free
-#define gmb__status_to_json  faulty_status_to_json
-#define gmb__status_to_table faulty_status_to_table
-#define gmb__watch_format    faulty_watch_format
+#define realloc		      fault_realloc
+#define free		      fault_free
+#define gmb__status_to_json   faulty_status_to_json
+#define gmb__status_to_table  faulty_status_to_table
+#define gmb__watch_format     faulty_watch_format
+#define gmb__objects_to_json  faulty_objects_to_json
+#define gmb__objects_to_table faulty_objects_to_table
 #include "client/lib/api/status_json.c"
 #undef realloc
 #undef free
 #undef gmb__watch_format
+#undef gmb__objects_to_json
+#undef gmb__objects_to_table
 #undef gmb__status_to_json
 #undef gmb__status_to_table
 
@@ -278,7 +284,7 @@ static const char small_json[] =
 	"\"group\":\"\",\"priority\":0,\"preemptible\":false,"
 	"\"tags\":[{\"name\":\"kv\",\"device\":0,\"state\":\"active\",\"mode\":\"discard\","
 	"\"allocations\":2,\"bytes\":1610612736}]}],\"waiters\":[],\"imports\":[],"
-	"\"imports_total\":0}";
+	"\"imports_total\":0,\"objects\":[],\"objects_total\":0}";
 
 static const char small_table[] =
 	"gmbd 0.1.0, backend host\n"
@@ -354,7 +360,8 @@ Test(status_json, empty_reply_has_empty_lists)
 	json = render_json(&st);
 	cr_expect(eq(str, json,
 		     "{\"backend\":\"\",\"version\":\"\",\"devices\":[],\"clients\":[],"
-		     "\"waiters\":[],\"imports\":[],\"imports_total\":0}"));
+		     "\"waiters\":[],\"imports\":[],\"imports_total\":0,\"objects\":[],"
+		     "\"objects_total\":0}"));
 	free(json);
 
 	/* A client without tags; NULL strings of a hand-built reply read as "". */
@@ -686,8 +693,8 @@ Test(status_json, imports_say_who_maps_whose_allocation)
 			    "\"imports\":[{\"importer_id\":2,\"importer\":\"engine\\u001b[2J\","
 			    "\"importer_pid\":456,\"owner_id\":1,\"owner\":\"w\","
 			    "\"owner_pid\":123,\"alloc_id\":7,\"device\":0,\"bytes\":4194304,"
-			    "\"opens\":2,\"owner_freed\":true,\"mapped\":true,\"idle\":false}],"
-			    "\"imports_total\":70}"),
+			    "\"opens\":2,\"owner_freed\":true,\"mapped\":true,\"idle\":false"
+			    "}],\"imports_total\":70,"),
 		     NULL),
 		  "%s", json);
 	cr_expect(json_valid(json), "%s", json);
@@ -715,5 +722,236 @@ Test(status_table, imports_get_a_table_of_their_own)
 	fixture_small(&f);
 	text = render_table(&f.st);
 	cr_expect(eq(ptr, strstr(text, "IMPORTED BY"), NULL), "%s", text);
+	free(text);
+}
+
+/* Two objects: "weights" (v1 read by two, v2 the latest) granted to two
+ * uids, and "old" dropped, kept for a reader; all in this struct. */
+struct fixture_objects {
+	Gmb__ObjectInfo o[2], *po[3];
+	Gmb__ObjectVersionInfo v[3], *pv[3];
+	uint32_t grants[2];
+};
+
+static void fixture_objects(struct fixture *f, struct fixture_objects *x)
+{
+	fixture_small(f);
+	*x = (struct fixture_objects){ .grants = { 1001, 1002 } };
+	for (int i = 0; i < 3; i++) {
+		gmb__object_version_info__init(&x->v[i]);
+		x->pv[i] = &x->v[i];
+	}
+	x->v[0].version = 1;
+	x->v[0].bytes = 64 * MiB;
+	x->v[0].readers = 2;
+	x->v[0].published_ns = 1700000000000000000ULL;
+	x->v[0].publisher = "trainer";
+	x->v[0].publisher_pid = 77;
+	x->v[1].version = 2;
+	x->v[1].bytes = 64 * MiB;
+	x->v[1].device = 1;
+	x->v[1].latest = true;
+	x->v[1].publisher = "trainer";
+	x->v[1].publisher_pid = 77;
+	x->v[1].meta_bytes = 12;
+	x->v[2].version = 5;
+	x->v[2].bytes = 2 * MiB;
+	x->v[2].readers = 1;
+	x->v[2].publisher = "p\x1b[2J";
+	for (int i = 0; i < 2; i++)
+		gmb__object_info__init(&x->o[i]);
+	x->o[0].name = "weights";
+	x->o[0].owner_uid = 1000;
+	x->o[0].latest = 2;
+	x->o[0].bytes = 128 * MiB;
+	x->o[0].n_versions = 2;
+	x->o[0].versions = &x->pv[0];
+	x->o[0].n_grants = 2;
+	x->o[0].grants = x->grants;
+	x->o[1].name = "old";
+	x->o[1].owner_uid = 0;
+	x->o[1].latest = 0;
+	x->o[1].bytes = 2 * MiB;
+	x->o[1].n_versions = 1;
+	x->o[1].versions = &x->pv[2];
+	x->po[0] = &x->o[0];
+	x->po[1] = NULL; /* a NULL entry is skipped */
+	x->po[2] = &x->o[1];
+	f->st.n_objects = 3;
+	f->st.objects = x->po;
+	f->st.objects_total = 3;
+}
+
+Test(status_json, objects_with_their_versions)
+{
+	struct fixture_objects x;
+	struct fixture f;
+	char *json;
+
+	fixture_objects(&f, &x);
+	json = render_json(&f.st);
+	cr_expect(
+		ne(ptr,
+		   strstr(json,
+			  "\"objects\":[{\"name\":\"weights\",\"owner_uid\":1000,\"latest\":2,"
+			  "\"bytes\":134217728,\"grants\":[1001,1002],\"versions\":["
+			  "{\"version\":1,\"bytes\":67108864,\"device\":0,\"readers\":2,"
+			  "\"latest\":false,\"published_ns\":1700000000000000000,"
+			  "\"publisher\":\"trainer\",\"publisher_pid\":77,\"meta_bytes\":0},"
+			  "{\"version\":2,\"bytes\":67108864,\"device\":1,\"readers\":0,"
+			  "\"latest\":true,\"published_ns\":0,\"publisher\":\"trainer\","
+			  "\"publisher_pid\":77,\"meta_bytes\":12}]},"
+			  "{\"name\":\"old\",\"owner_uid\":0,\"latest\":0,\"bytes\":2097152,"
+			  "\"grants\":[],\"versions\":[{\"version\":5,\"bytes\":2097152,"
+			  "\"device\":0,\"readers\":1,\"latest\":false,\"published_ns\":0,"
+			  "\"publisher\":\"p\\u001b[2J\",\"publisher_pid\":0,\"meta_bytes\":0}]}],"
+			  "\"objects_total\":3}"),
+		   NULL),
+		"%s", json);
+	cr_expect(json_valid(json), "%s", json);
+	free(json);
+	/* The objects alone (gmbctl objects --json): the same entries. */
+	cr_assert(eq(i32, gmb__objects_to_json(&f.st, &json), 0));
+	cr_expect(eq(i32, strncmp(json, "{\"objects\":[{\"name\":\"weights\",", 30), 0), "%s",
+		  json);
+	cr_expect(ne(ptr, strstr(json, "}]}],\"objects_total\":3}"), NULL), "%s", json);
+	cr_expect(eq(ptr, strstr(json, "\"clients\""), NULL), "%s", json);
+	cr_expect(json_valid(json), "%s", json);
+	free(json);
+	fixture_small(&f);
+	cr_assert(eq(i32, gmb__objects_to_json(&f.st, &json), 0));
+	cr_expect(eq(str, json, "{\"objects\":[],\"objects_total\":0}"));
+	free(json);
+	cr_expect(eq(i32, gmb__objects_to_json(NULL, &json), -EINVAL));
+}
+
+Test(status_table, objects_get_a_table_of_their_own)
+{
+	struct fixture_objects x;
+	struct fixture f;
+	char *text;
+
+	fixture_objects(&f, &x);
+	f.st.objects_total = 5;
+	text = render_table(&f.st);
+	cr_expect(ne(ptr,
+		     strstr(text,
+			    "\n\nOBJECT   OWNER  LATEST  VERSIONS      BYTES  READERS  GRANTS\n"
+			    "weights   1000      v2         2  128.0 MiB        2  1001,1002\n"
+			    "old          0       -         1    2.0 MiB        1  -\n"
+			    "... and 3 more objects\n"),
+		     NULL),
+		  "%s", text);
+	free(text);
+	/* The objects alone: the same table, and "no objects" for none. */
+	cr_assert(eq(i32, gmb__objects_to_table(&f.st, &text), 0));
+	cr_expect(eq(i32, strncmp(text, "OBJECT   OWNER", 14), 0), "%s", text);
+	free(text);
+	fixture_small(&f);
+	cr_assert(eq(i32, gmb__objects_to_table(&f.st, &text), 0));
+	cr_expect(eq(str, text, "no objects\n"));
+	free(text);
+	/* No object: no table in the status at all. */
+	text = render_table(&f.st);
+	cr_expect(eq(ptr, strstr(text, "OBJECT"), NULL), "%s", text);
+	cr_expect(eq(str, text, (char *)small_table));
+	free(text);
+}
+
+Test(status_json, an_import_of_a_version_names_the_object)
+{
+	Gmb__ImportInfo ii, *pii[2];
+	struct fixture f;
+	char *text;
+
+	fixture_import(&f, &ii, pii);
+	ii.object = "weights";
+	ii.object_version = 3;
+	text = render_json(&f.st);
+	cr_expect(ne(ptr,
+		     strstr(text, "\"idle\":false,\"object\":\"weights\",\"object_version\":3}"),
+		     NULL),
+		  "%s", text);
+	cr_expect(json_valid(text), "%s", text);
+	free(text);
+	text = render_table(&f.st);
+	cr_expect(ne(ptr,
+		     strstr(text, "#2 engine\\x1b[2J  456  weights@3  123      7    0  4.0 MiB"
+				  "      2  object   yes\n"),
+		     NULL),
+		  "%s", text);
+	free(text);
+}
+
+Test(status_json, objects_survive_every_failed_allocation)
+{
+	struct fixture_objects x;
+	struct fixture f;
+
+	fixture_objects(&f, &x);
+	expect_enomem_paths(faulty_status_to_json, gmb__status_to_json, &f.st);
+	expect_enomem_paths(faulty_status_to_table, gmb__status_to_table, &f.st);
+	expect_enomem_paths(faulty_objects_to_json, gmb__objects_to_json, &f.st);
+	expect_enomem_paths(faulty_objects_to_table, gmb__objects_to_table, &f.st);
+}
+
+/* The events of named objects read as the others: who, device, bytes, "NAME vN". */
+Test(watch_format, object_events_name_the_version)
+{
+	Gmb__WatchEvent we = GMB__WATCH_EVENT__INIT;
+	char *text = NULL, *json = NULL;
+
+	we.kind = "object_publish";
+	we.time_ns = 1;
+	we.client_id = 3;
+	we.client = "trainer";
+	we.pid = 42;
+	we.tag = "";
+	we.device = 0;
+	we.bytes = 64 * MiB;
+	we.detail = "weights v3";
+	cr_assert(eq(i32, gmb__watch_format(&we, false, &text), 0));
+	cr_expect(ne(ptr,
+		     strstr(text, " object_publish client=trainer id=3 pid=42 device=0"
+				  " bytes=64.0 MiB: weights v3"),
+		     NULL),
+		  "%s", text);
+	cr_expect(eq(ptr, strstr(text, "tag="), NULL), "%s", text);
+	free(text);
+	we.kind = "object_drop";
+	cr_assert(eq(i32, gmb__watch_format(&we, true, &json), 0));
+	cr_expect(ne(ptr, strstr(json, "\"kind\":\"object_drop\""), NULL), "%s", json);
+	cr_expect(ne(ptr, strstr(json, "\"detail\":\"weights v3\""), NULL), "%s", json);
+	cr_expect(json_valid(json), "%s", json);
+	free(json);
+}
+
+/* top: a line an object after the clients, within the width; none without objects. */
+Test(status_top, objects_get_a_line_each)
+{
+	struct fixture_objects x;
+	struct fixture f;
+	char *text, want[160];
+
+	fixture_objects(&f, &x);
+	cr_assert(eq(i32, gmb__status_to_top(&f.st, 80, &text), 0));
+	snprintf(want, sizeof(want), "\n%-40s %7s %7s %4s %10s %7s\n", "OBJECT", "OWNER", "LATEST",
+		 "VERS", "BYTES", "READERS");
+	cr_expect(ne(ptr, strstr(text, want), NULL), "%s", text);
+	snprintf(want, sizeof(want), "\n%-40s %7u %7s %4d %10s %7d\n", "weights", 1000, "v2", 2,
+		 "128.0 MiB", 2);
+	cr_expect(ne(ptr, strstr(text, want), NULL), "%s", text);
+	snprintf(want, sizeof(want), "\n%-40s %7u %7s %4d %10s %7d\n", "old", 0, "-", 1, "2.0 MiB",
+		 1);
+	cr_expect(ne(ptr, strstr(text, want), NULL), "%s", text);
+	for (char *l = text, *e; *l; l = e + 1) {
+		e = strchr(l, '\n');
+		cr_assert(ne(ptr, e, NULL));
+		cr_expect(le(sz, (size_t)(e - l), 80), "%.*s", (int)(e - l), l);
+	}
+	free(text);
+	fixture_small(&f);
+	cr_assert(eq(i32, gmb__status_to_top(&f.st, 60, &text), 0));
+	cr_expect(eq(ptr, strstr(text, "OBJECT"), NULL), "%s", text);
 	free(text);
 }

@@ -29,6 +29,12 @@ struct ctl_args {
 	const char *tags[CTL_MAX_TAGS]; /* --tags, in order (pointing into tags_buf) */
 	size_t ntags;
 	char tags_buf[4096];
+	/* object drop/grant/revoke: NAME or UID/NAME (into object_buf, the
+	 * @VERSION cut off), the version (0: the whole object), the uid. */
+	const char *object;
+	uint64_t version;
+	uint32_t uid;
+	char object_buf[256];
 };
 
 /* @s with control bytes as '?': a client can name itself anything. */

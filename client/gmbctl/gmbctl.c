@@ -1,7 +1,9 @@
 /*
  * gmbctl.c - the operator's CLI of gmbd: status, pause/resume, trim,
- * arbitration (switch, priority), the live views watch and top
- * (client/gmbctl/live.c), and help.
+ * arbitration (switch, priority), named objects (objects, object drop,
+ * grant, revoke), the live views watch and top (client/gmbctl/live.c),
+ * and help. A command may be two words ("object drop"): the first is a
+ * group of commands, never one of its own.
  *
  * Three tables drive everything: ctl_opts[] (global options), ctl_kinds[]
  * (what each kind of argument is and how it is checked) and ctl_cmds[]
@@ -28,6 +30,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <grp.h>
+#include <pwd.h>
 
 #include "client/gmbctl/ctl.h"
 #include "common/size.h"
@@ -65,7 +68,10 @@ enum ctl_kind {
 	CTL_ARG_COMMAND,
 	CTL_ARG_FROM,
 	CTL_ARG_TO,
-	CTL_ARG_PRIORITY
+	CTL_ARG_PRIORITY,
+	CTL_ARG_OBJECT,
+	CTL_ARG_OBJVER,
+	CTL_ARG_UID
 };
 
 struct ctl_kind_info {
@@ -115,6 +121,13 @@ static int ctl_status(gmb_client *c, const struct ctl_args *a);
 static int ctl_pause(gmb_client *c, const struct ctl_args *a);
 static int ctl_resume(gmb_client *c, const struct ctl_args *a);
 static int ctl_trim(gmb_client *c, const struct ctl_args *a);
+static int ctl_check_object(const char *s, struct ctl_args *a, const char **why);
+static int ctl_check_objver(const char *s, struct ctl_args *a, const char **why);
+static int ctl_check_uid(const char *s, struct ctl_args *a, const char **why);
+static int ctl_objects(gmb_client *c, const struct ctl_args *a);
+static int ctl_object_drop(gmb_client *c, const struct ctl_args *a);
+static int ctl_object_grant(gmb_client *c, const struct ctl_args *a);
+static int ctl_object_revoke(gmb_client *c, const struct ctl_args *a);
 
 static const struct ctl_kind_info ctl_kinds[] = {
 	[CTL_ARG_CLIENT] = { "CLIENT", "a client's name, pid, or id as #ID or ID (see status)",
@@ -128,6 +141,13 @@ static const struct ctl_kind_info ctl_kinds[] = {
 	[CTL_ARG_TO] = { "TO", "a client or a group, as FROM", ctl_check_to },
 	[CTL_ARG_PRIORITY] = { "N", "a priority, an integer (higher is served first)",
 			       ctl_check_priority },
+	[CTL_ARG_OBJECT] = { "NAME", "a named object: NAME (your uid's) or UID/NAME (see objects)",
+			     ctl_check_object },
+	[CTL_ARG_OBJVER] = { "NAME[@VERSION]",
+			     "an object (as NAME) and one of its versions; the whole object when"
+			     " @VERSION is omitted",
+			     ctl_check_objver },
+	[CTL_ARG_UID] = { "UID", "a uid, or a user's name", ctl_check_uid },
 	[CTL_ARG_COMMAND] = { "COMMAND", "one of the commands above", ctl_check_command },
 };
 
@@ -175,6 +195,34 @@ static const struct ctl_cmd ctl_cmds[] = {
 	  0,
 	  ctl_priority,
 	  "set the priority of a client or group" },
+	{ "objects",
+	  { CTL_ARG_NONE },
+	  0,
+	  0,
+	  CTL_F_JSON,
+	  ctl_objects,
+	  "show the named objects: owner, latest version, versions kept, bytes, readers" },
+	{ "object drop",
+	  { CTL_ARG_OBJVER },
+	  1,
+	  1,
+	  0,
+	  ctl_object_drop,
+	  "drop an object's version, or the whole object (readers keep what they have open)" },
+	{ "object grant",
+	  { CTL_ARG_OBJECT, CTL_ARG_UID },
+	  2,
+	  2,
+	  0,
+	  ctl_object_grant,
+	  "let processes of UID open an object's versions (as OWNER_UID/NAME)" },
+	{ "object revoke",
+	  { CTL_ARG_OBJECT, CTL_ARG_UID },
+	  2,
+	  2,
+	  0,
+	  ctl_object_revoke,
+	  "take a grant back (opens already made stay)" },
 	{ "watch",
 	  { CTL_ARG_NONE },
 	  0,
@@ -252,9 +300,12 @@ static int ctl_check_tag(const char *s, struct ctl_args *a, const char **why)
 
 static const struct ctl_cmd *ctl_find_cmd(const char *name);
 
+static bool ctl_is_group(const char *word);
+
+/* A command, or a group of them ("object": help lists its commands). */
 static int ctl_check_command(const char *s, struct ctl_args *a, const char **why)
 {
-	if (!ctl_find_cmd(s)) {
+	if (!ctl_find_cmd(s) && !ctl_is_group(s)) {
 		*why = "unknown command";
 		return -EINVAL;
 	}
@@ -298,6 +349,71 @@ static int ctl_check_priority(const char *s, struct ctl_args *a, const char **wh
 		return -EINVAL;
 	}
 	a->priority = (int)v;
+	return 0;
+}
+
+/*
+ * NAME or UID/NAME, passed as typed: libgmb and gmbd check the name and
+ * say what is wrong with it. Only what never names one is refused here.
+ */
+static int ctl_check_object(const char *s, struct ctl_args *a, const char **why)
+{
+	if (!*s || strlen(s) >= sizeof(a->object_buf)) {
+		*why = !*s ? "empty object name" : "object name too long";
+		return -EINVAL;
+	}
+	snprintf(a->object_buf, sizeof(a->object_buf), "%s", s);
+	a->object = a->object_buf;
+	a->version = 0;
+	return 0;
+}
+
+/* NAME[@VERSION]: the version counts from 1; without it, the whole object. */
+static int ctl_check_objver(const char *s, struct ctl_args *a, const char **why)
+{
+	char *at, *end;
+	unsigned long long v;
+	int r = ctl_check_object(s, a, why);
+
+	if (r < 0)
+		return r;
+	at = strrchr(a->object_buf, '@');
+	if (!at)
+		return 0;
+	*at = '\0';
+	errno = 0;
+	v = ctl_is_number(at + 1) ? strtoull(at + 1, &end, 10) : 0;
+	if (errno || v == 0 || !a->object_buf[0]) {
+		*why = "NAME@VERSION wants a name and a version from 1 (omit @VERSION for the"
+		       " whole object)";
+		return -EINVAL;
+	}
+	a->version = (uint64_t)v;
+	return 0;
+}
+
+/* A uid as a number, or a user's name looked up here. */
+static int ctl_check_uid(const char *s, struct ctl_args *a, const char **why)
+{
+	struct passwd *pw;
+	unsigned long long v;
+
+	errno = 0;
+	if (ctl_is_number(s)) {
+		v = strtoull(s, NULL, 10);
+		if (errno || v >= UINT32_MAX) {
+			*why = "bad uid";
+			return -EINVAL;
+		}
+		a->uid = (uint32_t)v;
+		return 0;
+	}
+	pw = *s ? getpwnam(s) : NULL;
+	if (!pw) {
+		*why = "no such user";
+		return -EINVAL;
+	}
+	a->uid = (uint32_t)pw->pw_uid;
 	return 0;
 }
 
@@ -583,6 +699,57 @@ static const struct ctl_cmd *ctl_find_cmd(const char *name)
 	return NULL;
 }
 
+/* Is @word the first of two-word commands ("object")? */
+static bool ctl_is_group(const char *word)
+{
+	size_t n = strlen(word);
+
+	for (size_t i = 0; i < ARRAY_SIZE(ctl_cmds); i++)
+		if (n && !strncmp(ctl_cmds[i].name, word, n) && ctl_cmds[i].name[n] == ' ')
+			return true;
+	return false;
+}
+
+/* The commands of group @word, one "  object drop ..." line each. */
+static void ctl_print_group(FILE *f, const char *word)
+{
+	size_t n = strlen(word);
+	char syn[128];
+
+	for (size_t i = 0; i < ARRAY_SIZE(ctl_cmds); i++)
+		if (!strncmp(ctl_cmds[i].name, word, n) && ctl_cmds[i].name[n] == ' ')
+			fprintf(f, "  " CTL_NAME " %s\n",
+				ctl_cmd_synopsis(&ctl_cmds[i], syn, sizeof(syn)));
+}
+
+/*
+ * The command at @argv[*i]: one word, or a group's word and the next
+ * ("object drop"), *@i then on the second. NULL after a usage error.
+ */
+static const struct ctl_cmd *ctl_parse_cmd(int argc, char **argv, int *i)
+{
+	const struct ctl_cmd *cmd = ctl_find_cmd(argv[*i]);
+	char two[64];
+
+	if (cmd)
+		return cmd;
+	if (!ctl_is_group(argv[*i])) {
+		ctl_usage_error(NULL, "unknown command '%s'", argv[*i]);
+		return NULL;
+	}
+	if (*i + 1 < argc &&
+	    (size_t)snprintf(two, sizeof(two), "%s %s", argv[*i], argv[*i + 1]) < sizeof(two))
+		cmd = ctl_find_cmd(two);
+	if (!cmd) {
+		fprintf(stderr, CTL_NAME ": %s: %s; one of:\n", argv[*i],
+			*i + 1 < argc ? "unknown command" : "missing command");
+		ctl_print_group(stderr, argv[*i]);
+		return NULL;
+	}
+	(*i)++;
+	return cmd;
+}
+
 /*
  * The command's own words: --json and --help anywhere, "--" before a
  * positional that starts with '-', the positionals checked by kind. A
@@ -667,9 +834,9 @@ static int ctl_parse(struct ctl_cli *cli, int argc, char **argv)
 		return r;
 	if (i >= argc)
 		return ctl_usage_error(NULL, "missing command");
-	cli->cmd = ctl_find_cmd(argv[i]);
+	cli->cmd = ctl_parse_cmd(argc, argv, &i);
 	if (!cli->cmd)
-		return ctl_usage_error(NULL, "unknown command '%s'", argv[i]);
+		return -EINVAL;
 	return ctl_parse_cmd_args(cli, argc - i - 1, argv + i + 1);
 }
 
@@ -729,6 +896,11 @@ static int ctl_help(gmb_client *c, const struct ctl_args *a)
 {
 	const struct ctl_cmd *cmd = a->command ? ctl_find_cmd(a->command) : NULL;
 
+	if (!cmd && a->command && ctl_is_group(a->command)) {
+		printf("Usage:\n");
+		ctl_print_group(stdout, a->command);
+		return 0;
+	}
 	if (!cmd) {
 		ctl_print_help();
 		return 0;
@@ -773,6 +945,61 @@ static int ctl_trim(gmb_client *c, const struct ctl_args *a)
 		printf("released %s, pending %s\n", size_str(released, rel),
 		       size_str(pending, pend));
 	return 0;
+}
+
+static int ctl_objects(gmb_client *c, const struct ctl_args *a)
+{
+	char *text = NULL;
+	size_t n;
+	int r;
+
+	r = a->json ? gmb_objects_json(c, &text) : gmb_objects_text(c, &text);
+	if (r < 0)
+		return r;
+	n = strlen(text);
+	fputs(text, stdout);
+	if (!n || text[n - 1] != '\n')
+		putchar('\n');
+	free(text);
+	return 0;
+}
+
+/* "dropped version 3 of object 'w'": a success says what it did. */
+static int ctl_object_drop(gmb_client *c, const struct ctl_args *a)
+{
+	int r = gmb_object_drop(c, a->object, a->version);
+
+	if (r < 0)
+		return r;
+	if (a->version)
+		printf("dropped version %" PRIu64 " of object '", a->version);
+	else
+		fputs("dropped object '", stdout);
+	ctl_put_safe_to(stdout, a->object);
+	fputs("'\n", stdout);
+	return 0;
+}
+
+static int ctl_object_grant_to(gmb_client *c, const struct ctl_args *a, bool revoke)
+{
+	int r = gmb_object_grant(c, a->object, a->uid, revoke);
+
+	if (r < 0)
+		return r;
+	printf("uid %" PRIu32 " may %sopen object '", a->uid, revoke ? "no longer " : "");
+	ctl_put_safe_to(stdout, a->object);
+	fputs("'\n", stdout);
+	return 0;
+}
+
+static int ctl_object_grant(gmb_client *c, const struct ctl_args *a)
+{
+	return ctl_object_grant_to(c, a, false);
+}
+
+static int ctl_object_revoke(gmb_client *c, const struct ctl_args *a)
+{
+	return ctl_object_grant_to(c, a, true);
 }
 
 /* --- main --------------------------------------------------------------- */

@@ -15,6 +15,7 @@
  *   park.c       requests waiting for memory; settling after a change
  *   ipc.c        memory shared between processes: export, open, close, grant;
  *                the imports' status part
+ *   object_status.c  the named objects' status part
  *   ipc_pause.c  a pause of an imported tag: waiting for the importers, or
  *                having them follow it (and the resume after it)
  *   drops.c      DropRequests and preemption: gmbd's own requests
@@ -363,9 +364,29 @@ struct hipc_rows {
 };
 /* Return: 0 or -ENOMEM (@rows then empty). */
 int handlers__ipc_rows(const struct broker *br, struct hipc_rows *rows);
-/* The status reply's last part: the imports (more = false). */
-int handlers__ipc_status_part(struct hreq *rq, const struct hipc_rows *rows);
+/* The status reply's imports part (more = false when @last). */
+int handlers__ipc_status_part(struct hreq *rq, const struct hipc_rows *rows, bool last);
 void handlers__ipc_rows_free(struct hipc_rows *rows);
+
+/* object_status.c */
+/* Status: the named objects, the first HOBJ_STATUS_MAX of them with their
+ * HOBJ_STATUS_VERSIONS newest versions each, as many as one part holds
+ * (strings point into the broker: valid until it changes). */
+#define HOBJ_STATUS_MAX	     64
+#define HOBJ_STATUS_VERSIONS 16
+struct hobj_rows {
+	Gmb__ObjectInfo *v, **pv;
+	Gmb__ObjectVersionInfo *vv, **pvv; /* the listed objects' versions */
+	size_t n, nv;
+	size_t bytes;	/* packed so far */
+	bool full;	/* the part's room is used up: the rest only counted */
+	uint32_t total; /* listed or not */
+};
+/* Return: 0 or -ENOMEM (@rows then empty). */
+int handlers__object_rows(const struct broker *br, struct hobj_rows *rows);
+/* The status reply's last part: the objects (more = false). */
+int handlers__object_status_part(struct hreq *rq, const struct hobj_rows *rows);
+void handlers__object_rows_free(struct hobj_rows *rows);
 
 /* orphans.c */
 /* Orphan @c is reclaimed when its process goes or at now + the grace period. */

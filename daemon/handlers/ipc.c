@@ -26,6 +26,7 @@
 #include "daemon/core/broker.h"
 #include "daemon/core/event.h"
 #include "daemon/core/import.h"
+#include "daemon/core/object.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
 
@@ -191,6 +192,11 @@ static int handlers_ipc_row(void *arg, const struct import_export *ex, const str
 		ii->owner_freed = ex->alloc == NULL;
 		ii->unmapped = !r->mapped;
 		ii->idle = r->idle;
+		/* A named object's version: the object's name, not an allocation. */
+		if (ex->version) {
+			ii->object = (char *)ex->version->obj->name;
+			ii->object_version = ex->version->version;
+		}
 		rows->pv[rows->n++] = ii;
 	}
 	rows->total++;
@@ -209,7 +215,7 @@ int handlers__ipc_rows(const struct broker *br, struct hipc_rows *rows)
 	return import_walk(br, handlers_ipc_row, rows);
 }
 
-int handlers__ipc_status_part(struct hreq *rq, const struct hipc_rows *rows)
+int handlers__ipc_status_part(struct hreq *rq, const struct hipc_rows *rows, bool last)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__StatusReply sr = GMB__STATUS_REPLY__INIT;
@@ -218,6 +224,7 @@ int handlers__ipc_status_part(struct hreq *rq, const struct hipc_rows *rows)
 	sr.imports = rows->pv;
 	sr.imports_total = rows->total;
 	env.reply_to = rq->env->id;
+	env.more = !last;
 	env.body_case = GMB__ENVELOPE__BODY_STATUS_REPLY;
 	env.status_reply = &sr;
 	return sess_send(rq->s, &env);

@@ -8,8 +8,9 @@
  * version and devices, every part carries some clients (the client library
  * concatenates them), and the last has more = false. One client with more
  * tags than a part holds takes several entries (ClientInfo.continued).
- * Imports of memory shared between processes, if any, come last in a part
- * of their own (ipc.c builds it).
+ * Imports of memory shared between processes, if any, come in a part of
+ * their own (ipc.c builds it), and the named objects, if any, last in
+ * another (object_status.c).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -65,19 +66,27 @@ int handlers__status(struct hreq *rq)
 			      .ndevices = rq->h->broker->ndevices,
 			      .now = uv_now(rq->h->loop) };
 	struct hipc_rows imports = { 0 };
+	struct hobj_rows objects = { 0 };
 	int r;
 
 	r = handlers_status_build(rq->h->broker, &st);
 	if (r == 0)
 		r = handlers__ipc_rows(rq->h->broker, &imports);
+	if (r == 0)
+		r = handlers__object_rows(rq->h->broker, &objects);
 	if (r < 0) {
 		r = handlers__fail(rq, r, "out of memory building the status");
 		goto out_free;
 	}
 	/* A failed send dooms the session: nothing more to answer. */
-	if (handlers_status_send(rq, &st, imports.total == 0) == 0 && imports.total)
-		handlers__ipc_status_part(rq, &imports);
+	r = handlers_status_send(rq, &st, imports.total == 0 && objects.total == 0);
+	if (r == 0 && imports.total)
+		r = handlers__ipc_status_part(rq, &imports, objects.total == 0);
+	if (r == 0 && objects.total)
+		handlers__object_status_part(rq, &objects);
+	r = 0;
 out_free:
+	handlers__object_rows_free(&objects);
 	handlers__ipc_rows_free(&imports);
 	handlers_status_free(&st);
 	return r;

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "daemon/core/broker.h"
+#include "daemon/core/object.h"
 #include "daemon/core/walk.h"
 #include "daemon/metrics/metrics.h"
 
@@ -256,6 +257,76 @@ static void metrics_tags(struct mbuf *b, const struct broker *br)
 	walk_tree(br, &paused, b);
 }
 
+/* ---- named objects ---- */
+
+struct metrics_obj_walk {
+	struct mbuf *b;
+	const char *name; /* the family */
+	int which;	  /* 0 bytes, 1 versions, 2 readers */
+	uint32_t n;	  /* series written */
+};
+
+static uint64_t metrics_obj_value(const struct bobject *obj, int which)
+{
+	uint64_t readers = 0;
+
+	if (which == 0)
+		return object_bytes(obj);
+	if (which == 1)
+		return obj->nversions;
+	for (const struct bobject_version *v = obj->versions; v; v = v->next)
+		readers += object_version_readers(v);
+	return readers;
+}
+
+static int metrics_obj_count(void *arg, const struct bobject *obj)
+{
+	(void)obj;
+	(*(uint64_t *)arg)++;
+	return 0;
+}
+
+/* One series of @obj; the walk stops past METRICS_MAX_OBJECTS. */
+static int metrics_obj_series(void *arg, const struct bobject *obj)
+{
+	struct metrics_obj_walk *w = arg;
+
+	if (w->n++ >= METRICS_MAX_OBJECTS)
+		return 1;
+	mbuf_printf(w->b, "%s{uid=\"%u\",name=\"", w->name, (unsigned)obj->uid);
+	mbuf_label(w->b, obj->name);
+	mbuf_printf(w->b, "\"} %" PRIu64 "\n", metrics_obj_value(obj, w->which));
+	return 0;
+}
+
+/*
+ * Each object's series are labelled by its owner's uid and its name: one
+ * series an object, at most METRICS_MAX_OBJECTS of them a family (the
+ * newest objects), so that a uid publishing names without end cannot grow
+ * the scrape without bound; gmbd_objects counts every object.
+ */
+static void metrics_objects(struct mbuf *b, const struct broker *br)
+{
+	static const char *const names[][2] = {
+		{ "gmbd_object_bytes",
+		  "Bytes a named object's versions hold, every one still kept." },
+		{ "gmbd_object_versions",
+		  "Versions of a named object still kept (its latest, and older ones readers hold)." },
+		{ "gmbd_object_readers", "Opens of a named object's versions by clients now." },
+	};
+	uint64_t n = 0;
+
+	object_walk(br, metrics_obj_count, &n);
+	metrics_family(b, "gmbd_objects", "gauge", "Named objects gmbd keeps.");
+	mbuf_printf(b, "gmbd_objects %" PRIu64 "\n", n);
+	for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++) {
+		struct metrics_obj_walk w = { .b = b, .name = names[k][0], .which = (int)k };
+
+		metrics_family(b, names[k][0], "gauge", names[k][1]);
+		object_walk(br, metrics_obj_series, &w);
+	}
+}
+
 static void metrics_counters(struct mbuf *b, const struct metrics *m)
 {
 	static const struct {
@@ -278,6 +349,10 @@ static void metrics_counters(struct mbuf *b, const struct metrics *m)
 		  "Imports unmapped to follow their owner's pause (CUDA IPC)." },
 		{ EVENT_IMPORT_MAP, "gmbd_import_remaps_total",
 		  "Imports mapped again after their owner's resume (CUDA IPC)." },
+		{ EVENT_OBJECT_PUBLISH, "gmbd_object_publishes_total",
+		  "Versions of named objects published." },
+		{ EVENT_OBJECT_DROP, "gmbd_object_drops_total",
+		  "Drops of a named object's version, or of a whole object." },
 	};
 
 	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
@@ -317,6 +392,7 @@ int metrics_render(const struct metrics *m, char **out, size_t *len)
 
 	metrics_devices(&b, m->br);
 	metrics_tags(&b, m->br);
+	metrics_objects(&b, m->br);
 	metrics_counters(&b, m);
 	metrics_hist(&b, "gmbd_pause_duration_seconds",
 		     "A client's pause at gmbd, from its request to the reply.", &m->pause);

@@ -12,7 +12,9 @@
 
 #include "daemon/core/event.h"
 
-#define METRICS_NBUCKETS 12
+#define METRICS_NBUCKETS    12
+/* Named objects with series of their own (uid, name labels), the newest. */
+#define METRICS_MAX_OBJECTS 256
 
 struct broker;
 

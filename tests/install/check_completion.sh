@@ -46,8 +46,11 @@ expect() {
 	[ "$got" = "$want" ] || fail "'$1': got '$got', want '$want'"
 }
 
-expect "gmbctl " "help pause priority resume status switch top trim watch"
+expect "gmbctl " "help object objects pause priority resume status switch top trim watch"
 expect "gmbctl -s $sock re" "resume"
+expect "gmbctl -s $sock object " "drop grant revoke"
+expect "gmbctl -s $sock object dr" "drop"
+expect "gmbctl -s $sock object drop --j" ""
 expect "gmbctl -s $sock pause " "x"
 expect "gmbctl -s $sock pause x " "t u"
 expect "gmbctl -s $sock resume x u" "u"
@@ -89,7 +92,7 @@ got=$(env -i HOME="$T/home" TERM=dumb GMB_SOCKET="$sock" PATH="$stage/usr/local/
 	COMPREPLY=(); _gmbctl gmbctl "" gmbctl; printf "%s\n" "${COMPREPLY[@]}" | sort | paste -sd " "
 ' 2>/dev/null) || fail "a new shell: $got"
 grep -q -- '-F _gmbctl gmbctl$' <<< "$got" || fail "a new shell did not load gmbctl's completion: $got"
-grep -qx 'help pause priority resume status switch top trim watch' <<< "$got" ||
+grep -qx 'help object objects pause priority resume status switch top trim watch' <<< "$got" ||
 	fail "a new shell's completion of 'gmbctl ': $got"
 
 # End of input: the worker disconnects and exits.

@@ -477,6 +477,7 @@ static int api_query(struct gmb_client *c, Gmb__Envelope *env, int want, struct 
 struct api_status_joined {
 	Gmb__StatusReply sr;
 	Gmb__ImportInfo **imports; /* of every part, in order */
+	Gmb__ObjectInfo **objects; /* likewise */
 	Gmb__ClientInfo **clients;
 	Gmb__ClientInfo *copies;
 	size_t ncopies;
@@ -489,6 +490,7 @@ static void api_status_unjoin(struct api_status_joined *j)
 	free(j->copies);
 	free(j->clients);
 	free(j->imports);
+	free(j->objects);
 }
 
 /* Entry @ci continues @prev (its last client): its tags are added to a copy. */
@@ -524,7 +526,7 @@ static int api_status_continue(struct api_status_joined *j, Gmb__ClientInfo **pr
 /* Joins @rep's StatusReply parts into @j (api_status_unjoin() it, even on failure). */
 static int api_status_join(const struct gmb__reply *rep, struct api_status_joined *j, char *err)
 {
-	size_t n = 0, k = 0, ni = 0;
+	size_t n = 0, k = 0, ni = 0, no = 0;
 	bool head = false;
 
 	*j = (struct api_status_joined){ .sr = GMB__STATUS_REPLY__INIT };
@@ -532,11 +534,13 @@ static int api_status_join(const struct gmb__reply *rep, struct api_status_joine
 		if (rep->parts[p]->body_case == GMB__ENVELOPE__BODY_STATUS_REPLY) {
 			n += rep->parts[p]->status_reply->n_clients;
 			ni += rep->parts[p]->status_reply->n_imports;
+			no += rep->parts[p]->status_reply->n_objects;
 		}
 	j->clients = calloc(n + 1, sizeof(*j->clients));
 	j->copies = calloc(n + 1, sizeof(*j->copies));
 	j->imports = calloc(ni + 1, sizeof(*j->imports));
-	if (!j->clients || !j->copies || !j->imports)
+	j->objects = calloc(no + 1, sizeof(*j->objects));
+	if (!j->clients || !j->copies || !j->imports || !j->objects)
 		return err_fmt(err, -ENOMEM, "out of memory reading gmbd's status");
 	for (size_t p = 0; p < rep->nparts; p++) {
 		const Gmb__StatusReply *sr = rep->parts[p]->status_reply;
@@ -558,6 +562,11 @@ static int api_status_join(const struct gmb__reply *rep, struct api_status_joine
 			j->imports[j->sr.n_imports++] = sr->imports[i];
 		if (sr->imports_total > j->sr.imports_total)
 			j->sr.imports_total = sr->imports_total;
+		/* And the named objects in one after them. */
+		for (size_t i = 0; i < sr->n_objects; i++)
+			j->objects[j->sr.n_objects++] = sr->objects[i];
+		if (sr->objects_total > j->sr.objects_total)
+			j->sr.objects_total = sr->objects_total;
 		for (size_t i = 0; i < sr->n_clients; i++) {
 			const Gmb__ClientInfo *ci = sr->clients[i];
 
@@ -577,6 +586,7 @@ static int api_status_join(const struct gmb__reply *rep, struct api_status_joine
 	j->sr.n_clients = k;
 	j->sr.clients = j->clients;
 	j->sr.imports = j->imports;
+	j->sr.objects = j->objects;
 	return 0;
 }
 
@@ -673,6 +683,26 @@ GMB_API int gmb_status_text(gmb_client *c, char **text)
 GMB_API int gmb_status_top(gmb_client *c, int width, char **text)
 {
 	return api_status(c, text, gmb__status_to_top, width, "a screen");
+}
+
+static int api_fmt_objects_json(const Gmb__StatusReply *st, int width, char **out)
+{
+	return gmb__objects_to_json(st, out);
+}
+
+static int api_fmt_objects_table(const Gmb__StatusReply *st, int width, char **out)
+{
+	return gmb__objects_to_table(st, out);
+}
+
+GMB_API int gmb_objects_json(gmb_client *c, char **json)
+{
+	return api_status(c, json, api_fmt_objects_json, 0, "JSON");
+}
+
+GMB_API int gmb_objects_text(gmb_client *c, char **text)
+{
+	return api_status(c, text, api_fmt_objects_table, 0, "a table");
 }
 
 /* Sends @env, which names the request, and ends as api_done() does. */

@@ -96,6 +96,14 @@ static const struct table_col status_import_cols[] = {
 	{ "OWNER'S", false },	  { "MAPPED", false },
 };
 
+/* Named objects: OWNER is the owner's uid, LATEST its latest version
+ * ("-" once dropped, kept for its readers), READERS the opens of every
+ * version, GRANTS the other uids that may open it. */
+static const struct table_col status_object_cols[] = {
+	{ "OBJECT", false }, { "OWNER", true },	  { "LATEST", true },  { "VERSIONS", true },
+	{ "BYTES", true },   { "READERS", true }, { "GRANTS", false },
+};
+
 static const struct table_col status_tag_cols[] = {
 	{ "TAG", false },  { "DEVICE", true }, { "STATE", false },
 	{ "MODE", false }, { "ALLOCS", true }, { "BYTES", true },
@@ -371,10 +379,62 @@ static void json_put_import(struct sbuf *b, const Gmb__ImportInfo *m)
 	sbuf_printf(b,
 		    ",\"owner_pid\":%" PRId32 ",\"alloc_id\":%" PRIu64 ",\"device\":%" PRIu32
 		    ",\"bytes\":%" PRIu64 ",\"opens\":%" PRIu32 ",\"owner_freed\":%s"
-		    ",\"mapped\":%s,\"idle\":%s}",
+		    ",\"mapped\":%s,\"idle\":%s",
 		    m->owner_pid, m->alloc_id, m->device, m->bytes, m->opens,
 		    m->owner_freed ? "true" : "false", m->unmapped ? "false" : "true",
 		    m->idle ? "true" : "false");
+	/* A named object's version: its name and number; an allocation's
+	 * import has neither (its document as before objects). */
+	if (m->object && *m->object) {
+		sbuf_puts(b, ",\"object\":");
+		json_put_str(b, m->object);
+		sbuf_printf(b, ",\"object_version\":%" PRIu64, m->object_version);
+	}
+	sbuf_putc(b, '}');
+}
+
+static void json_put_object_version(struct sbuf *b, const Gmb__ObjectVersionInfo *v)
+{
+	sbuf_printf(b,
+		    "{\"version\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"device\":%" PRIu32
+		    ",\"readers\":%" PRIu32 ",\"latest\":%s,\"published_ns\":%" PRIu64
+		    ",\"publisher\":",
+		    v->version, v->bytes, v->device, v->readers, v->latest ? "true" : "false",
+		    v->published_ns);
+	json_put_str(b, v->publisher);
+	sbuf_printf(b, ",\"publisher_pid\":%" PRId32 ",\"meta_bytes\":%" PRIu32 "}",
+		    v->publisher_pid, v->meta_bytes);
+}
+
+static void json_put_object(struct sbuf *b, const Gmb__ObjectInfo *o)
+{
+	size_t i, n = 0;
+
+	sbuf_puts(b, "{\"name\":");
+	json_put_str(b, o->name);
+	sbuf_printf(b,
+		    ",\"owner_uid\":%" PRIu32 ",\"latest\":%" PRIu64 ",\"bytes\":%" PRIu64
+		    ",\"grants\":[",
+		    o->owner_uid, o->latest, o->bytes);
+	for (i = 0; o->grants && i < o->n_grants; i++)
+		sbuf_printf(b, "%s%" PRIu32, i ? "," : "", o->grants[i]);
+	sbuf_puts(b, "],\"versions\":[");
+	for (i = 0; i < o->n_versions; i++)
+		if (json_list_next(b, o->versions[i], &n))
+			json_put_object_version(b, o->versions[i]);
+	sbuf_puts(b, "]}");
+}
+
+/* "\"objects\":[...],\"objects_total\":N" of @st. */
+static void json_put_objects(struct sbuf *b, const Gmb__StatusReply *st)
+{
+	size_t n = 0;
+
+	sbuf_puts(b, "\"objects\":[");
+	for (size_t i = 0; i < st->n_objects; i++)
+		if (json_list_next(b, st->objects[i], &n))
+			json_put_object(b, st->objects[i]);
+	sbuf_printf(b, "],\"objects_total\":%" PRIu32, st->objects_total);
 }
 
 /**
@@ -412,7 +472,26 @@ int gmb__status_to_json(const Gmb__StatusReply *st, char **out)
 	for (i = 0, n = 0; i < st->n_imports; i++)
 		if (json_list_next(&b, st->imports[i], &n))
 			json_put_import(&b, st->imports[i]);
-	sbuf_printf(&b, "],\"imports_total\":%" PRIu32 "}", st->imports_total);
+	sbuf_printf(&b, "],\"imports_total\":%" PRIu32 ",", st->imports_total);
+	json_put_objects(&b, st);
+	sbuf_putc(&b, '}');
+	return sbuf_steal(&b, out);
+}
+
+/**
+ * gmb__objects_to_json() - the named objects alone, as `gmbctl objects
+ * --json` prints them: {"objects":[...],"objects_total":N}, the same
+ * entries as gmb__status_to_json()'s. Return: as it.
+ */
+int gmb__objects_to_json(const Gmb__StatusReply *st, char **out)
+{
+	struct sbuf b = SBUF_INIT;
+
+	if (!st || !out)
+		return -EINVAL;
+	sbuf_putc(&b, '{');
+	json_put_objects(&b, st);
+	sbuf_putc(&b, '}');
 	return sbuf_steal(&b, out);
 }
 
@@ -613,14 +692,24 @@ static int status_put_imports(const Gmb__StatusReply *st, struct sbuf *out)
 		status_client_cell(&t, m->importer_id, m->importer);
 		snprintf(num, sizeof(num), "%" PRId32, m->importer_pid);
 		table_add(&t, num);
-		status_client_cell(&t, m->owner_id, m->owner);
+		/* A named object's version: NAME@VERSION, as gmbctl names it. */
+		if (m->object && *m->object) {
+			char cell[WIRE_MAX_NAME + 32];
+
+			snprintf(cell, sizeof(cell), "%s@%" PRIu64, m->object, m->object_version);
+			table_add(&t, cell);
+		} else {
+			status_client_cell(&t, m->owner_id, m->owner);
+		}
 		snprintf(num, sizeof(num), "%" PRId32, m->owner_pid);
 		table_add(&t, num);
 		table_add_u64(&t, m->alloc_id);
 		table_add_u64(&t, m->device);
 		table_add_size(&t, m->bytes);
 		table_add_u64(&t, m->opens);
-		table_add(&t, m->owner_freed ? "freed" : "live");
+		table_add(&t, m->object && *m->object ? "object" :
+			      m->owner_freed	      ? "freed" :
+							"live");
 		/* "paused": it followed its owner's pause and maps it again on resume. */
 		/* "idle": closed, kept mapped by the importer for its next open. */
 		table_add(&t, m->unmapped ? "paused" : m->idle ? "idle" : "yes");
@@ -638,6 +727,79 @@ static int status_put_imports(const Gmb__StatusReply *st, struct sbuf *out)
 	r = t.text.err;
 	table_deinit(&t);
 	return r;
+}
+
+/* An object's row: its readers are those of every version it keeps. */
+static void status_add_object(struct table *t, const Gmb__ObjectInfo *o)
+{
+	char cell[8 * 12 + 8];
+	uint64_t readers = 0;
+	size_t n = 0;
+
+	table_add(t, o->name);
+	table_add_u64(t, o->owner_uid);
+	if (o->latest) {
+		snprintf(cell, sizeof(cell), "v%" PRIu64, o->latest);
+		table_add(t, cell);
+	} else {
+		table_add(t, "-"); /* dropped: kept only for its readers */
+	}
+	table_add_u64(t, o->n_versions);
+	table_add_size(t, o->bytes);
+	for (size_t i = 0; i < o->n_versions; i++)
+		readers += o->versions[i] ? o->versions[i]->readers : 0;
+	table_add_u64(t, readers);
+	cell[0] = '\0';
+	for (size_t i = 0; o->grants && i < o->n_grants && n < sizeof(cell) - 12; i++)
+		n += (size_t)snprintf(cell + n, sizeof(cell) - n, "%s%" PRIu32, i ? "," : "",
+				      o->grants[i]);
+	table_add(t, cell[0] ? cell : "-");
+}
+
+/* The named objects, @empty when there is none (NULL: nothing at all). */
+static int status_put_objects(const Gmb__StatusReply *st, struct sbuf *out, const char *empty)
+{
+	struct table t;
+	size_t n = 0;
+	int r;
+
+	table_init(&t, status_object_cols, ARRAY_SIZE(status_object_cols));
+	for (size_t i = 0; i < st->n_objects; i++) {
+		if (!st->objects[i])
+			continue;
+		status_add_object(&t, st->objects[i]);
+		n++;
+	}
+	if (n)
+		table_put_header(&t, out, "");
+	else if (empty)
+		sbuf_puts(out, empty);
+	for (size_t i = 0; i < n; i++)
+		table_put_row(&t, out, "");
+	if (st->objects_total > n)
+		sbuf_printf(out, "... and %" PRIu64 " more objects\n",
+			    (uint64_t)(st->objects_total - n));
+	r = t.text.err;
+	table_deinit(&t);
+	return r;
+}
+
+/**
+ * gmb__objects_to_table() - the named objects alone, as `gmbctl objects`
+ * prints them: the table of gmb__status_to_table(), or "no objects".
+ * Return: as it.
+ */
+int gmb__objects_to_table(const Gmb__StatusReply *st, char **out)
+{
+	struct sbuf b = SBUF_INIT;
+	int r;
+
+	if (!st || !out)
+		return -EINVAL;
+	r = status_put_objects(st, &b, "no objects\n");
+	if (r && !b.err)
+		b.err = r;
+	return sbuf_steal(&b, out);
 }
 
 /* Requests waiting for memory, in serving order; nothing when none. */
@@ -801,6 +963,10 @@ int gmb__status_to_table(const Gmb__StatusReply *st, char **out)
 		r = status_put_waiters(st, &b);
 	if (!r)
 		r = status_put_imports(st, &b);
+	if (!r && (st->n_objects || st->objects_total)) {
+		sbuf_putc(&b, '\n');
+		r = status_put_objects(st, &b, NULL);
+	}
 	if (r && !b.err)
 		b.err = r;
 	return sbuf_steal(&b, out);

@@ -13,6 +13,9 @@
 /* *@out is malloc'd (JSON / an aligned table), the caller's. */
 int gmb__status_to_json(const Gmb__StatusReply *st, char **out);
 int gmb__status_to_table(const Gmb__StatusReply *st, char **out);
+/* The named objects alone (`gmbctl objects`): JSON / the table. */
+int gmb__objects_to_json(const Gmb__StatusReply *st, char **out);
+int gmb__objects_to_table(const Gmb__StatusReply *st, char **out);
 /* The screen of `gmbctl top`, lines of at most @width columns (status_top.c). */
 int gmb__status_to_top(const Gmb__StatusReply *st, int width, char **out);
 /* One event as one line (no newline): JSON when @json, else text. */

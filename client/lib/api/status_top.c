@@ -1,7 +1,8 @@
 /*
  * status_top.c - the screen of `gmbctl top` from a StatusReply: per device
  * a bar of what is lent, paused, idle in gmbd's pool and used outside gmbd,
- * then every client's tags with state and bytes. Plain text, no escape
+ * then every client's tags with state and bytes, then a line a named
+ * object (if any). Plain text, no escape
  * sequence (the caller positions and clears); at most @width columns a line.
  *
  * Paused memory is not on the device: it is what a resume lends again, so
@@ -132,6 +133,38 @@ static void top_clients(FILE *f, const Gmb__StatusReply *st, int width)
 		fprintf(f, "(no clients)\n");
 }
 
+/* A line an object, after the clients; nothing when there is none. */
+static void top_objects(FILE *f, const Gmb__StatusReply *st, int width)
+{
+	/* The numbers take 40 columns; names get the rest, up to 40. */
+	int name_w = width - 40 > 40 ? 40 : width - 40;
+	char b[SIZE_STR_MAX], latest[24];
+
+	if (!st->n_objects)
+		return;
+	fputc('\n', f);
+	top_put_name(f, "OBJECT", name_w);
+	fprintf(f, " %7s %7s %4s %10s %7s\n", "OWNER", "LATEST", "VERS", "BYTES", "READERS");
+	for (size_t i = 0; i < st->n_objects; i++) {
+		const Gmb__ObjectInfo *o = st->objects[i];
+		uint64_t readers = 0;
+
+		if (!o)
+			continue;
+		for (size_t k = 0; k < o->n_versions; k++)
+			readers += o->versions[k] ? o->versions[k]->readers : 0;
+		if (o->latest)
+			snprintf(latest, sizeof(latest), "v%" PRIu64, o->latest);
+		else
+			snprintf(latest, sizeof(latest), "-");
+		top_put_name(f, o->name, name_w);
+		fprintf(f, " %7" PRIu32 " %7s %4zu %10s %7" PRIu64 "\n", o->owner_uid, latest,
+			o->n_versions, size_str(o->bytes, b), readers);
+	}
+	if (st->objects_total > st->n_objects)
+		fprintf(f, "(and %zu more objects)\n", (size_t)st->objects_total - st->n_objects);
+}
+
 int gmb__status_to_top(const Gmb__StatusReply *st, int width, char **out)
 {
 	char *buf = NULL;
@@ -154,6 +187,7 @@ int gmb__status_to_top(const Gmb__StatusReply *st, int width, char **out)
 			top_device(f, st, st->devices[i], width);
 	fputc('\n', f);
 	top_clients(f, st, width);
+	top_objects(f, st, width);
 	if (fclose(f) != 0 || !buf) {
 		free(buf);
 		return -ENOMEM;
