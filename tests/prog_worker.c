@@ -22,6 +22,8 @@
  *   publish TAG NAME       the first allocation of TAG becomes NAME's next version
  *                          (its version; it leaves TAG, mapped read-only as an open)
  *   object_close NAME      close the version the last publish of NAME left open
+ *   object_check NAME BYTE 0 if every byte of that version equals BYTE, else -EILSEQ
+ *   object_pause NAME [discard]  object_resume NAME   gmb_object_pause/_resume
  *   quit
  */
 #include <errno.h>
@@ -150,6 +152,7 @@ static int cmd_addr(const char *tag, char *out, size_t cap)
 static struct {
 	char name[128];
 	void *ptr;
+	size_t size;
 } published[64];
 static int npublished;
 
@@ -167,6 +170,7 @@ static int cmd_publish(const char *tag, const char *name, char *out, size_t cap)
 		if (rc)
 			return rc;
 		snprintf(published[npublished].name, sizeof(published[0].name), "%s", name);
+		published[npublished].size = allocs[i].size;
 		published[npublished++].ptr = allocs[i].ptr;
 		allocs[i] = allocs[--nallocs];
 		snprintf(out, cap, "%llu", (unsigned long long)version);
@@ -184,6 +188,22 @@ static int cmd_object_close(const char *name)
 
 		published[i] = published[--npublished];
 		return rc;
+	}
+	return -ENOENT;
+}
+
+/* Reads the version the last publish of @name left open (read-only). */
+static int cmd_object_check(const char *name, int byte)
+{
+	for (int i = npublished - 1; i >= 0; i--) {
+		const unsigned char *p = published[i].ptr;
+
+		if (strcmp(published[i].name, name))
+			continue;
+		for (size_t j = 0; j < published[i].size; j++)
+			if (p[j] != (unsigned char)byte)
+				return -EILSEQ;
+		return 0;
 	}
 	return -ENOENT;
 }
@@ -240,6 +260,12 @@ static int run(char *line, char *out, size_t cap)
 		return cmd_publish(a, b, out, cap);
 	if (!strcmp(verb, "object_close"))
 		return cmd_object_close(a);
+	if (!strcmp(verb, "object_check"))
+		return cmd_object_check(a, (int)strtol(b, NULL, 0));
+	if (!strcmp(verb, "object_pause"))
+		return gmb_object_pause(client, a, !strcmp(b, "discard"));
+	if (!strcmp(verb, "object_resume"))
+		return gmb_object_resume(client, a);
 	return -EINVAL;
 }
 

@@ -794,7 +794,8 @@ Test(status_json, objects_with_their_versions)
 		ne(ptr,
 		   strstr(json,
 			  "\"objects\":[{\"name\":\"weights\",\"owner_uid\":1000,\"latest\":2,"
-			  "\"bytes\":134217728,\"grants\":[1001,1002],\"versions\":["
+			  "\"bytes\":134217728,\"paused\":false,\"discarded\":false,"
+			  "\"grants\":[1001,1002],\"versions\":["
 			  "{\"version\":1,\"bytes\":67108864,\"device\":0,\"readers\":2,"
 			  "\"latest\":false,\"published_ns\":1700000000000000000,"
 			  "\"publisher\":\"trainer\",\"publisher_pid\":77,\"meta_bytes\":0},"
@@ -802,7 +803,7 @@ Test(status_json, objects_with_their_versions)
 			  "\"latest\":true,\"published_ns\":0,\"publisher\":\"trainer\","
 			  "\"publisher_pid\":77,\"meta_bytes\":12}]},"
 			  "{\"name\":\"old\",\"owner_uid\":0,\"latest\":0,\"bytes\":2097152,"
-			  "\"grants\":[],\"versions\":[{\"version\":5,\"bytes\":2097152,"
+			  "\"paused\":false,\"discarded\":false,\"grants\":[],\"versions\":[{\"version\":5,\"bytes\":2097152,"
 			  "\"device\":0,\"readers\":1,\"latest\":false,\"published_ns\":0,"
 			  "\"publisher\":\"p\\u001b[2J\",\"publisher_pid\":0,\"meta_bytes\":0}]}],"
 			  "\"objects_total\":3}"),
@@ -834,14 +835,15 @@ Test(status_table, objects_get_a_table_of_their_own)
 	fixture_objects(&f, &x);
 	f.st.objects_total = 5;
 	text = render_table(&f.st);
-	cr_expect(ne(ptr,
-		     strstr(text,
-			    "\n\nOBJECT   OWNER  LATEST  VERSIONS      BYTES  READERS  GRANTS\n"
-			    "weights   1000      v2         2  128.0 MiB        2  1001,1002\n"
-			    "old          0       -         1    2.0 MiB        1  -\n"
-			    "... and 3 more objects\n"),
-		     NULL),
-		  "%s", text);
+	cr_expect(
+		ne(ptr,
+		   strstr(text,
+			  "\n\nOBJECT   OWNER  STATE   LATEST  VERSIONS      BYTES  READERS  GRANTS\n"
+			  "weights   1000  active      v2         2  128.0 MiB        2  1001,1002\n"
+			  "old          0  active       -         1    2.0 MiB        1  -\n"
+			  "... and 3 more objects\n"),
+		   NULL),
+		"%s", text);
 	free(text);
 	/* The objects alone: the same table, and "no objects" for none. */
 	cr_assert(eq(i32, gmb__objects_to_table(&f.st, &text), 0));
@@ -935,14 +937,14 @@ Test(status_top, objects_get_a_line_each)
 
 	fixture_objects(&f, &x);
 	cr_assert(eq(i32, gmb__status_to_top(&f.st, 80, &text), 0));
-	snprintf(want, sizeof(want), "\n%-40s %7s %7s %4s %10s %7s\n", "OBJECT", "OWNER", "LATEST",
-		 "VERS", "BYTES", "READERS");
+	snprintf(want, sizeof(want), "\n%-26s %7s %-13s %7s %4s %10s %7s\n", "OBJECT", "OWNER",
+		 "STATE", "LATEST", "VERS", "BYTES", "READERS");
 	cr_expect(ne(ptr, strstr(text, want), NULL), "%s", text);
-	snprintf(want, sizeof(want), "\n%-40s %7u %7s %4d %10s %7d\n", "weights", 1000, "v2", 2,
-		 "128.0 MiB", 2);
+	snprintf(want, sizeof(want), "\n%-26s %7u %-13s %7s %4d %10s %7d\n", "weights", 1000,
+		 "active", "v2", 2, "128.0 MiB", 2);
 	cr_expect(ne(ptr, strstr(text, want), NULL), "%s", text);
-	snprintf(want, sizeof(want), "\n%-40s %7u %7s %4d %10s %7d\n", "old", 0, "-", 1, "2.0 MiB",
-		 1);
+	snprintf(want, sizeof(want), "\n%-26s %7u %-13s %7s %4d %10s %7d\n", "old", 0, "active",
+		 "-", 1, "2.0 MiB", 1);
 	cr_expect(ne(ptr, strstr(text, want), NULL), "%s", text);
 	for (char *l = text, *e; *l; l = e + 1) {
 		e = strchr(l, '\n');
@@ -954,4 +956,83 @@ Test(status_top, objects_get_a_line_each)
 	cr_assert(eq(i32, gmb__status_to_top(&f.st, 60, &text), 0));
 	cr_expect(eq(ptr, strstr(text, "OBJECT"), NULL), "%s", text);
 	free(text);
+}
+
+/*
+ * Paused objects: "weights" paused with its bytes, "old" paused without
+ * (discarded). JSON says both, the table's STATE and top's too; an object
+ * not paused never says discarded, whatever the field holds.
+ */
+Test(status_json, paused_objects_say_so_everywhere)
+{
+	struct fixture_objects x;
+	struct fixture f;
+	char *text, want[160];
+
+	fixture_objects(&f, &x);
+	x.o[0].paused = true;
+	x.o[1].paused = true;
+	x.o[1].discarded = true;
+	text = render_json(&f.st);
+	cr_expect(ne(ptr,
+		     strstr(text, "{\"name\":\"weights\",\"owner_uid\":1000,\"latest\":2,"
+				  "\"bytes\":134217728,\"paused\":true,\"discarded\":false,"
+				  "\"grants\":[1001,1002],"),
+		     NULL),
+		  "%s", text);
+	cr_expect(ne(ptr,
+		     strstr(text, "{\"name\":\"old\",\"owner_uid\":0,\"latest\":0,"
+				  "\"bytes\":2097152,\"paused\":true,\"discarded\":true,"),
+		     NULL),
+		  "%s", text);
+	cr_expect(json_valid(text), "%s", text);
+	free(text);
+	cr_assert(eq(i32, gmb__objects_to_json(&f.st, &text), 0));
+	cr_expect(ne(ptr, strstr(text, "\"paused\":true,\"discarded\":true,"), NULL), "%s", text);
+	cr_expect(json_valid(text), "%s", text);
+	free(text);
+
+	/* The table: STATE as wide as its widest cell. */
+	cr_assert(eq(i32, gmb__objects_to_table(&f.st, &text), 0));
+	cr_expect(
+		eq(str, text,
+		   "OBJECT   OWNER  STATE               LATEST  VERSIONS      BYTES  READERS  GRANTS\n"
+		   "weights   1000  paused                  v2         2  128.0 MiB        2  1001,1002\n"
+		   "old          0  paused (discarded)       -         1    2.0 MiB        1  -\n"),
+		"%s", text);
+	free(text);
+	text = render_table(&f.st);
+	cr_expect(ne(ptr, strstr(text, "\nold          0  paused (discarded)       -  "), NULL),
+		  "%s", text);
+	free(text);
+
+	/* top: "paused (disc)" fits its column; every line within the width. */
+	cr_assert(eq(i32, gmb__status_to_top(&f.st, 80, &text), 0));
+	snprintf(want, sizeof(want), "\n%-26s %7u %-13s %7s %4d %10s %7d\n", "weights", 1000,
+		 "paused", "v2", 2, "128.0 MiB", 2);
+	cr_expect(ne(ptr, strstr(text, want), NULL), "%s", text);
+	snprintf(want, sizeof(want), "\n%-26s %7u %-13s %7s %4d %10s %7d\n", "old", 0,
+		 "paused (disc)", "-", 1, "2.0 MiB", 1);
+	cr_expect(ne(ptr, strstr(text, want), NULL), "%s", text);
+	free(text);
+	cr_assert(eq(i32, gmb__status_to_top(&f.st, 60, &text), 0));
+	for (char *l = text, *e; *l; l = e + 1) {
+		e = strchr(l, '\n');
+		cr_assert(ne(ptr, e, NULL));
+		cr_expect(le(sz, (size_t)(e - l), 60), "%.*s", (int)(e - l), l);
+	}
+	cr_expect(ne(ptr, strstr(text, "paused (disc)"), NULL), "%s", text);
+	free(text);
+
+	/* Active again: "discarded" left set means nothing. */
+	x.o[1].paused = false;
+	text = render_json(&f.st);
+	cr_expect(ne(ptr, strstr(text, "\"bytes\":2097152,\"paused\":false,\"discarded\":false,"),
+		     NULL),
+		  "%s", text);
+	free(text);
+	cr_assert(eq(i32, gmb__objects_to_table(&f.st, &text), 0));
+	cr_expect(ne(ptr, strstr(text, "\nold          0  active     "), NULL), "%s", text);
+	free(text);
+	expect_enomem_paths(faulty_objects_to_table, gmb__objects_to_table, &f.st);
 }

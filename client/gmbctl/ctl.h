@@ -26,6 +26,7 @@ struct ctl_args {
 	int priority;
 	uint32_t wait_ms;		/* --wait */
 	bool follow;			/* pause --follow */
+	bool discard;			/* object pause --discard */
 	const char *tags[CTL_MAX_TAGS]; /* --tags, in order (pointing into tags_buf) */
 	size_t ntags;
 	char tags_buf[4096];

@@ -1,7 +1,7 @@
 /*
  * gmbctl.c - the operator's CLI of gmbd: status, pause/resume, trim,
  * arbitration (switch, priority), named objects (objects, object drop,
- * grant, revoke), the live views watch and top (client/gmbctl/live.c),
+ * grant, revoke, pause, resume), the live views watch and top (client/gmbctl/live.c),
  * and help. A command may be two words ("object drop"): the first is a
  * group of commands, never one of its own.
  *
@@ -47,12 +47,13 @@ enum {
 
 /* ctl_cmd.flags */
 enum {
-	CTL_F_JSON = 1u << 0,	/* takes --json */
-	CTL_F_LOCAL = 1u << 1,	/* needs no connection (help) */
-	CTL_F_LIVE = 1u << 2,	/* makes its own connections (watch, top) */
-	CTL_F_WAIT = 1u << 3,	/* takes --wait SECONDS */
-	CTL_F_TAGS = 1u << 4,	/* takes --tags T1,T2,... */
-	CTL_F_FOLLOW = 1u << 5, /* takes --follow */
+	CTL_F_JSON = 1u << 0,	 /* takes --json */
+	CTL_F_LOCAL = 1u << 1,	 /* needs no connection (help) */
+	CTL_F_LIVE = 1u << 2,	 /* makes its own connections (watch, top) */
+	CTL_F_WAIT = 1u << 3,	 /* takes --wait SECONDS */
+	CTL_F_TAGS = 1u << 4,	 /* takes --tags T1,T2,... */
+	CTL_F_FOLLOW = 1u << 5,	 /* takes --follow */
+	CTL_F_DISCARD = 1u << 6, /* takes --discard */
 };
 
 /* getopt keys of long-only options: past every char. */
@@ -128,6 +129,8 @@ static int ctl_objects(gmb_client *c, const struct ctl_args *a);
 static int ctl_object_drop(gmb_client *c, const struct ctl_args *a);
 static int ctl_object_grant(gmb_client *c, const struct ctl_args *a);
 static int ctl_object_revoke(gmb_client *c, const struct ctl_args *a);
+static int ctl_object_pause(gmb_client *c, const struct ctl_args *a);
+static int ctl_object_resume(gmb_client *c, const struct ctl_args *a);
 
 static const struct ctl_kind_info ctl_kinds[] = {
 	[CTL_ARG_CLIENT] = { "CLIENT", "a client's name, pid, or id as #ID or ID (see status)",
@@ -223,6 +226,22 @@ static const struct ctl_cmd ctl_cmds[] = {
 	  0,
 	  ctl_object_revoke,
 	  "take a grant back (opens already made stay)" },
+	{ "object pause",
+	  { CTL_ARG_OBJECT },
+	  1,
+	  1,
+	  CTL_F_DISCARD,
+	  ctl_object_pause,
+	  "pause an object: its readers unmap it (addresses kept), its bytes go to gmbd's"
+	  " host memory (--discard: dropped), its GPU memory back to the driver" },
+	{ "object resume",
+	  { CTL_ARG_OBJECT },
+	  1,
+	  1,
+	  0,
+	  ctl_object_resume,
+	  "resume a paused object: new GPU memory, its bytes back (zeros after --discard),"
+	  " its readers map it again at the same addresses" },
 	{ "watch",
 	  { CTL_ARG_NONE },
 	  0,
@@ -544,6 +563,8 @@ static const char *ctl_cmd_synopsis(const struct ctl_cmd *cmd, char *buf, size_t
 		n += (size_t)snprintf(buf + n, size - n, " [--wait SECONDS]");
 	if ((cmd->flags & CTL_F_FOLLOW) && n < size)
 		n += (size_t)snprintf(buf + n, size - n, " [--follow]");
+	if ((cmd->flags & CTL_F_DISCARD) && n < size)
+		n += (size_t)snprintf(buf + n, size - n, " [--discard]");
 	if ((cmd->flags & CTL_F_JSON) && n < size)
 		snprintf(buf + n, size - n, " [--json]");
 	return buf;
@@ -770,6 +791,8 @@ static int ctl_parse_cmd_args(struct ctl_cli *cli, int argc, char **argv)
 			cli->json = true;
 		} else if (opts && (cmd->flags & CTL_F_FOLLOW) && !strcmp(argv[i], "--follow")) {
 			cli->args.follow = true;
+		} else if (opts && (cmd->flags & CTL_F_DISCARD) && !strcmp(argv[i], "--discard")) {
+			cli->args.discard = true;
 		} else if (opts && (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))) {
 			cli->help = true;
 		} else if (opts && (cmd->flags & (CTL_F_WAIT | CTL_F_TAGS)) &&
@@ -1000,6 +1023,32 @@ static int ctl_object_grant(gmb_client *c, const struct ctl_args *a)
 static int ctl_object_revoke(gmb_client *c, const struct ctl_args *a)
 {
 	return ctl_object_grant_to(c, a, true);
+}
+
+/* "paused object 'w'": gmbd answers once every reader unmapped it and its
+ * bytes are off the device (or dropped), so the sentence is the result. */
+static int ctl_object_pause(gmb_client *c, const struct ctl_args *a)
+{
+	int r = gmb_object_pause(c, a->object, a->discard);
+
+	if (r < 0)
+		return r;
+	fputs("paused object '", stdout);
+	ctl_put_safe_to(stdout, a->object);
+	fputs(a->discard ? "', its bytes discarded\n" : "'\n", stdout);
+	return 0;
+}
+
+static int ctl_object_resume(gmb_client *c, const struct ctl_args *a)
+{
+	int r = gmb_object_resume(c, a->object);
+
+	if (r < 0)
+		return r;
+	fputs("resumed object '", stdout);
+	ctl_put_safe_to(stdout, a->object);
+	fputs("'\n", stdout);
+	return 0;
 }
 
 /* --- main --------------------------------------------------------------- */

@@ -1,7 +1,8 @@
 /*
  * object_status.c - the named objects' part of the status reply: each
- * object (its owner, latest version, bytes, grants) with its versions, in
- * a part of its own after the imports, the last one (more = false).
+ * object (its owner, latest version, bytes, grants, paused or not) with its
+ * versions, in a part of its own after the imports, the last one (more =
+ * false).
  *
  * The part stays one packet whatever the objects are: at most
  * HOBJ_STATUS_MAX objects, each with its HOBJ_STATUS_VERSIONS newest
@@ -57,6 +58,9 @@ static int handlers_object_row(void *arg, const struct bobject *obj)
 	oi->owner_uid = (uint32_t)obj->uid;
 	oi->latest = obj->latest;
 	oi->bytes = object_bytes(obj);
+	oi->paused = obj->paused;
+	/* A resume clears it; an active object never says it lost bytes. */
+	oi->discarded = obj->paused && obj->discarded;
 	/* uid_t is the kernel's 32-bit id: the wire's type. */
 	oi->n_grants = obj->ngrants < OBJECT_MAX_GRANTS ? obj->ngrants : OBJECT_MAX_GRANTS;
 	oi->grants = (uint32_t *)obj->grants;

@@ -262,7 +262,7 @@ static void metrics_tags(struct mbuf *b, const struct broker *br)
 struct metrics_obj_walk {
 	struct mbuf *b;
 	const char *name; /* the family */
-	int which;	  /* 0 bytes, 1 versions, 2 readers */
+	int which;	  /* 0 bytes, 1 versions, 2 readers, 3 paused */
 	uint32_t n;	  /* series written */
 };
 
@@ -274,6 +274,8 @@ static uint64_t metrics_obj_value(const struct bobject *obj, int which)
 		return object_bytes(obj);
 	if (which == 1)
 		return obj->nversions;
+	if (which == 3)
+		return obj->paused ? 1 : 0;
 	for (const struct bobject_version *v = obj->versions; v; v = v->next)
 		readers += object_version_readers(v);
 	return readers;
@@ -313,6 +315,8 @@ static void metrics_objects(struct mbuf *b, const struct broker *br)
 		{ "gmbd_object_versions",
 		  "Versions of a named object still kept (its latest, and older ones readers hold)." },
 		{ "gmbd_object_readers", "Opens of a named object's versions by clients now." },
+		{ "gmbd_object_paused",
+		  "1 while a named object is paused (its bytes off the device), else 0." },
 	};
 	uint64_t n = 0;
 

@@ -48,7 +48,9 @@ expect() {
 
 expect "gmbctl " "help object objects pause priority resume status switch top trim watch"
 expect "gmbctl -s $sock re" "resume"
-expect "gmbctl -s $sock object " "drop grant revoke"
+expect "gmbctl -s $sock object " "drop grant pause resume revoke"
+expect "gmbctl -s $sock object pause --d" "--discard"
+expect "gmbctl -s $sock object resume --d" ""
 expect "gmbctl -s $sock object dr" "drop"
 expect "gmbctl -s $sock object drop --j" ""
 expect "gmbctl -s $sock pause " "x"

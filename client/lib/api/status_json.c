@@ -96,12 +96,13 @@ static const struct table_col status_import_cols[] = {
 	{ "OWNER'S", false },	  { "MAPPED", false },
 };
 
-/* Named objects: OWNER is the owner's uid, LATEST its latest version
- * ("-" once dropped, kept for its readers), READERS the opens of every
- * version, GRANTS the other uids that may open it. */
+/* Named objects: OWNER is the owner's uid, STATE active, paused or
+ * "paused (discarded)" (its bytes dropped: a resume gives zeros), LATEST
+ * its latest version ("-" once dropped, kept for its readers), READERS the
+ * opens of every version, GRANTS the other uids that may open it. */
 static const struct table_col status_object_cols[] = {
-	{ "OBJECT", false }, { "OWNER", true },	  { "LATEST", true },  { "VERSIONS", true },
-	{ "BYTES", true },   { "READERS", true }, { "GRANTS", false },
+	{ "OBJECT", false },  { "OWNER", true }, { "STATE", false },  { "LATEST", true },
+	{ "VERSIONS", true }, { "BYTES", true }, { "READERS", true }, { "GRANTS", false },
 };
 
 static const struct table_col status_tag_cols[] = {
@@ -414,8 +415,9 @@ static void json_put_object(struct sbuf *b, const Gmb__ObjectInfo *o)
 	json_put_str(b, o->name);
 	sbuf_printf(b,
 		    ",\"owner_uid\":%" PRIu32 ",\"latest\":%" PRIu64 ",\"bytes\":%" PRIu64
-		    ",\"grants\":[",
-		    o->owner_uid, o->latest, o->bytes);
+		    ",\"paused\":%s,\"discarded\":%s,\"grants\":[",
+		    o->owner_uid, o->latest, o->bytes, o->paused ? "true" : "false",
+		    o->paused && o->discarded ? "true" : "false");
 	for (i = 0; o->grants && i < o->n_grants; i++)
 		sbuf_printf(b, "%s%" PRIu32, i ? "," : "", o->grants[i]);
 	sbuf_puts(b, "],\"versions\":[");
@@ -729,6 +731,14 @@ static int status_put_imports(const Gmb__StatusReply *st, struct sbuf *out)
 	return r;
 }
 
+/* STATE: "active", "paused" or "paused (discarded)". */
+static const char *status_object_state(const Gmb__ObjectInfo *o)
+{
+	if (!o->paused)
+		return "active";
+	return o->discarded ? "paused (discarded)" : "paused";
+}
+
 /* An object's row: its readers are those of every version it keeps. */
 static void status_add_object(struct table *t, const Gmb__ObjectInfo *o)
 {
@@ -738,6 +748,7 @@ static void status_add_object(struct table *t, const Gmb__ObjectInfo *o)
 
 	table_add(t, o->name);
 	table_add_u64(t, o->owner_uid);
+	table_add(t, status_object_state(o));
 	if (o->latest) {
 		snprintf(cell, sizeof(cell), "v%" PRIu64, o->latest);
 		table_add(t, cell);

@@ -133,18 +133,20 @@ static void top_clients(FILE *f, const Gmb__StatusReply *st, int width)
 		fprintf(f, "(no clients)\n");
 }
 
-/* A line an object, after the clients; nothing when there is none. */
+/* A line an object, after the clients; nothing when there is none. STATE
+ * is "paused (disc)" for "paused (discarded)": the screen's columns are few. */
 static void top_objects(FILE *f, const Gmb__StatusReply *st, int width)
 {
-	/* The numbers take 40 columns; names get the rest, up to 40. */
-	int name_w = width - 40 > 40 ? 40 : width - 40;
+	/* The numbers and the state take 54 columns; names get the rest, up to 40. */
+	int name_w = width - 54 > 40 ? 40 : width - 54;
 	char b[SIZE_STR_MAX], latest[24];
 
 	if (!st->n_objects)
 		return;
 	fputc('\n', f);
 	top_put_name(f, "OBJECT", name_w);
-	fprintf(f, " %7s %7s %4s %10s %7s\n", "OWNER", "LATEST", "VERS", "BYTES", "READERS");
+	fprintf(f, " %7s %-13s %7s %4s %10s %7s\n", "OWNER", "STATE", "LATEST", "VERS", "BYTES",
+		"READERS");
 	for (size_t i = 0; i < st->n_objects; i++) {
 		const Gmb__ObjectInfo *o = st->objects[i];
 		uint64_t readers = 0;
@@ -158,8 +160,11 @@ static void top_objects(FILE *f, const Gmb__StatusReply *st, int width)
 		else
 			snprintf(latest, sizeof(latest), "-");
 		top_put_name(f, o->name, name_w);
-		fprintf(f, " %7" PRIu32 " %7s %4zu %10s %7" PRIu64 "\n", o->owner_uid, latest,
-			o->n_versions, size_str(o->bytes, b), readers);
+		fprintf(f, " %7" PRIu32 " %-13s %7s %4zu %10s %7" PRIu64 "\n", o->owner_uid,
+			!o->paused   ? "active" :
+			o->discarded ? "paused (disc)" :
+				       "paused",
+			latest, o->n_versions, size_str(o->bytes, b), readers);
 	}
 	if (st->objects_total > st->n_objects)
 		fprintf(f, "(and %zu more objects)\n", (size_t)st->objects_total - st->n_objects);
