@@ -575,8 +575,8 @@ static int object_take(struct broker *br, struct import_export *ex, uid_t uid, c
 
 	if (rc < 0)
 		return err_fmt(err, rc,
-			       "device %d: %llu bytes for object version (export %llu): %s%s",
-			       ex->dev, (unsigned long long)ex->size, (unsigned long long)ex->id,
+			       "device %d: %llu bytes for object version (export %llu): %s%s", ex->dev,
+			       (unsigned long long)ex->size, (unsigned long long)ex->id,
 			       rc == -ENOMEM ? "the budget is exhausted" : strerror(-rc),
 			       rc == -EAGAIN ? " (waiting for drops)" : "");
 	for (uint32_t i = 0; i < t.nchunks; i++) {
