@@ -413,6 +413,8 @@ static void json_put_object(struct sbuf *b, const Gmb__ObjectInfo *o)
 
 	sbuf_puts(b, "{\"name\":");
 	json_put_str(b, o->name);
+	/* Both always, true or false: a reader need not know that a missing
+	 * key means false. "discarded" only while paused (a resume clears it). */
 	sbuf_printf(b,
 		    ",\"owner_uid\":%" PRIu32 ",\"latest\":%" PRIu64 ",\"bytes\":%" PRIu64
 		    ",\"paused\":%s,\"discarded\":%s,\"grants\":[",
