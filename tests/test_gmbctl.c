@@ -295,16 +295,17 @@ Test(gmbctl, objects_listed_granted_and_dropped)
 	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "publish kv weights"), 0), "%s", text);
 	cr_assert(eq(str, text, "1"));
 	cr_assert(eq(i32, ctl("objects"), 0), "%s", err);
-	snprintf(row, sizeof(row), "weights  %5u      v1         1  16.0 MiB        1  -\n",
+	snprintf(row, sizeof(row), "weights  %5u  active      v1         1  16.0 MiB        1  -\n",
 		 (unsigned)getuid());
-	cr_expect(has(out, "OBJECT   OWNER  LATEST  VERSIONS     BYTES  READERS  GRANTS\n"), "%s",
-		  out);
+	cr_expect(has(out, "OBJECT   OWNER  STATE   LATEST  VERSIONS     BYTES  READERS  GRANTS\n"),
+		  "%s", out);
 	cr_expect(has(out, row), "%s", out);
 	cr_assert(eq(i32, ctl("objects", "--json"), 0), "%s", err);
 	snprintf(owner, sizeof(owner), "{\"objects\":[{\"name\":\"weights\",\"owner_uid\":%u,",
 		 (unsigned)getuid());
 	cr_expect(has(out, owner), "%s", out);
-	cr_expect(has(out, "\"latest\":1,\"bytes\":16777216,\"grants\":[],\"versions\":[{"
+	cr_expect(has(out, "\"latest\":1,\"bytes\":16777216,\"paused\":false,\"discarded\":false,"
+			   "\"grants\":[],\"versions\":[{"
 			   "\"version\":1,\"bytes\":16777216,\"device\":0,\"readers\":1,"
 			   "\"latest\":true,"),
 		  "%s", out);
@@ -374,4 +375,99 @@ Test(gmbctl, a_version_is_dropped_alone)
 	ctl("object", "drop", "w2");
 	cr_expect(objects_none_soon(), "%s", out);
 	cr_assert(eq(i32, worker_quit(&w), 0));
+}
+
+/* @name's row of `gmbctl objects` (under the header: after a newline)
+ * has @state in its STATE column, then the column's gap. */
+static bool object_state_is(const char *name, const char *state)
+{
+	char row[160];
+
+	snprintf(row, sizeof(row), "\n%s  %5u  %s  ", name, (unsigned)getuid(), state);
+	return ctl("objects") == 0 && has(out, row);
+}
+
+/*
+ * An object's pause and resume from the CLI, its publisher (a reader of
+ * its version) following: the state shown everywhere, its memory off the
+ * device while paused, the bytes back at the same address after the
+ * resume (zeros after --discard), and who may.
+ */
+Test(gmbctl, object_paused_and_resumed)
+{
+	struct worker w;
+	char text[256], other[160];
+
+	worker_up(&w, "pauser", NULL);
+	cr_assert(eq(i32, worker_cmd(&w, NULL, 0, "fill kv 0x5a"), 0));
+	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "publish kv frozen"), 0), "%s", text);
+	cr_assert(eq(i32, ctl("status", "--json"), 0), "%s", err);
+	cr_assert(eq(i64, json_i64(out, "used_bytes"), (int64_t)(16 * MiB)), "%s", out);
+
+	cr_assert(eq(i32, ctl("object", "pause", "frozen"), 0), "%s", err);
+	cr_expect(eq(str, out, "paused object 'frozen'\n"));
+	cr_expect(object_state_is("frozen", "paused"), "%s", out);
+	cr_assert(eq(i32, ctl("objects", "--json"), 0), "%s", err);
+	cr_expect(has(out, "\"name\":\"frozen\"") &&
+			  has(out, "\"paused\":true,\"discarded\":false,"),
+		  "%s", out);
+	cr_assert(eq(i32, ctl("status", "--json"), 0), "%s", err);
+	cr_expect(eq(i64, json_i64(out, "used_bytes"), 0), "its GPU memory went back: %s", out);
+	/* No new version while paused; a second pause does nothing. */
+	cr_assert(eq(i32, worker_cmd(&w, NULL, 0, "malloc kv2 %llu", 2 * MiB), 0));
+	cr_expect(eq(i32, worker_cmd(&w, text, sizeof(text), "publish kv2 frozen"), -EBUSY), "%s",
+		  text);
+	cr_assert(eq(i32, ctl("object", "pause", "frozen"), 0), "%s", err);
+
+	/* Another uid may neither pause nor resume it: gmbd's sentence, exit 1. */
+	snprintf(other, sizeof(other), "%u/frozen", (unsigned)getuid());
+	cr_assert(eq(i32, ctl_as(NOBODY, "object", "resume", other), 1), "%s", out);
+	cr_expect(has(err, "gmbctl: object resume: ") && strlen(err) > 24, "%s", err);
+	cr_expect(object_state_is("frozen", "paused"), "still paused: %s", out);
+	cr_assert(eq(i32, ctl("object", "pause", "no-such-object"), 1));
+	cr_expect(has(err, "gmbctl: object pause: ") && strlen(err) > 23, "%s", err);
+	cr_assert(eq(i32, ctl("object", "resume", "bad name"), 1));
+	cr_expect(has(err, "[A-Za-z0-9._-]"), "%s", err);
+
+	cr_assert(eq(i32, ctl("object", "resume", "frozen"), 0), "%s", err);
+	cr_expect(eq(str, out, "resumed object 'frozen'\n"));
+	cr_expect(eq(i32, worker_cmd(&w, text, sizeof(text), "object_check frozen 0x5a"), 0),
+		  "the bytes back at the publisher's address: %s", text);
+	cr_expect(object_state_is("frozen", "active"), "%s", out);
+	cr_assert(eq(i32, ctl("objects", "--json"), 0), "%s", err);
+	cr_expect(has(out, "\"paused\":false,\"discarded\":false,"), "%s", out);
+	cr_assert(eq(i32, ctl("status", "--json"), 0), "%s", err);
+	cr_expect(eq(i64, json_i64(out, "used_bytes"), (int64_t)(18 * MiB)), "%s", out);
+
+	/* --discard: the bytes are dropped, a resume gives zeros. */
+	cr_assert(eq(i32, ctl_as(NOBODY, "object", "pause", other), 1), "%s", out);
+	cr_expect(has(err, "gmbctl: object pause: "), "%s", err);
+	cr_assert(eq(i32, ctl("object", "pause", "--discard", "frozen"), 0), "%s", err);
+	cr_expect(eq(str, out, "paused object 'frozen', its bytes discarded\n"));
+	cr_expect(object_state_is("frozen", "paused (discarded)"), "%s", out);
+	cr_assert(eq(i32, ctl("objects", "--json"), 0), "%s", err);
+	cr_expect(has(out, "\"paused\":true,\"discarded\":true,"), "%s", out);
+	cr_assert(eq(i32, ctl("object", "resume", "frozen", "--discard"), 2),
+		  "resume takes no --discard");
+	cr_assert(eq(i32, ctl("object", "resume", "frozen"), 0), "%s", err);
+	cr_expect(eq(i32, worker_cmd(&w, text, sizeof(text), "object_check frozen 0"), 0),
+		  "zeros after a discard: %s", text);
+	cr_expect(object_state_is("frozen", "active"), "%s", out);
+
+	cr_assert(eq(i32, worker_cmd(&w, NULL, 0, "object_close frozen"), 0));
+	cr_assert(eq(i32, ctl("object", "drop", "frozen"), 0), "%s", err);
+	cr_expect(objects_none_soon(), "%s", out);
+	cr_assert(eq(i32, worker_quit(&w), 0));
+}
+
+Test(gmbctl, object_pause_and_resume_have_help)
+{
+	cr_assert(eq(i32, ctl("help", "object"), 0), "%s", err);
+	cr_expect(has(out, "object pause NAME [--discard]\n") && has(out, "object resume NAME\n"),
+		  "%s", out);
+	cr_assert(eq(i32, ctl("object", "pause", "--help"), 0), "%s", err);
+	cr_expect(has(out, "Usage: gmbctl [OPTIONS] object pause NAME [--discard]\n"), "%s", out);
+	cr_assert(eq(i32, ctl("object", "pause"), 2), "pause needs a name");
+	cr_assert(eq(i32, ctl("object", "pause", "a", "b"), 2), "one name");
+	cr_assert(eq(i32, ctl("object", "pause", "a", "--json"), 2), "no --json");
 }
