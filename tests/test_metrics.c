@@ -235,5 +235,23 @@ Test(metrics, named_objects)
 	cr_expect(has(out, want), "%s", out);
 	cr_expect(has(out, "gmbd_object_publishes_total 2\n"), "%s", out);
 	cr_expect(has(out, "gmbd_object_drops_total 0\n"), "%s", out);
+	snprintf(want, sizeof(want), "gmbd_object_paused{uid=\"%u\",name=\"weights\"} 0\n",
+		 (unsigned)getuid());
+	cr_expect(has(out, want), "%s", out);
+	cr_expect(has(out, "# TYPE gmbd_object_paused gauge\n"), "%s", out);
+
+	/* Paused by its publisher, which reads both versions and follows. */
+	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "object_pause weights"), 0), "%s",
+		  text);
+	cr_assert(eq(i32, scrape(), 0), "%s", err);
+	snprintf(want, sizeof(want), "gmbd_object_paused{uid=\"%u\",name=\"weights\"} 1\n",
+		 (unsigned)getuid());
+	cr_expect(has(out, want), "%s", out);
+	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "object_resume weights"), 0), "%s",
+		  text);
+	cr_assert(eq(i32, scrape(), 0), "%s", err);
+	snprintf(want, sizeof(want), "gmbd_object_paused{uid=\"%u\",name=\"weights\"} 0\n",
+		 (unsigned)getuid());
+	cr_expect(has(out, want), "%s", out);
 	worker_quit(&w);
 }
