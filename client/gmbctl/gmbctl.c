@@ -232,16 +232,15 @@ static const struct ctl_cmd ctl_cmds[] = {
 	  1,
 	  CTL_F_DISCARD,
 	  ctl_object_pause,
-	  "pause an object: its readers unmap it (addresses kept), its bytes go to gmbd's"
-	  " host memory (--discard: dropped), its GPU memory back to the driver" },
+	  "free an object's GPU memory: readers unmap it (addresses kept), gmbd keeps its"
+	  " bytes (--discard: dropped)" },
 	{ "object resume",
 	  { CTL_ARG_OBJECT },
 	  1,
 	  1,
 	  0,
 	  ctl_object_resume,
-	  "resume a paused object: new GPU memory, its bytes back (zeros after --discard),"
-	  " its readers map it again at the same addresses" },
+	  "bring a paused object back: its bytes (zeros after --discard), readers mapped again" },
 	{ "watch",
 	  { CTL_ARG_NONE },
 	  0,
