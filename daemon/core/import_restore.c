@@ -330,9 +330,15 @@ int import_restore_export(struct broker *br, const struct import_restore *rx, ch
 			     IMPORT_MAX_GRANTS);
 		goto err_recs;
 	}
+	/* A paused object's readers map nothing and its versions hold no chunk. */
+	if (v && v->obj->paused && (nmapped || rx->nchunks)) {
+		rc = err_fmt(err, -EINVAL,
+			     "a paused object's version with chunks or mapped readers");
+		goto err_recs;
+	}
 	/* Only mapped imports pin, those that followed a pause map nothing; a
-	 * version's chunks are pinned for its life. */
-	if (nmapped || v) {
+	 * version's chunks are pinned for its life (while not paused). */
+	if (nmapped || (v && !v->obj->paused)) {
 		rc = -ENOMEM;
 		chunks = calloc(rx->nchunks + 1, sizeof(*chunks));
 		if (!chunks) {
@@ -349,7 +355,7 @@ int import_restore_export(struct broker *br, const struct import_restore *rx, ch
 	if (rc < 0)
 		goto err_chunks;
 	/* Nothing fails from here on. */
-	import_restore_link(br, ex, chunks, nmapped || v ? (uint32_t)rx->nchunks : 0, recs, nrecs);
+	import_restore_link(br, ex, chunks, chunks ? (uint32_t)rx->nchunks : 0, recs, nrecs);
 	ex->nmapped = nmapped;
 	if (v) {
 		ex->version = v;
