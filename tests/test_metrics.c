@@ -213,6 +213,7 @@ Test(metrics, named_objects)
 		  out);
 	cr_expect(eq(ptr, strstr(out, "gmbd_object_bytes{"), NULL), "%s", out);
 	cr_expect(has(out, "gmbd_object_publishes_total 0\n"), "%s", out);
+	cr_expect(has(out, "gmbd_object_pauses_total 0\n"), "%s", out);
 
 	cr_assert(eq(i32, worker_start(&w, gmbd.sock), 0));
 	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "connect pub"), 0), "%s", text);
@@ -250,6 +251,8 @@ Test(metrics, named_objects)
 	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "object_resume weights"), 0), "%s",
 		  text);
 	cr_assert(eq(i32, scrape(), 0), "%s", err);
+	cr_expect(has(out, "gmbd_object_pauses_total 1\n"), "%s", out);
+	cr_expect(has(out, "gmbd_object_resumes_total 1\n"), "%s", out);
 	snprintf(want, sizeof(want), "gmbd_object_paused{uid=\"%u\",name=\"weights\"} 0\n",
 		 (unsigned)getuid());
 	cr_expect(has(out, want), "%s", out);

@@ -357,6 +357,10 @@ static void metrics_counters(struct mbuf *b, const struct metrics *m)
 		  "Versions of named objects published." },
 		{ EVENT_OBJECT_DROP, "gmbd_object_drops_total",
 		  "Drops of a named object's version, or of a whole object." },
+		{ EVENT_OBJECT_PAUSE, "gmbd_object_pauses_total",
+		  "Pauses of a named object (its readers unmapped, its memory given back)." },
+		{ EVENT_OBJECT_RESUME, "gmbd_object_resumes_total",
+		  "Resumes of a named object (its bytes back, its readers mapped again)." },
 	};
 
 	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
