@@ -204,7 +204,7 @@ Test(metrics, prometheus_scrapes_gmbd)
 
 Test(metrics, named_objects)
 {
-	struct worker w;
+	struct worker w, p;
 	char text[256], want[256];
 
 	cr_assert(eq(i32, scrape(), 0), "%s", err);
@@ -241,14 +241,17 @@ Test(metrics, named_objects)
 	cr_expect(has(out, want), "%s", out);
 	cr_expect(has(out, "# TYPE gmbd_object_paused gauge\n"), "%s", out);
 
-	/* Paused by its publisher, which reads both versions and follows. */
-	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "object_pause weights"), 0), "%s",
+	/* Paused by another process of the uid; the publisher, reading both
+	 * versions, follows. */
+	cr_assert(eq(i32, worker_start(&p, gmbd.sock), 0));
+	cr_assert(eq(i32, worker_cmd(&p, text, sizeof(text), "connect pauser"), 0), "%s", text);
+	cr_assert(eq(i32, worker_cmd(&p, text, sizeof(text), "object_pause weights"), 0), "%s",
 		  text);
 	cr_assert(eq(i32, scrape(), 0), "%s", err);
 	snprintf(want, sizeof(want), "gmbd_object_paused{uid=\"%u\",name=\"weights\"} 1\n",
 		 (unsigned)getuid());
 	cr_expect(has(out, want), "%s", out);
-	cr_assert(eq(i32, worker_cmd(&w, text, sizeof(text), "object_resume weights"), 0), "%s",
+	cr_assert(eq(i32, worker_cmd(&p, text, sizeof(text), "object_resume weights"), 0), "%s",
 		  text);
 	cr_assert(eq(i32, scrape(), 0), "%s", err);
 	cr_expect(has(out, "gmbd_object_pauses_total 1\n"), "%s", out);
@@ -256,5 +259,6 @@ Test(metrics, named_objects)
 	snprintf(want, sizeof(want), "gmbd_object_paused{uid=\"%u\",name=\"weights\"} 0\n",
 		 (unsigned)getuid());
 	cr_expect(has(out, want), "%s", out);
+	worker_quit(&p);
 	worker_quit(&w);
 }
