@@ -60,7 +60,7 @@ struct hobj_job {
 	bool resume;
 	struct hobj_part *parts; /* one per version, in the object's order */
 	size_t nparts;
-	int rc;			/* the copy's: 0 or -errno, with err */
+	int rc; /* the copy's: 0 or -errno, with err */
 	char err[ERR_MSG_MAX];
 };
 
@@ -204,8 +204,9 @@ static void hobj_job_done(uv_work_t *w, int status)
 	struct hobj_job *j = w->data;
 	struct handlers *h = j->h;
 	struct bobject *obj = j->obj;
-	struct hreq rq = { .h = h, .s = j->s, .env = j->env, .short_dev = -1,
-			   .start_ns = j->start_ns };
+	struct hreq rq = {
+		.h = h, .s = j->s, .env = j->env, .short_dev = -1, .start_ns = j->start_ns
+	};
 	int r = j->rc ? j->rc : status;
 	size_t i = 0;
 
