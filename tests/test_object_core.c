@@ -582,3 +582,46 @@ Test(object_core, a_paused_object_comes_back_with_its_host_copies)
 	cr_assert(eq(ptr, find(fx.br2, "w"), NULL), "no copy, no object");
 	cr_assert(not(eq(ptr, find(fx.br2, "d"), NULL)), "a discarded one needs none");
 }
+
+Test(object_core, a_published_allocation_another_process_imported_shares_its_chunks)
+{
+	struct balloc *a = alloc(fx.writer, 4 * MiB);
+	uint8_t h[IPC_HANDLE_SIZE];
+	struct import_export *ex, *x2, *v2ex;
+	struct bobject_version *v;
+	struct bobject *o2;
+	char err[ERR_MSG_MAX] = "";
+	uint64_t range, xid;
+	Gmb__State *rec;
+
+	/* The reader imports the allocation through CUDA IPC, then it is published. */
+	cr_assert(eq(i32, import_export(fx.br, fx.writer, a->id, 0, h, err), 0), "%s", err);
+	cr_assert(eq(i32, import_open(fx.br, fx.reader, h, sizeof(h), &ex, &range, err), 0), "%s",
+		  err);
+	xid = ex->id;
+	cr_assert(eq(i32, object_publish(fx.br, fx.writer, "w", a->id, NULL, 0, &v, err), 0), "%s",
+		  err);
+	cr_assert(eq(u32, v->ex->chunks[0]->pins, 2), "both exports pin the chunks");
+	cr_assert(eq(u64, fx.br->pools[0].lent_bytes, 4 * MiB), "counted once");
+	rec = state_now();
+	restore_rec(rec);
+	gmb__state__free_unpacked(rec, NULL);
+	o2 = find(fx.br2, "w");
+	cr_assert(not(eq(ptr, o2, NULL)), "the version came back beside the old export");
+	x2 = (struct import_export *)import_find(fx.br2, xid);
+	v2ex = o2->versions->ex;
+	cr_assert(not(eq(ptr, x2, NULL)));
+	cr_assert(eq(ptr, x2->chunks[0], v2ex->chunks[0]));
+	cr_assert(eq(u32, v2ex->chunks[0]->pins, 2));
+	cr_assert(eq(u64, fx.br2->pools[0].lent_bytes, 4 * MiB));
+	/* The IPC reader goes: the version keeps the chunks; dropped: they go. */
+	rejoin_reclaim(fx.br2, broker_client_get(fx.br2, fx.reader->id), "not back");
+	cr_assert(eq(u32, v2ex->chunks[0]->pins, 1));
+	cr_assert(eq(u64, fx.br2->pools[0].lent_bytes, 4 * MiB));
+	cr_assert(eq(i32,
+		     object_drop(fx.br2, broker_client_get(fx.br2, fx.writer->id), false, "w", 0,
+				 err),
+		     0),
+		  "%s", err);
+	cr_assert(eq(u64, fx.br2->pools[0].lent_bytes, 0));
+}

@@ -47,6 +47,18 @@ static bool object_name_char(char ch)
 	       ch == '.' || ch == '_' || ch == '-';
 }
 
+bool object_name_valid(const char *bare)
+{
+	size_t n = strlen(bare);
+
+	if (n == 0 || n > OBJECT_NAME_MAX)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!object_name_char(bare[i]))
+			return false;
+	return true;
+}
+
 /* "UID/" in front: the uid, else @dflt. -EINVAL when malformed. */
 static int object_name_owner(const char *name, uid_t dflt, uid_t *uid, const char **rest)
 {

@@ -101,6 +101,9 @@ struct object_table {
 /* The broker's table, made on first use; NULL when there is none yet. */
 struct object_table *object_table(struct broker *br);
 
+/* Is @bare (no UID/) a name an object may have? */
+bool object_name_valid(const char *bare);
+
 /**
  * object_name_check() - @name as a client gives it: NAME (@c's uid) or
  * UID/NAME. *@uid and the bare name (into @bare, OBJECT_NAME_MAX + 1 bytes).

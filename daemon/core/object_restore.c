@@ -31,8 +31,11 @@ static int object_restore_check(const struct object_restore *ro, char *err)
 	uint64_t prev = 0;
 	bool latest_seen = ro->latest == 0;
 
-	if (n == 0 || n > OBJECT_NAME_MAX || strchr(ro->name, '/'))
-		return err_fmt(err, -EINVAL, "a recorded object name of %zu bytes", n);
+	if (!ro->name || !object_name_valid(ro->name))
+		return err_fmt(err, -EINVAL,
+			       "a recorded object name of %zu bytes that no object"
+			       " may have",
+			       n);
 	if (ro->ngrants > OBJECT_MAX_GRANTS)
 		return err_fmt(err, -EINVAL, "%zu grants, more than %d", ro->ngrants,
 			       OBJECT_MAX_GRANTS);
