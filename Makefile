@@ -54,7 +54,7 @@ DAEMON_SRC := daemon/core/pool.c daemon/core/broker.c daemon/core/lend.c daemon/
 	daemon/handlers/reply.c daemon/handlers/dreq.c daemon/handlers/drops.c daemon/handlers/park.c \
 	daemon/handlers/status.c daemon/handlers/switch.c daemon/handlers/control.c daemon/handlers/memory.c \
 	daemon/handlers/hello.c daemon/handlers/orphans.c daemon/handlers/handlers.c \
-	daemon/handlers/limits.c daemon/handlers/ipc.c daemon/handlers/ipc_pause.c daemon/handlers/objects.c \
+	daemon/handlers/limits.c daemon/handlers/ipc.c daemon/handlers/ipc_pause.c daemon/handlers/objects.c daemon/handlers/object_pause.c \
 	daemon/transport/sess.c daemon/transport/server.c \
 	daemon/system/sd.c daemon/service/opts.c daemon/service/conf.c \
 	daemon/metrics/metrics.c daemon/metrics/http.c

@@ -16,6 +16,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "common/backend/backend.h"
@@ -442,4 +444,184 @@ Test(object_core, a_damaged_record_restores_what_is_whole_and_leaks_nothing)
 	cr_assert(eq(ptr, find(fx.br2, "c"), NULL), "a version without its export is dropped");
 	cr_assert(eq(u64, fx.br2->pools[0].lent_bytes, 2 * MiB), "only a's chunks are held");
 	cr_assert(eq(u64, fx.br2->pools[0].held_bytes, 2 * MiB), "the rest went back");
+}
+
+/* ---- pause and resume (the core's half; the copies are the handlers') ---- */
+
+/* A host copy as a pause makes it: a memfd of @size bytes of @byte. */
+static int copy_of(uint64_t size, int byte)
+{
+	int fd = memfd_create("test-copy", MFD_CLOEXEC);
+	char *p;
+
+	cr_assert(fd >= 0);
+	cr_assert(eq(i32, ftruncate(fd, (off_t)size), 0));
+	p = mmap(NULL, size, PROT_WRITE, MAP_SHARED, fd, 0);
+	cr_assert(p != MAP_FAILED);
+	memset(p, byte, size);
+	munmap(p, size);
+	return fd;
+}
+
+Test(object_core, a_pause_gives_the_chunks_back_and_a_resume_takes_new_ones)
+{
+	struct bobject_version *v1 = publish(fx.writer, "w", 2 * MiB, ""), *v2, *r;
+	struct bobject *o;
+	char err[ERR_MSG_MAX] = "";
+	int fds[2];
+
+	open_obj(fx.reader, "w", 0);
+	v2 = publish(fx.writer, "w", 4 * MiB, "");
+	o = find(fx.br, "w");
+	cr_assert(eq(i32, object_pause_find(fx.br, fx.writer, false, "w", true, &o, err), 1),
+		  "resuming an active object does nothing");
+	cr_assert(eq(i32, object_pause_find(fx.br, fx.reader, false, "w", false, &o, err), 0),
+		  "the owner's uid pauses");
+	cr_assert(eq(u32, object_mapped_readers(o), 1));
+	cr_assert(eq(i32, import_unmapped(fx.br, fx.reader, v1->ex->id), 0), "the reader follows");
+	cr_assert(eq(u32, object_mapped_readers(o), 0));
+	fds[0] = copy_of(2 * MiB, 0x11);
+	fds[1] = copy_of(4 * MiB, 0x22);
+	cr_assert(eq(i32, object_pause_release(fx.br, o, fds, err), 0), "%s", err);
+	cr_assert(eq(i32, fds[0], -1), "the copies are the versions' now");
+	cr_assert(o->paused && !o->discarded);
+	cr_assert(eq(u64, fx.br->pools[0].lent_bytes, 0));
+	cr_assert(eq(u64, fx.br->pools[0].held_bytes, 0), "back to the driver at once");
+	cr_assert(eq(u64, broker_uid_chunks(fx.br, getuid()), 0));
+	cr_assert(eq(i32, object_open(fx.br, fx.reader, "w", 0, &r, err), -EBUSY));
+	cr_assert(eq(i32, import_remap(fx.br, fx.reader, v1->ex->id, &v1->ex, err), -EBUSY));
+	cr_assert(eq(i32,
+		     object_publish(fx.br, fx.writer, "w", alloc(fx.writer, 2 * MiB)->id, NULL, 0,
+				    &r, err),
+		     -EBUSY));
+	cr_assert(eq(i32, object_pause_find(fx.br, fx.writer, false, "w", false, &o, err), 1));
+	/* Resume: new chunks, both versions, the copies closed once done. */
+	cr_assert(eq(i32, object_resume_take(fx.br, o, err), 0), "%s", err);
+	cr_assert(eq(u32, v2->ex->nchunks, 2));
+	cr_assert(eq(u64, fx.br->pools[0].lent_bytes, 8 * MiB),
+		  "6 MiB of versions, 2 of the writer");
+	object_resume_done(fx.br, o);
+	cr_assert(not(o->paused));
+	cr_assert(eq(i32, v1->copy_fd, -1));
+	cr_assert(eq(i32, import_remap(fx.br, fx.reader, v1->ex->id, &v1->ex, err), 0), "%s", err);
+	cr_assert(eq(ptr, open_obj(fx.reader, "w", 0), v2));
+}
+
+Test(object_core, a_resume_past_the_budget_takes_nothing)
+{
+	struct bobject_version *v = publish(fx.writer, "w", 8 * MiB, "");
+	struct bobject *o = find(fx.br, "w");
+	char err[ERR_MSG_MAX] = "";
+	struct balloc *big;
+
+	cr_assert(eq(i32, object_pause_release(fx.br, o, NULL, err), 0), "%s", err);
+	cr_assert(o->discarded);
+	big = alloc(fx.writer, 60 * MiB);
+	cr_assert(eq(i32, object_resume_take(fx.br, o, err), -ENOMEM));
+	cr_assert(not(eq(ptr, strstr(err, "budget"), NULL)), "%s", err);
+	cr_assert(eq(ptr, v->ex->chunks, NULL));
+	cr_assert(o->paused);
+	cr_assert(eq(i32, lend_free(fx.br, fx.writer, big->id, err), 0));
+	cr_assert(eq(i32, object_resume_take(fx.br, o, err), 0), "%s", err);
+	object_resume_done(fx.br, o);
+}
+
+Test(object_core, a_busy_object_keeps_a_version_its_last_reader_closed)
+{
+	struct bobject_version *v1 = publish(fx.writer, "w", 2 * MiB, "");
+	struct bobject *o = find(fx.br, "w");
+	char err[ERR_MSG_MAX] = "";
+
+	open_obj(fx.reader, "w", 0);
+	publish(fx.writer, "w", 2 * MiB, "");
+	o->busy = true; /* as a job copying its bytes */
+	cr_assert(eq(i32, object_drop(fx.br, fx.writer, false, "w", 0, err), -EBUSY));
+	close_obj(fx.reader, v1);
+	cr_assert(eq(u32, o->nversions, 2), "kept while the job may read it");
+	object_job_end(fx.br, o);
+	cr_assert(eq(u32, o->nversions, 1), "gone once the job ended");
+}
+
+Test(object_core, a_paused_object_comes_back_with_its_host_copies)
+{
+	struct bobject_version *v = publish(fx.writer, "w", 4 * MiB, "m");
+	struct bobject *o = find(fx.br, "w"), *o2;
+	char err[ERR_MSG_MAX] = "", buf[4];
+	int fds[1] = { copy_of(4 * MiB, 0x5a) };
+	Gmb__State *rec;
+
+	publish(fx.writer, "d", 2 * MiB, "");
+	cr_assert(eq(i32, object_pause_release(fx.br, o, fds, err), 0), "%s", err);
+	cr_assert(eq(i32, object_pause_release(fx.br, find(fx.br, "d"), NULL, err), 0), "%s", err);
+	/* The store's fds: the chunks (none left) and each copy. */
+	fx.fds[fx.nfds++] = (struct state_fd){ .id = v->ex->id,
+					       .dev = -1,
+					       .size = 4 * MiB,
+					       .fd = fcntl(v->copy_fd, F_DUPFD_CLOEXEC, 0),
+					       .copy = true };
+	rec = state_now();
+	restore_rec(rec);
+	o2 = find(fx.br2, "w");
+	cr_assert(not(eq(ptr, o2, NULL)));
+	cr_assert(o2->paused);
+	cr_assert(not(o2->discarded));
+	cr_assert(fx.nfds >= 1 && fx.fds[0].used, "the copy's fd was taken");
+	cr_assert(o2->versions->copy_fd >= 0);
+	cr_assert(eq(u64, o2->versions->copy_size, 4 * MiB));
+	cr_assert(eq(i64, pread(o2->versions->copy_fd, buf, 4, 1000), 4));
+	cr_assert(eq(i32, memcmp(buf, "\x5a\x5a\x5a\x5a", 4), 0), "the same bytes");
+	cr_assert(find(fx.br2, "d") && find(fx.br2, "d")->discarded);
+	/* Without its copy a paused object's bytes are lost: it is not restored. */
+	broker_free(fx.br2);
+	fx.br2 = NULL;
+	for (size_t i = 0; i < fx.nfds; i++)
+		close(fx.fds[i].fd);
+	fx.nfds = 0;
+	restore_rec(rec);
+	gmb__state__free_unpacked(rec, NULL);
+	cr_assert(eq(ptr, find(fx.br2, "w"), NULL), "no copy, no object");
+	cr_assert(not(eq(ptr, find(fx.br2, "d"), NULL)), "a discarded one needs none");
+}
+
+Test(object_core, a_published_allocation_another_process_imported_shares_its_chunks)
+{
+	struct balloc *a = alloc(fx.writer, 4 * MiB);
+	uint8_t h[IPC_HANDLE_SIZE];
+	struct import_export *ex, *x2, *v2ex;
+	struct bobject_version *v;
+	struct bobject *o2;
+	char err[ERR_MSG_MAX] = "";
+	uint64_t range, xid;
+	Gmb__State *rec;
+
+	/* The reader imports the allocation through CUDA IPC, then it is published. */
+	cr_assert(eq(i32, import_export(fx.br, fx.writer, a->id, 0, h, err), 0), "%s", err);
+	cr_assert(eq(i32, import_open(fx.br, fx.reader, h, sizeof(h), &ex, &range, err), 0), "%s",
+		  err);
+	xid = ex->id;
+	cr_assert(eq(i32, object_publish(fx.br, fx.writer, "w", a->id, NULL, 0, &v, err), 0), "%s",
+		  err);
+	cr_assert(eq(u32, v->ex->chunks[0]->pins, 2), "both exports pin the chunks");
+	cr_assert(eq(u64, fx.br->pools[0].lent_bytes, 4 * MiB), "counted once");
+	rec = state_now();
+	restore_rec(rec);
+	gmb__state__free_unpacked(rec, NULL);
+	o2 = find(fx.br2, "w");
+	cr_assert(not(eq(ptr, o2, NULL)), "the version came back beside the old export");
+	x2 = (struct import_export *)import_find(fx.br2, xid);
+	v2ex = o2->versions->ex;
+	cr_assert(not(eq(ptr, x2, NULL)));
+	cr_assert(eq(ptr, x2->chunks[0], v2ex->chunks[0]));
+	cr_assert(eq(u32, v2ex->chunks[0]->pins, 2));
+	cr_assert(eq(u64, fx.br2->pools[0].lent_bytes, 4 * MiB));
+	/* The IPC reader goes: the version keeps the chunks; dropped: they go. */
+	rejoin_reclaim(fx.br2, broker_client_get(fx.br2, fx.reader->id), "not back");
+	cr_assert(eq(u32, v2ex->chunks[0]->pins, 1));
+	cr_assert(eq(u64, fx.br2->pools[0].lent_bytes, 4 * MiB));
+	cr_assert(eq(i32,
+		     object_drop(fx.br2, broker_client_get(fx.br2, fx.writer->id), false, "w", 0,
+				 err),
+		     0),
+		  "%s", err);
+	cr_assert(eq(u64, fx.br2->pools[0].lent_bytes, 0));
 }

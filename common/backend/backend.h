@@ -103,6 +103,14 @@ struct backend_ops {
 	int (*contents_queue)(struct backend *b, int dev, enum backend_contents op, void *host,
 			      uintptr_t va, uint64_t size);
 	int (*wait)(struct backend *b, int dev);
+	/*
+	 * What the contents operations keep for @dev goes (cuda: the stream and
+	 * the retained primary context, ~500 MiB of GPU memory in a process that
+	 * has no context of its own; host: nothing); the next one takes them
+	 * again. gmbd calls it after copying a named object's bytes, so that it
+	 * holds no context between pauses. No contents operation may be running.
+	 */
+	void (*contents_release)(struct backend *b, int dev);
 	/* Host staging memory for preserved tags (pinned on cuda). */
 	int (*host_alloc)(struct backend *b, uint64_t size, void **p);
 	void (*host_free)(struct backend *b, void *p, uint64_t size);

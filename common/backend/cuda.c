@@ -600,6 +600,7 @@ static const struct backend_ops cuda_ops = {
 	.copy_from_host = cuda__copy_from_host,
 	.contents_queue = cuda__contents_queue,
 	.wait = cuda__wait,
+	.contents_release = cuda__contents_release,
 	.host_alloc = cuda__host_alloc,
 	.host_free = cuda__host_free,
 	.host_register = cuda__host_register,

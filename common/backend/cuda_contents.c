@@ -340,6 +340,28 @@ int backend_cuda_mem_info(struct backend *b, int dev, uint64_t *free_bytes, uint
 	return 0;
 }
 
+void cuda__contents_release(struct backend *b, int dev)
+{
+	struct cuda_priv *c = b->priv;
+	struct cuda_dev *d;
+	bool pushed;
+
+	if (dev < 0 || dev >= b->ndevices)
+		return;
+	d = &c->devs[dev];
+	pthread_mutex_lock(&c->lock);
+	if (d->ctx) {
+		if (d->stream && cuda_ctx_push(c, d->ctx, &pushed) == 0) {
+			c->api.StreamDestroy(d->stream);
+			cuda_ctx_pop(c, pushed);
+		}
+		c->api.DevicePrimaryCtxRelease(d->cu);
+		d->ctx = NULL;
+		d->stream = NULL;
+	}
+	pthread_mutex_unlock(&c->lock);
+}
+
 void cuda__close_dev(struct cuda_priv *c, int dev)
 {
 	struct cuda_dev *d = &c->devs[dev];

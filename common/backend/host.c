@@ -884,6 +884,13 @@ static int host_driver_mem(struct backend *b, int dev, uint64_t *total, uint64_t
 	return 0;
 }
 
+/* The host backend keeps nothing for its copies. */
+static void host_contents_release(struct backend *b, int dev)
+{
+	(void)b;
+	(void)dev;
+}
+
 static const struct backend_ops host_ops = {
 	.name = "host",
 	.chunk_fds = 1,
@@ -905,6 +912,7 @@ static const struct backend_ops host_ops = {
 	.copy_from_host = host_copy_from_host,
 	.contents_queue = host_contents_queue,
 	.wait = host_wait,
+	.contents_release = host_contents_release,
 	.host_alloc = host_host_alloc,
 	.host_free = host_host_free,
 	.host_register = host_host_register,

@@ -166,6 +166,7 @@ int cuda__copy_from_host(struct backend *b, int dev, uintptr_t dst, const void *
 int cuda__contents_queue(struct backend *b, int dev, enum backend_contents op, void *host,
 			 uintptr_t va, uint64_t size);
 int cuda__wait(struct backend *b, int dev);
+void cuda__contents_release(struct backend *b, int dev);
 int cuda__host_alloc(struct backend *b, uint64_t size, void **p);
 void cuda__host_free(struct backend *b, void *p, uint64_t size);
 int cuda__host_register(struct backend *b, void *p, uint64_t size);

@@ -61,6 +61,7 @@ struct bhandover;
 struct bwaiter;
 struct import_table;
 struct object_table;
+struct object_hooks;
 
 struct balloc {
 	uint64_t id;
@@ -136,7 +137,8 @@ struct broker_opts {
 	gid_t admin_gid;
 	bool have_admin_gid;
 	uid_t daemon_uid;
-	const struct pool_hooks *hooks; /* handed to every pool; may be NULL */
+	const struct pool_hooks *hooks;		 /* handed to every pool; may be NULL */
+	const struct object_hooks *object_hooks; /* named objects' copies; may be NULL */
 	/* Chunks one uid's clients may have lent at once (ENOSPC past it); 0: no bound. */
 	uint64_t max_chunks_per_uid; /* a uid's bound; 0: none, or chunk_share's */
 	/* --max-chunks-per-uid auto: the chunks the uids share, a uid's bound

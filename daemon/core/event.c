@@ -26,6 +26,8 @@ static const char *const event_kind_names[EVENT_NKINDS] = {
 	[EVENT_IMPORT_MAP] = "import_map",
 	[EVENT_OBJECT_PUBLISH] = "object_publish",
 	[EVENT_OBJECT_DROP] = "object_drop",
+	[EVENT_OBJECT_PAUSE] = "object_pause",
+	[EVENT_OBJECT_RESUME] = "object_resume",
 };
 
 static const char *const event_reason_names[EVENT_NREASONS] = {

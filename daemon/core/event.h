@@ -34,6 +34,8 @@ enum event_kind {
 	EVENT_IMPORT_MAP,     /* it mapped such an import again, after the resume */
 	EVENT_OBJECT_PUBLISH, /* a named object's new version; detail: "NAME vN" */
 	EVENT_OBJECT_DROP,    /* a version, or an object, no longer held; detail as above */
+	EVENT_OBJECT_PAUSE,   /* a named object paused (its readers unmapped); detail: its name */
+	EVENT_OBJECT_RESUME,  /* ... resumed, its bytes back */
 	EVENT_NKINDS
 };
 

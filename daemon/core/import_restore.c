@@ -187,22 +187,44 @@ static int import_restore_lent(const struct import_restore *rx, const struct bal
 }
 
 /*
+ * May @rx pin @ch, pinned already? Only where one is a named object's
+ * version and the other the export its allocation had before it was
+ * published (both gone from every allocation): one other export, the
+ * other kind, listing @ch. Walked only for a pinned chunk.
+ */
+static bool import_restore_shared(const struct broker *br, const struct import_restore *rx,
+				  const struct chunk *ch)
+{
+	const struct import_export *other = NULL;
+	unsigned n = 0;
+
+	if (ch->free || !ch->pins || ch->lent_to || ch->pins != 1)
+		return false;
+	for (const struct import_export *ex = br->imports->exports; ex; ex = ex->next)
+		for (uint32_t i = 0; i < ex->nchunks; i++)
+			if (ex->chunks[i] == ch) {
+				other = ex;
+				n++;
+			}
+	return n == 1 && !other->alloc && (other->version != NULL) != rx->version;
+}
+
+/*
  * Imported after its allocation went: every recorded chunk must be free
- * (not lent to an allocation, not pinned by another export), on the
- * export's device, of the owner's uid, named once, and together exactly
- * its size. Each chunk's free flag marks it seen during the walk and is
- * set back before returning.
+ * (not lent to an allocation), or pinned already by the one other export
+ * it may share with (import_restore_shared()); on the export's device, of the owner's uid, named
+ * once, and together exactly its size.
  */
 static int import_restore_free(struct broker *br, const struct import_restore *rx, struct chunk **v,
 			       char *err)
 {
+	struct idmap seen = IDMAP_INIT;
 	uint64_t sum = 0;
-	size_t i;
 	int rc = 0;
 
 	if (rx->nchunks == 0)
 		return err_fmt(err, -EINVAL, "imported with no chunk");
-	for (i = 0; i < rx->nchunks; i++) {
+	for (size_t i = 0; i < rx->nchunks; i++) {
 		struct chunk *ch = broker_chunk_get(br, rx->chunk_ids[i]);
 
 		if (!ch || ch->dev != (int)rx->dev) {
@@ -210,10 +232,21 @@ static int import_restore_free(struct broker *br, const struct import_restore *r
 				     (unsigned long long)rx->chunk_ids[i], rx->dev);
 			break;
 		}
-		if (!ch->free || ch->pins) {
+		if (!(ch->free && !ch->pins) && !import_restore_shared(br, rx, ch)) {
 			rc = err_fmt(err, -EINVAL,
-				     "chunk %llu is lent to an allocation, pinned or named twice",
+				     "chunk %llu is lent to an allocation or pinned by another"
+				     " export",
 				     (unsigned long long)ch->id);
+			break;
+		}
+		if (idmap_get(&seen, ch->id)) {
+			rc = err_fmt(err, -EINVAL, "chunk %llu is named twice",
+				     (unsigned long long)ch->id);
+			break;
+		}
+		if (idmap_put(&seen, ch->id, ch) < 0) {
+			rc = err_fmt(err, -ENOMEM, "out of memory restoring export %llu",
+				     (unsigned long long)rx->id);
 			break;
 		}
 		if (!ch->uid_set || ch->uid != rx->owner_uid) {
@@ -221,12 +254,10 @@ static int import_restore_free(struct broker *br, const struct import_restore *r
 				     (unsigned long long)ch->id, (unsigned)rx->owner_uid);
 			break;
 		}
-		ch->free = false;
 		v[i] = ch;
 		sum += ch->size;
 	}
-	while (i-- > 0)
-		v[i]->free = true;
+	idmap_deinit(&seen);
 	if (rc == 0 && sum != rx->size)
 		rc = err_fmt(err, -EINVAL, "its chunks add up to %llu bytes, not %llu",
 			     (unsigned long long)sum, (unsigned long long)rx->size);
@@ -330,9 +361,15 @@ int import_restore_export(struct broker *br, const struct import_restore *rx, ch
 			     IMPORT_MAX_GRANTS);
 		goto err_recs;
 	}
+	/* A paused object's readers map nothing and its versions hold no chunk. */
+	if (v && v->obj->paused && (nmapped || rx->nchunks)) {
+		rc = err_fmt(err, -EINVAL,
+			     "a paused object's version with chunks or mapped readers");
+		goto err_recs;
+	}
 	/* Only mapped imports pin, those that followed a pause map nothing; a
-	 * version's chunks are pinned for its life. */
-	if (nmapped || v) {
+	 * version's chunks are pinned for its life (while not paused). */
+	if (nmapped || (v && !v->obj->paused)) {
 		rc = -ENOMEM;
 		chunks = calloc(rx->nchunks + 1, sizeof(*chunks));
 		if (!chunks) {
@@ -349,7 +386,7 @@ int import_restore_export(struct broker *br, const struct import_restore *rx, ch
 	if (rc < 0)
 		goto err_chunks;
 	/* Nothing fails from here on. */
-	import_restore_link(br, ex, chunks, nmapped || v ? (uint32_t)rx->nchunks : 0, recs, nrecs);
+	import_restore_link(br, ex, chunks, chunks ? (uint32_t)rx->nchunks : 0, recs, nrecs);
 	ex->nmapped = nmapped;
 	if (v) {
 		ex->version = v;

@@ -18,10 +18,13 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/backend/backend.h"
 #include "common/list.h"
 #include "common/log.h"
 #include "daemon/core/broker_internal.h"
 #include "daemon/core/import.h"
+
+static void object_copy_drop(struct broker *br, struct bobject_version *v);
 
 struct object_table *object_table(struct broker *br)
 {
@@ -42,6 +45,18 @@ static bool object_name_char(char ch)
 {
 	return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
 	       ch == '.' || ch == '_' || ch == '-';
+}
+
+bool object_name_valid(const char *bare)
+{
+	size_t n = strlen(bare);
+
+	if (n == 0 || n > OBJECT_NAME_MAX)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!object_name_char(bare[i]))
+			return false;
+	return true;
 }
 
 /* "UID/" in front: the uid, else @dflt. -EINVAL when malformed. */
@@ -433,8 +448,7 @@ void object_version_gone(struct broker *br, struct bobject_version *v)
 	obj->nversions--;
 	if (obj->latest == v->version)
 		obj->latest = 0;
-	if (v->copy_fd >= 0)
-		close(v->copy_fd);
+	object_copy_drop(br, v);
 	free(v->meta);
 	free(v);
 	object_free_if_done(br, obj);
@@ -541,29 +555,71 @@ uint32_t object_mapped_readers(const struct bobject *obj)
 	return n;
 }
 
-void object_pause_release(struct broker *br, struct bobject *obj, bool discarded)
+/* The hooks of @br's owner, if any. */
+static const struct object_hooks *object_hooks_of(const struct broker *br)
 {
-	uint64_t touched = 0;
+	const struct object_hooks *h = br->opts.object_hooks;
 
-	for (struct bobject_version *v = obj->versions; v; v = v->next) {
+	return h && h->copy_made && h->copy_gone ? h : NULL;
+}
+
+/* @v's copy goes: closed, its owner told. */
+static void object_copy_drop(struct broker *br, struct bobject_version *v)
+{
+	const struct object_hooks *hk = object_hooks_of(br);
+
+	if (v->copy_fd < 0)
+		return;
+	if (hk)
+		hk->copy_gone(hk->arg, v->export_id, v->copy_size);
+	close(v->copy_fd);
+	v->copy_fd = -1;
+	v->copy_size = 0;
+}
+
+int object_pause_release(struct broker *br, struct bobject *obj, int *copy_fds, char *err)
+{
+	const struct object_hooks *hk = object_hooks_of(br);
+	struct bobject_version *v;
+	uint64_t touched = 0;
+	size_t i = 0;
+	int rc;
+
+	/* Every copy kept where a restart finds it, or none. */
+	for (v = obj->versions; copy_fds && hk && v; v = v->next, i++) {
+		rc = hk->copy_made(hk->arg, v->export_id, v->ex->size, copy_fds[i]);
+		if (rc < 0) {
+			for (struct bobject_version *u = obj->versions; u != v; u = u->next)
+				hk->copy_gone(hk->arg, u->export_id, u->ex->size);
+			return err_fmt(err, rc, "object '%s': its host copy cannot be kept: %s",
+				       obj->name, backend_last_error());
+		}
+	}
+	for (v = obj->versions, i = 0; v; v = v->next, i++) {
 		struct import_export *ex = v->ex;
 		struct pool *p = &br->pools[ex->dev];
 
-		for (uint32_t i = 0; i < ex->nchunks; i++)
-			pool_unpin(p, ex->chunks[i]);
+		if (copy_fds) {
+			v->copy_fd = copy_fds[i];
+			v->copy_size = ex->size;
+			copy_fds[i] = -1;
+		}
+		for (uint32_t k = 0; k < ex->nchunks; k++)
+			pool_unpin(p, ex->chunks[k]);
 		free(ex->chunks);
 		ex->chunks = NULL;
 		ex->nchunks = 0;
 		touched |= 1ULL << (unsigned)ex->dev;
 	}
 	obj->paused = true;
-	obj->discarded = discarded;
+	obj->discarded = !copy_fds;
 	/* The driver gets them back now, as a tag's pause gives them (the keep limit). */
 	for (int d = 0; d < br->ndevices; d++)
 		if (touched & (1ULL << (unsigned)d))
 			pool_shrink(&br->pools[d], br->opts.pool_keep, NULL);
 	log_info("object paused name=%s uid=%u versions=%u discarded=%d", obj->name,
-		 (unsigned)obj->uid, obj->nversions, discarded);
+		 (unsigned)obj->uid, obj->nversions, obj->discarded);
+	return 0;
 }
 
 /* @ex's new chunks for @size bytes of uid @uid, pinned and lent to nobody. */
@@ -575,8 +631,8 @@ static int object_take(struct broker *br, struct import_export *ex, uid_t uid, c
 
 	if (rc < 0)
 		return err_fmt(err, rc,
-			       "device %d: %llu bytes for object version (export %llu): %s%s", ex->dev,
-			       (unsigned long long)ex->size, (unsigned long long)ex->id,
+			       "device %d: %llu bytes for object version (export %llu): %s%s",
+			       ex->dev, (unsigned long long)ex->size, (unsigned long long)ex->id,
 			       rc == -ENOMEM ? "the budget is exhausted" : strerror(-rc),
 			       rc == -EAGAIN ? " (waiting for drops)" : "");
 	for (uint32_t i = 0; i < t.nchunks; i++) {
@@ -623,13 +679,8 @@ void object_resume_undo(struct broker *br, struct bobject *obj)
 
 void object_resume_done(struct broker *br, struct bobject *obj)
 {
-	(void)br;
-	for (struct bobject_version *v = obj->versions; v; v = v->next) {
-		if (v->copy_fd >= 0)
-			close(v->copy_fd);
-		v->copy_fd = -1;
-		v->copy_size = 0;
-	}
+	for (struct bobject_version *v = obj->versions; v; v = v->next)
+		object_copy_drop(br, v);
 	obj->paused = false;
 	obj->discarded = false;
 	log_info("object resumed name=%s uid=%u versions=%u", obj->name, (unsigned)obj->uid,

@@ -81,6 +81,18 @@ struct bobject {
 	struct bobject *prev, *next;
 };
 
+/*
+ * What the core tells its owner as host copies of paused versions come and
+ * go (gmbd: the service manager's fd store, daemon/persist/persist.c):
+ * copy_made() may refuse (a negative errno, its sentence in
+ * backend_fail()), and the pause is then refused too.
+ */
+struct object_hooks {
+	int (*copy_made)(void *arg, uint64_t export_id, uint64_t size, int fd);
+	void (*copy_gone)(void *arg, uint64_t export_id, uint64_t size);
+	void *arg;
+};
+
 struct object_table {
 	struct bobject *objects; /* newest first */
 	uint64_t nobjects;
@@ -88,6 +100,9 @@ struct object_table {
 
 /* The broker's table, made on first use; NULL when there is none yet. */
 struct object_table *object_table(struct broker *br);
+
+/* Is @bare (no UID/) a name an object may have? */
+bool object_name_valid(const char *bare);
 
 /**
  * object_name_check() - @name as a client gives it: NAME (@c's uid) or
@@ -148,9 +163,15 @@ int object_pause_find(struct broker *br, struct bclient *c, bool may_admin, cons
 		      bool resume, struct bobject **out, char *err);
 /* Mapped readers of @obj's versions (a pause waits for them to unmap). */
 uint32_t object_mapped_readers(const struct bobject *obj);
-/* Every version's chunks back to the pool (the keep limit applies): @obj
- * is paused. No reader may map any (object_mapped_readers() == 0). */
-void object_pause_release(struct broker *br, struct bobject *obj, bool discarded);
+/**
+ * object_pause_release() - @obj is paused: each version gets its host copy
+ * @copy_fds[i] (the versions' order; NULL: discarded) and its chunks go
+ * back to the pool (the keep limit applies). No reader may map any
+ * (object_mapped_readers() == 0). Return: 0, the copies the versions'
+ * (the caller's -1 where taken); a hook's refusal, with @err, nothing
+ * changed and the copies still the caller's.
+ */
+int object_pause_release(struct broker *br, struct bobject *obj, int *copy_fds, char *err);
 /**
  * object_resume_take() - new chunks for every version of paused @obj,
  * pinned, lent to nobody (all or nothing): the caller copies the bytes
@@ -192,6 +213,8 @@ uint32_t object_version_readers(const struct bobject_version *v);
  */
 struct object_restore_version {
 	uint64_t version, export_id;
+	int copy_fd; /* paused with its bytes: the copy (dup'ed here), else -1 */
+	uint64_t copy_size;
 	const uint8_t *meta; /* copied */
 	size_t meta_len;
 	bool held;
@@ -203,6 +226,7 @@ struct object_restore_version {
 struct object_restore {
 	const char *name;
 	uid_t uid;
+	bool paused, discarded;
 	uint64_t next_version, latest;
 	const uint32_t *grants;
 	size_t ngrants;

@@ -12,9 +12,11 @@
 #include "daemon/core/object.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/err.h"
 #include "common/list.h"
@@ -29,8 +31,11 @@ static int object_restore_check(const struct object_restore *ro, char *err)
 	uint64_t prev = 0;
 	bool latest_seen = ro->latest == 0;
 
-	if (n == 0 || n > OBJECT_NAME_MAX || strchr(ro->name, '/'))
-		return err_fmt(err, -EINVAL, "a recorded object name of %zu bytes", n);
+	if (!ro->name || !object_name_valid(ro->name))
+		return err_fmt(err, -EINVAL,
+			       "a recorded object name of %zu bytes that no object"
+			       " may have",
+			       n);
 	if (ro->ngrants > OBJECT_MAX_GRANTS)
 		return err_fmt(err, -EINVAL, "%zu grants, more than %d", ro->ngrants,
 			       OBJECT_MAX_GRANTS);
@@ -43,12 +48,24 @@ static int object_restore_check(const struct object_restore *ro, char *err)
 				       (unsigned long long)rv->version);
 		if (rv->version == ro->latest)
 			latest_seen = rv->held;
+		/* Paused with its bytes: they must have come back with it. */
+		if (ro->paused && !ro->discarded && (rv->copy_fd < 0 || !rv->copy_size))
+			return err_fmt(err, -EIO,
+				       "version %llu's host copy is not in the fd store: its bytes"
+				       " are lost",
+				       (unsigned long long)rv->version);
 		prev = rv->version;
 	}
 	if (!latest_seen)
 		return err_fmt(err, -EINVAL, "its latest version %llu is none it holds",
 			       (unsigned long long)ro->latest);
 	return 0;
+}
+
+/* Does @rv come with a host copy to keep? */
+static bool ro_paused_copy(const struct object_restore_version *rv)
+{
+	return rv->copy_fd >= 0 && rv->copy_size;
 }
 
 static int object_restore_version(struct bobject *obj, const struct object_restore_version *rv,
@@ -70,6 +87,18 @@ static int object_restore_version(struct bobject *obj, const struct object_resto
 	v->published_ns = rv->published_ns;
 	snprintf(v->publisher, sizeof(v->publisher), "%s", rv->publisher ? rv->publisher : "");
 	v->publisher_pid = rv->publisher_pid;
+	v->copy_fd = -1;
+	if (ro_paused_copy(rv)) {
+		v->copy_fd = fcntl(rv->copy_fd, F_DUPFD_CLOEXEC, 0);
+		if (v->copy_fd < 0) {
+			int rc = -errno;
+
+			free(v->meta);
+			free(v);
+			return err_fmt(err, rc, "duplicating a host copy: %s", strerror(-rc));
+		}
+		v->copy_size = rv->copy_size;
+	}
 	/* Oldest first, as recorded. */
 	for (pos = &obj->versions; *pos; pos = &(*pos)->next)
 		v->prev = *pos;
@@ -84,6 +113,8 @@ static void object_restore_free(struct bobject *obj)
 		struct bobject_version *v = obj->versions;
 
 		DLIST_UNLINK(obj->versions, v);
+		if (v->copy_fd >= 0)
+			close(v->copy_fd);
 		free(v->meta);
 		free(v);
 	}
@@ -111,6 +142,8 @@ int object_restore(struct broker *br, const struct object_restore *ro, char *err
 	obj->next_version = ro->next_version;
 	obj->latest = ro->latest;
 	obj->dropped = ro->latest == 0;
+	obj->paused = ro->paused;
+	obj->discarded = ro->paused && ro->discarded;
 	for (size_t i = 0; i < ro->ngrants; i++)
 		obj->grants[obj->ngrants++] = (uid_t)ro->grants[i];
 	for (size_t i = 0; i < ro->nversions; i++) {

@@ -106,6 +106,8 @@ static const struct handler handlers_table[] = {
 	[GMB__ENVELOPE__BODY_OBJECT_DROP] = { "object_drop", handlers__object_drop,
 					      H_SETTLE | H_STATE },
 	[GMB__ENVELOPE__BODY_OBJECT_GRANT] = { "object_grant", handlers__object_grant, H_STATE },
+	[GMB__ENVELOPE__BODY_OBJECT_PAUSE] = { "object_pause", handlers__object_pause,
+					       H_SETTLE | H_INFLIGHT | H_STATE },
 };
 
 #define HANDLERS_N (sizeof(handlers_table) / sizeof(handlers_table[0]))

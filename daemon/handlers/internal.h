@@ -321,6 +321,21 @@ int handlers__object_publish(struct hreq *rq);
 int handlers__object_open(struct hreq *rq);
 int handlers__object_drop(struct hreq *rq);
 int handlers__object_grant(struct hreq *rq);
+/* object_pause.c: ObjectPauseRequest (readers follow, bytes copied off the
+ * loop); the copies still running when gmbd stops end there. */
+int handlers__object_pause(struct hreq *rq);
+/*
+ * ipc_pause.c, for object_pause.c: a round asking every reader of @obj
+ * that maps a version to unmap (@map false) or that unmapped one to map it
+ * again; @fn (a pause's handler) runs again once each answered, or the
+ * request is answered (a resume's, @fn NULL). Return: HANDLERS_KEPT (the
+ * round has rq->env); 0 when nobody could be asked (rq->err says who and
+ * why); -ENOMEM. remap_all: lone requests to map again, to every reader
+ * that unmapped (a pause that failed).
+ */
+struct bobject;
+int handlers__object_follow(struct hreq *rq, handlers_fn fn, struct bobject *obj, bool map);
+void handlers__object_remap_all(struct handlers *h, const struct bobject *obj);
 
 /* ipc_pause.c: a pause of a tag other processes map. */
 /* @rq (a pause of an imported tag) waits @wait_ms for the importers to

@@ -38,6 +38,7 @@
 #include "daemon/core/broker.h"
 #include "daemon/core/event.h"
 #include "daemon/core/import.h"
+#include "daemon/core/object.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
 
@@ -245,6 +246,7 @@ struct hipc_round {
 	struct hdreq **dreqs;	 /* the requests not ended yet (NULL where ended) */
 	uint32_t ndreqs, asking; /* sent, and not ended yet */
 	bool dead;		 /* the owner's session went, or gmbd stops: nobody to answer */
+	struct bobject *obj;	 /* a named object's readers (object_pause.c); NULL: a tag's */
 	char why[ERR_MSG_MAX];	 /* the importers that did not follow, and why */
 	struct hipc_round *prev, *next; /* handlers->ipc_rounds */
 };
@@ -278,7 +280,8 @@ static int handlers_round_ask(void *arg, const struct import_export *ex, const s
 	if (!a->map && !r->idle && !a->follow)
 		return 0;
 	if (r->importer == hconn_of(rd->s)->client) {
-		handlers_round_why(rd->why, &a->skipped, r->importer, "is the owner itself");
+		handlers_round_why(rd->why, &a->skipped, r->importer,
+				   rd->obj ? "is the one asking" : "is the owner itself");
 		return 0;
 	}
 	if (!ts || ts->state != SESS_OPEN) {
@@ -304,6 +307,23 @@ static int handlers_round_count(void *arg, const struct import_export *ex,
 	return 0;
 }
 
+/* @fn for every import record of @obj's versions (@obj non-NULL) that is
+ * @mapped, else of @c's tag @tag (import_followers()). */
+static int handlers_round_walk(const struct broker *br, const struct bclient *c, const char *tag,
+			       const struct bobject *obj, bool mapped, import_follow_fn fn,
+			       void *arg)
+{
+	int rc;
+
+	if (!obj)
+		return import_followers(br, c, tag, mapped, fn, arg);
+	for (const struct bobject_version *v = obj->versions; v; v = v->next)
+		for (const struct import_rec *r = v->ex->imports; r; r = r->next)
+			if (r->mapped == mapped && (rc = fn(arg, v->ex, r)) != 0)
+				return rc;
+	return 0;
+}
+
 static void handlers_round_free(struct hipc_round *rd)
 {
 	struct handlers *h = rd->h;
@@ -324,15 +344,15 @@ static void handlers_round_free(struct hipc_round *rd)
  * Return: HANDLERS_KEPT, the round owning rq->env; 0 when nobody could be
  * asked (rq->err says who and why); -ENOMEM.
  */
-static int handlers_round_start(struct hreq *rq, handlers_fn fn, const char *tag, bool map,
-				bool follow)
+static int handlers_round_start(struct hreq *rq, handlers_fn fn, const char *tag,
+				struct bobject *obj, bool map, bool follow)
 {
 	const struct bclient *c = hconn_of(rq->s)->client;
 	struct hipc_round *rd;
 	struct hipc_ask a = { .map = map, .follow = follow };
 	uint32_t n = 0;
 
-	import_followers(rq->h->broker, c, tag, !map, handlers_round_count, &n);
+	handlers_round_walk(rq->h->broker, c, tag, obj, !map, handlers_round_count, &n);
 	if (!n)
 		return 0;
 	rd = calloc(1, sizeof(*rd));
@@ -345,10 +365,11 @@ static int handlers_round_start(struct hreq *rq, handlers_fn fn, const char *tag
 	rd->fn = fn;
 	rd->start_ns = rq->start_ns;
 	rd->since = uv_now(rq->h->loop);
+	rd->obj = obj;
 	DLIST_PUSH(rq->h->ipc_rounds, rd);
 	a.rd = rd;
 	a.cap = n;
-	import_followers(rq->h->broker, c, tag, !map, handlers_round_ask, &a);
+	handlers_round_walk(rq->h->broker, c, tag, obj, !map, handlers_round_ask, &a);
 	if (!rd->asking) {
 		if (*rq->err && *rd->why)
 			err_append(rq->err, "; ");
@@ -365,7 +386,7 @@ static int handlers_round_start(struct hreq *rq, handlers_fn fn, const char *tag
 
 int handlers__ipc_follow(struct hreq *rq, handlers_fn fn, const char *tag, bool follow)
 {
-	int r = handlers_round_start(rq, fn, tag, false, follow);
+	int r = handlers_round_start(rq, fn, tag, NULL, false, follow);
 
 	return r < 0 ? 0 : r;
 }
@@ -386,7 +407,7 @@ int handlers__ipc_resumed(struct hreq *rq)
 	r = handlers__check_name(rq, "the tag", tag);
 	if (r < 0)
 		return r;
-	r = handlers_round_start(rq, NULL, tag, true, false);
+	r = handlers_round_start(rq, NULL, tag, NULL, true, false);
 	if (r == HANDLERS_KEPT)
 		return r;
 	/* Nobody to map again (or nobody reachable: they stay unmapped until they reopen). */
@@ -423,7 +444,14 @@ static void handlers_round_end(struct hipc_round *rd)
 		return;
 	}
 	r = rd->fn(&rq);
-	wait_ms = rd->env->pause->wait_ms;
+	if (r == HANDLERS_KEPT) {
+		/* Handed on (an object's copy): its new owner counts it in flight. */
+		hconn_of(rd->s)->inflight--;
+		rd->env = NULL;
+		handlers_round_free(rd);
+		return;
+	}
+	wait_ms = rd->obj ? 0 : rd->env->pause->wait_ms;
 	waited = (uint32_t)(uv_now(h->loop) - rd->since);
 	if (r == HANDLERS_PARK && wait_ms > waited) {
 		/* Some did not follow: the client's wait, less the round's time, for them. */
@@ -441,7 +469,7 @@ static void handlers_round_end(struct hipc_round *rd)
 	if (r < 0) {
 		if (*rd->why)
 			err_append(rq.err, "; did not follow: %s", rd->why);
-		handlers__refused(h, rd->s, "pause", r, rq.err);
+		handlers__refused(h, rd->s, rd->obj ? "object_pause" : "pause", r, rq.err);
 		handlers__reply_status(rd->s, rd->env->id, r, rq.err);
 	}
 	handlers_round_free(rd);
@@ -498,7 +526,8 @@ void handlers__follow_late(struct hdreq *d)
 		return;
 	/* The pause failed without it, or is over: the owner's memory is
 	 * mapped, so the importer maps it again; a later pause asks anew. */
-	if (!ex || !ex->alloc || !ex->alloc->active)
+	if (!ex || (ex->version ? ex->version->obj->paused || ex->version->obj->busy :
+				  !ex->alloc || !ex->alloc->active))
 		return;
 	log_info("import unmapped late, asked to map again " SESS_FMT " export=%" PRIu64,
 		 SESS_ARGS(d->target), d->export_id);
@@ -528,4 +557,20 @@ void handlers__ipc_rounds_gone(struct handlers *h, struct sess *s)
 				handlers__dreq_cancel(live[i]);
 		free(live);
 	}
+}
+
+/* ---- named objects' readers (object_pause.c) ---- */
+
+int handlers__object_follow(struct hreq *rq, handlers_fn fn, struct bobject *obj, bool map)
+{
+	return handlers_round_start(rq, fn, "", obj, map, true);
+}
+
+void handlers__object_remap_all(struct handlers *h, const struct bobject *obj)
+{
+	for (const struct bobject_version *v = obj->versions; v; v = v->next)
+		for (const struct import_rec *r = v->ex->imports; r; r = r->next)
+			if (!r->mapped)
+				handlers_follow_send(h, handlers__conn_client(h, r->importer), NULL,
+						     v->ex->id, true, false);
 }

@@ -59,11 +59,12 @@ struct persist {
 	struct backend *be;
 	struct broker *br; /* what the record describes; not owned */
 	struct pool_hooks hooks;
-	unsigned opt_max;     /* --fdstore-max */
-	unsigned fdstore_max; /* kept to: the lower of opt_max and the unit's */
-	bool unit_lower;      /* the unit's FileDescriptorStoreMax= is the lower */
-	unsigned nstored;     /* chunk fds in the store */
-	unsigned failures;    /* failed writes of the record since the last stored */
+	struct object_hooks ohooks; /* named objects' host copies */
+	unsigned opt_max;	    /* --fdstore-max */
+	unsigned fdstore_max;	    /* kept to: the lower of opt_max and the unit's */
+	bool unit_lower;	    /* the unit's FileDescriptorStoreMax= is the lower */
+	unsigned nstored;	    /* chunk and copy fds in the store */
+	unsigned failures;	    /* failed writes of the record since the last stored */
 	enum persist_mode mode;
 	bool dirty, frozen;
 	int fd;			/* the state memfd; -1 until attached */
@@ -73,6 +74,8 @@ struct persist {
 static void persist_check_limit(struct persist *p);
 static int persist_on_created(void *arg, const struct chunk *c);
 static void persist_on_destroyed(void *arg, const struct chunk *c);
+static int persist_on_copy_made(void *arg, uint64_t export_id, uint64_t size, int fd);
+static void persist_on_copy_gone(void *arg, uint64_t export_id, uint64_t size);
 
 /* ---- crc32 (IEEE), enough for a record of a few hundred KiB ---- */
 
@@ -111,6 +114,9 @@ int persist_new(struct backend *be, unsigned fdstore_max, struct persist **out)
 	p->hooks = (struct pool_hooks){ .created = persist_on_created,
 					.destroyed = persist_on_destroyed,
 					.arg = p };
+	p->ohooks = (struct object_hooks){ .copy_made = persist_on_copy_made,
+					   .copy_gone = persist_on_copy_gone,
+					   .arg = p };
 	if (p->mode == PERSIST_UNKNOWN)
 		persist_check_limit(p);
 	*out = p;
@@ -175,6 +181,11 @@ void persist_free(struct persist *p)
 const struct pool_hooks *persist_hooks(struct persist *p)
 {
 	return &p->hooks;
+}
+
+const struct object_hooks *persist_object_hooks(struct persist *p)
+{
+	return &p->ohooks;
 }
 
 /* Stores a new state memfd; decides the mode once. */
@@ -267,6 +278,50 @@ static void persist_on_destroyed(void *arg, const struct chunk *c)
 	persist_chunk_name(c->id, c->dev, c->size, name, sizeof(name));
 	if (sd_glue_fdstore_remove(name) < 0)
 		log_warn("cannot remove a chunk from the fd store chunk=%" PRIu64, c->id);
+	if (p->nstored)
+		p->nstored--;
+}
+
+/* ---- named objects' host copies ---- */
+
+/* The one spelling of a copy's FDNAME: objcopy.<export id>.<size>. */
+static void persist_copy_name(uint64_t export_id, uint64_t size, char *buf, size_t len)
+{
+	snprintf(buf, len, "objcopy.%" PRIu64 ".%" PRIu64, export_id, size);
+}
+
+static int persist_on_copy_made(void *arg, uint64_t export_id, uint64_t size, int fd)
+{
+	struct persist *p = arg;
+	char name[SD_FDNAME_MAX];
+	int r;
+
+	if (!persist_active(p) || p->frozen)
+		return 0;
+	if (p->nstored + 1 >= p->fdstore_max)
+		return backend_fail(-ENOSPC,
+				    "the fd store holds %u fds and the state, its limit"
+				    " (--fdstore-max %u, FileDescriptorStoreMax=%u)",
+				    p->nstored, p->opt_max, p->fdstore_max);
+	persist_copy_name(export_id, size, name, sizeof(name));
+	r = sd_glue_fdstore(fd, name);
+	if (r <= 0)
+		return backend_fail(r < 0 ? r : -EIO, "cannot keep a host copy in the fd store: %s",
+				    r < 0 ? strerror(-r) : "no manager");
+	p->nstored++;
+	return 0;
+}
+
+static void persist_on_copy_gone(void *arg, uint64_t export_id, uint64_t size)
+{
+	struct persist *p = arg;
+	char name[SD_FDNAME_MAX];
+
+	if (p->mode != PERSIST_ON || p->frozen)
+		return;
+	persist_copy_name(export_id, size, name, sizeof(name));
+	if (sd_glue_fdstore_remove(name) < 0)
+		log_warn("cannot remove a host copy from the fd store export=%" PRIu64, export_id);
 	if (p->nstored)
 		p->nstored--;
 }
@@ -458,12 +513,22 @@ static bool persist_parse_chunk(const char *name, struct state_fd *f)
 	unsigned long long id, size;
 	int dev, end = 0;
 
-	if (sscanf(name, "chunk.%llu.%d.%llu%n", &id, &dev, &size, &end) != 3 || name[end])
-		return false;
-	f->id = id;
-	f->dev = dev;
-	f->size = size;
-	return true;
+	if (sscanf(name, "chunk.%llu.%d.%llu%n", &id, &dev, &size, &end) == 3 && !name[end]) {
+		f->id = id;
+		f->dev = dev;
+		f->size = size;
+		return true;
+	}
+	/* A named object's host copy: id is its version's export. */
+	end = 0;
+	if (sscanf(name, "objcopy.%llu.%llu%n", &id, &size, &end) == 2 && !name[end]) {
+		f->id = id;
+		f->dev = -1;
+		f->size = size;
+		f->copy = true;
+		return true;
+	}
+	return false;
 }
 
 /* Sorts the handed-back fds: the state memfd, chunk fds, the rest (closed). */
@@ -525,8 +590,11 @@ static void persist_settle_fds(struct persist *p, struct state_fd *chunks, size_
 		if (chunks[i].used) {
 			p->nstored++;
 		} else {
-			persist_chunk_name(chunks[i].id, chunks[i].dev, chunks[i].size, name,
-					   sizeof(name));
+			if (chunks[i].copy)
+				persist_copy_name(chunks[i].id, chunks[i].size, name, sizeof(name));
+			else
+				persist_chunk_name(chunks[i].id, chunks[i].dev, chunks[i].size,
+						   name, sizeof(name));
 			sd_glue_fdstore_remove(name);
 		}
 		close(chunks[i].fd);

@@ -34,6 +34,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "daemon/core/object.h"
 #include "daemon/core/pool.h"
 #include "daemon/system/sd.h"
 #include "daemon/persist/state.h"
@@ -54,6 +55,9 @@ void persist_free(struct persist *p);
 
 /* The pool hooks that store and remove chunk fds; valid while @p lives. */
 const struct pool_hooks *persist_hooks(struct persist *p);
+/* The named objects' hooks that store and remove host copies of paused
+ * versions (FDNAME=objcopy.<export id>.<size>); valid while @p lives. */
+const struct object_hooks *persist_object_hooks(struct persist *p);
 
 /**
  * persist_restore() - rebuild @br (fresh, made with persist_hooks()) from

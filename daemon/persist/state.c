@@ -335,6 +335,8 @@ static int state_enc_object(void *arg, const struct bobject *obj)
 	so->latest = obj->latest;
 	so->grants = (uint32_t *)obj->grants;
 	so->n_grants = obj->ngrants;
+	so->paused = obj->paused;
+	so->discarded = obj->discarded;
 	so->versions = &e->pversions[e->nversions];
 	for (const struct bobject_version *v = obj->versions; v; v = v->next) {
 		Gmb__StateObjectVersion *sv = &e->versions[e->nversions];
@@ -348,6 +350,7 @@ static int state_enc_object(void *arg, const struct bobject *obj)
 		sv->published_ns = v->published_ns;
 		sv->publisher = (char *)v->publisher;
 		sv->publisher_pid = (int32_t)v->publisher_pid;
+		sv->copy_size = v->copy_fd >= 0 ? v->copy_size : 0;
 		e->pversions[e->nversions++] = sv;
 		so->n_versions++;
 	}
@@ -407,7 +410,18 @@ out:
 static struct state_fd *state_fd_find(struct state_fd *fds, size_t n, uint64_t id)
 {
 	for (size_t i = 0; i < n; i++)
-		if (fds[i].id == id && fds[i].fd >= 0 && !fds[i].used)
+		if (fds[i].id == id && fds[i].fd >= 0 && !fds[i].used && !fds[i].copy)
+			return &fds[i];
+	return NULL;
+}
+
+/* The stored host copy of version export @export_id, of @size bytes. */
+static struct state_fd *state_copy_find(struct state_fd *fds, size_t n, uint64_t export_id,
+					uint64_t size)
+{
+	for (size_t i = 0; i < n; i++)
+		if (fds[i].copy && fds[i].id == export_id && fds[i].size == size &&
+		    fds[i].fd >= 0 && !fds[i].used)
 			return &fds[i];
 	return NULL;
 }
@@ -608,7 +622,8 @@ static void state_restore_imports(struct broker *br, const Gmb__State *st, struc
 }
 
 /* One recorded object with its versions, still without their exports. */
-static int state_restore_object(struct broker *br, const Gmb__StateObject *so, char *err)
+static int state_restore_object(struct broker *br, const Gmb__StateObject *so, struct state_fd *fds,
+				size_t nfds, char *err)
 {
 	struct object_restore_version *vs = calloc(so->n_versions + 1, sizeof(*vs));
 	struct object_restore ro = { .name = so->name,
@@ -617,6 +632,8 @@ static int state_restore_object(struct broker *br, const Gmb__StateObject *so, c
 				     .latest = so->latest,
 				     .grants = so->grants,
 				     .ngrants = so->n_grants,
+				     .paused = so->paused,
+				     .discarded = so->discarded,
 				     .versions = vs,
 				     .nversions = so->n_versions };
 	int rc;
@@ -625,6 +642,9 @@ static int state_restore_object(struct broker *br, const Gmb__StateObject *so, c
 		return err_fmt(err, -ENOMEM, "out of memory restoring object '%s'", so->name);
 	for (size_t i = 0; i < so->n_versions; i++) {
 		const Gmb__StateObjectVersion *sv = so->versions[i];
+		struct state_fd *cf =
+			sv->copy_size ? state_copy_find(fds, nfds, sv->export_id, sv->copy_size) :
+					NULL;
 
 		vs[i] = (struct object_restore_version){ .version = sv->version,
 							 .export_id = sv->export_id,
@@ -633,21 +653,29 @@ static int state_restore_object(struct broker *br, const Gmb__StateObject *so, c
 							 .held = sv->held,
 							 .published_ns = sv->published_ns,
 							 .publisher = sv->publisher,
-							 .publisher_pid = sv->publisher_pid };
+							 .publisher_pid = sv->publisher_pid,
+							 .copy_fd = cf ? cf->fd : -1,
+							 .copy_size = sv->copy_size };
 	}
 	rc = object_restore(br, &ro, err);
+	/* The copies are the versions' (dup'ed): those fds stay in the store. */
+	for (size_t i = 0; rc == 0 && i < so->n_versions; i++)
+		for (size_t k = 0; k < nfds; k++)
+			if (fds[k].copy && vs[i].copy_fd >= 0 && fds[k].fd == vs[i].copy_fd)
+				fds[k].used = true;
 	free(vs);
 	return rc;
 }
 
 /* The objects, before the exports that hold their versions' chunks. */
-static void state_restore_objects(struct broker *br, const Gmb__State *st)
+static void state_restore_objects(struct broker *br, const Gmb__State *st, struct state_fd *fds,
+				  size_t nfds)
 {
 	char err[ERR_MSG_MAX];
 
 	for (size_t i = st->n_objects; i-- > 0;) {
 		err[0] = '\0';
-		if (state_restore_object(br, st->objects[i], err) < 0)
+		if (state_restore_object(br, st->objects[i], fds, nfds, err) < 0)
 			log_warn("object not restored name=%s uid=%u reason=\"%s\"",
 				 st->objects[i]->name, st->objects[i]->uid, err);
 	}
@@ -694,7 +722,7 @@ int state_restore(struct broker *br, const uint8_t *buf, size_t len, struct stat
 		}
 		out->clients++;
 	}
-	state_restore_objects(br, st);
+	state_restore_objects(br, st, fds, nfds);
 	state_restore_imports(br, st, out);
 	object_restore_finish(br);
 	if (out->exports)

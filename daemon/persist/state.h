@@ -20,7 +20,9 @@ struct state_fd {
 	int dev;
 	uint64_t size;
 	int fd;	   /* the caller's; state_restore() never closes it */
-	bool used; /* out: a chunk was restored from it */
+	bool used; /* out: a chunk (or a copy) was restored from it */
+	/* A named object's host copy (id: its version's export, dev -1), not a chunk. */
+	bool copy;
 };
 
 struct state_stats {

@@ -257,6 +257,7 @@ static int gmbd_open_broker(struct gmbd *g)
 					    0,
 		.daemon_uid = geteuid(),
 		.hooks = persist_hooks(g->persist),
+		.object_hooks = persist_object_hooks(g->persist),
 	};
 	char b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
 	int r;

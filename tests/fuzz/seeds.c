@@ -295,6 +295,14 @@ static void d_obj_grant(struct seed *s, int sock, const char *name, uint32_t uid
 	seeds_send(s, sock, GMB__ENVELOPE__BODY_OBJECT_GRANT, &g);
 }
 
+static void d_obj_pause(struct seed *s, int sock, const char *name, bool resume, bool discard)
+{
+	Gmb__ObjectPauseRequest p = GMB__OBJECT_PAUSE_REQUEST__INIT;
+
+	p.name = (char *)name, p.resume = resume, p.discard = discard;
+	seeds_send(s, sock, GMB__ENVELOPE__BODY_OBJECT_PAUSE, &p);
+}
+
 /* Named objects: publish, a new version over a reader, opens, drops, grants, bad names. */
 static void seeds_daemon_objects(void)
 {
@@ -325,6 +333,29 @@ static void seeds_daemon_objects(void)
 	seeds_op(&s, 6 | (1 << 3), 0);
 	d_status(&s, 2);
 	seeds_write("daemon", "objects", &s);
+
+	s.len = 0; /* paused under a reader that follows, resumed; discarded; refusals */
+	d_hello(&s, 0, "writer", 0, false);
+	d_alloc(&s, 0, 0, 4 * MiB, "w");
+	d_obj_publish(&s, 0, "weights", 10, "");
+	d_hello(&s, 1, "reader", 0, false);
+	d_obj_open(&s, 1, "weights", 0);
+	d_ipc_open(&s, 1, 10, 10, 1, 0, IPC_HANDLE_SIZE);
+	d_hello(&s, 2, "gmbctl", 0, true);
+	d_obj_pause(&s, 2, "0/weights", false, false);
+	seeds_op(&s, 4 | (1 << 3), 0);
+	d_status(&s, 2);
+	d_obj_open(&s, 1, "weights", 0);
+	d_obj_pause(&s, 2, "0/weights", true, false);
+	seeds_op(&s, 4 | (1 << 3), 0);
+	d_ipc_remap(&s, 1, 1);
+	d_obj_pause(&s, 2, "0/weights", false, true);
+	seeds_op(&s, 4 | (1 << 3), (uint8_t)-EIO);
+	d_obj_pause(&s, 0, "weights", false, true);
+	d_obj_pause(&s, 0, "weights", true, false);
+	d_obj_pause(&s, 1, "nothing", false, false);
+	d_obj_drop(&s, 0, "weights", 0);
+	seeds_write("daemon", "objects-pause", &s);
 }
 
 static void seeds_daemon(void)
@@ -634,6 +665,7 @@ static void seeds_state_objects(void)
 		broker_result_deinit(&res);
 		if (object_publish(br, c, "weights", id, (const uint8_t *)"meta", 4, &v, NULL) < 0)
 			exit(1);
+		v->published_ns = 1700000000000000000ULL + id; /* the same record every run */
 		if (id == 1) {
 			import_version_handle(br, v->ex, h);
 			if (import_open(br, r, h, sizeof(h), &ex, &range, NULL) < 0)
@@ -641,6 +673,10 @@ static void seeds_state_objects(void)
 		}
 	}
 	object_grant(br, c, "weights", 4242, false, NULL);
+	/* Instance and tokens are random: fixed here, as the crafted records have them. */
+	br->imports->instance = 0x1122334455667788ULL;
+	for (struct import_export *e = br->imports->exports; e; e = e->next)
+		memset(e->token, 0x50 + (int)e->id, sizeof(e->token));
 	if (state_encode(br, &buf, &len) < 0)
 		exit(1);
 	memcpy(s.buf, buf, len);
