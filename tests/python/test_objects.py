@@ -229,6 +229,8 @@ for line in sys.stdin:
     def close(self):
         self.proc.kill()
         self.proc.wait()
+        self.proc.stdin.close()
+        self.proc.stdout.close()
 
 
 class Layout(unittest.TestCase):
