@@ -95,8 +95,8 @@ import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from torch_common import TinyLM, median, prompt_tokens  # noqa: E402  (cuDNN attention off)
-from torch_ipc_sync import (Ctl, answer, ask, checksums, make_weights, pid_alive,  # noqa: E402
-                            spec_bytes, wait_gone, weight_spec)
+from torch_ipc_sync import (Ctl, answer, ask, checksums, make_weights,  # noqa: E402
+                            spec_bytes, weight_spec)
 
 MiB = 1 << 20
 GiB = 1 << 30
