@@ -46,6 +46,11 @@ static int object_restore_check(const struct object_restore *ro, char *err)
 		    rv->meta_len > OBJECT_META_MAX)
 			return err_fmt(err, -EINVAL, "version %llu out of order or malformed",
 				       (unsigned long long)rv->version);
+		/* Only the latest is held. */
+		if (rv->held && rv->version != ro->latest)
+			return err_fmt(err, -EINVAL, "version %llu is held but not the latest %llu",
+				       (unsigned long long)rv->version,
+				       (unsigned long long)ro->latest);
 		if (rv->version == ro->latest)
 			latest_seen = rv->held;
 		/* Paused with its bytes: they must have come back with it. */
