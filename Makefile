@@ -91,7 +91,7 @@ BROKER_FX_SRC := tests/broker_fx.c
 BROKER_FX_TESTS := test_broker test_arb test_walk
 # The CUDA IPC integration tests' fixture (gmbd and prog_preload programs).
 IPC_FX_SRC := tests/ipc_fx.c
-IPC_FX_TESTS := test_ipc test_ipc_follow test_ipc_restart test_ipc_driver test_object
+IPC_FX_TESTS := test_ipc test_ipc_follow test_ipc_restart test_ipc_driver test_object test_object_pause
 TEST_PROG_SRC := $(wildcard tests/prog_*.c)
 # Fuzz harnesses (tests/fuzz/fuzz_<name>.c), each with a corpus in
 # tests/fuzz/corpus/<name>/; fuzz_util.c holds their invariant checks.

@@ -200,6 +200,40 @@ Test(object, writes_to_a_version_fault_for_the_publisher_and_the_reader)
 	gmb_close(a);
 }
 
+/* Opens the version's handle at @arg with plain gmb_ipc_open, reads, writes. */
+static int obj_ipc_open_and_write(const void *arg)
+{
+	gmb_client *c = NULL;
+	void *q = NULL;
+
+	CHILD_CHECK(gmb_connect(ipcfx_gmbd.sock, "plain", &c) == 0);
+	CHILD_CHECK(gmb_ipc_open(c, arg, -1, &q) == 0);
+	CHILD_CHECK(obj_all(q, 2 * MiB, 0x44));
+	signal(SIGSEGV, SIG_DFL);
+	*(volatile uint8_t *)q = 1;
+	return 0;
+}
+
+Test(object, a_versions_handle_opened_with_gmb_ipc_open_maps_read_only)
+{
+	gmb_client *a = obj_connect("publisher");
+	uint8_t *p = obj_alloc(a, 2 * MiB, 0x44);
+	uint8_t h[GMB_IPC_HANDLE_SIZE];
+	int st;
+
+	obj_publish(a, "plain", p, NULL);
+	/* The publisher's pointer is its open of the version: its handle is the version's. */
+	cr_assert(eq(i32, gmb_ipc_get_handle(a, p, h), 0), "%s", gmb_last_error(a));
+	cr_assert(eq(int, gmb_ipc_is_handle(h), 1));
+	st = obj_child(obj_ipc_open_and_write, h);
+	cr_assert(eq(int, WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV, 1),
+		  "gmbd says it is a version (read_only): wait status 0x%x", st);
+	cr_assert(eq(int, obj_all(p, 2 * MiB, 0x44), 1));
+	cr_assert(eq(i32, gmb_object_close(a, p), 0), "%s", gmb_last_error(a));
+	cr_assert(eq(i32, gmb_object_drop(a, "plain", 0), 0), "%s", gmb_last_error(a));
+	gmb_close(a);
+}
+
 Test(object, a_new_version_is_the_latest_while_a_reader_keeps_its_own)
 {
 	gmb_client *a = obj_connect("publisher"), *r = obj_connect("reader");

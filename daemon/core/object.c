@@ -316,8 +316,8 @@ bool object_may_open(const struct bobject *obj, uid_t uid)
 }
 
 /* @c's view of @name: the object it may see, or -ENOENT / -EPERM. */
-static int object_lookup(struct broker *br, const struct bclient *c, const char *name,
-			 struct bobject **out, char *err)
+static int object_lookup(struct broker *br, const struct bclient *c, bool may_admin,
+			 const char *name, struct bobject **out, char *err)
 {
 	char bare[OBJECT_NAME_MAX + 1];
 	struct bobject *obj;
@@ -329,7 +329,8 @@ static int object_lookup(struct broker *br, const struct bclient *c, const char 
 	obj = object_find(br, uid, bare);
 	if (!obj || (obj->dropped && !obj->versions))
 		return err_fmt(err, -ENOENT, "no object '%s' of uid %u", bare, (unsigned)uid);
-	if (!object_may_open(obj, c->uid))
+	/* An administrator drops or pauses what it was never granted to open. */
+	if (!may_admin && !object_may_open(obj, c->uid))
 		return err_fmt(err, -EPERM,
 			       "object '%s' belongs to uid %u, which did not grant uid %u", bare,
 			       (unsigned)uid, (unsigned)c->uid);
@@ -342,7 +343,7 @@ int object_open(struct broker *br, struct bclient *c, const char *name, uint64_t
 {
 	struct bobject *obj;
 	struct bobject_version *v;
-	int rc = object_lookup(br, c, name, &obj, err);
+	int rc = object_lookup(br, c, false, name, &obj, err);
 
 	if (rc < 0)
 		return rc;
@@ -371,7 +372,7 @@ int object_drop(struct broker *br, struct bclient *c, bool may_admin, const char
 {
 	struct bobject_version *v, *next;
 	struct bobject *obj;
-	int rc = object_lookup(br, c, name, &obj, err);
+	int rc = object_lookup(br, c, may_admin, name, &obj, err);
 
 	if (rc < 0)
 		return rc;
@@ -412,7 +413,7 @@ int object_grant(struct broker *br, struct bclient *c, const char *name, uid_t u
 {
 	struct bobject *obj;
 	uint32_t i;
-	int rc = object_lookup(br, c, name, &obj, err);
+	int rc = object_lookup(br, c, false, name, &obj, err);
 
 	if (rc < 0)
 		return rc;
@@ -531,7 +532,7 @@ int object_pause_find(struct broker *br, struct bclient *c, bool may_admin, cons
 		      bool resume, struct bobject **out, char *err)
 {
 	struct bobject *obj;
-	int rc = object_lookup(br, c, name, &obj, err);
+	int rc = object_lookup(br, c, may_admin, name, &obj, err);
 
 	if (rc < 0)
 		return rc;

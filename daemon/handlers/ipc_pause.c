@@ -279,9 +279,10 @@ static int handlers_round_ask(void *arg, const struct import_export *ex, const s
 	/* A pause asks an idle import back always, an open one only following. */
 	if (!a->map && !r->idle && !a->follow)
 		return 0;
-	if (r->importer == hconn_of(rd->s)->client) {
-		handlers_round_why(rd->why, &a->skipped, r->importer,
-				   rd->obj ? "is the one asking" : "is the owner itself");
+	/* A tag's owner pauses under its op_lock and cannot follow; an object's
+	 * pause holds none (gmb_object_pause()): its asker follows as any reader. */
+	if (!rd->obj && r->importer == hconn_of(rd->s)->client) {
+		handlers_round_why(rd->why, &a->skipped, r->importer, "is the owner itself");
 		return 0;
 	}
 	if (!ts || ts->state != SESS_OPEN) {

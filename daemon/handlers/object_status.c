@@ -57,6 +57,8 @@ static int handlers_object_row(void *arg, const struct bobject *obj)
 	oi->owner_uid = (uint32_t)obj->uid;
 	oi->latest = obj->latest;
 	oi->bytes = object_bytes(obj);
+	oi->paused = obj->paused;
+	oi->discarded = obj->discarded;
 	/* uid_t is the kernel's 32-bit id: the wire's type. */
 	oi->n_grants = obj->ngrants < OBJECT_MAX_GRANTS ? obj->ngrants : OBJECT_MAX_GRANTS;
 	oi->grants = (uint32_t *)obj->grants;

@@ -136,6 +136,102 @@ class ClientObjects(unittest.TestCase):
             c.object_grant("py4", os.getuid())
         self.assertEqual(e.exception.errno, errno.EINVAL)
 
+    def test_pause_unmaps_readers_and_resume_gives_the_bytes_back(self):
+        c = self.client("pub5")
+        p = self.filled(c, 2 * MiB, 0x5A)
+        c.object_publish("py5", p)
+        self.addCleanup(c.object_drop, "py5")
+        self.addCleanup(c.object_close, p)
+        r = reader("py5")
+        self.addCleanup(r.close)
+        self.assertEqual(r.ask("check 90"), "1")
+        c.object_pause("py5")
+        self.assertEqual(r.ask("touch"), str(-signal.SIGSEGV), "unmapped, the pointer kept")
+        self.assertEqual(touch(p), -signal.SIGSEGV, "the publisher's own open too")
+        with self.assertRaises(gmb.GmbError) as e:
+            c.object_open("py5")
+        self.assertEqual(e.exception.errno, errno.EBUSY)
+        c.object_pause("py5")  # paused already: nothing to do
+        c.object_resume("py5")
+        self.assertEqual(r.ask("check 90"), "1", "the same pointer, the same bytes")
+        self.assertEqual(ctypes.string_at(p, 1), b"\x5a")
+        self.assertEqual(touch(p, write=True), -signal.SIGSEGV, "still read-only")
+        c.object_resume("py5")
+        c.object_pause("py5", discard=True)
+        c.object_resume("py5")
+        self.assertEqual(r.ask("check 0"), "1", "a discarding pause resumes to zeros")
+        self.assertEqual(r.ask("quit"), "0")
+        for call in (lambda: c.object_pause("py-none"), lambda: c.object_resume("py-none")):
+            with self.assertRaises(gmb.GmbError) as e:
+                call()
+            self.assertEqual(e.exception.errno, errno.ENOENT)
+        with self.assertRaises(gmb.GmbError) as e:
+            c.object_pause("a b")
+        self.assertEqual(e.exception.errno, errno.EINVAL)
+
+
+def touch(ptr, write=False):
+    """A forked process reads (writes) one byte at ptr: 0, or minus the signal it died of."""
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGSEGV, signal.SIG_DFL)
+        if write:
+            ctypes.memset(ptr, 1, 1)
+        else:
+            ctypes.string_at(ptr, 1)
+        os._exit(0)
+    st = os.waitpid(pid, 0)[1]
+    return -os.WTERMSIG(st) if os.WIFSIGNALED(st) else os.WEXITSTATUS(st)
+
+
+class reader:
+    """A process of its own with NAME's latest open, answering a line per command:
+    "check B" (1 when every byte is B), "touch" (what touch() of its pointer gives),
+    "quit" (closes; the status)."""
+
+    CODE = """
+import ctypes, os, signal, sys
+def touch(ptr):
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGSEGV, signal.SIG_DFL)
+        ctypes.string_at(ptr, 1)
+        os._exit(0)
+    st = os.waitpid(pid, 0)[1]
+    return -os.WTERMSIG(st) if os.WIFSIGNALED(st) else os.WEXITSTATUS(st)
+p, info, meta = c.object_open(sys.argv[1])
+size = info["size"]
+print(p, flush=True)
+for line in sys.stdin:
+    cmd = line.split()
+    if cmd[0] == "check":
+        print(int(ctypes.string_at(p, size) == bytes([int(cmd[1])]) * size), flush=True)
+    elif cmd[0] == "touch":
+        print(touch(p), flush=True)
+    elif cmd[0] == "quit":
+        c.object_close(p)
+        print(0, flush=True)
+        break
+"""
+
+    def __init__(self, name):
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "client", "python"))
+        pre = f"import gmb\nc = gmb.Client({GMBD.sock!r}, 'reader', private=True)\n"
+        self.proc = subprocess.Popen([sys.executable, "-c", pre + self.CODE, name], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.ptr = int(self.proc.stdout.readline())
+
+    def ask(self, cmd):
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def close(self):
+        self.proc.kill()
+        self.proc.wait()
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+
 
 class Layout(unittest.TestCase):
     def test_tensors_go_back_to_back_at_multiples_of_256(self):

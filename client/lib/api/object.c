@@ -1,6 +1,6 @@
 /*
  * object.c - the exported calls of named objects (include/gmb.h "Named
- * objects"): publish, open, close, drop, grant.
+ * objects"): publish, open, close, drop, grant, pause and resume.
  *
  * A version is an import (client/lib/ipc/) marked as an object's and
  * mapped read-only: an open asks gmbd for the version's handle
@@ -11,8 +11,11 @@
  * stays valid, read-only.
  *
  * Publish, open and close change this client's mappings: they hold
- * op_lock. Drop and grant only make a round trip (as gmb_trim() does):
- * tools (gmbctl) call them, and a control handler may too.
+ * op_lock. Drop, grant, pause and resume only make a round trip (as
+ * gmb_trim() does): tools (gmbctl) call them, and a control handler may
+ * too. A pause or resume must not hold op_lock above all: gmbd asks every
+ * process mapping the object to follow (IpcFollow) before it answers, this
+ * one too when it has a version open, and its worker takes op_lock.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -113,6 +116,37 @@ GMB_API int gmb_object_grant(gmb_client *c, const char *name, uint32_t uid, int 
 	env.body_case = GMB__ENVELOPE__BODY_OBJECT_GRANT;
 	env.object_grant = &req;
 	return obj_done(c, gmb__request_status(&c->conn, &env, err), err);
+}
+
+/* ObjectPauseRequest: the status is the answer (once the readers followed). */
+static int obj_pause_send(gmb_client *c, const char *name, bool resume, bool discard)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__ObjectPauseRequest req = GMB__OBJECT_PAUSE_REQUEST__INIT;
+	char err[ERR_MSG_MAX] = "";
+	int rc;
+
+	if (!c)
+		return -EINVAL;
+	rc = obj_name_check(name, err);
+	if (rc < 0)
+		return obj_done(c, rc, err);
+	req.name = (char *)name;
+	req.resume = resume;
+	req.discard = discard;
+	env.body_case = GMB__ENVELOPE__BODY_OBJECT_PAUSE;
+	env.object_pause = &req;
+	return obj_done(c, gmb__request_status(&c->conn, &env, err), err);
+}
+
+GMB_API int gmb_object_pause(gmb_client *c, const char *name, int discard)
+{
+	return obj_pause_send(c, name, false, discard != 0);
+}
+
+GMB_API int gmb_object_resume(gmb_client *c, const char *name)
+{
+	return obj_pause_send(c, name, true, false);
 }
 
 /* The last part of @rep, of kind @body; NULL when gmbd sent another. */

@@ -412,10 +412,14 @@ static void json_put_object(struct sbuf *b, const Gmb__ObjectInfo *o)
 
 	sbuf_puts(b, "{\"name\":");
 	json_put_str(b, o->name);
-	sbuf_printf(b,
-		    ",\"owner_uid\":%" PRIu32 ",\"latest\":%" PRIu64 ",\"bytes\":%" PRIu64
-		    ",\"grants\":[",
+	sbuf_printf(b, ",\"owner_uid\":%" PRIu32 ",\"latest\":%" PRIu64 ",\"bytes\":%" PRIu64,
 		    o->owner_uid, o->latest, o->bytes);
+	/* Only when so: an active object's document stays as it was. */
+	if (o->paused)
+		sbuf_puts(b, ",\"paused\":true");
+	if (o->discarded)
+		sbuf_puts(b, ",\"discarded\":true");
+	sbuf_puts(b, ",\"grants\":[");
 	for (i = 0; o->grants && i < o->n_grants; i++)
 		sbuf_printf(b, "%s%" PRIu32, i ? "," : "", o->grants[i]);
 	sbuf_puts(b, "],\"versions\":[");

@@ -375,6 +375,18 @@ class Client:
         self._check(self._lib().gmb_object_grant(self._handle(), _b(name), int(uid),
                                                  1 if revoke else 0))
 
+    def object_pause(self, name, discard=False):
+        """Free ``name``'s GPU memory for a while: every reader unmaps (its pointer
+        kept), the bytes go to a host copy at gmbd (``discard``: dropped). Readers that
+        do not follow make it fail (EBUSY); an object paused already is left so."""
+        self._check(self._lib().gmb_object_pause(self._handle(), _b(name),
+                                                 1 if discard else 0))
+
+    def object_resume(self, name):
+        """New GPU memory for paused ``name``, its bytes back (zeros after a discard),
+        every reader mapped again at the same pointers before this returns."""
+        self._check(self._lib().gmb_object_resume(self._handle(), _b(name)))
+
     def switch(self, frm, to, tags=None):
         """What ``gmbctl switch FROM TO [--tags ...]`` does: the report, one line per step.
 

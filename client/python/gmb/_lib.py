@@ -71,6 +71,8 @@ _PROTOTYPES = {
     "gmb_object_close": (c_int, [_H, c_void_p]),
     "gmb_object_drop": (c_int, [_H, c_char_p, c_uint64]),
     "gmb_object_grant": (c_int, [_H, c_char_p, ctypes.c_uint32, c_int]),
+    "gmb_object_pause": (c_int, [_H, c_char_p, c_int]),
+    "gmb_object_resume": (c_int, [_H, c_char_p]),
 }
 
 
