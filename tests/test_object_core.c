@@ -83,6 +83,8 @@ static struct bobject_version *publish(struct bclient *c, const char *name, uint
 				    err),
 		     0),
 		  "%s", err);
+	/* As the handler does: the allocation leaves its client. */
+	cr_assert(eq(i32, lend_free(fx.br, c, a->id, err), 0), "%s", err);
 	return v;
 }
 
@@ -320,6 +322,7 @@ Test(object_core, objects_per_uid_are_bounded)
 		     -ENOSPC));
 	cr_assert(eq(i32, object_publish(fx.br, fx.writer, "o7", a->id, NULL, 0, &v, err), 0),
 		  "an existing name gets a version: %s", err);
+	cr_assert(eq(i32, lend_free(fx.br, fx.writer, a->id, err), 0), "%s", err);
 }
 
 /* ---- the record ---- */
@@ -601,6 +604,7 @@ Test(object_core, a_published_allocation_another_process_imported_shares_its_chu
 	xid = ex->id;
 	cr_assert(eq(i32, object_publish(fx.br, fx.writer, "w", a->id, NULL, 0, &v, err), 0), "%s",
 		  err);
+	cr_assert(eq(i32, lend_free(fx.br, fx.writer, a->id, err), 0), "%s", err);
 	cr_assert(eq(u32, v->ex->chunks[0]->pins, 2), "both exports pin the chunks");
 	cr_assert(eq(u64, fx.br->pools[0].lent_bytes, 4 * MiB), "counted once");
 	rec = state_now();

@@ -20,7 +20,6 @@
 #include "common/list.h"
 #include "common/log.h"
 #include "daemon/core/broker.h"
-#include "daemon/core/object.h"
 
 static void import_version_free(struct broker *br, struct import_export *ex);
 static int import_pin(struct broker *br, struct import_export *ex, char *err);
@@ -196,7 +195,8 @@ int import_export(struct broker *br, struct bclient *c, uint64_t alloc_id, uint6
 }
 
 int import_export_version(struct broker *br, struct balloc *a, struct bobject_version *v,
-			  struct import_export **out, uint8_t *handle, char *err)
+			  const struct import_version_ops *ops, struct import_export **out,
+			  uint8_t *handle, char *err)
 {
 	struct import_table *t = import_table_get(br, err);
 	struct import_export *ex;
@@ -221,6 +221,7 @@ int import_export_version(struct broker *br, struct balloc *a, struct bobject_ve
 	ex->dev = a->dev;
 	ex->size = a->size;
 	ex->version = v;
+	ex->vops = ops;
 	/* The allocation goes right after: pin its chunks for the version now. */
 	ex->alloc = a;
 	rc = import_pin(br, ex, err);
@@ -300,22 +301,18 @@ static bool import_granted(const struct import_export *ex, uid_t uid)
 	return false;
 }
 
-/* A named object's version: its object's grants, range offset 0. */
+/* A named object's version: its object says who and when; range offset 0. */
 static int import_open_version(struct import_export *ex, const struct bclient *c,
 			       const struct ipc_handle *h, char *err)
 {
-	const struct bobject *obj = ex->version->obj;
+	int rc = ex->vops->may_map(ex->version, c, err);
 
-	if (!object_may_open(obj, c->uid))
-		return err_fmt(err, -EPERM,
-			       "object '%s' belongs to uid %u, which did not grant uid %u:"
-			       " client '%s' may not open it",
-			       obj->name, (unsigned)obj->uid, (unsigned)c->uid, c->name);
-	if (obj->paused || obj->busy)
-		return err_fmt(err, -EBUSY, "object '%s' is paused: resume it first", obj->name);
+	if (rc < 0)
+		return rc;
 	if (h->range_off != 0)
-		return err_fmt(err, -EINVAL, "range offset %llu of object '%s': a version's is 0",
-			       (unsigned long long)h->range_off, obj->name);
+		return err_fmt(err, -EINVAL,
+			       "range offset %llu of a named object's version: a version's is 0",
+			       (unsigned long long)h->range_off);
 	return 0;
 }
 
@@ -471,8 +468,8 @@ static void import_rec_drop(struct broker *br, struct import_rec *r)
 	if (ex->imports)
 		return;
 	if (ex->version) {
-		/* A job copying its bytes keeps it until it ends (object_job_end()). */
-		if (!ex->version->held && !ex->version->obj->busy)
+		/* Held, or a job copying its bytes: its object lets go of it later. */
+		if (!ex->vops->kept(ex->version))
 			import_version_free(br, ex);
 		return;
 	}
@@ -489,6 +486,7 @@ static void import_version_free(struct broker *br, struct import_export *ex)
 {
 	struct pool *p = &br->pools[ex->dev];
 	struct bobject_version *v = ex->version;
+	const struct import_version_ops *ops = ex->vops;
 
 	log_debug("object version's chunks back export=%llu dev=%d chunks=%u",
 		  (unsigned long long)ex->id, ex->dev, ex->nchunks);
@@ -497,7 +495,7 @@ static void import_version_free(struct broker *br, struct import_export *ex)
 	ex->nchunks = 0;
 	ex->version = NULL;
 	import_export_free(br->imports, ex);
-	object_version_gone(br, v);
+	ops->gone(br, v);
 	pool_shrink(p, br->opts.pool_keep, NULL);
 }
 
@@ -676,7 +674,7 @@ void import_idle_walk(struct broker *br, const struct bclient *owner, const char
 		return;
 	for (struct import_export *ex = t ? t->exports : NULL; ex; ex = ex->next) {
 		if (owner ? !import_of_tag(ex, owner, tag) :
-			    ex->alloc != NULL || (ex->version && ex->version->held))
+			    ex->alloc != NULL || (ex->version && ex->vops->kept(ex->version)))
 			continue;
 		for (struct import_rec *r = ex->imports; r; r = r->next)
 			if (r->idle && !r->asked)
@@ -742,8 +740,8 @@ int import_remap(struct broker *br, struct bclient *c, uint64_t export_id,
 	if (!ex->alloc && !ex->version)
 		return err_fmt(err, -ENOENT, "allocation %llu of client '%s' was freed",
 			       (unsigned long long)ex->alloc_id, ex->owner);
-	if (ex->version && (ex->version->obj->paused || ex->version->obj->busy))
-		return err_fmt(err, -EBUSY, "object '%s' is paused", ex->version->obj->name);
+	if (ex->version && (rc = ex->vops->may_map(ex->version, c, err)) < 0)
+		return rc;
 	if (ex->alloc && !ex->alloc->active)
 		return err_fmt(err, -EBUSY, "allocation %llu of client '%s' is in paused tag '%s'",
 			       (unsigned long long)ex->alloc_id, ex->owner, ex->alloc->tag->name);

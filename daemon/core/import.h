@@ -90,7 +90,22 @@ struct import_export {
 	 * from its making to its end, and it lives while the object holds it
 	 * or a record is on its list. */
 	struct bobject_version *version;
+	const struct import_version_ops *vops; /* its object's, with version */
 	struct import_export *prev, *next;
+};
+
+/*
+ * What the table asks of the owner of a named object's version: the
+ * callback table daemon/core/object.c hands down with each version export
+ * (the one way up from here).
+ */
+struct import_version_ops {
+	/* 0 when @c may map @v now; else -EPERM (not granted) or -EBUSY (paused), @err says. */
+	int (*may_map)(const struct bobject_version *v, const struct bclient *c, char *err);
+	/* Does its object keep @v without records (held, or its bytes being copied)? */
+	bool (*kept)(const struct bobject_version *v);
+	/* @v's export goes (unkept, its last record gone): the object forgets @v. */
+	void (*gone)(struct broker *br, struct bobject_version *v);
 };
 
 struct import_table {
@@ -210,13 +225,14 @@ typedef int (*import_walk_fn)(void *arg, const struct import_export *ex,
 int import_walk(const struct broker *br, import_walk_fn fn, void *arg);
 
 /**
- * import_export_version() - a new export for version @v of a named object,
- * holding the chunks of @c's allocation @a (pinned here, once; the
+ * import_export_version() - a new export for version @v of a named object
+ * (@ops its object's, kept), holding the chunks of @c's allocation @a (pinned here, once; the
  * allocation may go right after); *@out the table's, its handle into
  * @handle (range offset 0). Return: 0; -ENOMEM, -EIO with @err.
  */
 int import_export_version(struct broker *br, struct balloc *a, struct bobject_version *v,
-			  struct import_export **out, uint8_t *handle, char *err);
+			  const struct import_version_ops *ops, struct import_export **out,
+			  uint8_t *handle, char *err);
 /* The handle of version export @ex (range offset 0) into @handle. */
 void import_version_handle(const struct broker *br, const struct import_export *ex,
 			   uint8_t *handle);

@@ -390,6 +390,7 @@ int import_restore_export(struct broker *br, const struct import_restore *rx, ch
 	ex->nmapped = nmapped;
 	if (v) {
 		ex->version = v;
+		ex->vops = object_version_ops();
 		v->ex = ex;
 	}
 	for (size_t i = 0; i < rx->ngrants; i++)

@@ -21,10 +21,11 @@
 #include "common/backend/backend.h"
 #include "common/list.h"
 #include "common/log.h"
-#include "daemon/core/broker_internal.h"
+#include "daemon/core/broker.h"
 #include "daemon/core/import.h"
 
 static void object_copy_drop(struct broker *br, struct bobject_version *v);
+static const struct import_version_ops object_version_ops_table;
 
 struct object_table *object_table(struct broker *br)
 {
@@ -265,7 +266,7 @@ int object_publish(struct broker *br, struct bclient *c, const char *name, uint6
 		rc = err_fmt(err, -ENOMEM, "out of memory recording a version of '%s'", bare);
 		goto err_v;
 	}
-	rc = import_export_version(br, a, v, &v->ex, handle, err);
+	rc = import_export_version(br, a, v, &object_version_ops_table, &v->ex, handle, err);
 	if (rc < 0)
 		goto err_v;
 	v->export_id = v->ex->id;
@@ -286,8 +287,6 @@ int object_publish(struct broker *br, struct bclient *c, const char *name, uint6
 	obj->dropped = false;
 	if (prev)
 		object_unhold(br, prev);
-	/* The allocation leaves its client as a free takes it; the pins keep its chunks. */
-	broker__alloc_destroy(br, c, a);
 	log_info("object published name=%s uid=%u version=%llu bytes=%llu chunks=%u client=%s",
 		 obj->name, (unsigned)obj->uid, (unsigned long long)v->version,
 		 (unsigned long long)v->ex->size, v->ex->nchunks, c->name);
@@ -704,4 +703,37 @@ void object_job_end(struct broker *br, struct bobject *obj)
 			import_version_unheld(br, v->ex);
 		}
 	}
+}
+
+/* ---- what the import table asks of a version (import.h) ---- */
+
+static int object_ops_may_map(const struct bobject_version *v, const struct bclient *c, char *err)
+{
+	const struct bobject *obj = v->obj;
+
+	if (!object_may_open(obj, c->uid))
+		return err_fmt(err, -EPERM,
+			       "object '%s' belongs to uid %u, which did not grant uid %u:"
+			       " client '%s' may not open it",
+			       obj->name, (unsigned)obj->uid, (unsigned)c->uid, c->name);
+	if (obj->paused || obj->busy)
+		return err_fmt(err, -EBUSY, "object '%s' is paused: resume it first", obj->name);
+	return 0;
+}
+
+/* Held, or a job copying its object's bytes (it lets go in object_job_end()). */
+static bool object_ops_kept(const struct bobject_version *v)
+{
+	return v->held || v->obj->busy;
+}
+
+static const struct import_version_ops object_version_ops_table = {
+	.may_map = object_ops_may_map,
+	.kept = object_ops_kept,
+	.gone = object_version_gone,
+};
+
+const struct import_version_ops *object_version_ops(void)
+{
+	return &object_version_ops_table;
 }

@@ -113,8 +113,9 @@ int object_name_check(const struct bclient *c, const char *name, uid_t *uid, cha
 
 /**
  * object_publish() - @c's allocation @alloc_id becomes the next version of
- * @name (@c's uid; the object made if new): the allocation leaves @c (its
- * holds dropped, as a free takes it) and its chunks stay for the version.
+ * @name (@c's uid; the object made if new): its chunks are pinned for the
+ * version, which is the latest from now on. The caller then frees the
+ * allocation (lend_free()): it leaves @c, its chunks stay for the version.
  * *@out is the version (the table's).
  * Return: 0; -EINVAL (name), -ENOENT (no such allocation of @c), -EBUSY
  * (paused), -E2BIG (@meta_len), -ENOSPC (OBJECT_MAX_PER_UID), -EPERM (a
@@ -190,8 +191,11 @@ void object_job_end(struct broker *br, struct bobject *obj);
 /* May @uid open @obj's versions (its owner, or granted)? */
 bool object_may_open(const struct bobject *obj, uid_t uid);
 
-/* import.c: @v's export is going (its last reader closed, unheld): @v goes. */
+/* @v's export is going (its last reader closed, unheld): @v goes. */
 void object_version_gone(struct broker *br, struct bobject_version *v);
+/* The callbacks a version's export calls (import.h), for import_restore.c too. */
+struct import_version_ops;
+const struct import_version_ops *object_version_ops(void);
 
 /* Bytes of every version on @obj's list; chunks held for uid @uid. */
 uint64_t object_bytes(const struct bobject *obj);

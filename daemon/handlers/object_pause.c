@@ -119,6 +119,21 @@ static int hobj_copy(struct backend *be, const struct hobj_part *pt, void *host,
 	return rc;
 }
 
+/* MemAvailable of /proc/meminfo in bytes; UINT64_MAX when it cannot be read. */
+static uint64_t hobj_host_available(void)
+{
+	unsigned long long kib = 0;
+	char line[128];
+	FILE *f = fopen("/proc/meminfo", "re");
+	bool found = false;
+
+	while (f && !found && fgets(line, sizeof(line), f))
+		found = sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+	if (f)
+		fclose(f);
+	return found ? (uint64_t)kib << 10 : UINT64_MAX;
+}
+
 /* The host side of @pt: its memfd (made for a pause), mapped and registered. */
 static int hobj_part_run(struct backend *be, struct hobj_part *pt, bool resume, char *err)
 {
@@ -126,6 +141,14 @@ static int hobj_part_run(struct backend *be, struct hobj_part *pt, bool resume, 
 	int rc = 0;
 
 	if (!resume) {
+		uint64_t avail = hobj_host_available();
+
+		/* Filling a copy the host cannot hold would bring the OOM killer to gmbd. */
+		if (avail < pt->size)
+			return err_fmt(err, -ENOMEM,
+				       "a host copy of %" PRIu64 " bytes: the host has %" PRIu64
+				       " available (MemAvailable)",
+				       pt->size, avail);
 		pt->fd = memfd_create("gmbd-object-copy", MFD_CLOEXEC);
 		if (pt->fd < 0 || ftruncate(pt->fd, (off_t)pt->size) < 0)
 			return err_fmt(err, -errno, "a host copy of %" PRIu64 " bytes: %s",

@@ -12,6 +12,7 @@
 #include "daemon/core/broker.h"
 #include "daemon/core/event.h"
 #include "daemon/core/import.h"
+#include "daemon/core/lend.h"
 #include "daemon/core/object.h"
 #include "daemon/handlers/internal.h"
 #include "daemon/transport/sess.h"
@@ -49,6 +50,8 @@ int handlers__object_publish(struct hreq *rq)
 			   rq->err);
 	if (r < 0)
 		return r;
+	/* The allocation leaves its client as a free takes it; the pins keep its chunks. */
+	lend_free(rq->h->broker, c, m->alloc_id, NULL);
 	import_version_handle(rq->h->broker, v->ex, handle);
 	pr.version = v->version;
 	pr.handle.data = handle;

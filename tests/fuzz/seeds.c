@@ -663,7 +663,9 @@ static void seeds_state_objects(void)
 	for (uint64_t id = 1; id <= 2; id++) {
 		lend_alloc(br, c, 0, 2 * MiB, "w", &res, NULL);
 		broker_result_deinit(&res);
-		if (object_publish(br, c, "weights", id, (const uint8_t *)"meta", 4, &v, NULL) < 0)
+		if (object_publish(br, c, "weights", id, (const uint8_t *)"meta", 4, &v, NULL) <
+			    0 ||
+		    lend_free(br, c, id, NULL) < 0)
 			exit(1);
 		v->published_ns = 1700000000000000000ULL + id; /* the same record every run */
 		if (id == 1) {

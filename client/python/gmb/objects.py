@@ -94,11 +94,17 @@ def _dtype(torch, name):
 
 
 def _bytes_tensor(torch, ptr, size, device, readonly):
-    """A uint8 tensor viewing ``size`` bytes of device memory at ``ptr``."""
+    """A uint8 tensor viewing ``size`` bytes of device memory at ``ptr``.
+
+    ``readonly`` is not passed on: torch.as_tensor refuses a
+    __cuda_array_interface__ whose read-only flag is set ("the read only flag
+    is not supported, should always be False"), and a version's mapping is
+    read-only on the device anyway (a write faults)."""
+    del readonly
 
     class _Mem:
         __cuda_array_interface__ = {"shape": (size,), "typestr": "|u1",
-                                    "data": (ptr, readonly), "version": 3}
+                                    "data": (ptr, False), "version": 3}
 
     return torch.as_tensor(_Mem(), device=torch.device("cuda", device))
 
