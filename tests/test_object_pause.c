@@ -43,7 +43,19 @@ static void op_start(void)
 	cr_assert(eq(i32, gmbd_start_shared(&ipcfx_gmbd, args), 0), "gmbd did not start");
 }
 
-TestSuite(object_pause, .init = op_start, .fini = ipcfx_stop, .timeout = 60);
+/* A reader a test stopped: killed at the end whatever the test's fate, so
+ * that it never holds the output pipe of whoever runs the tests. */
+static pid_t op_stopped = -1;
+
+static void op_stop(void)
+{
+	if (op_stopped > 0)
+		kill(op_stopped, SIGKILL);
+	op_stopped = -1;
+	ipcfx_stop();
+}
+
+TestSuite(object_pause, .init = op_start, .fini = op_stop, .timeout = 60);
 
 static gmb_client *op_connect(const char *name)
 {
@@ -517,7 +529,11 @@ Test(object_pause, a_reader_that_does_not_follow_fails_the_pause_and_the_others_
 	rd_start(&r1, "s");
 	rd_start(&r2, "s");
 	lent = op_lent(a);
+	op_stopped = r1.pid;
 	cr_assert(eq(i32, kill(r1.pid, SIGSTOP), 0));
+	/* Stopped for sure before the pause asks it: a signal takes effect later. */
+	cr_assert(eq(i32, waitpid(r1.pid, &rc, WUNTRACED), r1.pid));
+	cr_assert(eq(int, WIFSTOPPED(rc) ? 1 : 0, 1), "the reader did not stop");
 	rc = gmb_object_pause(a, "s", 0);
 	cr_assert(eq(i32, rc, -EBUSY), "%s", gmb_last_error(a));
 	snprintf(pid, sizeof(pid), "%d", (int)r1.pid);
