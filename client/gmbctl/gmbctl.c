@@ -864,13 +864,11 @@ static int ctl_parse(struct ctl_cli *cli, int argc, char **argv)
 
 /* --- commands ----------------------------------------------------------- */
 
-static int ctl_status(gmb_client *c, const struct ctl_args *a)
+/* @text (of a gmb_*_text or _json call returning @r) on stdout, one newline at its end. */
+static int ctl_put_text(int r, char *text)
 {
-	char *text = NULL;
 	size_t n;
-	int r;
 
-	r = a->json ? gmb_status_json(c, &text) : gmb_status_text(c, &text);
 	if (r < 0)
 		return r;
 	n = strlen(text);
@@ -879,6 +877,14 @@ static int ctl_status(gmb_client *c, const struct ctl_args *a)
 		putchar('\n');
 	free(text);
 	return 0;
+}
+
+static int ctl_status(gmb_client *c, const struct ctl_args *a)
+{
+	char *text = NULL;
+	int r = a->json ? gmb_status_json(c, &text) : gmb_status_text(c, &text);
+
+	return ctl_put_text(r, text);
 }
 
 /* "paused tag 'kv' of client 'w1'": a success says what it did. */
@@ -972,18 +978,9 @@ static int ctl_trim(gmb_client *c, const struct ctl_args *a)
 static int ctl_objects(gmb_client *c, const struct ctl_args *a)
 {
 	char *text = NULL;
-	size_t n;
-	int r;
+	int r = a->json ? gmb_objects_json(c, &text) : gmb_objects_text(c, &text);
 
-	r = a->json ? gmb_objects_json(c, &text) : gmb_objects_text(c, &text);
-	if (r < 0)
-		return r;
-	n = strlen(text);
-	fputs(text, stdout);
-	if (!n || text[n - 1] != '\n')
-		putchar('\n');
-	free(text);
-	return 0;
+	return ctl_put_text(r, text);
 }
 
 /* "dropped version 3 of object 'w'": a success says what it did. */

@@ -366,21 +366,34 @@ int object_open(struct broker *br, struct bclient *c, const char *name, uint64_t
 	return 0;
 }
 
-int object_drop(struct broker *br, struct bclient *c, bool may_admin, const char *name,
-		uint64_t version, char *err)
+/* @name for @c to @what (drop, pause or resume): its owner's uid or an
+ * administrator, never while a pause or resume of it runs. */
+static int object_acting(struct broker *br, const struct bclient *c, bool may_admin,
+			 const char *name, const char *what, struct bobject **out, char *err)
 {
-	struct bobject_version *v, *next;
 	struct bobject *obj;
 	int rc = object_lookup(br, c, may_admin, name, &obj, err);
 
 	if (rc < 0)
 		return rc;
 	if (c->uid != obj->uid && !may_admin)
-		return err_fmt(err, -EPERM,
-			       "object '%s' belongs to uid %u: uid %u may open it, not drop it",
-			       obj->name, (unsigned)obj->uid, (unsigned)c->uid);
+		return err_fmt(err, -EPERM, "object '%s' belongs to uid %u: uid %u may not %s it",
+			       obj->name, (unsigned)obj->uid, (unsigned)c->uid, what);
 	if (obj->busy)
 		return err_fmt(err, -EBUSY, "object '%s' is being paused or resumed", obj->name);
+	*out = obj;
+	return 0;
+}
+
+int object_drop(struct broker *br, struct bclient *c, bool may_admin, const char *name,
+		uint64_t version, char *err)
+{
+	struct bobject_version *v, *next;
+	struct bobject *obj = NULL;
+	int rc = object_acting(br, c, may_admin, name, "drop", &obj, err);
+
+	if (rc < 0)
+		return rc;
 	if (version) {
 		v = object_version_find(obj, version);
 		if (!v || !v->held)
@@ -489,6 +502,20 @@ uint32_t object_version_readers(const struct bobject_version *v)
 	return v->ex->nimports;
 }
 
+void object_free_records(struct bobject *obj)
+{
+	while (obj->versions) {
+		struct bobject_version *v = obj->versions;
+
+		DLIST_UNLINK(obj->versions, v);
+		if (v->copy_fd >= 0)
+			close(v->copy_fd);
+		free(v->meta);
+		free(v);
+	}
+	free(obj);
+}
+
 void object_deinit(struct broker *br)
 {
 	struct object_table *t = br->objects;
@@ -509,16 +536,7 @@ void object_deinit(struct broker *br)
 			for (struct bobject_version *v = obj->versions; v; v = v->next)
 				v->ex->version = NULL;
 			DLIST_UNLINK(t->objects, obj);
-			while (obj->versions) {
-				struct bobject_version *v = obj->versions;
-
-				DLIST_UNLINK(obj->versions, v);
-				if (v->copy_fd >= 0)
-					close(v->copy_fd);
-				free(v->meta);
-				free(v);
-			}
-			free(obj);
+			object_free_records(obj);
 		}
 	}
 	free(t);
@@ -530,18 +548,11 @@ void object_deinit(struct broker *br)
 int object_pause_find(struct broker *br, struct bclient *c, bool may_admin, const char *name,
 		      bool resume, struct bobject **out, char *err)
 {
-	struct bobject *obj;
-	int rc = object_lookup(br, c, may_admin, name, &obj, err);
+	struct bobject *obj = NULL;
+	int rc = object_acting(br, c, may_admin, name, resume ? "resume" : "pause", &obj, err);
 
 	if (rc < 0)
 		return rc;
-	if (c->uid != obj->uid && !may_admin)
-		return err_fmt(err, -EPERM,
-			       "object '%s' belongs to uid %u: uid %u may not pause or resume it",
-			       obj->name, (unsigned)obj->uid, (unsigned)c->uid);
-	if (obj->busy)
-		return err_fmt(err, -EBUSY, "object '%s' is being paused or resumed already",
-			       obj->name);
 	*out = obj;
 	return obj->paused == !resume ? 1 : 0;
 }

@@ -245,6 +245,10 @@ int object_restore(struct broker *br, const struct object_restore *ro, char *err
 struct bobject_version *object_restore_version_of(struct broker *br, uint64_t export_id);
 void object_restore_finish(struct broker *br);
 
+/* @obj (out of the table) and its versions' records go, their copies
+ * closed; the exports are not touched. */
+void object_free_records(struct bobject *obj);
+
 /* broker_free(): everything goes (the exports with the import table). */
 void object_deinit(struct broker *br);
 

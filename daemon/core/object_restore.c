@@ -112,20 +112,6 @@ static int object_restore_version(struct bobject *obj, const struct object_resto
 	return 0;
 }
 
-static void object_restore_free(struct bobject *obj)
-{
-	while (obj->versions) {
-		struct bobject_version *v = obj->versions;
-
-		DLIST_UNLINK(obj->versions, v);
-		if (v->copy_fd >= 0)
-			close(v->copy_fd);
-		free(v->meta);
-		free(v);
-	}
-	free(obj);
-}
-
 int object_restore(struct broker *br, const struct object_restore *ro, char *err)
 {
 	struct bobject *obj;
@@ -154,7 +140,7 @@ int object_restore(struct broker *br, const struct object_restore *ro, char *err
 	for (size_t i = 0; i < ro->nversions; i++) {
 		rc = object_restore_version(obj, &ro->versions[i], err);
 		if (rc < 0) {
-			object_restore_free(obj);
+			object_free_records(obj);
 			return rc;
 		}
 	}

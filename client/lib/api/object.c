@@ -79,43 +79,45 @@ static int obj_name_check(const char *name, char *err)
 	return 0;
 }
 
-GMB_API int gmb_object_drop(gmb_client *c, const char *name, uint64_t version)
+/* A request about @name answered with a status alone (drop, grant, pause):
+ * no operation lock, so that gmbctl calls them as a tool and a reader's
+ * own thread answers the pause's IpcFollow meanwhile. */
+static int obj_send_named(gmb_client *c, const char *name, Gmb__Envelope *env)
 {
-	Gmb__Envelope env = GMB__ENVELOPE__INIT;
-	Gmb__ObjectDropRequest req = GMB__OBJECT_DROP_REQUEST__INIT;
 	char err[ERR_MSG_MAX] = "";
 	int rc;
 
 	if (!c)
 		return -EINVAL;
 	rc = obj_name_check(name, err);
-	if (rc < 0)
-		return obj_done(c, rc, err);
+	if (rc == 0)
+		rc = gmb__request_status(&c->conn, env, err);
+	return obj_done(c, rc, err);
+}
+
+GMB_API int gmb_object_drop(gmb_client *c, const char *name, uint64_t version)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__ObjectDropRequest req = GMB__OBJECT_DROP_REQUEST__INIT;
+
 	req.name = (char *)name;
 	req.version = version;
 	env.body_case = GMB__ENVELOPE__BODY_OBJECT_DROP;
 	env.object_drop = &req;
-	return obj_done(c, gmb__request_status(&c->conn, &env, err), err);
+	return obj_send_named(c, name, &env);
 }
 
 GMB_API int gmb_object_grant(gmb_client *c, const char *name, uint32_t uid, int revoke)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__ObjectGrantRequest req = GMB__OBJECT_GRANT_REQUEST__INIT;
-	char err[ERR_MSG_MAX] = "";
-	int rc;
 
-	if (!c)
-		return -EINVAL;
-	rc = obj_name_check(name, err);
-	if (rc < 0)
-		return obj_done(c, rc, err);
 	req.name = (char *)name;
 	req.uid = uid;
 	req.revoke = revoke != 0;
 	env.body_case = GMB__ENVELOPE__BODY_OBJECT_GRANT;
 	env.object_grant = &req;
-	return obj_done(c, gmb__request_status(&c->conn, &env, err), err);
+	return obj_send_named(c, name, &env);
 }
 
 /* ObjectPauseRequest: the status is the answer (once the readers followed). */
@@ -123,20 +125,13 @@ static int obj_pause_send(gmb_client *c, const char *name, bool resume, bool dis
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__ObjectPauseRequest req = GMB__OBJECT_PAUSE_REQUEST__INIT;
-	char err[ERR_MSG_MAX] = "";
-	int rc;
 
-	if (!c)
-		return -EINVAL;
-	rc = obj_name_check(name, err);
-	if (rc < 0)
-		return obj_done(c, rc, err);
 	req.name = (char *)name;
 	req.resume = resume;
 	req.discard = discard;
 	env.body_case = GMB__ENVELOPE__BODY_OBJECT_PAUSE;
 	env.object_pause = &req;
-	return obj_done(c, gmb__request_status(&c->conn, &env, err), err);
+	return obj_send_named(c, name, &env);
 }
 
 GMB_API int gmb_object_pause(gmb_client *c, const char *name, int discard)
