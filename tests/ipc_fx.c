@@ -5,11 +5,13 @@
 
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
+#include <errno.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 struct gmbd_proc ipcfx_gmbd;
@@ -186,4 +188,65 @@ void ipcfx_log(char *buf, size_t cap)
 	n = fread(buf, 1, cap - 1, lf);
 	buf[n] = 0;
 	fclose(lf);
+}
+
+pid_t ipcfx_child_start(const char *name, const char *arg)
+{
+	static char *const argv[] = { "gmb-test-child", NULL };
+	extern char **environ;
+	char child[128], carg[1024], sock[sizeof(ipcfx_gmbd.sock) + 16];
+	char **envp; /* ours: the array only, its strings are environ's and the three above */
+	size_t n = 0, k = 0;
+	pid_t pid;
+
+	cr_assert(lt(sz, strlen(name), sizeof(child) - 20));
+	cr_assert(lt(sz, strlen(arg), sizeof(carg) - 24), "%s", arg);
+	snprintf(child, sizeof(child), "GMB_TEST_CHILD=%s", name);
+	snprintf(carg, sizeof(carg), "GMB_TEST_CHILD_ARG=%s", arg);
+	snprintf(sock, sizeof(sock), "GMB_TEST_SOCK=%s", ipcfx_sock ? ipcfx_sock : ipcfx_gmbd.sock);
+	while (environ[n])
+		n++;
+	envp = calloc(n + 4, sizeof(*envp));
+	cr_assert(not(eq(ptr, envp, NULL)));
+	for (size_t i = 0; i < n; i++)
+		if (strncmp(environ[i], "GMB_TEST_CHILD", 14) &&
+		    strncmp(environ[i], "GMB_TEST_SOCK=", 14))
+			envp[k++] = environ[i];
+	envp[k++] = child;
+	envp[k++] = carg;
+	envp[k++] = sock;
+	envp[k] = NULL;
+	pid = fork();
+	if (pid == 0) {
+		/* Async-signal-safe calls only until the exec. */
+		execve("/proc/self/exe", argv, envp);
+		_exit(126);
+	}
+	free(envp);
+	cr_assert(ge(i32, pid, 0), "fork: %s", strerror(errno));
+	return pid;
+}
+
+int ipcfx_child(const char *name, const char *arg)
+{
+	pid_t pid = ipcfx_child_start(name, arg);
+	int st = 0;
+
+	cr_assert(eq(i32, waitpid(pid, &st, 0), pid));
+	return st;
+}
+
+void ipcfx_child_main(const struct ipcfx_child_def *defs, size_t n)
+{
+	const char *name = getenv("GMB_TEST_CHILD"), *arg = getenv("GMB_TEST_CHILD_ARG");
+	const char *sock = getenv("GMB_TEST_SOCK");
+
+	if (!name)
+		return;
+	snprintf(ipcfx_gmbd.sock, sizeof(ipcfx_gmbd.sock), "%s", sock ? sock : "");
+	for (size_t i = 0; i < n; i++)
+		if (strcmp(defs[i].name, name) == 0)
+			_exit(defs[i].fn(arg ? arg : ""));
+	fprintf(stderr, "gmb-test-child: no child named %s\n", name);
+	_exit(127);
 }

@@ -65,4 +65,36 @@ void ipcfx_ctl_status(bool json, char *out, size_t cap);
 /* gmbd's log so far into @buf (NUL-terminated). */
 void ipcfx_log(char *buf, size_t cap);
 
+/*
+ * Child processes that are clients of gmbd. A test process has libgmb
+ * clients with threads of their own, and a fork of a multi-threaded
+ * process copies whatever lock another thread held at that instant (the
+ * allocator's, ASan's included): a child that goes on to allocate or to
+ * use libgmb can hang for good. So such a child is a fresh exec of the test
+ * program: its own constructor, before Criterion's main, calls
+ * ipcfx_child_main(), which runs the function named in its environment and
+ * exits with what it returns. (A child that only touches memory it got
+ * from its parent, to see whether that faults, stays a plain fork: an exec
+ * would lose the mapping.)
+ */
+typedef int (*ipcfx_child_fn)(const char *arg);
+struct ipcfx_child_def {
+	const char *name;
+	ipcfx_child_fn fn;
+};
+
+/* Forks and execs /proc/self/exe (no arguments) with GMB_TEST_CHILD=@name,
+ * GMB_TEST_CHILD_ARG=@arg and GMB_TEST_SOCK (ipcfx_sock or ipcfx_gmbd's)
+ * added to the environment, built before the fork so that the child
+ * allocates nothing before its exec. Fds without FD_CLOEXEC stay open in
+ * it. The child's pid (asserted). */
+pid_t ipcfx_child_start(const char *name, const char *arg);
+/* ipcfx_child_start(), then the child's wait status. */
+int ipcfx_child(const char *name, const char *arg);
+/* From a constructor of the test program: when GMB_TEST_CHILD is set,
+ * ipcfx_gmbd.sock from GMB_TEST_SOCK, then _exit() with what the def of
+ * that name returns for GMB_TEST_CHILD_ARG (127: no def of that name).
+ * Returns when GMB_TEST_CHILD is not set: the test program itself. */
+void ipcfx_child_main(const struct ipcfx_child_def *defs, size_t n);
+
 #endif

@@ -7,13 +7,18 @@
  * refusals (unknown names and versions, bad names, a description too big,
  * gmb_free of a published pointer).
  *
- * Readers run in forked children (a process of their own, a client of
- * their own): they report by exit status, the line of their first failed
- * check, since Criterion's asserts belong to the test's own process.
+ * Readers run in child processes (a process of their own, a client of
+ * their own), fresh execs of this program (ipcfx_child(): a fork alone
+ * could hang on a lock a thread of the test's clients held): they report
+ * by exit status, the line of their first failed check, since Criterion's
+ * asserts belong to the test's own process. Only a write to the
+ * publisher's own pointer is a plain fork (obj_touch): it needs the
+ * mapping and calls nothing.
  */
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -66,19 +71,6 @@ static bool obj_all(const void *p, size_t size, int byte)
 	return true;
 }
 
-/* Runs @fn(@arg) in a child; its wait status (0: it returned 0). */
-static int obj_child(int (*fn)(const void *arg), const void *arg)
-{
-	int st = 0;
-	pid_t pid = fork();
-
-	cr_assert(ge(i32, pid, 0));
-	if (pid == 0)
-		_exit(fn(arg));
-	cr_assert(eq(i32, waitpid(pid, &st, 0), pid));
-	return st;
-}
-
 /* A child's check: its line number is the exit status. */
 #define CHILD_CHECK(x)                                                                    \
 	do {                                                                              \
@@ -99,15 +91,40 @@ struct obj_expect {
 	bool write; /* and then write to it: the child should die of SIGSEGV */
 };
 
-/* A reader of its own: open, check what the publisher said, close. */
-static int obj_reader(const void *arg)
+/* @e as a child's argument: "NAME VERSION WANT SIZE BYTE WRITE:META". */
+static void obj_expect_encode(const struct obj_expect *e, char *buf, size_t cap)
 {
-	const struct obj_expect *e = arg;
+	snprintf(buf, cap, "%s %" PRIu64 " %" PRIu64 " %zu %d %d:%s", e->name, e->version,
+		 e->want_version, e->size, e->byte, e->write ? 1 : 0, e->meta);
+}
+
+/* The child's side: @e from @arg, its strings in @name and at the end of @arg. */
+static bool obj_expect_parse(const char *arg, struct obj_expect *e, char name[96])
+{
+	int write = 0, at = -1;
+
+	if (sscanf(arg, "%95s %" SCNu64 " %" SCNu64 " %zu %d %d:%n", name, &e->version,
+		   &e->want_version, &e->size, &e->byte, &write, &at) != 6 ||
+	    at < 0)
+		return false;
+	e->name = name;
+	e->write = write;
+	e->meta = arg + at;
+	return true;
+}
+
+/* A reader of its own (@arg: an encoded struct obj_expect): open, check
+ * what the publisher said, close. */
+static int obj_reader(const char *arg)
+{
+	struct obj_expect ex, *e = &ex;
 	struct gmb_object_info info;
+	char name[96];
 	char meta[64] = "";
 	gmb_client *c = NULL;
 	void *p = NULL;
 
+	CHILD_CHECK(obj_expect_parse(arg, e, name));
 	CHILD_CHECK(gmb_connect(ipcfx_gmbd.sock, "reader", &c) == 0);
 	CHILD_CHECK(gmb_object_open(c, e->name, e->version, &p, &info, meta, sizeof(meta)) == 0);
 	CHILD_CHECK(info.version == e->want_version);
@@ -127,9 +144,18 @@ static int obj_reader(const void *arg)
 	return 0;
 }
 
+/* The wait status of a reader child of @e. */
+static int obj_reader_child(const struct obj_expect *e)
+{
+	char arg[256];
+
+	obj_expect_encode(e, arg, sizeof(arg));
+	return ipcfx_child("reader", arg);
+}
+
 static void obj_expect_reader(const struct obj_expect *e)
 {
-	int st = obj_child(obj_reader, e);
+	int st = obj_reader_child(e);
 
 	cr_assert(eq(i32, st, 0), "the reader failed at line %d (wait status 0x%x)",
 		  WIFEXITED(st) ? WEXITSTATUS(st) : -1, st);
@@ -157,12 +183,23 @@ Test(object, a_publish_is_read_by_another_process)
 	gmb_close(a);
 }
 
-/* Writes one byte at @arg: the mapping is read-only, so this never returns. */
-static int obj_writer(const void *arg)
+/* The wait status of a plain fork that writes one byte at @p: the mapping
+ * is read-only, so it never returns. A fork, not ipcfx_child(), as the
+ * mapping is this process's; the child calls nothing that could take a
+ * lock (no libgmb, no allocation). */
+static int obj_writer(void *p)
 {
-	signal(SIGSEGV, SIG_DFL);
-	*(volatile uint8_t *)arg = 1;
-	return 0;
+	int st = 0;
+	pid_t pid = fork();
+
+	cr_assert(ge(i32, pid, 0));
+	if (pid == 0) {
+		signal(SIGSEGV, SIG_DFL);
+		*(volatile uint8_t *)p = 1;
+		_exit(0);
+	}
+	cr_assert(eq(i32, waitpid(pid, &st, 0), pid));
+	return st;
 }
 
 Test(object, writes_to_a_version_fault_for_the_publisher_and_the_reader)
@@ -179,10 +216,10 @@ Test(object, writes_to_a_version_fault_for_the_publisher_and_the_reader)
 
 	obj_publish(a, "ro", p, NULL);
 	cr_assert(eq(int, obj_all(p, 2 * MiB, 0x33), 1), "still mapped, the same bytes");
-	st = obj_child(obj_writer, p);
+	st = obj_writer(p);
 	cr_assert(eq(int, WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV, 1),
 		  "the publisher's write: wait status 0x%x", st);
-	st = obj_child(obj_reader, &e);
+	st = obj_reader_child(&e);
 	cr_assert(eq(int, WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV, 1),
 		  "the reader's write: wait status 0x%x", st);
 	/* The reader's write never reached the bytes. */
@@ -200,14 +237,19 @@ Test(object, writes_to_a_version_fault_for_the_publisher_and_the_reader)
 	gmb_close(a);
 }
 
-/* Opens the version's handle at @arg with plain gmb_ipc_open, reads, writes. */
-static int obj_ipc_open_and_write(const void *arg)
+/* Opens the version's handle (@arg: its bytes in hex) with plain
+ * gmb_ipc_open, reads, writes. */
+static int obj_ipc_open_and_write(const char *arg)
 {
+	uint8_t h[GMB_IPC_HANDLE_SIZE];
 	gmb_client *c = NULL;
 	void *q = NULL;
 
+	CHILD_CHECK(strlen(arg) == 2 * sizeof(h));
+	for (size_t i = 0; i < sizeof(h); i++)
+		CHILD_CHECK(sscanf(arg + 2 * i, "%2hhx", &h[i]) == 1);
 	CHILD_CHECK(gmb_connect(ipcfx_gmbd.sock, "plain", &c) == 0);
-	CHILD_CHECK(gmb_ipc_open(c, arg, -1, &q) == 0);
+	CHILD_CHECK(gmb_ipc_open(c, h, -1, &q) == 0);
 	CHILD_CHECK(obj_all(q, 2 * MiB, 0x44));
 	signal(SIGSEGV, SIG_DFL);
 	*(volatile uint8_t *)q = 1;
@@ -219,13 +261,16 @@ Test(object, a_versions_handle_opened_with_gmb_ipc_open_maps_read_only)
 	gmb_client *a = obj_connect("publisher");
 	uint8_t *p = obj_alloc(a, 2 * MiB, 0x44);
 	uint8_t h[GMB_IPC_HANDLE_SIZE];
+	char hex[2 * GMB_IPC_HANDLE_SIZE + 1];
 	int st;
 
 	obj_publish(a, "plain", p, NULL);
 	/* The publisher's pointer is its open of the version: its handle is the version's. */
 	cr_assert(eq(i32, gmb_ipc_get_handle(a, p, h), 0), "%s", gmb_last_error(a));
 	cr_assert(eq(int, gmb_ipc_is_handle(h), 1));
-	st = obj_child(obj_ipc_open_and_write, h);
+	for (size_t i = 0; i < sizeof(h); i++)
+		snprintf(hex + 2 * i, 3, "%02x", h[i]);
+	st = ipcfx_child("ipc-open-and-write", hex);
 	cr_assert(eq(int, WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV, 1),
 		  "gmbd says it is a version (read_only): wait status 0x%x", st);
 	cr_assert(eq(int, obj_all(p, 2 * MiB, 0x44), 1));
@@ -279,7 +324,7 @@ Test(object, a_new_version_is_the_latest_while_a_reader_keeps_its_own)
 }
 
 /* Publishes @arg's name and exits without closing anything. */
-static int obj_publish_and_exit(const void *arg)
+static int obj_publish_and_exit(const char *arg)
 {
 	gmb_client *c = NULL;
 	uint64_t v = 0;
@@ -300,7 +345,7 @@ Test(object, a_version_outlives_its_publisher)
 		.name = "kept", .want_version = 1, .size = 2 * MiB, .byte = 0x77, .meta = "x"
 	};
 
-	cr_assert(eq(i32, obj_child(obj_publish_and_exit, "kept"), 0));
+	cr_assert(eq(i32, ipcfx_child("publish-and-exit", "kept"), 0));
 	obj_expect_reader(&e);
 	cr_assert(eq(i32, gmb_object_drop(r, "kept", 0), 0), "%s", gmb_last_error(r));
 	cr_assert(eq(i32, gmb_object_drop(r, "kept", 0), -ENOENT));
@@ -429,7 +474,7 @@ Test(object, a_description_past_the_limit_is_e2big_and_one_at_it_reads_back)
 }
 
 /* As uid 65534: open @arg ("UID/NAME"); the exit status is -errno. */
-static int obj_open_as_nobody(const void *arg)
+static int obj_open_as_nobody(const char *arg)
 {
 	gmb_client *c = NULL;
 	void *p = NULL;
@@ -460,16 +505,29 @@ Test(object, another_uid_opens_only_once_granted)
 	}
 	obj_publish(a, "shared", p, NULL);
 	snprintf(name, sizeof(name), "%u/shared", (unsigned)getuid());
-	st = obj_child(obj_open_as_nobody, name);
+	st = ipcfx_child("open-as-nobody", name);
 	cr_assert(eq(int, WIFEXITED(st) ? WEXITSTATUS(st) : -1, EPERM), "not granted: 0x%x", st);
 	cr_assert(eq(i32, gmb_object_grant(a, "shared", getuid(), 0), -EINVAL), "the owner's");
 	cr_assert(eq(i32, gmb_object_grant(a, "shared", 65534, 0), 0), "%s", gmb_last_error(a));
-	st = obj_child(obj_open_as_nobody, name);
+	st = ipcfx_child("open-as-nobody", name);
 	cr_assert(eq(i32, st, 0), "granted: 0x%x", st);
 	cr_assert(eq(i32, gmb_object_grant(a, "shared", 65534, 1), 0), "%s", gmb_last_error(a));
-	st = obj_child(obj_open_as_nobody, name);
+	st = ipcfx_child("open-as-nobody", name);
 	cr_assert(eq(int, WIFEXITED(st) ? WEXITSTATUS(st) : -1, EPERM), "revoked: 0x%x", st);
 	cr_assert(eq(i32, gmb_object_close(a, p), 0));
 	cr_assert(eq(i32, gmb_object_drop(a, "shared", 0), 0));
 	gmb_close(a);
+}
+
+/* This program run as one of the children above (ipcfx_child()). */
+__attribute__((constructor)) static void obj_child_main(void)
+{
+	static const struct ipcfx_child_def defs[] = {
+		{ "reader", obj_reader },
+		{ "ipc-open-and-write", obj_ipc_open_and_write },
+		{ "publish-and-exit", obj_publish_and_exit },
+		{ "open-as-nobody", obj_open_as_nobody },
+	};
+
+	ipcfx_child_main(defs, sizeof(defs) / sizeof(defs[0]));
 }

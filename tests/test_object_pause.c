@@ -10,14 +10,19 @@
  * object is -EPERM (root may), a drop of a paused object lets go of its
  * host copy.
  *
- * Readers are forked processes with a client of their own, driven over a
- * pair of pipes (struct rd); a touch of a reader's pointer is made in a
- * process forked from it, whose wait status says whether it faulted.
+ * Readers are processes with a client of their own, driven over a pair
+ * of pipes (struct rd), fresh execs of this program (ipcfx_child(): a fork
+ * alone could hang on a lock a thread of the test's clients held), as are
+ * the clients run as another uid; a touch of a reader's (or the
+ * publisher's) pointer is made in a process forked from it, whose wait
+ * status says whether it faulted: a plain fork, as it needs the mapping,
+ * that calls nothing that could take a lock.
  */
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -126,15 +131,19 @@ struct rd_msg {
 	int arg;
 };
 
-/* The reader's side: opens @name's latest, answers commands until 'q' or EOF. */
-static int rd_main(int cmd, int ans, const char *name)
+/* The reader's side (@arg: "CMD ANS NAME", its pipes' fds by number):
+ * opens NAME's latest, answers commands until 'q' or EOF. */
+static int rd_main(const char *arg)
 {
 	gmb_client *c = NULL;
 	struct rd_msg m;
-	char cname[32];
+	char cname[32], name[96];
 	int64_t r[2] = { 0, 0 };
 	void *p = NULL;
+	int cmd = -1, ans = -1;
 
+	if (sscanf(arg, "%d %d %95s", &cmd, &ans, name) != 3)
+		return 3;
 	snprintf(cname, sizeof(cname), "reader-%d", (int)getpid());
 	r[0] = gmb_connect(ipcfx_gmbd.sock, cname, &c);
 	if (r[0] == 0)
@@ -164,16 +173,16 @@ static void rd_start(struct rd *r, const char *name)
 {
 	int cmd[2], ans[2];
 	int64_t got[2];
+	char arg[128];
 
-	cr_assert(eq(i32, pipe(cmd), 0));
-	cr_assert(eq(i32, pipe(ans), 0));
-	r->pid = fork();
-	cr_assert(ge(i32, r->pid, 0));
-	if (r->pid == 0) {
-		close(cmd[1]);
-		close(ans[0]);
-		_exit(rd_main(cmd[0], ans[1], name));
-	}
+	/* Every end close-on-exec (ours are closed in the reader, as are other
+	 * readers' ones), but the reader's own two. */
+	cr_assert(eq(i32, pipe2(cmd, O_CLOEXEC), 0));
+	cr_assert(eq(i32, pipe2(ans, O_CLOEXEC), 0));
+	cr_assert(eq(i32, fcntl(cmd[0], F_SETFD, 0), 0));
+	cr_assert(eq(i32, fcntl(ans[1], F_SETFD, 0), 0));
+	snprintf(arg, sizeof(arg), "%d %d %s", cmd[0], ans[1], name);
+	r->pid = ipcfx_child_start("reader", arg);
 	close(cmd[0]);
 	close(ans[1]);
 	r->cmd = cmd[1];
@@ -369,30 +378,27 @@ Test(object_pause, a_publish_to_a_paused_object_is_ebusy_and_leaves_the_allocati
 	gmb_close(a);
 }
 
-struct op_as {
-	const char *name;
-	bool resume;
-};
-
-/* As uid 65534: pause (resume) @arg's name; the exit status is -errno. */
-static int op_pause_as_nobody(const void *arg)
+/* As uid 65534: pause (@arg "0 NAME") or resume ("1 NAME") NAME; the exit status is -errno. */
+static int op_pause_as_nobody(const char *arg)
 {
-	const struct op_as *as = arg;
 	gmb_client *c = NULL;
-	int rc;
+	char name[96];
+	int rc, resume = 0;
 
+	if (sscanf(arg, "%d %95s", &resume, name) != 2)
+		return 96;
 	if (setgid(65534) || setuid(65534))
 		return 99;
 	if (gmb_connect(ipcfx_gmbd.sock, "nobody", &c) < 0)
 		return 98;
-	rc = as->resume ? gmb_object_resume(c, as->name) : gmb_object_pause(c, as->name, 0);
+	rc = resume ? gmb_object_resume(c, name) : gmb_object_pause(c, name, 0);
 	if (rc == -EPERM && !strstr(gmb_last_error(c), "uid"))
 		return 97;
 	return -rc;
 }
 
 /* As uid 65534: publish @arg (2 MiB of 0x42) and exit, the version kept. */
-static int op_publish_as_nobody(const void *arg)
+static int op_publish_as_nobody(const char *arg)
 {
 	gmb_client *c = NULL;
 	void *p = NULL;
@@ -405,15 +411,11 @@ static int op_publish_as_nobody(const void *arg)
 	return gmb_object_publish(c, arg, p, NULL, 0, NULL) < 0 ? 97 : 0;
 }
 
-static int op_child(int (*fn)(const void *), const void *arg)
+/* The exit status of child @name run on @arg (-1: it did not exit). */
+static int op_child(const char *name, const char *arg)
 {
-	int st = 0;
-	pid_t pid = fork();
+	int st = ipcfx_child(name, arg);
 
-	cr_assert(ge(i32, pid, 0));
-	if (pid == 0)
-		_exit(fn(arg));
-	cr_assert(eq(i32, waitpid(pid, &st, 0), pid));
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
@@ -421,8 +423,7 @@ Test(object_pause, another_uid_may_not_pause_or_resume_but_root_may)
 {
 	gmb_client *a = op_connect("owner");
 	uint8_t *p = op_publish(a, "mine", 0x21);
-	char name[64];
-	struct op_as pause = { .name = name }, resume = { .name = name, .resume = true };
+	char pause[80], resume[80];
 
 	if (getuid() != 0) {
 		gmb_close(a);
@@ -435,17 +436,18 @@ Test(object_pause, another_uid_may_not_pause_or_resume_but_root_may)
 	cr_assert(eq(i32, gmb_object_pause(NULL, "mine", 0), -EINVAL));
 	/* Even granted, another uid only opens. */
 	cr_assert(eq(i32, gmb_object_grant(a, "mine", 65534, 0), 0), "%s", gmb_last_error(a));
-	snprintf(name, sizeof(name), "%u/mine", (unsigned)getuid());
-	cr_assert(eq(i32, op_child(op_pause_as_nobody, &pause), EPERM));
+	snprintf(pause, sizeof(pause), "0 %u/mine", (unsigned)getuid());
+	snprintf(resume, sizeof(resume), "1 %u/mine", (unsigned)getuid());
+	cr_assert(eq(i32, op_child("pause-as-nobody", pause), EPERM));
 	cr_assert(not(op_flag(a, "mine", "paused")));
 	cr_assert(eq(i32, gmb_object_pause(a, "mine", 0), 0), "%s", gmb_last_error(a));
 	/* Paused, a resume by another uid is refused as well. */
-	cr_assert(eq(i32, op_child(op_pause_as_nobody, &resume), EPERM));
+	cr_assert(eq(i32, op_child("pause-as-nobody", resume), EPERM));
 	cr_assert(eq(int, op_flag(a, "mine", "paused"), 1));
 	cr_assert(eq(i32, gmb_object_resume(a, "mine"), 0), "%s", gmb_last_error(a));
 	cr_assert(eq(int, op_all(p, OBJ_SIZE, 0x21), 1));
 	/* Root pauses and resumes another uid's object. */
-	cr_assert(eq(i32, op_child(op_publish_as_nobody, "theirs"), 0));
+	cr_assert(eq(i32, op_child("publish-as-nobody", "theirs"), 0));
 	cr_assert(eq(i32, gmb_object_pause(a, "65534/theirs", 0), 0), "%s", gmb_last_error(a));
 	cr_assert(eq(int, op_flag(a, "theirs", "paused"), 1));
 	cr_assert(eq(i32, gmb_object_resume(a, "65534/theirs"), 0), "%s", gmb_last_error(a));
@@ -553,4 +555,16 @@ Test(object_pause, a_reader_that_does_not_follow_fails_the_pause_and_the_others_
 	cr_assert(eq(i32, gmb_object_close(a, p), 0));
 	cr_assert(eq(i32, gmb_object_drop(a, "s", 0), 0), "%s", gmb_last_error(a));
 	gmb_close(a);
+}
+
+/* This program run as one of the children above (ipcfx_child()). */
+__attribute__((constructor)) static void op_child_main(void)
+{
+	static const struct ipcfx_child_def defs[] = {
+		{ "reader", rd_main },
+		{ "pause-as-nobody", op_pause_as_nobody },
+		{ "publish-as-nobody", op_publish_as_nobody },
+	};
+
+	ipcfx_child_main(defs, sizeof(defs) / sizeof(defs[0]));
 }
