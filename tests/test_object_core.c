@@ -651,3 +651,33 @@ Test(object_core, a_publish_twice_and_a_writer_gone_before_publishing_leave_noth
 	cr_assert(eq(u64, find(fx.br, "w")->latest, 1));
 	cr_assert(eq(u64, fx.br->pools[0].lent_bytes, 2 * MiB), "only the version is held");
 }
+
+Test(object_core, a_restart_during_a_resume_finds_the_object_paused_with_its_copy)
+{
+	struct bobject_version *v = publish(fx.writer, "w", 4 * MiB, "");
+	struct bobject *o = find(fx.br, "w"), *o2;
+	char err[ERR_MSG_MAX] = "";
+	int fds[1] = { copy_of(4 * MiB, 0x3c) };
+	Gmb__State *rec;
+
+	cr_assert(eq(i32, object_pause_release(fx.br, o, fds, err), 0), "%s", err);
+	/* The resume took its chunks and copies: gmbd dies before it is done. */
+	cr_assert(eq(i32, object_resume_take(fx.br, o, err), 0), "%s", err);
+	o->busy = true;
+	fx.fds[fx.nfds++] = (struct state_fd){ .id = v->ex->id,
+					       .dev = -1,
+					       .size = 4 * MiB,
+					       .fd = fcntl(v->copy_fd, F_DUPFD_CLOEXEC, 0),
+					       .copy = true };
+	rec = state_now();
+	restore_rec(rec);
+	gmb__state__free_unpacked(rec, NULL);
+	o2 = find(fx.br2, "w");
+	cr_assert(not(eq(ptr, o2, NULL)), "the object was lost");
+	cr_assert(o2->paused);
+	cr_assert(eq(ptr, o2->versions->ex->chunks, NULL));
+	cr_assert(o2->versions->copy_fd >= 0);
+	cr_assert(eq(u64, fx.br2->pools[0].lent_bytes, 0), "the resume's chunks are not held");
+	o->busy = false;
+	object_resume_done(fx.br, o);
+}

@@ -284,8 +284,11 @@ static int state_enc_export(void *arg, const struct import_export *ex)
 	se->token.data = (uint8_t *)ex->token;
 	se->token.len = IPC_HANDLE_TOKEN;
 	se->chunk_ids = &e->ids[e->nids];
-	se->n_chunk_ids = ex->nchunks;
-	for (uint32_t i = 0; i < ex->nchunks; i++)
+	/* A paused object's version holds no chunk: those a resume in flight
+	 * took are not its yet (a restart then finds the object paused, with
+	 * its copy, and those chunks free). */
+	se->n_chunk_ids = ex->version && ex->version->obj->paused ? 0 : ex->nchunks;
+	for (uint32_t i = 0; i < se->n_chunk_ids; i++)
 		e->ids[e->nids++] = ex->chunks[i]->id;
 	se->imports = &e->pimports[e->nimports];
 	se->grants = (uint32_t *)ex->grants;
