@@ -632,15 +632,16 @@ Test(object_core, a_published_allocation_another_process_imported_shares_its_chu
 
 Test(object_core, a_publish_twice_and_a_writer_gone_before_publishing_leave_nothing_behind)
 {
-	struct balloc *a = alloc(fx.writer, 2 * MiB), *b;
+	struct balloc *b;
 	struct bobject_version *v;
+	uint64_t id = alloc(fx.writer, 2 * MiB)->id;
 	char err[ERR_MSG_MAX] = "";
 
-	cr_assert(eq(i32, object_publish(fx.br, fx.writer, "w", a->id, NULL, 0, &v, err), 0), "%s",
+	cr_assert(eq(i32, object_publish(fx.br, fx.writer, "w", id, NULL, 0, &v, err), 0), "%s",
 		  err);
-	cr_assert(eq(i32, lend_free(fx.br, fx.writer, a->id, err), 0), "%s", err);
+	cr_assert(eq(i32, lend_free(fx.br, fx.writer, id, err), 0), "%s", err);
 	/* The allocation left at its publish: the same one again is no allocation. */
-	cr_assert(eq(i32, object_publish(fx.br, fx.writer, "w", a->id, NULL, 0, &v, err), -ENOENT));
+	cr_assert(eq(i32, object_publish(fx.br, fx.writer, "w", id, NULL, 0, &v, err), -ENOENT));
 	cr_assert(eq(u32, find(fx.br, "w")->nversions, 1));
 	/* A writer that dies with its allocation filled but unpublished: no version. */
 	b = alloc(fx.writer, 4 * MiB);
