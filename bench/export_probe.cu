@@ -14,7 +14,6 @@
  *
  *   export_probe [ROUNDS]   (default 128 lends of a 2 MiB chunk each way)
  */
-#include <sys/socket.h>
 #include <sys/wait.h>
 
 #include "tests/gpu/gpu_util.h"
@@ -32,46 +31,6 @@ static CUmemAllocationProp probe_prop(void)
 	return p;
 }
 
-static void probe_send_fd(int sock, int fd)
-{
-	char byte = 1, ctl[CMSG_SPACE(sizeof(int))] = {};
-	struct iovec io = { &byte, 1 };
-	struct msghdr m = {};
-	struct cmsghdr *h;
-
-	m.msg_iov = &io;
-	m.msg_iovlen = 1;
-	m.msg_control = ctl;
-	m.msg_controllen = sizeof(ctl);
-	h = CMSG_FIRSTHDR(&m);
-	h->cmsg_level = SOL_SOCKET;
-	h->cmsg_type = SCM_RIGHTS;
-	h->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(h), &fd, sizeof(fd));
-	CHECK(sendmsg(sock, &m, 0) == 1, "sendmsg: %s", strerror(errno));
-}
-
-/* The next fd, -1 at the end. */
-static int probe_recv_fd(int sock)
-{
-	char byte, ctl[CMSG_SPACE(sizeof(int))];
-	struct iovec io = { &byte, 1 };
-	struct msghdr m = {};
-	struct cmsghdr *h;
-	int fd;
-
-	m.msg_iov = &io;
-	m.msg_iovlen = 1;
-	m.msg_control = ctl;
-	m.msg_controllen = sizeof(ctl);
-	if (recvmsg(sock, &m, 0) <= 0)
-		return -1;
-	h = CMSG_FIRSTHDR(&m);
-	CHECK(h && h->cmsg_type == SCM_RIGHTS, "no fd in the message");
-	memcpy(&fd, CMSG_DATA(h), sizeof(fd));
-	return fd;
-}
-
 /* The client's side: import, close, tell; prints its medians at the end. */
 static __attribute__((noreturn)) void probe_child(int sock, const char *how)
 {
@@ -79,7 +38,7 @@ static __attribute__((noreturn)) void probe_child(int sock, const char *how)
 	int n = 0, fd;
 
 	CU_CK(cuInit(0));
-	while ((fd = probe_recv_fd(sock)) >= 0 && n < MAX_ROUNDS) {
+	while (gu_recv_fds(sock, &fd, 1) == 1 && n < MAX_ROUNDS) {
 		CUmemGenericAllocationHandle h;
 		char ack = 1;
 		double t = gu_now();
@@ -153,7 +112,7 @@ static void probe_lends(int sock, pid_t pid, int rounds, bool keep, double out[3
 		CU_CK(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
 						   0));
 		te[i] = gu_now() - t0;
-		probe_send_fd(sock, fd);
+		gu_send_fds(sock, &fd, 1);
 		t1 = gu_now();
 		close(fd);
 		tc[i] = gu_now() - t1;

@@ -19,7 +19,6 @@
  *   map_probe
  */
 #include <pthread.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 
 #include "tests/gpu/gpu_util.h"
@@ -58,48 +57,6 @@ static CUmemAccessDesc probe_access(void)
 	a.location.id = 0;
 	a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
 	return a;
-}
-
-static void probe_send_fds(int sock, const int *fds, int n)
-{
-	char byte = 1, ctl[CMSG_SPACE(sizeof(int) * 64)] = {};
-	struct iovec io = { &byte, 1 };
-	struct msghdr m = {};
-	struct cmsghdr *h;
-
-	m.msg_iov = &io;
-	m.msg_iovlen = 1;
-	m.msg_control = ctl;
-	m.msg_controllen = CMSG_SPACE(sizeof(int) * n);
-	h = CMSG_FIRSTHDR(&m);
-	h->cmsg_level = SOL_SOCKET;
-	h->cmsg_type = SCM_RIGHTS;
-	h->cmsg_len = CMSG_LEN(sizeof(int) * n);
-	memcpy(CMSG_DATA(h), fds, sizeof(int) * n);
-	CHECK(sendmsg(sock, &m, 0) == 1, "sendmsg: %s", strerror(errno));
-}
-
-static int probe_recv_fds(int sock, int *fds, int cap)
-{
-	char byte, ctl[CMSG_SPACE(sizeof(int) * 64)];
-	struct iovec io = { &byte, 1 };
-	struct msghdr m = {};
-	struct cmsghdr *h;
-	int n;
-
-	m.msg_iov = &io;
-	m.msg_iovlen = 1;
-	m.msg_control = ctl;
-	m.msg_controllen = sizeof(ctl);
-	if (recvmsg(sock, &m, 0) <= 0)
-		return -1;
-	h = CMSG_FIRSTHDR(&m);
-	if (!h)
-		return 0;
-	n = (int)((h->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-	CHECK(n <= cap, "too many fds");
-	memcpy(fds, CMSG_DATA(h), sizeof(int) * n);
-	return n;
 }
 
 /* Reserve one range for @n chunks of @size. */
@@ -233,7 +190,7 @@ static __attribute__((noreturn)) void probe_child(int sock)
 
 		/* Serial imports, then the maps. */
 		while (got < s->n) {
-			int r = probe_recv_fds(sock, fds + got, MAX_N - got);
+			int r = gu_recv_fds(sock, fds + got, MAX_N - got);
 
 			CHECK(r > 0, "the parent's fds");
 			got += r;
@@ -259,7 +216,7 @@ static __attribute__((noreturn)) void probe_child(int sock)
 		/* The same chunks again (the parent sends them twice): threads, one range. */
 		got = 0;
 		while (got < s->n) {
-			int r = probe_recv_fds(sock, fds + got, MAX_N - got);
+			int r = gu_recv_fds(sock, fds + got, MAX_N - got);
 
 			CHECK(r > 0, "the parent's fds");
 			got += r;
@@ -324,7 +281,7 @@ static void probe_parent(int sock, pid_t pid)
 						&fds[i], h[i], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
 						0));
 			for (int i = 0; i < s->n; i += 32)
-				probe_send_fds(sock, fds + i, s->n - i < 32 ? s->n - i : 32);
+				gu_send_fds(sock, fds + i, s->n - i < 32 ? s->n - i : 32);
 			for (int i = 0; i < s->n; i++)
 				close(fds[i]);
 			CHECK(read(sock, &ack, 1) == 1, "the child did not answer");

@@ -20,6 +20,7 @@
 #include "common/err.h"
 #include "common/backend/backend.h"
 #include "common/list.h"
+#include "common/objname.h"
 #include "common/log.h"
 #include "daemon/core/broker.h"
 #include "daemon/core/import.h"
@@ -42,68 +43,22 @@ static struct object_table *object_table_get(struct broker *br, char *err)
 	return br->objects;
 }
 
-static bool object_name_char(char ch)
-{
-	return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-	       ch == '.' || ch == '_' || ch == '-';
-}
-
 bool object_name_valid(const char *bare)
 {
-	size_t n = strlen(bare);
-
-	if (n == 0 || n > OBJECT_NAME_MAX)
-		return false;
-	for (size_t i = 0; i < n; i++)
-		if (!object_name_char(bare[i]))
-			return false;
-	return true;
-}
-
-/* "UID/" in front: the uid, else @dflt. -EINVAL when malformed. */
-static int object_name_owner(const char *name, uid_t dflt, uid_t *uid, const char **rest)
-{
-	const char *slash = strchr(name, '/');
-	unsigned long long v = 0;
-
-	*uid = dflt;
-	*rest = name;
-	if (!slash)
-		return 0;
-	if (slash == name || slash - name > 10)
-		return -EINVAL;
-	for (const char *p = name; p < slash; p++) {
-		if (*p < '0' || *p > '9')
-			return -EINVAL;
-		v = v * 10 + (unsigned long long)(*p - '0');
-	}
-	if (v > 0xfffffffeULL)
-		return -EINVAL;
-	*uid = (uid_t)v;
-	*rest = slash + 1;
-	return 0;
+	return objname_valid(bare);
 }
 
 int object_name_check(const struct bclient *c, const char *name, uid_t *uid, char *bare, char *err)
 {
 	const char *rest;
-	size_t n;
+	uint32_t owner;
+	bool has_uid;
+	const char *why = objname_parse(name, &rest, &has_uid, &owner);
 
-	if (!name || object_name_owner(name, c->uid, uid, &rest) < 0)
-		return err_fmt(err, -EINVAL,
-			       "object name '%.80s': want NAME or UID/NAME, UID a number",
-			       name ? name : "");
-	n = strlen(rest);
-	if (n == 0 || n > OBJECT_NAME_MAX)
-		return err_fmt(err, -EINVAL, "object name of %zu bytes (1 to %d)", n,
-			       OBJECT_NAME_MAX);
-	for (size_t i = 0; i < n; i++)
-		if (!object_name_char(rest[i]))
-			return err_fmt(
-				err, -EINVAL,
-				"object name '%.80s': only letters, digits, '.', '_' and '-'",
-				rest);
-	memcpy(bare, rest, n + 1);
+	if (why)
+		return err_fmt(err, -EINVAL, "object name '%.80s': %s", name ? name : "", why);
+	*uid = has_uid ? (uid_t)owner : c->uid;
+	memcpy(bare, rest, strlen(rest) + 1);
 	return 0;
 }
 

@@ -31,13 +31,14 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "common/objname.h"
 #include "common/wire.h"
 
 struct broker;
 struct bclient;
 struct import_export;
 
-#define OBJECT_NAME_MAX	   64
+#define OBJECT_NAME_MAX	   OBJNAME_MAX
 #define OBJECT_META_MAX	   (48 * 1024)
 #define OBJECT_MAX_PER_UID 1024
 #define OBJECT_MAX_GRANTS  8

@@ -12,7 +12,6 @@ status is the same as before, and the GPU's used memory does not grow by
 the clients' bytes), and the client's bytes and address survive (the
 client's own RESULT line). Prints "RESULT: PASS|FAIL - why" last.
 """
-import array
 import json
 import os
 import signal
@@ -20,8 +19,9 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+
+from fake_sd import Manager
 
 B = sys.argv[1]
 GIB = sys.argv[2] if len(sys.argv) > 2 else "4"
@@ -34,57 +34,6 @@ ENV = dict(os.environ, GMB_SOCKET=SOCK)
 def fail(why):
     print("RESULT: FAIL - " + why, flush=True)
     sys.exit(1)
-
-
-class Manager:
-    """The fd store and READY=1, from gmbd's notify datagrams."""
-
-    def __init__(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(NOTIFY)
-        self.store = {}
-        self.ready = 0
-        self.syncs = 0
-        self.cond = threading.Condition()
-        threading.Thread(target=self.read, daemon=True).start()
-
-    def read(self):
-        while True:
-            msg, anc, _, _ = self.sock.recvmsg(4096, socket.CMSG_SPACE(64 * 4))
-            fds = array.array("i")
-            for level, kind, data in anc:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-            lines = msg.decode(errors="replace").split("\n")
-            name = next((l[7:] for l in lines if l.startswith("FDNAME=")), "stored")
-            with self.cond:
-                for fd in fds:
-                    if "FDSTORE=1" in lines:
-                        if name in self.store:
-                            os.close(self.store[name])
-                        self.store[name] = fd
-                    else:
-                        os.close(fd)
-                if "FDSTOREREMOVE=1" in lines and name in self.store:
-                    os.close(self.store.pop(name))
-                self.ready += "READY=1" in lines
-                self.syncs += "SYNC=1" in lines
-                self.cond.notify_all()
-
-    def wait_ready(self, n, timeout=60):
-        with self.cond:
-            if not self.cond.wait_for(lambda: self.ready >= n, timeout):
-                fail("gmbd did not say READY=1")
-
-    def sync(self):
-        """Datagrams are read in order: a ping of ours means all are read."""
-        with self.cond:
-            n = self.syncs
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        s.sendto(b"SYNC=1", NOTIFY)
-        with self.cond:
-            if not self.cond.wait_for(lambda: self.syncs > n, 10):
-                fail("the notify socket did not drain")
 
 
 def spawn(mgr, listen):
@@ -133,13 +82,14 @@ def gpu_used_mib():
 
 
 def main():
-    mgr = Manager()
+    mgr = Manager(NOTIFY)
     listen = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listen.bind(SOCK)
     os.chmod(SOCK, 0o666)
     listen.listen(64)
     gmbd = spawn(mgr, listen)
-    mgr.wait_ready(1)
+    if not mgr.wait_ready(1):
+        fail("gmbd did not say READY=1")
     client = subprocess.Popen([B + "/gpu_restart", GIB], env=ENV, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     line = client.stdout.readline()
@@ -150,12 +100,14 @@ def main():
 
     gmbd.send_signal(signal.SIGKILL)
     gmbd.wait()
-    mgr.sync()
+    if not mgr.sync():
+        fail("the notify socket did not drain")
     chunks = [n for n in mgr.store if n.startswith("chunk.")]
     print("gmbd killed; the store holds the state and %d chunk fds" % len(chunks), flush=True)
     t0 = time.monotonic()
     gmbd = spawn(mgr, listen)
-    mgr.wait_ready(1 + 1)
+    if not mgr.wait_ready(1 + 1):
+        fail("gmbd did not say READY=1")
     print("gmbd back in %.3f s" % (time.monotonic() - t0), flush=True)
     after, used_after = status(), gpu_used_mib()
     print("after:  %s, GPU used %d MiB" % (after["devices"][0], used_after), flush=True)

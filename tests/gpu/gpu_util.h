@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -107,6 +108,53 @@ __attribute__((noreturn, format(printf, 1, 2))) static inline void gu_fail(const
 		if (!(cond))                  \
 			gu_fail(__VA_ARGS__); \
 	} while (0)
+
+/*
+ * @n fds (at most 64) in one message with one byte over @sock (SCM_RIGHTS);
+ * gu_recv_fds(): the fds of the next message into @fds (0 without any, -1 at
+ * the end). The bench programs lend fds as gmbd does.
+ */
+static inline void gu_send_fds(int sock, const int *fds, int n)
+{
+	char byte = 1, ctl[CMSG_SPACE(sizeof(int) * 64)] = {};
+	struct iovec io = { &byte, 1 };
+	struct msghdr m = {};
+	struct cmsghdr *h;
+
+	m.msg_iov = &io;
+	m.msg_iovlen = 1;
+	m.msg_control = ctl;
+	m.msg_controllen = CMSG_SPACE(sizeof(int) * n);
+	h = CMSG_FIRSTHDR(&m);
+	h->cmsg_level = SOL_SOCKET;
+	h->cmsg_type = SCM_RIGHTS;
+	h->cmsg_len = CMSG_LEN(sizeof(int) * n);
+	memcpy(CMSG_DATA(h), fds, sizeof(int) * n);
+	CHECK(sendmsg(sock, &m, 0) == 1, "sendmsg: %s", strerror(errno));
+}
+
+static inline int gu_recv_fds(int sock, int *fds, int cap)
+{
+	char byte, ctl[CMSG_SPACE(sizeof(int) * 64)];
+	struct iovec io = { &byte, 1 };
+	struct msghdr m = {};
+	struct cmsghdr *h;
+	int n;
+
+	m.msg_iov = &io;
+	m.msg_iovlen = 1;
+	m.msg_control = ctl;
+	m.msg_controllen = sizeof(ctl);
+	if (recvmsg(sock, &m, 0) <= 0)
+		return -1;
+	h = CMSG_FIRSTHDR(&m);
+	if (!h)
+		return 0;
+	n = (int)((h->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+	CHECK(n <= cap, "too many fds");
+	memcpy(fds, CMSG_DATA(h), sizeof(int) * n);
+	return n;
+}
 
 static inline double gu_now(void)
 {

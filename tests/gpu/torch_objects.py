@@ -70,7 +70,6 @@ import time
 T_MODULE = time.monotonic()  # before torch: an engine's start, as near as Python lets us
 
 import argparse  # noqa: E402
-import array  # noqa: E402
 import fcntl  # noqa: E402
 import gc  # noqa: E402
 import hashlib  # noqa: E402
@@ -94,6 +93,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from fake_sd import Manager  # noqa: E402
 from torch_common import TinyLM, median, prompt_tokens  # noqa: E402  (cuDNN attention off)
 from torch_ipc_sync import (Ctl, answer, ask, checksums, make_weights,  # noqa: E402
                             spec_bytes, weight_spec)
@@ -530,67 +530,6 @@ def engine_main(args):
 
 
 # gmbd under a stand-in for systemd (restart), as tests/gpu/gpu_restart.py does.
-
-class Manager:
-    """The fd store and READY=1 from gmbd's notify datagrams (gpu_restart.py's)."""
-
-    def __init__(self, path):
-        self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(path)
-        self.store = {}
-        self.ready = 0
-        self.syncs = 0
-        self.cond = threading.Condition()
-        threading.Thread(target=self.read, daemon=True).start()
-
-    def read(self):
-        while True:
-            try:
-                msg, anc, _, _ = self.sock.recvmsg(4096, socket.CMSG_SPACE(64 * 4))
-            except OSError:
-                return
-            fds = array.array("i")
-            for level, kind, data in anc:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-            lines = msg.decode(errors="replace").split("\n")
-            name = next((ln[7:] for ln in lines if ln.startswith("FDNAME=")), "stored")
-            with self.cond:
-                for fd in fds:
-                    if "FDSTORE=1" in lines:
-                        if name in self.store:
-                            os.close(self.store[name])
-                        self.store[name] = fd
-                    else:
-                        os.close(fd)
-                if "FDSTOREREMOVE=1" in lines and name in self.store:
-                    os.close(self.store.pop(name))
-                self.ready += "READY=1" in lines
-                self.syncs += "SYNC=1" in lines
-                self.cond.notify_all()
-
-    def wait_ready(self, n, timeout=60):
-        with self.cond:
-            return self.cond.wait_for(lambda: self.ready >= n, timeout)
-
-    def sync(self):
-        """Datagrams are read in order: once our ping is read, gmbd's are."""
-        with self.cond:
-            n = self.syncs
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        s.sendto(b"SYNC=1", self.path)
-        s.close()
-        with self.cond:
-            return self.cond.wait_for(lambda: self.syncs > n, 10)
-
-    def close(self):
-        with self.cond:
-            for fd in self.store.values():
-                os.close(fd)
-            self.store.clear()
-        self.sock.close()
-
 
 class ManagedGmbd:
     """gmbd --backend cuda --pool-keep 0 on its own socket, with a listening socket it

@@ -24,10 +24,7 @@
 #include <string.h>
 
 #include "client/lib/api/client.h"
-
-/* Bytes of a bare name (gmbd's OBJECT_NAME_MAX) and of "UID/NAME". */
-#define OBJ_NAME_MAX 64
-#define OBJ_UID_MAX  10
+#include "common/objname.h"
 
 static int obj_done(struct gmb_client *c, int rc, const char *err)
 {
@@ -39,44 +36,16 @@ static int obj_done(struct gmb_client *c, int rc, const char *err)
 	return rc;
 }
 
-static bool obj_name_char(char ch)
-{
-	return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-	       ch == '.' || ch == '_' || ch == '-';
-}
-
-/*
- * NAME or UID/NAME, checked here as gmbd checks it, so that a bad name
- * says what is wrong with it before any request.
- */
+/* NAME or UID/NAME, checked here as gmbd checks it (common/objname.h), so
+ * that a bad name says what is wrong with it before any request. */
 static int obj_name_check(const char *name, char *err)
 {
-	const char *slash, *bare;
-	size_t n;
+	const char *bare;
+	uint32_t uid;
+	bool has_uid;
+	const char *why = objname_parse(name, &bare, &has_uid, &uid);
 
-	if (!name || !*name)
-		return err_fmt(err, -EINVAL, "an object needs a name");
-	slash = strchr(name, '/');
-	bare = slash ? slash + 1 : name;
-	if (slash) {
-		if (slash == name || (size_t)(slash - name) > OBJ_UID_MAX)
-			return err_fmt(err, -EINVAL, "object \"%.80s\": UID/NAME wants a uid",
-				       name);
-		for (const char *p = name; p < slash; p++)
-			if (*p < '0' || *p > '9')
-				return err_fmt(err, -EINVAL,
-					       "object \"%.80s\": \"%.*s\" is not a uid", name,
-					       (int)(slash - name), name);
-	}
-	n = strlen(bare);
-	if (n == 0 || n > OBJ_NAME_MAX)
-		return err_fmt(err, -EINVAL, "object \"%.80s\": a name is 1 to %d bytes", name,
-			       OBJ_NAME_MAX);
-	for (size_t i = 0; i < n; i++)
-		if (!obj_name_char(bare[i]))
-			return err_fmt(err, -EINVAL,
-				       "object \"%.80s\": a name is made of [A-Za-z0-9._-]", name);
-	return 0;
+	return why ? err_fmt(err, -EINVAL, "object \"%.80s\": %s", name ? name : "", why) : 0;
 }
 
 /* A request about @name answered with a status alone (drop, grant, pause):
