@@ -631,3 +631,22 @@ Test(backend_host, sync_is_counted)
 	cr_assert(eq(i32, b->ops->sync(b, NDEV), -EINVAL));
 	cr_assert(eq(u64, backend_host_sync_count(), n + 2));
 }
+
+/* cuMemHostRegister refuses a read-only mapping; so must the host backend. */
+Test(backend_host, host_register_refuses_a_read_only_mapping)
+{
+	size_t size = 4 * (size_t)sysconf(_SC_PAGESIZE);
+	void *rw = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	void *ro = mmap(NULL, size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	cr_assert(rw != MAP_FAILED && ro != MAP_FAILED);
+	cr_expect(eq(i32, b->ops->host_register(b, rw, size), 0), "%s", backend_last_error());
+	b->ops->host_unregister(b, rw, size);
+	cr_expect(eq(i32, b->ops->host_register(b, ro, size), -EINVAL));
+	cr_expect(strstr(backend_last_error(), "writable") != NULL, "%s", backend_last_error());
+	/* Half writable: the second half made read-only. */
+	cr_assert(eq(i32, mprotect((char *)rw + size / 2, size / 2, PROT_READ), 0));
+	cr_expect(eq(i32, b->ops->host_register(b, rw, size), -EINVAL));
+	munmap(rw, size);
+	munmap(ro, size);
+}

@@ -723,7 +723,35 @@ static void host_host_free(struct backend *b, void *p, uint64_t size)
 		munmap(p, size);
 }
 
-/* Nothing to pin here; the driver's rules are checked: whole pages, mapped. */
+/*
+ * 1 when every byte of [@p, @p + @size) is mapped writable, from
+ * /proc/self/maps; 0 when not; a negative errno when the table cannot be read.
+ */
+static int host_range_writable(const void *p, uint64_t size)
+{
+	uintptr_t at = (uintptr_t)p, end = (uintptr_t)p + size;
+	char line[512], perms[8];
+	unsigned long lo, hi;
+	FILE *f = fopen("/proc/self/maps", "re");
+
+	if (!f)
+		return -errno;
+	while (at < end && fgets(line, sizeof(line), f)) {
+		if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3 || hi <= at)
+			continue;
+		if (lo > at || perms[1] != 'w')
+			break;
+		at = hi;
+	}
+	fclose(f);
+	return at >= end;
+}
+
+/*
+ * Nothing to pin here; the driver's rules are checked: whole pages, mapped,
+ * and writable (cuMemHostRegister without CU_MEMHOSTREGISTER_READ_ONLY
+ * refuses a read-only mapping with CUDA_ERROR_INVALID_VALUE).
+ */
 static int host_host_register(struct backend *b, void *p, uint64_t size)
 {
 	long page = sysconf(_SC_PAGESIZE);
@@ -738,6 +766,11 @@ static int host_host_register(struct backend *b, void *p, uint64_t size)
 	if (mincore(p, (size_t)page, &vec) < 0)
 		return backend_fail(-EFAULT, "host backend: host_register: %p is not mapped: %s", p,
 				    strerror(errno));
+	if (host_range_writable(p, size) == 0)
+		return backend_fail(-EINVAL,
+				    "host backend: host_register: %p + 0x%" PRIx64
+				    " is not all mapped writable",
+				    p, size);
 	return 0;
 }
 

@@ -155,9 +155,13 @@ static int hobj_part_run(struct backend *be, struct hobj_part *pt, bool resume, 
 				       pt->size, strerror(errno));
 	}
 	if (pt->fd >= 0) {
-		/* Populated now: the copy runs at the link's speed, not the faults'. */
-		host = mmap(NULL, pt->size, resume ? PROT_READ : PROT_READ | PROT_WRITE,
-			    MAP_SHARED | MAP_POPULATE, pt->fd, 0);
+		/*
+		 * Populated now: the copy runs at the link's speed, not the faults'.
+		 * Writable for a resume too: cuMemHostRegister refuses a read-only
+		 * mapping (CUDA_ERROR_INVALID_VALUE) unless told it is one.
+		 */
+		host = mmap(NULL, pt->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+			    pt->fd, 0);
 		if (host == MAP_FAILED)
 			return err_fmt(err, -errno, "mapping a host copy of %" PRIu64 " bytes: %s",
 				       pt->size, strerror(errno));
