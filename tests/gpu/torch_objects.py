@@ -102,6 +102,7 @@ MiB = 1 << 20
 GiB = 1 << 30
 FREE_SLACK = 64 * MiB
 WAIT_S = 180
+ENGINE_WAIT_S = 90  # an engine's start to its first output: a few seconds when well
 # The model: d 4096, 32 heads (head dim 128: flash attention, deterministic),
 # per block qkv 96 MiB, proj 32 MiB, fc1/fc2 128 MiB (+ biases and norms of
 # 8-32 KiB); embedding and head 250 MiB each.
@@ -474,6 +475,8 @@ def engine_main(args):
     """Opens the object (or loads the file), runs the first forward, prints
     "FIRST {json}" on stdout; then waits for a line on stdin and exits."""
     t_py = time.monotonic()  # our imports (torch among them) done
+    import faulthandler
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the driver's look at a stuck engine
     cuda_ready()
     t_ctx = time.monotonic()
     model = build_model(args.layers)
@@ -991,6 +994,9 @@ class Driver:
         saved_sock = os.environ.get("GMB_SOCKET")
         try:
             return self._restart(gm, tmp)
+        except Exception:
+            log("[driver] the managed gmbd's log:\n" + gm.log_tail(200))
+            raise
         finally:
             self.cleanup()  # drops while the managed gmbd still runs
             rc = gm.stop()
@@ -1021,13 +1027,16 @@ class Driver:
             lines.put(None)
 
         threading.Thread(target=read, daemon=True).start()
-        end = time.monotonic() + WAIT_S
+        end = time.monotonic() + ENGINE_WAIT_S
         while True:
             try:
                 line = lines.get(timeout=max(0.1, end - time.monotonic()))
             except queue.Empty:
                 line = None
             if line is None:
+                if p.poll() is None:  # its stacks into our log, for the reason
+                    p.send_signal(signal.SIGUSR1)
+                    time.sleep(2)
                 raise RuntimeError(f"{label} printed no FIRST line (exit {p.poll()})")
             if line.startswith("FIRST "):
                 rep = json.loads(line[6:])
