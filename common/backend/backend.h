@@ -54,7 +54,8 @@ enum backend_contents {
 struct backend_ops {
 	const char *name; /* "host" or "cuda" */
 	/* fds this process keeps open for each live chunk (host: its memfd;
-	 * cuda: none, the handle is the driver's): gmbd's open-file budget. */
+	 * cuda: none, the handle is the driver's, but for an adopted chunk, whose
+	 * fd gmbd already held as it restored it): gmbd's open-file budget. */
 	unsigned chunk_fds;
 	void (*close)(struct backend *b);
 
@@ -64,6 +65,12 @@ struct backend_ops {
 	int (*chunk_export)(struct backend *b, uint64_t handle, int *fd);
 	/* import: a handle from @fd; @fd stays owned (and open) by the caller. */
 	int (*chunk_import)(struct backend *b, int fd, uint64_t size, uint64_t *handle);
+	/*
+	 * adopt: import a chunk this process will export again (gmbd's chunks
+	 * back from its fd store); @fd stays the caller's. NULL: chunk_import
+	 * does (host: the handle is the memfd itself).
+	 */
+	int (*chunk_adopt)(struct backend *b, int fd, uint64_t size, uint64_t *handle);
 	int (*chunk_release)(struct backend *b, uint64_t handle);
 
 	/* Virtual address ranges of this process. */

@@ -304,15 +304,32 @@ static void cuda_keep_exported(struct cuda_priv *c)
 	}
 }
 
+/* The fd kept for an adopted chunk's @handle, or -1 (not adopted). Under lock. */
+static int cuda_adopted_fd(struct cuda_priv *c, uint64_t handle)
+{
+	return (int)((intptr_t)idmap_get(&c->adopted, handle) - 1);
+}
+
 static int cuda_chunk_export(struct backend *b, uint64_t handle, int *fd)
 {
 	struct cuda_priv *c = b->priv;
-	int rc, out = -1;
+	int rc, kept, out = -1;
 	CUresult r;
 
 	pthread_mutex_lock(&c->lock);
-	cuda_keep_exported(c);
+	kept = cuda_adopted_fd(c, handle);
+	if (kept >= 0)
+		out = fcntl(kept, F_DUPFD_CLOEXEC, 0);
+	else
+		cuda_keep_exported(c);
 	pthread_mutex_unlock(&c->lock);
+	if (kept >= 0) {
+		if (out < 0)
+			return backend_fail(-errno, "cuda backend: chunk_export: dup of fd %d: %s",
+					    kept, strerror(errno));
+		*fd = out;
+		return 0;
+	}
 	r = CUDA_RELAXED(c, c->api.MemExportToShareableHandle(&out, handle, CUDA_FD_HANDLE, 0));
 	if (r != CUDA_SUCCESS)
 		return cuda__fail(c, r, "cuMemExportToShareableHandle", "handle=0x%" PRIx64,
@@ -354,10 +371,53 @@ static int cuda_chunk_import(struct backend *b, int fd, uint64_t size, uint64_t 
 	return 0;
 }
 
+/*
+ * An imported handle cannot be exported again: the driver (580) answers
+ * cuMemExportToShareableHandle with CUDA_ERROR_INVALID_VALUE. gmbd lends the
+ * chunks it took back from its fd store, so it adopts them: the fd is kept,
+ * and each export of the handle is a dup of it (the same memory, as any
+ * export would be).
+ */
+static int cuda_chunk_adopt(struct backend *b, int fd, uint64_t size, uint64_t *handle)
+{
+	struct cuda_priv *c = b->priv;
+	int keep, rc;
+
+	if (fd < 0)
+		return backend_fail(-EBADF, "cuda backend: chunk_adopt: bad fd %d", fd);
+	keep = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	if (keep < 0)
+		return backend_fail(-errno, "cuda backend: chunk_adopt: dup of fd %d: %s", fd,
+				    strerror(errno));
+	rc = cuda_chunk_import(b, fd, size, handle);
+	if (rc < 0)
+		goto err_close;
+	pthread_mutex_lock(&c->lock);
+	rc = idmap_put(&c->adopted, *handle, (void *)(intptr_t)(keep + 1));
+	pthread_mutex_unlock(&c->lock);
+	if (rc < 0) {
+		CUDA_RELAXED(c, c->api.MemRelease(*handle));
+		rc = backend_fail(-ENOMEM, "cuda backend: chunk_adopt: out of memory");
+		goto err_close;
+	}
+	return 0;
+
+err_close:
+	close(keep);
+	return rc;
+}
+
 static int cuda_chunk_release(struct backend *b, uint64_t handle)
 {
 	struct cuda_priv *c = b->priv;
 	CUresult r;
+	int kept;
+
+	pthread_mutex_lock(&c->lock);
+	kept = (int)((intptr_t)idmap_del(&c->adopted, handle) - 1);
+	pthread_mutex_unlock(&c->lock);
+	if (kept >= 0)
+		close(kept);
 
 	/* Mappings keep the memory; the last reference zeroes it (GPU-FACTS.md). */
 	r = CUDA_RELAXED(c, c->api.MemRelease(handle));
@@ -517,11 +577,16 @@ static int cuda_unmap(struct backend *b, uintptr_t va, uint64_t size)
 static void cuda_close(struct backend *b)
 {
 	struct cuda_priv *c;
+	void *val;
 
 	if (!b)
 		return;
 	c = b->priv;
-	/* Chunks and reservations stay the caller's to release: none are tracked. */
+	/* Chunks and reservations stay the caller's to release; adopted chunks'
+	 * fds are this backend's (their handles live on until released). */
+	for (size_t it = 0, key; idmap_next(&c->adopted, &it, &key, &val);)
+		close((int)((intptr_t)val - 1));
+	idmap_deinit(&c->adopted);
 	for (int i = 0; i < b->ndevices; i++) {
 		if (c->devs[i].keep_tried && c->devs[i].keep_fd >= 0)
 			close(c->devs[i].keep_fd);
@@ -586,6 +651,7 @@ static const struct backend_ops cuda_ops = {
 	.chunk_create = cuda_chunk_create,
 	.chunk_export = cuda_chunk_export,
 	.chunk_import = cuda_chunk_import,
+	.chunk_adopt = cuda_chunk_adopt,
 	.chunk_release = cuda_chunk_release,
 	.va_reserve = cuda_va_reserve,
 	.va_free = cuda_va_free,

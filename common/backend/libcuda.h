@@ -27,6 +27,7 @@
 #include "common/backend/backend.h"
 #include "common/backend/cuda.h"
 #include "common/err.h"
+#include "common/idmap.h"
 
 /*
  * Copies go in pieces queued back to back before one wait: each driver call
@@ -132,6 +133,11 @@ struct cuda_priv {
 	pthread_mutex_t lock; /* guards devs[].ctx, .stream and .keep_* */
 	struct cuda_dev devs[BACKEND_MAX_DEVICES];
 	struct cuda_nvml *nvml; /* nvml.c's, made on first use; guarded by lock */
+	/*
+	 * Adopted chunks (chunk_adopt): handle -> its fd + 1, a dup this backend
+	 * owns and closes at the handle's release; guarded by lock.
+	 */
+	struct idmap adopted;
 };
 
 /*

@@ -444,7 +444,9 @@ static int state_restore_chunk(struct broker *br, const Gmb__StateChunk *sc, str
 	if (sc->device >= (uint32_t)br->ndevices || f->dev != (int)sc->device ||
 	    f->size != sc->size)
 		return -EINVAL;
-	rc = be->ops->chunk_import(be, f->fd, sc->size, &handle);
+	/* Adopted, not only imported: gmbd lends it again (an export). */
+	rc = (be->ops->chunk_adopt ? be->ops->chunk_adopt : be->ops->chunk_import)(be, f->fd,
+										    sc->size, &handle);
 	if (rc < 0)
 		return rc;
 	rc = pool_adopt(&br->pools[sc->device], sc->id, sc->size, handle, &ch);
