@@ -67,8 +67,8 @@ struct backend_ops {
 	int (*chunk_import)(struct backend *b, int fd, uint64_t size, uint64_t *handle);
 	/*
 	 * adopt: import a chunk this process will export again (gmbd's chunks
-	 * back from its fd store); @fd stays the caller's. NULL: chunk_import
-	 * does (host: the handle is the memfd itself).
+	 * back from its fd store); @fd stays the caller's. cuda: an imported
+	 * handle cannot be exported, so the fd is kept; host: chunk_import.
 	 */
 	int (*chunk_adopt)(struct backend *b, int fd, uint64_t size, uint64_t *handle);
 	int (*chunk_release)(struct backend *b, uint64_t handle);

@@ -304,10 +304,10 @@ static void cuda_keep_exported(struct cuda_priv *c)
 	}
 }
 
-/* The fd kept for an adopted chunk's @handle, or -1 (not adopted). Under lock. */
-static int cuda_adopted_fd(struct cuda_priv *c, uint64_t handle)
+/* The fd in an adopted map's value (fd + 1), or -1 for none (NULL). */
+static int cuda_adopted_fd(void *val)
 {
-	return (int)((intptr_t)idmap_get(&c->adopted, handle) - 1);
+	return (int)((intptr_t)val - 1);
 }
 
 static int cuda_chunk_export(struct backend *b, uint64_t handle, int *fd)
@@ -317,7 +317,7 @@ static int cuda_chunk_export(struct backend *b, uint64_t handle, int *fd)
 	CUresult r;
 
 	pthread_mutex_lock(&c->lock);
-	kept = cuda_adopted_fd(c, handle);
+	kept = cuda_adopted_fd(idmap_get(&c->adopted, handle));
 	if (kept >= 0)
 		out = fcntl(kept, F_DUPFD_CLOEXEC, 0);
 	else
@@ -414,7 +414,7 @@ static int cuda_chunk_release(struct backend *b, uint64_t handle)
 	int kept;
 
 	pthread_mutex_lock(&c->lock);
-	kept = (int)((intptr_t)idmap_del(&c->adopted, handle) - 1);
+	kept = cuda_adopted_fd(idmap_del(&c->adopted, handle));
 	pthread_mutex_unlock(&c->lock);
 	if (kept >= 0)
 		close(kept);
@@ -585,7 +585,7 @@ static void cuda_close(struct backend *b)
 	/* Chunks and reservations stay the caller's to release; adopted chunks'
 	 * fds are this backend's (their handles live on until released). */
 	for (size_t it = 0, key; idmap_next(&c->adopted, &it, &key, &val);)
-		close((int)((intptr_t)val - 1));
+		close(cuda_adopted_fd(val));
 	idmap_deinit(&c->adopted);
 	for (int i = 0; i < b->ndevices; i++) {
 		if (c->devs[i].keep_tried && c->devs[i].keep_fd >= 0)

@@ -931,6 +931,7 @@ static const struct backend_ops host_ops = {
 	.chunk_create = host_chunk_create,
 	.chunk_export = host_chunk_export,
 	.chunk_import = host_chunk_import,
+	.chunk_adopt = host_chunk_import, /* the handle is the memfd: export dups it */
 	.chunk_release = host_chunk_release,
 	.va_reserve = host_va_reserve,
 	.va_free = host_va_free,

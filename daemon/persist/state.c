@@ -445,10 +445,7 @@ static int state_restore_chunk(struct broker *br, const Gmb__StateChunk *sc, str
 	    f->size != sc->size)
 		return -EINVAL;
 	/* Adopted, not only imported: gmbd lends it again (an export). */
-	if (be->ops->chunk_adopt)
-		rc = be->ops->chunk_adopt(be, f->fd, sc->size, &handle);
-	else
-		rc = be->ops->chunk_import(be, f->fd, sc->size, &handle);
+	rc = be->ops->chunk_adopt(be, f->fd, sc->size, &handle);
 	if (rc < 0)
 		return rc;
 	rc = pool_adopt(&br->pools[sc->device], sc->id, sc->size, handle, &ch);
