@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "tests/fake_cuda.h"
 
@@ -198,11 +199,23 @@ CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle h)
 	return CUDA_SUCCESS;
 }
 
+/* A fresh memfd per export: a dup of an earlier one is told apart by its inode. */
 CUresult CUDAAPI cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h,
 					      CUmemAllocationHandleType type,
 					      unsigned long long flags)
 {
-	return CUDA_ERROR_NOT_SUPPORTED;
+	int fd;
+
+	if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	fd = memfd_create("fake-cuda-export", MFD_CLOEXEC);
+	if (fd < 0)
+		return CUDA_ERROR_OPERATING_SYSTEM;
+	pthread_mutex_lock(&fake_lock);
+	fake_st.exports++;
+	pthread_mutex_unlock(&fake_lock);
+	*(int *)out = fd;
+	return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *osh,

@@ -27,6 +27,7 @@ struct fake_cuda_stats {
 	int copy_mode;			    /* ... at the last copy or memset */
 	int host_alloc_dev;		    /* the current context's device at cuMemHostAlloc */
 	int creates;			    /* cuMemCreate that succeeded */
+	int exports;			    /* cuMemExportToShareableHandle (a memfd each) */
 	int access_calls;		    /* cuMemSetAccess */
 	int access_n;			    /* its last descriptor count */
 	int access_ids[FAKE_CUDA_MAX_DEVICES];

@@ -12,6 +12,8 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cuda.h>
 
@@ -174,7 +176,8 @@ Test(backend_cuda_fake, chunks_are_checked_against_their_own_device)
 	cr_assert(not(eq(ptr, strstr(backend_last_error(), "0x400000"), NULL)), "%s",
 		  backend_last_error());
 	cr_assert(eq(i32, b->ops->chunk_create(b, 1, 4 * MiB, &h), 0), "%s", backend_last_error());
-	cr_assert(eq(i32, fake_stats().creates, 2));
+	/* The two, and each device's kept exported fd's chunk made by the first (cuda.c). */
+	cr_assert(eq(i32, fake_stats().creates, 4));
 	/* A range for device 0 at its own granularity. */
 	cr_assert(eq(i32, b->ops->va_reserve(b, 2 * MiB, 2 * MiB, &va), 0), "%s",
 		  backend_last_error());
@@ -185,6 +188,48 @@ Test(backend_cuda_fake, chunks_are_checked_against_their_own_device)
 	cr_assert(eq(i32, b->ops->unmap(b, va, 2 * MiB), 0), "%s", backend_last_error());
 	cr_assert(eq(i32, b->ops->va_free(b, va, 2 * MiB), 0), "%s", backend_last_error());
 	cr_assert(eq(i32, b->ops->va_reserve(b, 1 * MiB, 0, &va), -EINVAL));
+	backend_close(b);
+}
+
+static ino_t fd_inode(int fd)
+{
+	struct stat st;
+
+	cr_assert(eq(i32, fstat(fd, &st), 0));
+	return st.st_ino;
+}
+
+/*
+ * A chunk is exported once, when it is made; each chunk_export is a dup of
+ * that fd (closing a dup is cheap, closing an export's last fd is not), and
+ * the release closes it: one fd a live chunk, as chunk_fds says.
+ */
+Test(backend_cuda_fake, a_chunk_is_exported_once_and_lent_as_dups)
+{
+	static const uint64_t gran[] = { 2 * MiB };
+	struct backend *b = NULL;
+	int fd1 = -1, fd2 = -1, before;
+	uint64_t h;
+
+	fake_load(1, gran);
+	cr_assert(eq(i32, backend_cuda_open(&b), 0), "%s", backend_last_error());
+	cr_assert(eq(u32, b->ops->chunk_fds, 1));
+	cr_assert(eq(i32, b->ops->chunk_create(b, 0, 2 * MiB, &h), 0), "%s", backend_last_error());
+	before = fake_stats().exports;
+	cr_assert(eq(i32, b->ops->chunk_export(b, h, &fd1), 0), "%s", backend_last_error());
+	cr_assert(eq(i32, b->ops->chunk_export(b, h, &fd2), 0), "%s", backend_last_error());
+	cr_assert(eq(i32, fake_stats().exports, before), "an export of a made chunk is a dup");
+	cr_assert(not(eq(i32, fd1, fd2)));
+	cr_assert(eq(u64, fd_inode(fd1), fd_inode(fd2)), "both are the chunk's one export");
+	close(fd1);
+	close(fd2);
+	/* The made chunk holds one fd (its export) until its release. */
+	before = proc_count_fds(getpid());
+	cr_assert(eq(i32, b->ops->chunk_release(b, h), 0), "%s", backend_last_error());
+	cr_assert(eq(i32, proc_count_fds(getpid()), before - 1));
+	cr_assert(eq(i32, b->ops->chunk_create(b, 0, 2 * MiB, &h), 0), "%s", backend_last_error());
+	cr_assert(eq(i32, proc_count_fds(getpid()), before));
+	cr_assert(eq(i32, b->ops->chunk_release(b, h), 0), "%s", backend_last_error());
 	backend_close(b);
 }
 

@@ -53,9 +53,9 @@ enum backend_contents {
 
 struct backend_ops {
 	const char *name; /* "host" or "cuda" */
-	/* fds this process keeps open for each live chunk (host: its memfd;
-	 * cuda: none, the handle is the driver's, but for an adopted chunk, whose
-	 * fd gmbd already held as it restored it): gmbd's open-file budget. */
+	/* fds this process keeps open for each live chunk it created or
+	 * adopted (host: its memfd; cuda: its one export, of which each
+	 * chunk_export is a dup): gmbd's open-file budget. */
 	unsigned chunk_fds;
 	void (*close)(struct backend *b);
 

@@ -3,7 +3,8 @@
  * memory management API (cuMemCreate, cuMemMap, ...), loaded at run time.
  *
  *   chunk        cuMemCreate, pinned device memory, exportable as a POSIX fd
- *   export       cuMemExportToShareableHandle: a new fd, CLOEXEC
+ *   export       a CLOEXEC dup of the one cuMemExportToShareableHandle fd
+ *                made with the chunk (kept until its release)
  *   import       cuMemImportFromShareableHandle: the fd stays the caller's
  *   reservation  cuMemAddressReserve / cuMemAddressFree
  *   map          cuMemMap of a whole chunk at offset 0; no access until
@@ -245,6 +246,8 @@ static int cuda_check_range(struct cuda_priv *c, const char *op, int dev, uintpt
 
 /* Physical memory: no context needed (GPU-FACTS.md). */
 
+static int cuda_keep_new(struct cuda_priv *c, CUmemGenericAllocationHandle h);
+
 static int cuda_chunk_create(struct backend *b, int dev, uint64_t size, uint64_t *handle)
 {
 	struct cuda_priv *c = b->priv;
@@ -262,6 +265,11 @@ static int cuda_chunk_create(struct backend *b, int dev, uint64_t size, uint64_t
 	r = CUDA_RELAXED(c, c->api.MemCreate(&h, size, &prop, 0));
 	if (r != CUDA_SUCCESS)
 		return cuda__fail(c, r, "cuMemCreate", "dev=%d size=0x%" PRIx64, dev, size);
+	rc = cuda_keep_new(c, h);
+	if (rc < 0) {
+		CUDA_RELAXED(c, c->api.MemRelease(h));
+		return rc;
+	}
 	*handle = h;
 	return 0;
 }
@@ -304,36 +312,22 @@ static void cuda_keep_exported(struct cuda_priv *c)
 	}
 }
 
-/* The fd in an adopted map's value (fd + 1), or -1 for none (NULL). */
-static int cuda_adopted_fd(void *val)
+/* The fd in a kept map's value (fd + 1), or -1 for none (NULL). */
+static int cuda_kept_fd(void *val)
 {
 	return (int)((intptr_t)val - 1);
 }
 
-static int cuda_chunk_export(struct backend *b, uint64_t handle, int *fd)
+/* A new CLOEXEC export of @h in *@fd. */
+static int cuda_export_fresh(struct cuda_priv *c, CUmemGenericAllocationHandle h, int *fd)
 {
-	struct cuda_priv *c = b->priv;
-	int rc, kept, out = -1;
+	int rc, out = -1;
 	CUresult r;
 
-	pthread_mutex_lock(&c->lock);
-	kept = cuda_adopted_fd(idmap_get(&c->adopted, handle));
-	if (kept >= 0)
-		out = fcntl(kept, F_DUPFD_CLOEXEC, 0);
-	else
-		cuda_keep_exported(c);
-	pthread_mutex_unlock(&c->lock);
-	if (kept >= 0) {
-		if (out < 0)
-			return backend_fail(-errno, "cuda backend: chunk_export: dup of fd %d: %s",
-					    kept, strerror(errno));
-		*fd = out;
-		return 0;
-	}
-	r = CUDA_RELAXED(c, c->api.MemExportToShareableHandle(&out, handle, CUDA_FD_HANDLE, 0));
+	r = CUDA_RELAXED(c, c->api.MemExportToShareableHandle(&out, h, CUDA_FD_HANDLE, 0));
 	if (r != CUDA_SUCCESS)
-		return cuda__fail(c, r, "cuMemExportToShareableHandle", "handle=0x%" PRIx64,
-				  handle);
+		return cuda__fail(c, r, "cuMemExportToShareableHandle", "handle=0x%llx",
+				  (unsigned long long)h);
 	/*
 	 * An inherited chunk fd keeps GPU memory alive in whatever the process
 	 * execs. Driver 580 returns it CLOEXEC, but no document promises it.
@@ -344,6 +338,55 @@ static int cuda_chunk_export(struct backend *b, uint64_t handle, int *fd)
 		close(out);
 		return rc;
 	}
+	*fd = out;
+	return 0;
+}
+
+/*
+ * A created chunk is exported once and its fd kept until the release:
+ * every lend sends a dup of it. Closing a dup (gmbd's, once sent; the
+ * client's, once imported) only drops a reference to the open file, where
+ * closing the export's last fd makes the driver tear the export down,
+ * which on driver 580 grows with the chunk (about 0.1 ms for 1 GiB, in
+ * each process). So a chunk costs one fd in gmbd, as on the host backend.
+ */
+static int cuda_keep_new(struct cuda_priv *c, CUmemGenericAllocationHandle h)
+{
+	int fd, rc;
+
+	pthread_mutex_lock(&c->lock);
+	cuda_keep_exported(c);
+	pthread_mutex_unlock(&c->lock);
+	rc = cuda_export_fresh(c, h, &fd);
+	if (rc < 0)
+		return rc;
+	pthread_mutex_lock(&c->lock);
+	rc = idmap_put(&c->kept, h, (void *)(intptr_t)(fd + 1));
+	pthread_mutex_unlock(&c->lock);
+	if (rc < 0) {
+		close(fd);
+		return backend_fail(-ENOMEM, "cuda backend: chunk_create: out of memory");
+	}
+	return 0;
+}
+
+static int cuda_chunk_export(struct backend *b, uint64_t handle, int *fd)
+{
+	struct cuda_priv *c = b->priv;
+	int kept, out = -1;
+
+	pthread_mutex_lock(&c->lock);
+	kept = cuda_kept_fd(idmap_get(&c->kept, handle));
+	if (kept >= 0)
+		out = fcntl(kept, F_DUPFD_CLOEXEC, 0);
+	else
+		cuda_keep_exported(c);
+	pthread_mutex_unlock(&c->lock);
+	if (kept < 0) /* a handle this backend neither made nor adopted */
+		return cuda_export_fresh(c, handle, fd);
+	if (out < 0)
+		return backend_fail(-errno, "cuda backend: chunk_export: dup of fd %d: %s", kept,
+				    strerror(errno));
 	*fd = out;
 	return 0;
 }
@@ -393,7 +436,7 @@ static int cuda_chunk_adopt(struct backend *b, int fd, uint64_t size, uint64_t *
 	if (rc < 0)
 		goto err_close;
 	pthread_mutex_lock(&c->lock);
-	rc = idmap_put(&c->adopted, *handle, (void *)(intptr_t)(keep + 1));
+	rc = idmap_put(&c->kept, *handle, (void *)(intptr_t)(keep + 1));
 	pthread_mutex_unlock(&c->lock);
 	if (rc < 0) {
 		CUDA_RELAXED(c, c->api.MemRelease(*handle));
@@ -414,7 +457,7 @@ static int cuda_chunk_release(struct backend *b, uint64_t handle)
 	int kept;
 
 	pthread_mutex_lock(&c->lock);
-	kept = cuda_adopted_fd(idmap_del(&c->adopted, handle));
+	kept = cuda_kept_fd(idmap_del(&c->kept, handle));
 	pthread_mutex_unlock(&c->lock);
 	if (kept >= 0)
 		close(kept);
@@ -582,11 +625,11 @@ static void cuda_close(struct backend *b)
 	if (!b)
 		return;
 	c = b->priv;
-	/* Chunks and reservations stay the caller's to release; adopted chunks'
-	 * fds are this backend's (their handles live on until released). */
-	for (size_t it = 0, key; idmap_next(&c->adopted, &it, &key, &val);)
-		close(cuda_adopted_fd(val));
-	idmap_deinit(&c->adopted);
+	/* Chunks and reservations stay the caller's to release; the kept fds
+	 * are this backend's (their handles live on until released). */
+	for (size_t it = 0, key; idmap_next(&c->kept, &it, &key, &val);)
+		close(cuda_kept_fd(val));
+	idmap_deinit(&c->kept);
 	for (int i = 0; i < b->ndevices; i++) {
 		if (c->devs[i].keep_tried && c->devs[i].keep_fd >= 0)
 			close(c->devs[i].keep_fd);
@@ -646,7 +689,7 @@ out_free:
 
 static const struct backend_ops cuda_ops = {
 	.name = "cuda",
-	.chunk_fds = 0,
+	.chunk_fds = 1,
 	.close = cuda_close,
 	.chunk_create = cuda_chunk_create,
 	.chunk_export = cuda_chunk_export,

@@ -134,10 +134,12 @@ struct cuda_priv {
 	struct cuda_dev devs[BACKEND_MAX_DEVICES];
 	struct cuda_nvml *nvml; /* nvml.c's, made on first use; guarded by lock */
 	/*
-	 * Adopted chunks (chunk_adopt): handle -> its fd + 1, a dup this backend
-	 * owns and closes at the handle's release; guarded by lock.
+	 * Created and adopted chunks: handle -> its fd + 1, an export (or, for
+	 * an adopted chunk, a dup of the fd it came from) this backend owns,
+	 * dup'ed for each export and closed at the handle's release; guarded
+	 * by lock.
 	 */
-	struct idmap adopted;
+	struct idmap kept;
 };
 
 /*
