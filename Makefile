@@ -68,7 +68,7 @@ LIB_SRC := client/lib/api/api.c client/lib/api/object.c client/lib/api/status_js
 	client/lib/api/status_top.c \
 	client/lib/hook/region.c client/lib/hook/default.c client/lib/hook/alloc.c \
 	client/lib/hook/torch.c client/lib/hook/libpath.c client/lib/hook/tms.c client/lib/hook/ipc.c \
-	client/lib/mem/mem.c client/lib/mem/cycle.c client/lib/mem/rejoin.c client/lib/mem/backup.c \
+	client/lib/mem/mem.c client/lib/mem/cycle.c client/lib/mem/rejoin.c client/lib/mem/backup.c client/lib/mem/pack.c \
 	client/lib/ipc/ipc.c client/lib/cache/cache.c client/lib/conn/conn.c client/lib/conn/reconnect.c
 PRELOAD_SRC := client/preload/preload.c client/preload/ipc.c common/env.c common/err.c
 CTL_SRC := client/gmbctl/gmbctl.c client/gmbctl/live.c

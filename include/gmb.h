@@ -37,6 +37,12 @@ enum {
 	GMB_MODE_ZERO = 1,
 	GMB_MODE_PRESERVE = 2
 };
+/* Which allocations share mappings (gmb_set_pack()). */
+enum {
+	GMB_PACK_OFF = 0,
+	GMB_PACK_HOOKS = 1,
+	GMB_PACK_ALL = 2
+};
 enum {
 	GMB_OP_PAUSE = 1,
 	GMB_OP_RESUME = 2
@@ -358,6 +364,20 @@ GMB_API int gmb_set_ipc_follow(gmb_client *c, int on);
  * $GMB_IPC_KEEP=1 sets it at connect. Return: 0, -EINVAL.
  */
 GMB_API int gmb_set_ipc_keep(gmb_client *c, int on);
+/**
+ * gmb_set_pack() - which of @c's allocations of at most 32 MiB are packed:
+ * carved out of a larger allocation of the same tag, device and mode (64
+ * to 256 MiB, growing with the tag), so that a pause and a resume cost one
+ * chunk for many of them and an allocation that fits costs no request.
+ * GMB_PACK_HOOKS (the default): those of the allocation hooks (the preload
+ * shim, PyTorch's allocators, the torch_memory_saver stand-in), whose
+ * callers make many small segments; GMB_PACK_ALL: gmb_malloc()'s too;
+ * GMB_PACK_OFF: none. A pack stays lent while any of its pieces lives, so a
+ * tag may hold up to one pack's room more than it allocated; a piece cannot
+ * be published (gmb_object_publish() wants an allocation of its own).
+ * $GMB_PACK=off|hooks|all sets it at connect. Return: 0, -EINVAL.
+ */
+GMB_API int gmb_set_pack(gmb_client *c, int pack);
 
 /*
  * Named objects: memory that belongs to a name under this process's uid,

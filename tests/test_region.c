@@ -32,6 +32,8 @@ static void start(void)
 
 	cr_assert(eq(i32, gmbd_start(&gmbd, args), 0), "gmbd did not start");
 	setenv("GMB_SOCKET", gmbd.sock, 1);
+	/* These count bytes per allocation; packing is test_pack's. */
+	setenv("GMB_PACK", "off", 1);
 }
 
 static void stop(void)

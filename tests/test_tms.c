@@ -46,6 +46,8 @@ static void daemon_up(const char *keep)
 
 	cr_assert(eq(i32, gmbd_start(&gmbd, args), 0), "gmbd did not start");
 	setenv("GMB_SOCKET", gmbd.sock, 1);
+	/* These count bytes per allocation; packing is test_pack's. */
+	setenv("GMB_PACK", "off", 1);
 	snprintf(disk_dir, sizeof(disk_dir), "%s/disk", gmbd.dir);
 }
 

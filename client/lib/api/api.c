@@ -80,6 +80,10 @@ static int api_ipc_env(struct gmb_client *c, char *err)
 		rc = env_01("GMB_IPC_KEEP", &c->mem.ipc_keep, err);
 	if (rc < 0)
 		return rc;
+	c->mem.pack = gmb__pack_env();
+	if (c->mem.pack < 0)
+		return err_fmt(err, -EINVAL, "GMB_PACK=\"%.32s\" is none of off, hooks, all",
+			       getenv("GMB_PACK"));
 	while (g && *g) {
 		errno = 0;
 		v = strtoul(g, &end, 10);
@@ -206,17 +210,17 @@ GMB_API void gmb_close(gmb_client *c)
 
 GMB_API int gmb_malloc(gmb_client *c, void **ptr, size_t size, int device, const char *tag)
 {
-	return gmb__malloc_how(c, ptr, size, device, tag, NULL, 0);
+	return gmb__malloc_how(c, ptr, size, device, tag, NULL, 0, false);
 }
 
 GMB_API int gmb_malloc_peers(gmb_client *c, void **ptr, size_t size, int device, const char *tag,
 			     uint64_t peers)
 {
-	return gmb__malloc_how(c, ptr, size, device, tag, NULL, peers);
+	return gmb__malloc_how(c, ptr, size, device, tag, NULL, peers, false);
 }
 
 int gmb__malloc_how(struct gmb_client *c, void **ptr, size_t size, int device, const char *tag,
-		    const struct gmb__mem_how *how, uint64_t peers)
+		    const struct gmb__mem_how *how, uint64_t peers, bool hook)
 {
 	char err[ERR_MSG_MAX] = "";
 	int rc;
@@ -224,7 +228,7 @@ int gmb__malloc_how(struct gmb_client *c, void **ptr, size_t size, int device, c
 	if (!c)
 		return -EINVAL;
 	gmb__op_begin(&c->conn);
-	rc = gmb__mem_malloc(&c->mem, ptr, size, device, tag, how, peers, err);
+	rc = gmb__mem_malloc(&c->mem, ptr, size, device, tag, how, peers, hook, err);
 	gmb__op_end(&c->conn);
 	return api_done(c, rc, err);
 }
@@ -780,6 +784,16 @@ GMB_API int gmb_set_ipc_keep(gmb_client *c, int on)
 		return -EINVAL;
 	gmb__op_begin(&c->conn);
 	c->mem.ipc_keep = on;
+	gmb__op_end(&c->conn);
+	return 0;
+}
+
+GMB_API int gmb_set_pack(gmb_client *c, int pack)
+{
+	if (!c || (pack != GMB_PACK_OFF && pack != GMB_PACK_HOOKS && pack != GMB_PACK_ALL))
+		return -EINVAL;
+	gmb__op_begin(&c->conn);
+	c->mem.pack = pack;
 	gmb__op_end(&c->conn);
 	return 0;
 }

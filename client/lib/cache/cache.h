@@ -32,6 +32,7 @@ struct gmb__handle {
 };
 
 struct gmb__tag;
+struct gmb__piece;
 
 /* How a host copy's memory was made (client/lib/mem/backup.c). */
 enum {
@@ -78,6 +79,11 @@ struct gmb__alloc {
 	uint64_t ipc_instance, ipc_gen;
 	uint8_t ipc_token[IPC_HANDLE_TOKEN];
 	struct gmb__hostcopy copy;	/* PRESERVE: made at the first pause */
+	/* A pack (client/lib/mem/pack.c): the application's allocations are
+	 * its pieces, by address; under op_lock. */
+	bool packed;
+	struct gmb__piece *pieces;
+	uint32_t npieces;
 	struct gmb__alloc *prev, *next; /* in the tag */
 };
 

@@ -104,7 +104,7 @@ GMB_API int gmb_region_malloc(gmb_client *c, void **ptr, size_t size, int device
 		rc = hook_tag_mode(c, tag, how.mode);
 	if (rc < 0)
 		return rc;
-	rc = gmb__malloc_how(c, ptr, size, device, tag, how.own ? &how : NULL, 0);
+	rc = gmb__malloc_how(c, ptr, size, device, tag, how.own ? &how : NULL, 0, true);
 	if (rc < 0)
 		return gmb__hook_fail_client(rc, c, "allocating from gmbd");
 	return 0;
@@ -114,16 +114,16 @@ GMB_API int gmb_region_malloc(gmb_client *c, void **ptr, size_t size, int device
 
 GMB_API int gmb_owns(gmb_client *c, const void *ptr)
 {
-	void *a;
+	bool owns;
 
 	if (!c)
 		c = gmb__hook_client_peek();
 	if (!c || !ptr)
 		return 0;
 	pthread_mutex_lock(&c->conn.lock);
-	a = idmap_get(&c->mem.tab.by_va, (uintptr_t)ptr);
+	owns = gmb__mem_owns(&c->mem, (uintptr_t)ptr);
 	pthread_mutex_unlock(&c->conn.lock);
-	return a != NULL;
+	return owns;
 }
 
 /* The allocation holding [p, p+size); the caller holds op_lock. */

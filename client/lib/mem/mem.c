@@ -13,6 +13,9 @@
  * Invariants (between operations):
  *   - an allocation is in by_id and by_va, in its tag's list, and its last
  *     lend is non-empty from the moment gmb_malloc() returns it to its free;
+ *   - a pack (pack.c) is such an allocation with at least one piece, and
+ *     each piece is in pieces; the application's pointer is a piece's,
+ *     never the pack's (gmb_free() and gmb_owns() look at pieces first);
  *   - a PRESERVE allocation's host copy (backup.c) is made at its first
  *     pause and kept only as the retain setting says; saved says it holds
  *     the bytes of the pause in progress or the last one;
@@ -279,9 +282,14 @@ static int mem_alloc_new(struct gmb__mem *m, struct gmb__tag *t, int dev, uint64
 	return 0;
 }
 
-/* Frees what mem_alloc_new() made; @a is out of every table. */
+/* Frees what mem_alloc_new() made; @a is out of every table but its pieces'. */
 static void mem_alloc_destroy(struct gmb__mem *m, struct gmb__alloc *a)
 {
+	pthread_mutex_lock(&m->conn->lock);
+	for (struct gmb__piece *p = a->pieces; p; p = p->next)
+		idmap_del(&m->pieces, p->va);
+	pthread_mutex_unlock(&m->conn->lock);
+	gmb__pack_clear(a);
 	/* Only gmb_close() gets here mapped: the VA cannot be freed under a mapping. */
 	if (a->mapped)
 		m->be->ops->unmap(m->be, a->va, a->size);
@@ -381,8 +389,12 @@ static uint64_t mem_alloc_lend_id(const struct gmb__reply *rep)
 	return 0;
 }
 
-/* AllocRequest for @a, then adopt and map the lend; on failure gmbd gets it back. */
-static int mem_alloc_lend_map(struct gmb__mem *m, struct gmb__alloc *a, char *err)
+/*
+ * AllocRequest for @a (gmbd waits up to @wait_ms for the memory), then adopt
+ * and map the lend; on failure gmbd gets it back.
+ */
+static int mem_alloc_lend_map(struct gmb__mem *m, struct gmb__alloc *a, uint32_t wait_ms,
+			      char *err)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__AllocRequest req = GMB__ALLOC_REQUEST__INIT;
@@ -395,7 +407,7 @@ static int mem_alloc_lend_map(struct gmb__mem *m, struct gmb__alloc *a, char *er
 	req.device = (uint32_t)a->dev;
 	req.size = a->size;
 	req.tag = a->tag->name;
-	req.wait_ms = m->wait_ms;
+	req.wait_ms = wait_ms;
 	env.body_case = GMB__ENVELOPE__BODY_ALLOC;
 	env.alloc = &req;
 	rc = gmb__request(m->conn, &env, &rep, err);
@@ -459,15 +471,110 @@ static int mem_peer_indexes(struct gmb__mem *m, uint64_t peers, int dev, uint64_
 	return 0;
 }
 
+/* Whether an allocation of @size is packed (pack.c). */
+static bool mem_packs(const struct gmb__mem *m, uint64_t size, bool hook)
+{
+	if (size > GMB__PACK_PIECE_MAX)
+		return false;
+	return m->pack == GMB_PACK_ALL || (hook && m->pack == GMB_PACK_HOOKS);
+}
+
+/* What a piece shares with its pack: the backup resolved as mem_alloc_new() does. */
+static struct gmb__pack_key mem_pack_key(int dev, uint64_t peers, const struct gmb__mem_how *how)
+{
+	struct gmb__pack_key k = { .dev = dev, .peers = peers, .own_mode = how && how->own };
+
+	if (k.own_mode) {
+		k.mode = how->mode;
+		k.backup = how->backup == GMB_BACKUP_DEFAULT ? gmb__backup_default(NULL)
+							     : how->backup;
+		if (k.backup < 0)
+			k.backup = GMB_BACKUP_PINNED;
+	}
+	return k;
+}
+
+/* A new pack of @t for a piece of @size, lent, mapped and in @t's list. */
+static int mem_pack_new(struct gmb__mem *m, struct gmb__tag *t, const struct gmb__pack_key *k,
+			uint64_t size, const struct gmb__mem_how *how, struct gmb__alloc **out,
+			char *err)
+{
+	uint64_t gran = m->devs->granularity[k->dev];
+	uint64_t want = backend_round_up(gmb__pack_size(t, k, size), gran);
+	struct gmb__alloc *a;
+	int rc;
+
+	/*
+	 * The room is a bet on allocations to come: it is not worth a wait, nor
+	 * a refusal. Past the budget, a pack of the piece's size is asked for,
+	 * with the wait an allocation of its own would have had.
+	 */
+	for (;;) {
+		rc = mem_alloc_new(m, t, k->dev, k->peers, want, how, &a, err);
+		if (rc == 0) {
+			rc = mem_alloc_lend_map(m, a, want > size ? 0 : m->wait_ms, err);
+			if (rc == 0)
+				break;
+			mem_alloc_destroy(m, a);
+		}
+		if (rc != -ENOMEM || want == size)
+			return rc;
+		want = size;
+	}
+	a->packed = true;
+	mem_tag_link(t, a);
+	*out = a;
+	return 0;
+}
+
+/* Frees @a whole: unmap (if active), tell gmbd, release. */
+static int mem_free_whole(struct gmb__mem *m, struct gmb__alloc *a, char *err);
+
+/* gmb__mem_malloc() of a piece: in a pack of @t with room, else in a new one. */
+static int mem_pack_malloc(struct gmb__mem *m, struct gmb__tag *t, int dev, uint64_t peers,
+			   uint64_t size, const struct gmb__mem_how *how, void **ptr, char *err)
+{
+	struct gmb__pack_key k = mem_pack_key(dev, peers, how);
+	uintptr_t va = 0;
+	struct gmb__alloc *a = gmb__pack_find(t, &k, size, &va);
+	struct gmb__piece *p;
+	bool fresh = !a;
+	int rc;
+
+	if (!a) {
+		rc = mem_pack_new(m, t, &k, size, how, &a, err);
+		if (rc < 0)
+			return rc;
+		va = a->va;
+	}
+	rc = gmb__pack_carve(a, va, size, &p);
+	if (rc == 0) {
+		pthread_mutex_lock(&m->conn->lock);
+		rc = idmap_put(&m->pieces, va, p);
+		pthread_mutex_unlock(&m->conn->lock);
+		if (rc < 0)
+			gmb__pack_uncarve(p);
+	}
+	if (rc < 0) {
+		if (fresh)
+			mem_free_whole(m, a, NULL);
+		return err_fmt(err, -ENOMEM, "out of memory recording a packed allocation");
+	}
+	*ptr = (void *)va;
+	return 0;
+}
+
 /**
- * gmb__mem_malloc() - reserve, lend, map. *@ptr is set only on success; on
- * failure everything is undone, including gmbd's side.
+ * gmb__mem_malloc() - reserve, lend, map (or carve out of a pack). *@ptr
+ * is set only on success; on failure everything is undone, including
+ * gmbd's side.
  */
 int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const char *tag,
-		    const struct gmb__mem_how *how, uint64_t peers, char *err)
+		    const struct gmb__mem_how *how, uint64_t peers, bool hook, char *err)
 {
 	struct gmb__alloc *a = NULL;
 	struct gmb__tag *t;
+	uint64_t rounded;
 	bool created;
 	int rc;
 
@@ -488,11 +595,17 @@ int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const 
 	rc = mem_tag_get(m, tag, &t, &created, err);
 	if (rc < 0)
 		return rc;
-	rc = mem_alloc_new(m, t, dev, peers, backend_round_up(size, m->devs->granularity[dev]), how,
-			   &a, err);
+	rounded = backend_round_up(size, m->devs->granularity[dev]);
+	if (mem_packs(m, rounded, hook)) {
+		rc = mem_pack_malloc(m, t, dev, peers, rounded, how, ptr, err);
+		if (rc < 0)
+			goto out_tag;
+		return 0;
+	}
+	rc = mem_alloc_new(m, t, dev, peers, rounded, how, &a, err);
 	if (rc < 0)
 		goto out_tag;
-	rc = mem_alloc_lend_map(m, a, err);
+	rc = mem_alloc_lend_map(m, a, m->wait_ms, err);
 	if (rc < 0)
 		goto out_alloc;
 	mem_tag_link(t, a);
@@ -502,27 +615,15 @@ int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const 
 out_alloc:
 	mem_alloc_destroy(m, a);
 out_tag:
-	if (created)
+	if (created && !t->allocs)
 		mem_tag_drop(m, t);
 	return rc;
 }
 
-/**
- * gmb__mem_free() - unmap (if active), tell gmbd, release. The allocation
- * is gone locally even when gmbd answers an error (that error is returned);
- * a connection lost for good is no error: gmbd took everything back then
- * (or will, when it reclaims this client).
- */
-int gmb__mem_free(struct gmb__mem *m, void *ptr, char *err)
+static int mem_free_whole(struct gmb__mem *m, struct gmb__alloc *a, char *err)
 {
-	struct gmb__alloc *a;
 	int rc;
 
-	pthread_mutex_lock(&m->conn->lock);
-	a = ptr ? idmap_get(&m->tab.by_va, (uintptr_t)ptr) : NULL;
-	pthread_mutex_unlock(&m->conn->lock);
-	if (!a)
-		return err_fmt(err, -EINVAL, "pointer %p was not allocated by gmb_malloc", ptr);
 	if (a->mapped) {
 		rc = gmb__mem_sync(m, GMB__DEV_BIT(a->dev), err);
 		if (rc == 0)
@@ -543,6 +644,37 @@ int gmb__mem_free(struct gmb__mem *m, void *ptr, char *err)
 	return rc;
 }
 
+bool gmb__mem_owns(const struct gmb__mem *m, uintptr_t ptr)
+{
+	const struct gmb__alloc *a = idmap_get(&m->tab.by_va, ptr);
+
+	return idmap_get(&m->pieces, ptr) || (a && !a->packed);
+}
+
+/**
+ * gmb__mem_free() - unmap (if active), tell gmbd, release. The allocation
+ * is gone locally even when gmbd answers an error (that error is returned);
+ * a connection lost for good is no error: gmbd took everything back then
+ * (or will, when it reclaims this client). A piece of a pack frees the pack
+ * once it is the last.
+ */
+int gmb__mem_free(struct gmb__mem *m, void *ptr, char *err)
+{
+	struct gmb__piece *p = NULL;
+	struct gmb__alloc *a;
+
+	pthread_mutex_lock(&m->conn->lock);
+	if (ptr)
+		p = idmap_del(&m->pieces, (uintptr_t)ptr);
+	a = p ? p->pack : ptr ? idmap_get(&m->tab.by_va, (uintptr_t)ptr) : NULL;
+	pthread_mutex_unlock(&m->conn->lock);
+	if (!a || (!p && a->packed))
+		return err_fmt(err, -EINVAL, "pointer %p was not allocated by gmb_malloc", ptr);
+	if (p && !gmb__pack_uncarve(p))
+		return 0; /* the pack's other pieces keep it */
+	return mem_free_whole(m, a, err);
+}
+
 /**
  * gmb__mem_give_check() - the allocation whose base is @ptr, active and
  * drained, for a publish to give to gmbd (a named object's version).
@@ -552,13 +684,21 @@ int gmb__mem_free(struct gmb__mem *m, void *ptr, char *err)
 int gmb__mem_give_check(struct gmb__mem *m, void *ptr, struct gmb__alloc **out, char *err)
 {
 	struct gmb__alloc *a;
+	int rc = 0;
 
 	pthread_mutex_lock(&m->conn->lock);
 	a = ptr ? idmap_get(&m->tab.by_va, (uintptr_t)ptr) : NULL;
+	if (ptr && idmap_get(&m->pieces, (uintptr_t)ptr))
+		rc = err_fmt(err, -EINVAL,
+			     "pointer %p shares a mapping with other allocations (gmb_set_pack()):"
+			     " publish an allocation of its own",
+			     ptr);
+	else if (!a || a->packed)
+		rc = err_fmt(err, -EINVAL, "pointer %p is no allocation's base (gmb_malloc's)",
+			     ptr);
 	pthread_mutex_unlock(&m->conn->lock);
-	if (!a)
-		return err_fmt(err, -EINVAL, "pointer %p is no allocation's base (gmb_malloc's)",
-			       ptr);
+	if (rc < 0)
+		return rc;
 	if (!a->mapped)
 		return err_fmt(err, -EBUSY, "pointer %p is in paused tag \"%s\": resume it first",
 			       ptr, a->tag->name);
@@ -747,7 +887,7 @@ static int mem_drop(void *arg, const uint64_t *ids, size_t n, char *err)
 
 void gmb__mem_init(struct gmb__mem *m, struct gmb__conn *conn)
 {
-	*m = (struct gmb__mem){ .conn = conn, .devs = &conn->devs };
+	*m = (struct gmb__mem){ .conn = conn, .devs = &conn->devs, .pack = GMB_PACK_HOOKS };
 }
 
 void gmb__mem_cbs(struct gmb__mem *m, struct gmb__conn_cbs *cbs)
@@ -781,6 +921,7 @@ void gmb__mem_deinit(struct gmb__mem *m)
 	gmb__cache_release_run(m->be, rel);
 	idmap_deinit(&m->tab.by_id);
 	idmap_deinit(&m->tab.by_va);
+	idmap_deinit(&m->pieces);
 	backend_close(m->be);
 	m->be = NULL;
 }

@@ -20,6 +20,7 @@
 
 #include "client/lib/cache/cache.h"
 #include "client/lib/mem/backup.h"
+#include "client/lib/mem/pack.h"
 #include "client/lib/conn/conn.h"
 #include "common/err.h"
 #include "include/gmb.h"
@@ -61,6 +62,10 @@ struct gmb__mem {
 					written under the state lock too */
 	bool ipc_follow;	      /* pauses have their importers follow (gmb_set_ipc_follow) */
 	bool ipc_keep; /* closed imports stay mapped for the next open (gmb_set_ipc_keep) */
+	int pack;      /* GMB_PACK_*: which allocations are packed (pack.c) */
+	/* Pieces of packs by address (struct gmb__piece), owned by their pack;
+	 * changed under op_lock and the state lock. */
+	struct idmap pieces;
 	/* $GMB_IPC_GRANT: uids every shared allocation is granted to. */
 	uint32_t ipc_grants[8];
 	uint32_t nipc_grants;
@@ -85,8 +90,12 @@ struct gmb__mem_how {
 
 /* @how: NULL follows the tag's mode; @peers: this process's device ordinals
  * (bits) that get access too, besides @dev. */
+/* @hook: the call is an allocator's (the hooks), packed unless GMB_PACK_OFF;
+ * a plain one is packed under GMB_PACK_ALL. */
 int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const char *tag,
-		    const struct gmb__mem_how *how, uint64_t peers, char *err);
+		    const struct gmb__mem_how *how, uint64_t peers, bool hook, char *err);
+/* Whether @ptr is an allocation's base (a pack's piece or a whole one); state lock held. */
+bool gmb__mem_owns(const struct gmb__mem *m, uintptr_t ptr);
 int gmb__mem_free(struct gmb__mem *m, void *ptr, char *err);
 /* A publish: the allocation at @ptr checked and drained, then given away
  * (its range the caller's: *@va 0 when it could not be unmapped). */
