@@ -141,10 +141,8 @@ Test(pack, plain_allocations_are_not_packed_by_default_the_hooks_are)
 	cr_assert(eq(i32, gmb_malloc(c, &b, 2 * MiB, 0, "d"), 0), "%s", gmb_last_error(c));
 	cr_assert(eq(i64, used_bytes(c), (int64_t)(4 * MiB)), "gmb_malloc: what was asked");
 	cr_assert(eq(i32, gmb_region_begin("h", GMB_MODE_DISCARD), 0));
-	cr_assert(eq(i32, gmb_region_malloc(c, &h1, 2 * MiB, 0), 0), "%s",
-		  gmb_region_last_error());
-	cr_assert(eq(i32, gmb_region_malloc(c, &h2, 2 * MiB, 0), 0), "%s",
-		  gmb_region_last_error());
+	cr_assert(eq(i32, gmb_region_malloc(c, &h1, 2 * MiB, 0), 0), "%s", gmb_region_last_error());
+	cr_assert(eq(i32, gmb_region_malloc(c, &h2, 2 * MiB, 0), 0), "%s", gmb_region_last_error());
 	cr_assert(eq(i32, gmb_region_end(), 0));
 	cr_assert(eq(ptr, h2, (char *)h1 + 2 * MiB), "the hooks' allocations are packed");
 	cr_assert(eq(i64, used_bytes(c), (int64_t)(68 * MiB)));

@@ -78,7 +78,7 @@ struct gmb__alloc {
 	bool ipc_known;
 	uint64_t ipc_instance, ipc_gen;
 	uint8_t ipc_token[IPC_HANDLE_TOKEN];
-	struct gmb__hostcopy copy;	/* PRESERVE: made at the first pause */
+	struct gmb__hostcopy copy; /* PRESERVE: made at the first pause */
 	/* A pack (client/lib/mem/pack.c): the application's allocations are
 	 * its pieces, by address; under op_lock. */
 	bool packed;

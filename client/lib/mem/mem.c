@@ -393,8 +393,7 @@ static uint64_t mem_alloc_lend_id(const struct gmb__reply *rep)
  * AllocRequest for @a (gmbd waits up to @wait_ms for the memory), then adopt
  * and map the lend; on failure gmbd gets it back.
  */
-static int mem_alloc_lend_map(struct gmb__mem *m, struct gmb__alloc *a, uint32_t wait_ms,
-			      char *err)
+static int mem_alloc_lend_map(struct gmb__mem *m, struct gmb__alloc *a, uint32_t wait_ms, char *err)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__AllocRequest req = GMB__ALLOC_REQUEST__INIT;
@@ -486,8 +485,8 @@ static struct gmb__pack_key mem_pack_key(int dev, uint64_t peers, const struct g
 
 	if (k.own_mode) {
 		k.mode = how->mode;
-		k.backup = how->backup == GMB_BACKUP_DEFAULT ? gmb__backup_default(NULL)
-							     : how->backup;
+		k.backup = how->backup == GMB_BACKUP_DEFAULT ? gmb__backup_default(NULL) :
+							       how->backup;
 		if (k.backup < 0)
 			k.backup = GMB_BACKUP_PINNED;
 	}

@@ -92,8 +92,7 @@ struct gmb__alloc *gmb__pack_find(const struct gmb__tag *t, const struct gmb__pa
 	return NULL;
 }
 
-int gmb__pack_carve(struct gmb__alloc *pack, uintptr_t va, uint64_t size,
-		    struct gmb__piece **out)
+int gmb__pack_carve(struct gmb__alloc *pack, uintptr_t va, uint64_t size, struct gmb__piece **out)
 {
 	struct gmb__piece *p = calloc(1, sizeof(*p)), *after = NULL;
 

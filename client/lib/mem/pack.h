@@ -44,8 +44,7 @@ uint64_t gmb__pack_size(const struct gmb__tag *t, const struct gmb__pack_key *k,
 struct gmb__alloc *gmb__pack_find(const struct gmb__tag *t, const struct gmb__pack_key *k,
 				  uint64_t size, uintptr_t *va);
 /* Records a piece [@va, +@size) of @pack: 0 or -ENOMEM. */
-int gmb__pack_carve(struct gmb__alloc *pack, uintptr_t va, uint64_t size,
-		    struct gmb__piece **out);
+int gmb__pack_carve(struct gmb__alloc *pack, uintptr_t va, uint64_t size, struct gmb__piece **out);
 /* Takes @p out of its pack and frees it; true when the pack is empty now. */
 bool gmb__pack_uncarve(struct gmb__piece *p);
 /* Frees every piece of @pack (it is going away). */
