@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # run.sh - the benchmark of issue 3 on the GPU machine: builds (unless
 # GMB_GPU_SKIP_BUILD=1), starts build-gpu/gmbd --backend cuda on a temp
-# socket, runs build-gpu/vmm_bench (arguments are passed on: --quick,
-# --cycles N, --cycles-64 N, --no-preserve-64, --no-xproc), stops gmbd and
-# prints the bench's summary (tables, ratios, goals) last.
+# socket with its defaults ($GMB_SOCKET) and a second one with --pool-keep
+# unlimited on another ($GMB_SOCKET_WARM: the warm rows and goals), runs
+# build-gpu/vmm_bench (arguments are passed on: --quick, --cycles N,
+# --cycles-64 N, --no-preserve-64, --no-xproc), stops both gmbds and prints
+# the bench's summary (tables, ratios, goals by mode) last.
 #
 # Logs go to $OUT when set, else build-gpu/out: bench.log (everything,
-# gmbd's log included) and bench-table.txt (the summary).
+# both gmbds' logs included) and bench-table.txt (the summary).
 # Exit: the bench's status (0 when it ran; goals may still MISS), 1 when
-# the build or gmbd failed.
+# the build or either gmbd failed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
@@ -24,6 +26,8 @@ TABLE=$OUTDIR/bench-table.txt
 TMPD=$(mktemp -d /tmp/gmb-bench.XXXXXX)
 SOCK=$TMPD/gmbd.sock
 DLOG=$TMPD/gmbd.log
+SOCKW=$TMPD/gmbd-warm.sock
+DLOGW=$TMPD/gmbd-warm.log
 trap 'gmbd_stop_all; rm -rf "$TMPD"' EXIT
 
 : >"$LOG"
@@ -48,6 +52,15 @@ if ! gmbd_start "$SOCK" "$DLOG"; then
 	exit 1
 fi
 export GMB_SOCKET=$SOCK GMBD_PID=$GMBD_STARTED_PID
+# The warm gmbd: free memory kept in its pool, so a pause keeps the chunks.
+if ! gmbd_start "$SOCKW" "$DLOGW" --pool-keep unlimited; then
+	append_daemon_log "gmbd (warm) log" "$DLOGW"
+	tail -n 30 "$LOG"
+	echo "bench/run.sh: gmbd --pool-keep unlimited did not start (see $LOG)"
+	exit 1
+fi
+export GMB_SOCKET_WARM=$SOCKW
+GMBD_WARM_PID=$GMBD_STARTED_PID
 
 echo "==== $B/vmm_bench $* ($(date -u +%T))" >>"$LOG"
 t0=$SECONDS
@@ -56,7 +69,9 @@ rc=$?
 cat "$TMPD/bench.out" >>"$LOG"
 echo "==== vmm_bench: exit $rc after $((SECONDS - t0)) s" >>"$LOG"
 gmbd_stop "$GMBD_PID" || echo "gmbd did not stop cleanly" >>"$LOG"
+gmbd_stop "$GMBD_WARM_PID" || echo "gmbd (warm) did not stop cleanly" >>"$LOG"
 append_daemon_log "gmbd log" "$DLOG"
+append_daemon_log "gmbd (warm) log" "$DLOGW"
 
 {
 	echo "command: bench/run.sh $*"
