@@ -52,6 +52,9 @@ if ! gmbd_start "$SOCK" "$DLOG"; then
 	exit 1
 fi
 export GMB_SOCKET=$SOCK GMBD_PID=$GMBD_STARTED_PID
+# vmm_bench's gmb_malloc calls pack as the allocation hooks do for PyTorch's
+# segments (GMB_PACK=hooks is the default, which leaves plain calls alone).
+export GMB_PACK=${GMB_PACK:-all}
 # The warm gmbd: free memory kept in its pool, so a pause keeps the chunks.
 if ! gmbd_start "$SOCKW" "$DLOGW" --pool-keep unlimited; then
 	append_daemon_log "gmbd (warm) log" "$DLOGW"
