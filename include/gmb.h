@@ -366,8 +366,9 @@ GMB_API int gmb_set_ipc_follow(gmb_client *c, int on);
 GMB_API int gmb_set_ipc_keep(gmb_client *c, int on);
 /**
  * gmb_set_pack() - which of @c's allocations of at most 32 MiB are packed:
- * carved out of a larger allocation of the same tag, device and mode (64
- * to 256 MiB, growing with the tag), so that a pause and a resume cost one
+ * carved out of a larger allocation of the same tag, device and mode (up
+ * to 256 MiB, from 64 growing with the tag, in whole pieces of the first
+ * allocation's size), so that a pause and a resume cost one
  * chunk for many of them and an allocation that fits costs no request.
  * GMB_PACK_HOOKS (the default): those of the allocation hooks (the preload
  * shim, PyTorch's allocators, the torch_memory_saver stand-in), whose

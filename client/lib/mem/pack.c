@@ -14,9 +14,9 @@
  * The price is memory: a pack is lent whole, and its free room counts
  * against the budget until a piece fills it or the last piece goes (then
  * mem.c frees the pack). The pack sizes grow with the tag (doubling what
- * its packs hold, from GMB__PACK_MIN to GMB__PACK_MAX), so the room left
- * is at most the last pack's. A PRESERVE pack's host copy is the whole
- * pack, room included.
+ * its packs hold, from GMB__PACK_MIN to GMB__PACK_MAX, cut to a whole
+ * number of the first piece's size), so the room left is at most the last
+ * pack's. A PRESERVE pack's host copy is the whole pack, room included.
  *
  * Pieces of a pack are kept by address; a new one goes in the first gap
  * that fits. Sizes and addresses are granularity multiples (mem.c rounds).
@@ -59,7 +59,9 @@ uint64_t gmb__pack_size(const struct gmb__tag *t, const struct gmb__pack_key *k,
 	n = held < GMB__PACK_MIN ? GMB__PACK_MIN : held;
 	if (n > GMB__PACK_MAX)
 		n = GMB__PACK_MAX;
-	return n < size ? size : n;
+	/* A whole number of pieces of this size: PyTorch's segments are alike,
+	 * and room they cannot fill would only be lent and copied. */
+	return n < size ? size : n / size * size;
 }
 
 /* The first gap of @a of @size bytes: its address, or 0. */
