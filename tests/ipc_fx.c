@@ -18,14 +18,24 @@ struct gmbd_proc ipcfx_gmbd;
 char ipcfx_build[PATH_MAX];
 const char *ipcfx_sock;
 
-void ipcfx_start(void)
+static void ipcfx_start_chunk(const char *max_chunk)
 {
-	static const char *const args[] = { "--host-devices", "1",	     "--host-memory",
-					    "64MiB",	      "--max-chunk", "2MiB",
-					    "--log-level",    "info",	     NULL };
+	const char *const args[] = { "--host-devices", "1",	      "--host-memory",
+				     "64MiB",	       "--max-chunk", max_chunk,
+				     "--log-level",    "info",	      NULL };
 
 	cr_assert(not(eq(ptr, realpath(test_build_dir(), ipcfx_build), NULL)));
 	cr_assert(eq(i32, gmbd_start_shared(&ipcfx_gmbd, args), 0), "gmbd did not start");
+}
+
+void ipcfx_start(void)
+{
+	ipcfx_start_chunk("2MiB");
+}
+
+void ipcfx_start_big_chunks(void)
+{
+	ipcfx_start_chunk("64MiB");
 }
 
 void ipcfx_stop(void)

@@ -29,6 +29,8 @@ extern const char *ipcfx_sock;
 
 /* The suite's init and fini: gmbd started, stopped cleanly. */
 void ipcfx_start(void);
+/* The same with --max-chunk 64MiB: a 64 MiB allocation is one chunk. */
+void ipcfx_start_big_chunks(void);
 void ipcfx_stop(void);
 
 /* A prog_preload under the shim on gmbd's socket; @uid > 0: run as that

@@ -70,16 +70,21 @@ Test(ipc, bytes_cross_both_ways_and_opens_are_counted)
 	ipcfx_quit(&a);
 }
 
-/* Packed (the hooks' default): a piece is shared as a piece, at its address. */
-Test(ipc, a_packed_allocation_crosses_at_its_own_offset)
+/*
+ * Packed (the hooks' default): a piece is shared as a piece, at its address,
+ * though it is inside the pack's one chunk (the runtime's cudaIpcOpenMemHandle
+ * gives the base of the allocation the handle was made from, and PyTorch adds
+ * the tensor's offset in it to that).
+ */
+Test(ipc, a_packed_allocation_crosses_at_its_own_offset, .init = ipcfx_start_big_chunks)
 {
 	struct worker a, b;
-	char p[32], p2[32], q[32], h[160];
+	char p[32], p2[32], q[32], q2[32], h[160];
 
 	ipcfx_exporter_env(&a, 4 * MiB, 0x5a, p, "GMB_PACK=hooks");
 	snprintf(p2, sizeof(p2), "%s", ipcfx_run(&a, 0, "malloc %llu", 4 * MiB));
 	cr_assert(eq(u64, ipcfx_addr(p2), ipcfx_addr(p) + 4 * MiB), "two pieces of one pack");
-	cr_assert(eq(i64, ipcfx_used(&a), (int64_t)(64 * MiB)), "one pack lent");
+	cr_assert(eq(i64, ipcfx_used(&a), (int64_t)(64 * MiB)), "one pack lent, one chunk");
 	ipcfx_run(&a, 0, "fill %s %llu 33", p2, 4 * MiB);
 	ipcfx_get_handle(&a, p2, h);
 	ipcfx_prog(&b, 0);
@@ -87,6 +92,10 @@ Test(ipc, a_packed_allocation_crosses_at_its_own_offset)
 	ipcfx_open_handle(&b, h, q);
 	ipcfx_run(&b, 0, "check %s %llu 33", q, 4 * MiB);
 	ipcfx_run(&b, 0, "fill %s %llu 68", q, 1 * MiB);
+	/* Opened again (one mapping): the same place. */
+	ipcfx_open_handle(&b, h, q2);
+	cr_assert(eq(str, q, q2));
+	ipcfx_run(&b, 0, "ipcclose %s", q2);
 	ipcfx_run(&a, 0, "check %s %llu 68", p2, 1 * MiB);
 	ipcfx_run(&a, 0, "check %s %llu 90", p, 4 * MiB); /* the other piece untouched */
 	ipcfx_run(&b, 0, "ipcclose %s", q);

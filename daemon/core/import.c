@@ -84,12 +84,17 @@ static int import_range_of(const struct balloc *a, uint64_t offset, uint64_t *ra
 	return -EINVAL;
 }
 
-/* Does a chunk of @a start at @range_off? */
-static bool import_is_range(const struct balloc *a, uint64_t range_off)
+/*
+ * Is @range_off a place a handle of @a may name? A chunk's start (what gmbd
+ * hands out), or any granularity multiple inside it: libgmb names the start
+ * of the piece of a pack (client/lib/mem/pack.c) that the pointer is in,
+ * which the application took for an allocation of its own.
+ */
+static bool import_is_range(const struct broker *br, const struct balloc *a, uint64_t range_off)
 {
-	uint64_t r;
+	uint64_t gran = br->pools[a->dev].granularity;
 
-	return import_range_of(a, range_off, &r) == 0 && r == range_off;
+	return range_off < a->size && gran && range_off % gran == 0;
 }
 
 static int import_export_new(struct import_table *t, struct balloc *a, struct import_export **out,
@@ -317,10 +322,11 @@ static int import_open_version(struct import_export *ex, const struct bclient *c
 }
 
 /* Check order: form, then identity (one answer for all), then who and when. */
-static int import_open_check(struct import_table *t, const struct bclient *c, const uint8_t *handle,
-			     size_t len, struct ipc_handle *h, struct import_export **out,
-			     char *err)
+static int import_open_check(const struct broker *br, const struct bclient *c,
+			     const uint8_t *handle, size_t len, struct ipc_handle *h,
+			     struct import_export **out, char *err)
 {
+	struct import_table *t = br->imports;
 	struct import_export *ex;
 
 	if (len != IPC_HANDLE_SIZE)
@@ -353,8 +359,8 @@ static int import_open_check(struct import_table *t, const struct bclient *c, co
 	if (!ex->alloc->active)
 		return err_fmt(err, -EBUSY, "allocation %llu of client '%s' is in paused tag '%s'",
 			       (unsigned long long)ex->alloc_id, ex->owner, ex->alloc->tag->name);
-	if (!import_is_range(ex->alloc, h->range_off))
-		return err_fmt(err, -EINVAL, "range offset %llu starts no chunk of allocation %llu",
+	if (!import_is_range(br, ex->alloc, h->range_off))
+		return err_fmt(err, -EINVAL, "range offset %llu is no place in allocation %llu",
 			       (unsigned long long)h->range_off, (unsigned long long)ex->alloc_id);
 	*out = ex;
 	return 0;
@@ -408,7 +414,7 @@ int import_open(struct broker *br, struct bclient *c, const uint8_t *handle, siz
 	struct ipc_handle h;
 	int rc;
 
-	rc = import_open_check(t, c, handle, len, &h, &ex, err);
+	rc = import_open_check(br, c, handle, len, &h, &ex, err);
 	if (rc < 0)
 		return rc;
 	r = import_rec_find(ex, c);

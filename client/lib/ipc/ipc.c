@@ -125,13 +125,22 @@ static void ipc_handle_of_import(const struct gmb__import *im, uintptr_t p, uint
 	ipc_handle_encode(&h, out);
 }
 
-/* The start of @a's chunk holding byte @off, from its last lend; -ENOENT unknown. */
+/*
+ * Where a handle of @a for byte @off starts: the piece holding it in a pack
+ * (the application's allocation, pack.c), else the chunk holding it, from
+ * its last lend; -ENOENT unknown. Under op_lock (pieces).
+ */
 static int ipc_alloc_range(struct gmb__mem *m, const struct gmb__alloc *a, uint64_t off,
 			   uint64_t *range_off)
 {
+	const struct gmb__piece *p = a->packed ? gmb__pack_piece_at(a, a->va + off) : NULL;
 	uint64_t at = 0;
 	int rc = -ENOENT;
 
+	if (p) {
+		*range_off = p->va - a->va;
+		return 0;
+	}
 	pthread_mutex_lock(&m->conn->lock);
 	for (uint32_t i = 0; a->chunk_sizes && i < a->nchunks; i++) {
 		if (off < at + a->chunk_sizes[i]) {
@@ -145,6 +154,24 @@ static int ipc_alloc_range(struct gmb__mem *m, const struct gmb__alloc *a, uint6
 	return rc;
 }
 
+/* @a's handle from what its first export told, for byte @off. */
+static int ipc_handle_known(struct gmb__mem *m, const struct gmb__alloc *a, uint64_t off,
+			    uint8_t *handle)
+{
+	struct ipc_handle h = { .instance = a->ipc_instance,
+				.owner = m->conn->id,
+				.alloc = a->id,
+				.gen = a->ipc_gen,
+				.dev = (uint32_t)a->dev };
+	int rc = ipc_alloc_range(m, a, off, &h.range_off);
+
+	if (rc < 0)
+		return rc;
+	memcpy(h.token, a->ipc_token, sizeof(h.token));
+	ipc_handle_encode(&h, handle);
+	return 0;
+}
+
 static int ipc_export(struct gmb__mem *m, struct gmb__alloc *a, uint64_t off, uint8_t *handle,
 		      char *err)
 {
@@ -153,21 +180,11 @@ static int ipc_export(struct gmb__mem *m, struct gmb__alloc *a, uint64_t off, ui
 	struct ipc_handle h;
 	struct gmb__reply rep;
 	const Gmb__Envelope *last;
-	uint64_t range_off;
 	int rc;
 
 	/* Known: the same bytes gmbd would send (its handles are deterministic). */
-	if (a->ipc_known && ipc_alloc_range(m, a, off, &range_off) == 0) {
-		h = (struct ipc_handle){ .instance = a->ipc_instance,
-					 .owner = m->conn->id,
-					 .alloc = a->id,
-					 .gen = a->ipc_gen,
-					 .range_off = range_off,
-					 .dev = (uint32_t)a->dev };
-		memcpy(h.token, a->ipc_token, sizeof(h.token));
-		ipc_handle_encode(&h, handle);
+	if (a->ipc_known && ipc_handle_known(m, a, off, handle) == 0)
 		return 0;
-	}
 	req.alloc_id = a->id;
 	req.offset = off;
 	env.body_case = GMB__ENVELOPE__BODY_IPC_EXPORT;
@@ -190,6 +207,9 @@ static int ipc_export(struct gmb__mem *m, struct gmb__alloc *a, uint64_t off, ui
 		a->ipc_instance = h.instance;
 		a->ipc_gen = h.gen;
 		memcpy(a->ipc_token, h.token, sizeof(a->ipc_token));
+		/* gmbd names the chunk; in a pack, the piece is what was shared. */
+		if (a->packed)
+			rc = ipc_handle_known(m, a, off, handle);
 	}
 	gmb__reply_deinit(&rep);
 	return rc;
@@ -264,9 +284,13 @@ int gmb__ipc_get_handle(struct gmb__mem *m, struct gmb__ipc *ipc, const void *pt
 }
 
 /* Is @off the start of a chunk of @im (so that a handle may name it)? */
-static bool ipc_is_range(const struct gmb__import *im, uint64_t off)
+/* A place a handle of @im may name: inside it, at a granularity multiple
+ * (a chunk's start, or a piece's of a pack: gmbd checks the same). */
+static bool ipc_is_range(const struct gmb__mem *m, const struct gmb__import *im, uint64_t off)
 {
-	return off < im->size && ipc_chunk_start(im, off) == off;
+	uint64_t gran = m->devs->granularity[im->dev];
+
+	return off < im->size && gran && off % gran == 0;
 }
 
 static struct gmb__import *ipc_find_handle(struct gmb__ipc *ipc, const struct ipc_handle *h)
@@ -609,8 +633,8 @@ int gmb__ipc_open_how(struct gmb__mem *m, struct gmb__ipc *ipc, const uint8_t *h
 			       (void *)im->va);
 	/* Kept idle by its last close: gmbd knows it open again, nothing to map. */
 	if (im && im->idle) {
-		if (!ipc_is_range(im, h.range_off))
-			return err_fmt(err, -EINVAL, "range offset %" PRIu64 " starts no chunk",
+		if (!ipc_is_range(m, im, h.range_off))
+			return err_fmt(err, -EINVAL, "range offset %" PRIu64 " is no place in it",
 				       h.range_off);
 		rc = ipc_send_reopen(m, im->gen, err);
 		if (rc < 0)
@@ -624,8 +648,8 @@ int gmb__ipc_open_how(struct gmb__mem *m, struct gmb__ipc *ipc, const uint8_t *h
 		/* It followed its owner's pause: map it again first (EBUSY while paused). */
 		if (!im->mapped && (rc = ipc_remap(m, im, err)) < 0)
 			return rc;
-		if (!ipc_is_range(im, h.range_off))
-			return err_fmt(err, -EINVAL, "range offset %" PRIu64 " starts no chunk",
+		if (!ipc_is_range(m, im, h.range_off))
+			return err_fmt(err, -EINVAL, "range offset %" PRIu64 " is no place in it",
 				       h.range_off);
 		im->opens++;
 		*ptr = (void *)(im->va + h.range_off);

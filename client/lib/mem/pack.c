@@ -127,6 +127,14 @@ bool gmb__pack_uncarve(struct gmb__piece *p)
 	return pack->npieces == 0;
 }
 
+const struct gmb__piece *gmb__pack_piece_at(const struct gmb__alloc *pack, uintptr_t p)
+{
+	for (const struct gmb__piece *q = pack->pieces; q && q->va <= p; q = q->next)
+		if (p - q->va < q->size)
+			return q;
+	return NULL;
+}
+
 void gmb__pack_clear(struct gmb__alloc *pack)
 {
 	while (pack->pieces)

@@ -48,6 +48,8 @@ struct gmb__alloc *gmb__pack_find(const struct gmb__tag *t, const struct gmb__pa
 int gmb__pack_carve(struct gmb__alloc *pack, uintptr_t va, uint64_t size, struct gmb__piece **out);
 /* Takes @p out of its pack and frees it; true when the pack is empty now. */
 bool gmb__pack_uncarve(struct gmb__piece *p);
+/* The piece of @pack holding address @p, or NULL. */
+const struct gmb__piece *gmb__pack_piece_at(const struct gmb__alloc *pack, uintptr_t p);
 /* Frees every piece of @pack (it is going away). */
 void gmb__pack_clear(struct gmb__alloc *pack);
 
