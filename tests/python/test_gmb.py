@@ -27,6 +27,9 @@ import unittest
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 BUILD = os.path.join(ROOT, os.environ.get("GMB_BUILD_DIR", "build"))
 os.environ.setdefault("GMB_LIB", os.path.join(BUILD, "libgmb.so"))
+# These count bytes per allocation; packing is tests/test_pack.c's (and
+# test_sets_pack below).
+os.environ.setdefault("GMB_PACK", "off")
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 
 import gmb  # noqa: E402
@@ -114,6 +117,20 @@ class NativeApi(unittest.TestCase):
         c = gmb.Client(name=name, private=True)
         self.addCleanup(c.close)
         return c
+
+    def test_sets_pack(self):
+        c = self.client("packed")
+        c.set_pack(gmb.PACK_HOOKS)  # what it would be without this module's GMB_PACK=off
+        with c.region("p", "discard"):
+            a, b = c.malloc(2 * MiB), c.malloc(2 * MiB)
+        self.assertEqual(b, a + 2 * MiB, "two pieces of one pack")
+        self.assertEqual(tags_of(c.status(), "packed")["p"]["bytes"], 64 * MiB)
+        with self.assertRaises(gmb.GmbError) as e:
+            c.set_pack(7)
+        self.assertEqual(e.exception.errno, errno.EINVAL)
+        c.free(a)
+        c.free(b)
+        self.assertEqual(tags_of(c.status(), "packed").get("p", {}).get("bytes", 0), 0)
 
     def test_regions_route_raw_buffers_and_the_three_modes_hold(self):
         c = self.client("modes")

@@ -39,6 +39,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 MODE_DISCARD, MODE_ZERO, MODE_PRESERVE = 0, 1, 2
+PACK_OFF, PACK_HOOKS, PACK_ALL = 0, 1, 2
 MODES = {"discard": MODE_DISCARD, "zero": MODE_ZERO, "preserve": MODE_PRESERVE}
 _OPS = {"pause": 1, "resume": 2}
 _OP_NAMES = {v: k for k, v in _OPS.items()}
@@ -331,6 +332,12 @@ class Client:
         open of the same handle ($GMB_IPC_KEEP=1 at connect); gmbd asks for it
         back before its owner's pause and once its owner freed it."""
         self._check(self._lib().gmb_set_ipc_keep(self._handle(), 1 if on else 0))
+
+    def set_pack(self, pack):
+        """Which allocations of at most 32 MiB share larger ones of their tag:
+        PACK_HOOKS (the default: the hooks'), PACK_ALL (malloc's too) or
+        PACK_OFF ($GMB_PACK=off|hooks|all at connect; README "Packing")."""
+        self._check(self._lib().gmb_set_pack(self._handle(), int(pack)))
 
     # Named objects (README: "Named objects"): memory that belongs to a name
     # under this uid, not to a process. gmb.objects builds state dicts on them.

@@ -64,6 +64,7 @@ _PROTOTYPES = {
     "gmb_ipc_revoke": (c_int, [_H, c_void_p, ctypes.c_uint32]),
     "gmb_set_ipc_follow": (c_int, [_H, c_int]),
     "gmb_set_ipc_keep": (c_int, [_H, c_int]),
+    "gmb_set_pack": (c_int, [_H, c_int]),
     "gmb_object_publish": (c_int, [_H, c_char_p, c_void_p, c_char_p, c_size_t,
                                    POINTER(c_uint64)]),
     "gmb_object_open": (c_int, [_H, c_char_p, c_uint64, POINTER(c_void_p), c_void_p, c_void_p,
