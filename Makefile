@@ -70,6 +70,8 @@ LIB_SRC := client/lib/api/api.c client/lib/api/object.c client/lib/api/status_js
 	client/lib/hook/torch.c client/lib/hook/libpath.c client/lib/hook/tms.c client/lib/hook/ipc.c \
 	client/lib/mem/mem.c client/lib/mem/cycle.c client/lib/mem/rejoin.c client/lib/mem/backup.c client/lib/mem/pack.c \
 	client/lib/ipc/ipc.c client/lib/cache/cache.c client/lib/conn/conn.c client/lib/conn/reconnect.c
+# The retained pinned copies made ahead of the first pause (backup.c's).
+LIB_SRC += client/lib/mem/prep.c
 PRELOAD_SRC := client/preload/preload.c client/preload/ipc.c common/env.c common/err.c
 CTL_SRC := client/gmbctl/gmbctl.c client/gmbctl/live.c
 TEST_SRC := $(wildcard tests/test_*.c)

@@ -480,12 +480,15 @@ GMB_API int gmb_host_copy(gmb_client *c, const void *ptr, size_t size, void **ho
  * keeps that region's mode and backup kind as its own, whatever its tag's
  * mode: a DISCARD allocation in a tag that also has PRESERVE ones loses its
  * bytes at a pause. A PRESERVE allocation's host copy is made at its first
- * pause, in one of these kinds:
+ * pause (a retained PINNED one before), in one of these kinds:
  *   PINNED: host memory the device copies at full speed. Unless retained it
  *           is pageable memory filled through a small pinned ring (pinning
  *           the whole copy at every pause would cost more than the copy),
  *           registered with the driver only when gmb_host_copy() hands it out;
- *           a retained copy is pinned memory.
+ *           a retained copy is pinned memory, made by a thread of libgmb
+ *           right after the allocation (gmb_malloc() does not wait for it;
+ *           the first pause does if it is not ready), so it takes its host
+ *           memory from the allocation on.
  *   MMAP:   anonymous mmap'd memory; its resident pages go back to the
  *           system when the copy is freed.
  *   DISK:   one file per allocation in the disk folder (0600), written at

@@ -46,9 +46,11 @@ enum {
 struct gmb__hostcopy {
 	int how;	 /* GMB__COPY_* */
 	void *p;	 /* PINNED, PAGEABLE: size bytes, owned */
-	bool registered; /* PAGEABLE: registered with the backend */
+	bool registered; /* PAGEABLE, or PINNED made ahead: registered with the backend */
 	int fd;		 /* FILE: the open file, owned; else -1 */
 	char *path;	 /* FILE: malloc'd, unlinked when the copy goes */
+	/* Registered: one range per reg_piece bytes (the last shorter); 0: one. */
+	uint64_t reg_piece;
 };
 
 struct gmb__alloc {

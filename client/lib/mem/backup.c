@@ -3,17 +3,26 @@
  * a pinned ring, mmap'd, or a file) and the process's settings for them.
  *
  * A copy is made at an allocation's first pause and, unless retained, freed
- * once resume has copied it back. Its memory depends on the kind and on
- * retain:
- *   - PINNED retained: the backend's host memory (pinned on cuda), copied
- *     directly and queued with the other copies (the link's full speed);
+ * once resume has copied it back; but a retained PINNED one is made ahead.
+ * Its memory depends on the kind and on retain:
+ *   - PINNED retained: pinned memory, copied directly and queued with the
+ *     other copies (the link's full speed). It is made right after the
+ *     allocation, off the allocating thread (prep.c: fresh memory faulted
+ *     in on several threads and registered in pieces), so the first pause
+ *     finds it ready: retain keeps a copy for every pause, so it counts
+ *     from the allocation on. A pause that comes first waits for it, or
+ *     makes it itself if it was not started; if the making failed, the
+ *     pause makes it in the backend's host memory as before (pinned on
+ *     cuda), the reason kept (gmb__backup_prep_error());
  *   - PINNED not retained, and MMAP: anonymous mmap'd memory, filled through
  *     a ring of two pinned pieces with the host side copied by several
  *     threads (their first touch faults the fresh pages in parallel): pinning
  *     the whole copy at each pause would cost more than copying it;
  *   - DISK: a file in the disk folder, through one pinned buffer.
  * gmb_host_copy() of a pageable PINNED copy registers it with the backend,
- * so that what it hands out is CUDA host memory as the kind promises.
+ * so that what it hands out is CUDA host memory as the kind promises; one
+ * made ahead is registered again as one range then (the driver refuses a
+ * copy across two registrations, and the application's may span them).
  *
  * Ring copies wait for the device (wait()) between pieces: exactly one piece
  * is in flight while the threads copy the other. Everything here runs under
@@ -34,16 +43,16 @@
 #include <unistd.h>
 
 #include "client/lib/mem/backup.h"
+#include "client/lib/mem/prep.h"
 #include "common/err.h"
 #include "include/gmb.h"
 #include "common/env.h"
 
 /* Two pieces: one in flight on the link while the threads copy the other. */
 #define BACKUP_RING_PIECE	  (64ULL << 20)
-/* Threads for the host side of a piece, each at least this many bytes. */
-#define BACKUP_PAR_MAX		  16
-#define BACKUP_PAR_MIN		  (4ULL << 20)
 #define BACKUP_DISK_CHUNK_DEFAULT 256ULL
+/* A copy made ahead is registered in pieces of this many bytes (~10-20 ms each on an H200). */
+#define BACKUP_REG_PIECE	  (256ULL << 20)
 
 struct backup_cfg {
 	atomic_int retain;	   /* 0 or 1 */
@@ -211,87 +220,13 @@ static uint64_t backup_disk_chunk(void)
 	return mb << 20;
 }
 
-/* Parallel host copies. */
-
-struct backup_par {
-	void *dst;
-	const void *src;
-	size_t n;
-};
-
-static void *backup_par_run(void *arg)
-{
-	struct backup_par *p = arg;
-
-	memcpy(p->dst, p->src, p->n);
-	return NULL;
-}
-
-/* memcpy in up to BACKUP_PAR_MAX threads (fewer if a thread cannot start). */
+/* memcpy in up to GMB__PREP_PAR_MAX threads, this one among them. */
 static void backup_par_copy(void *dst, const void *src, size_t n)
 {
-	struct backup_par part[BACKUP_PAR_MAX];
-	pthread_t th[BACKUP_PAR_MAX];
-	bool started[BACKUP_PAR_MAX] = { false };
-	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-	size_t k = n / BACKUP_PAR_MIN, each, off = 0;
+	struct gmb__prep_par g;
 
-	if (k > BACKUP_PAR_MAX)
-		k = BACKUP_PAR_MAX;
-	if (ncpu > 0 && k > (size_t)ncpu)
-		k = (size_t)ncpu;
-	if (k < 2) {
-		memcpy(dst, src, n);
-		return;
-	}
-	each = (n / k + 4095) & ~(size_t)4095;
-	for (size_t i = 0; i < k && off < n; i++) {
-		part[i] = (struct backup_par){ (char *)dst + off, (const char *)src + off,
-					       n - off < each ? n - off : each };
-		off += part[i].n;
-		/* The calling thread takes the last part, and any a thread could not. */
-		if (i + 1 < k && off < n &&
-		    pthread_create(&th[i], NULL, backup_par_run, &part[i]) == 0)
-			started[i] = true;
-		else
-			backup_par_run(&part[i]);
-	}
-	for (size_t i = 0; i < k; i++)
-		if (started[i])
-			pthread_join(th[i], NULL);
-}
-
-/*
- * Fresh pageable memory for a copy of @size bytes, or MAP_FAILED. It is
- * aligned to 2 MiB and asked for transparent huge pages: a pause into new
- * memory is bound by the faults of its first touch, and a huge page is one
- * fault where small pages are 512 (the kernel still zeroes it). Where huge
- * pages are off, or the alignment cannot be had, it is ordinary memory.
- */
-static void *backup_map_pageable(uint64_t size)
-{
-	const uint64_t huge = 2ULL << 20;
-	const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-	char *p, *aligned, *end;
-	uint64_t head;
-
-	if (size < huge)
-		return mmap(NULL, size, PROT_READ | PROT_WRITE,
-			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	p = mmap(NULL, size + huge, PROT_READ | PROT_WRITE,
-		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	if (p == MAP_FAILED)
-		return MAP_FAILED;
-	aligned = (char *)(((uintptr_t)p + huge - 1) & ~(uintptr_t)(huge - 1));
-	head = (uint64_t)(aligned - p);
-	/* The copy is freed as [aligned, aligned + size): trim the rest now. */
-	end = (char *)(((uintptr_t)aligned + size + page - 1) & ~(page - 1));
-	if (head)
-		munmap(p, head);
-	if (end < p + size + huge)
-		munmap(end, (size_t)(p + size + huge - end));
-	(void)madvise(aligned, size, MADV_HUGEPAGE);
-	return aligned;
+	gmb__prep_par_start(&g, dst, src, n, true);
+	gmb__prep_par_join(&g);
 }
 
 /* The ring and the disk buffer: pinned, made on first use, kept until close. */
@@ -324,6 +259,8 @@ static int backup_disk_stage(struct backend *be, struct gmb__backup_bufs *b, cha
 
 void gmb__backup_bufs_free(struct backend *be, struct gmb__backup_bufs *b)
 {
+	/* First: the worker may still be making a copy with @be. */
+	gmb__prep_close(&b->prep);
 	for (int i = 0; i < 2; i++)
 		if (b->ring[i])
 			be->ops->host_free(be, b->ring[i], BACKUP_RING_PIECE);
@@ -344,18 +281,22 @@ void gmb__backup_init(struct gmb__alloc *a)
 	a->copy = (struct gmb__hostcopy){ .how = GMB__COPY_NONE, .fd = -1 };
 }
 
-/** gmb__backup_free() - frees @a's copy, whatever it is (the file is removed). */
+/**
+ * gmb__backup_free() - frees @a's copy, whatever it is (the file is
+ * removed), and drops the one being made ahead for it, if any.
+ */
 void gmb__backup_free(struct backend *be, struct gmb__backup_bufs *b, struct gmb__alloc *a)
 {
 	struct gmb__hostcopy *h = &a->copy;
 
-	if (h->how == GMB__COPY_PINNED)
+	gmb__prep_cancel(b->prep, a->va);
+	if (h->registered)
+		gmb__prep_unregister(be, h->p, a->size, h->reg_piece);
+	/* Pinned, unregistered: the backend's host memory; else mapped here. */
+	if (h->how == GMB__COPY_PINNED && !h->registered)
 		be->ops->host_free(be, h->p, a->size);
-	if (h->how == GMB__COPY_PAGEABLE) {
-		if (h->registered && be->ops->host_unregister)
-			be->ops->host_unregister(be, h->p, a->size);
+	else if (h->how == GMB__COPY_PINNED || h->how == GMB__COPY_PAGEABLE)
 		munmap(h->p, a->size);
-	}
 	if (h->how == GMB__COPY_FILE) {
 		close(h->fd);
 		unlink(h->path);
@@ -385,14 +326,61 @@ static int backup_file_new(struct gmb__alloc *a, char *err)
 	return 0;
 }
 
+/* Whether @a gets a copy made ahead: PRESERVE, PINNED, retained (what keeps one for every pause). */
+static bool backup_ahead(struct backend *be, const struct gmb__alloc *a)
+{
+	return a->copy.how == GMB__COPY_NONE && gmb__alloc_mode(a) == GMB_MODE_PRESERVE &&
+	       a->backup == GMB_BACKUP_PINNED && gmb__backup_retain() && be &&
+	       be->ops->host_register && be->ops->host_unregister;
+}
+
+void gmb__backup_prep(struct backend *be, struct gmb__backup_bufs *b, struct gmb__alloc *a)
+{
+	/* Nothing queued (out of memory for the job): the first pause makes the copy. */
+	if (backup_ahead(be, a))
+		(void)gmb__prep_submit(&b->prep, be, a->va, a->size,
+				       b->reg_piece ? b->reg_piece : BACKUP_REG_PIECE);
+}
+
+void gmb__backup_prep_tag(struct backend *be, struct gmb__backup_bufs *b, struct gmb__tag *t)
+{
+	for (struct gmb__alloc *a = t->allocs; a; a = a->next)
+		gmb__backup_prep(be, b, a);
+}
+
+void gmb__backup_prep_error(struct gmb__backup_bufs *b, char *buf, size_t cap)
+{
+	gmb__prep_last_error(b->prep, buf, cap);
+}
+
+/* The backend's pinned memory for @a, as before copies were made ahead; @ahead: why that failed. */
+static int backup_pinned_new(struct backend *be, struct gmb__alloc *a, const char *ahead, char *err)
+{
+	void *p;
+	int rc = be->ops->host_alloc(be, a->size, &p);
+
+	if (rc < 0) {
+		rc = backend_fail_msg(err, rc, "allocating the host copy of an allocation");
+		if (ahead[0])
+			err_append(err, " (made ahead, it had failed too: %s)", ahead);
+		return rc;
+	}
+	a->copy = (struct gmb__hostcopy){ .how = GMB__COPY_PINNED, .p = p, .fd = -1 };
+	return 0;
+}
+
 /*
  * gmb__backup_prepare() - @a's copy exists (made now if needed) in the
  * memory its kind and the retain setting ask for. A copy kept from an
- * earlier cycle is reused as it is (same address, same file).
+ * earlier cycle is reused as it is (same address, same file); one made
+ * ahead is taken (waited for while it is being made), even if retain was
+ * turned off since: it exists already, and resume frees it then.
  */
 int gmb__backup_prepare(struct backend *be, struct gmb__backup_bufs *b, struct gmb__alloc *a,
 			char *err)
 {
+	char ahead[ERR_MSG_MAX] = "";
+	struct gmb__prep_copy pc;
 	void *p;
 	int rc;
 
@@ -400,19 +388,42 @@ int gmb__backup_prepare(struct backend *be, struct gmb__backup_bufs *b, struct g
 		return 0;
 	if (a->backup == GMB_BACKUP_DISK)
 		return backup_file_new(a, err);
-	if (a->backup == GMB_BACKUP_PINNED && gmb__backup_retain()) {
-		rc = be->ops->host_alloc(be, a->size, &p);
-		if (rc < 0)
-			return backend_fail_msg(err, rc,
-						"allocating the host copy of an allocation");
-		a->copy = (struct gmb__hostcopy){ .how = GMB__COPY_PINNED, .p = p, .fd = -1 };
+	rc = a->backup == GMB_BACKUP_PINNED ? gmb__prep_take(b->prep, a->va, &pc, ahead) : 0;
+	if (rc > 0) {
+		a->copy = (struct gmb__hostcopy){ .how = GMB__COPY_PINNED,
+						  .p = pc.p,
+						  .registered = true,
+						  .reg_piece = pc.piece,
+						  .fd = -1 };
 		return 0;
 	}
-	p = backup_map_pageable(a->size);
+	if (a->backup == GMB_BACKUP_PINNED && gmb__backup_retain())
+		return backup_pinned_new(be, a, ahead, err);
+	p = gmb__prep_map(a->size, false);
 	if (p == MAP_FAILED)
 		return err_fmt(err, -ENOMEM, "mapping a host copy of %" PRIu64 " bytes: %s",
 			       a->size, strerror(errno));
 	a->copy = (struct gmb__hostcopy){ .how = GMB__COPY_PAGEABLE, .p = p, .fd = -1 };
+	return 0;
+}
+
+/*
+ * gmb__backup_queue() - the PINNED copy's bytes to or from the device,
+ * queued; one copy per registration, as the driver refuses one that spans
+ * two. Return: 0 or the backend's error (what was queued still runs).
+ */
+int gmb__backup_queue(struct backend *be, struct gmb__alloc *a, enum backend_contents op)
+{
+	uint64_t piece = a->copy.reg_piece ? a->copy.reg_piece : a->size;
+
+	for (uint64_t off = 0; off < a->size; off += piece) {
+		uint64_t n = a->size - off < piece ? a->size - off : piece;
+		int rc = be->ops->contents_queue(be, a->dev, op, (char *)a->copy.p + off,
+						 a->va + off, n);
+
+		if (rc < 0)
+			return rc;
+	}
 	return 0;
 }
 
@@ -538,10 +549,34 @@ int gmb__backup_restore(struct backend *be, struct gmb__backup_bufs *b, struct g
 	return 0;
 }
 
+/*
+ * A copy made ahead, registered in pieces, as one registration: what the
+ * application copies may span pieces. The pieces go first (the driver
+ * refuses to register memory twice); if the whole cannot be registered
+ * they come back, or, failing that too, the copy is plain pageable memory
+ * (copied through the ring), and the error is returned either way.
+ */
+static int backup_register_whole(struct backend *be, struct gmb__alloc *a, char *err)
+{
+	struct gmb__hostcopy *h = &a->copy;
+	int rc;
+
+	gmb__prep_unregister(be, h->p, a->size, h->reg_piece);
+	rc = gmb__prep_register(be, h->p, a->size, 0, err);
+	if (rc == 0) {
+		h->reg_piece = 0;
+		return 0;
+	}
+	if (gmb__prep_register(be, h->p, a->size, h->reg_piece, NULL) < 0)
+		*h = (struct gmb__hostcopy){ .how = GMB__COPY_PAGEABLE, .p = h->p, .fd = -1 };
+	return rc;
+}
+
 /**
  * gmb__backup_pointer() - the address of @a's copy for gmb_host_copy(),
- * NULL for a file or none. A pageable PINNED copy is registered first, so
- * that it is CUDA host memory from then on (until it is freed).
+ * NULL for a file or none. A pageable PINNED copy is registered first, and
+ * one made ahead registered as one range, so that it is CUDA host memory
+ * the application copies to and from as it likes (until it is freed).
  */
 int gmb__backup_pointer(struct backend *be, struct gmb__backup_bufs *b, struct gmb__alloc *a,
 			void **p, char *err)
@@ -552,11 +587,16 @@ int gmb__backup_pointer(struct backend *be, struct gmb__backup_bufs *b, struct g
 	*p = NULL;
 	if (h->how != GMB__COPY_PINNED && h->how != GMB__COPY_PAGEABLE)
 		return 0;
+	if (h->registered && h->reg_piece && h->reg_piece < a->size) {
+		rc = backup_register_whole(be, a, err);
+		if (rc < 0)
+			return rc;
+	}
 	if (h->how == GMB__COPY_PAGEABLE && a->backup == GMB_BACKUP_PINNED && !h->registered &&
 	    be->ops->host_register) {
-		rc = be->ops->host_register(be, h->p, a->size);
+		rc = gmb__prep_register(be, h->p, a->size, 0, err);
 		if (rc < 0)
-			return backend_fail_msg(err, rc, "registering a host copy");
+			return rc;
 		h->registered = true;
 	}
 	*p = h->p;

@@ -16,11 +16,17 @@
 #include "client/lib/cache/cache.h"
 #include "common/backend/backend.h"
 
+struct gmb__prep;
+
 /* Pinned buffers made on first use and kept until gmbd's client closes. */
 struct gmb__backup_bufs {
 	void *ring[2];	  /* the ring's two pieces, NULL until first used */
 	void *disk_stage; /* the disk copies' buffer, disk_stage_size bytes */
 	uint64_t disk_stage_size;
+	/* The copies made ahead (prep.c), NULL until the first one. */
+	struct gmb__prep *prep;
+	/* Their registrations' size, 0: 256 MiB (tests make it smaller). */
+	uint64_t reg_piece;
 };
 
 /* Settings. */
@@ -38,8 +44,16 @@ int gmb__backup_get_dir(char *buf, size_t cap);
 /* Copies; @err gets the reason on failure. */
 int gmb__alloc_mode(const struct gmb__alloc *a);
 void gmb__backup_init(struct gmb__alloc *a);
+/* A retained pinned copy is made for @a (each of @t's allocations) from
+ * now on, off this thread; nothing for other kinds. Never waits. */
+void gmb__backup_prep(struct backend *be, struct gmb__backup_bufs *b, struct gmb__alloc *a);
+void gmb__backup_prep_tag(struct backend *be, struct gmb__backup_bufs *b, struct gmb__tag *t);
+/* Why the last copy made ahead failed ("" if none). */
+void gmb__backup_prep_error(struct gmb__backup_bufs *b, char *buf, size_t cap);
 int gmb__backup_prepare(struct backend *be, struct gmb__backup_bufs *b, struct gmb__alloc *a,
 			char *err);
+/* A PINNED copy to (BACKEND_TO_HOST) or from the device, queued (contents_queue). */
+int gmb__backup_queue(struct backend *be, struct gmb__alloc *a, enum backend_contents op);
 int gmb__backup_save(struct backend *be, struct gmb__backup_bufs *b, struct gmb__alloc *a,
 		     char *err);
 int gmb__backup_restore(struct backend *be, struct gmb__backup_bufs *b, struct gmb__alloc *a,

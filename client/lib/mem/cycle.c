@@ -81,7 +81,7 @@ static int cycle_save_queue(struct gmb__mem *m, struct gmb__alloc *a, uint64_t *
 		*slow = true;
 		return 0;
 	}
-	rc = be->ops->contents_queue(be, a->dev, BACKEND_TO_HOST, a->copy.p, a->va, a->size);
+	rc = gmb__backup_queue(be, a, BACKEND_TO_HOST);
 	if (rc < 0)
 		return backend_fail_msg(err, rc, "saving a preserved allocation");
 	*queued |= GMB__DEV_BIT(a->dev);
@@ -338,8 +338,8 @@ static int cycle_restore_one(struct gmb__mem *m, struct gmb__alloc *a, char *err
 	/* Pageable and file copies go piece by piece through pinned memory. */
 	if (mode == GMB_MODE_PRESERVE && copy && a->copy.how != GMB__COPY_PINNED)
 		return gmb__backup_restore(m->be, &m->bufs, a, err);
-	rc = be->ops->contents_queue(be, a->dev, copy ? BACKEND_FROM_HOST : BACKEND_ZERO,
-				     copy ? a->copy.p : NULL, a->va, a->size);
+	rc = copy ? gmb__backup_queue(be, a, BACKEND_FROM_HOST) :
+		    be->ops->contents_queue(be, a->dev, BACKEND_ZERO, NULL, a->va, a->size);
 	return rc < 0 ? backend_fail_msg(err, rc, "restoring an allocation's contents") : 0;
 }
 

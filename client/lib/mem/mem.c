@@ -17,8 +17,9 @@
  *     each piece is in pieces; the application's pointer is a piece's,
  *     never the pack's (gmb_free() and gmb_owns() look at pieces first);
  *   - a PRESERVE allocation's host copy (backup.c) is made at its first
- *     pause and kept only as the retain setting says; saved says it holds
- *     the bytes of the pause in progress or the last one;
+ *     pause (a retained pinned one from malloc on, off this thread) and
+ *     kept only as the retain setting says; saved says it holds the bytes
+ *     of the pause in progress or the last one;
  *   - a failed malloc leaves nothing behind, gmbd's side included.
  */
 #include <errno.h>
@@ -608,6 +609,7 @@ int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const 
 	if (rc < 0)
 		goto out_alloc;
 	mem_tag_link(t, a);
+	gmb__backup_prep(m->be, &m->bufs, a);
 	*ptr = (void *)a->va;
 	return 0;
 
@@ -779,6 +781,7 @@ int gmb__mem_set_mode(struct gmb__mem *m, const char *name, int mode, char *err)
 	if (mode != GMB_MODE_PRESERVE)
 		mem_backup_free_tag(m, t);
 	t->mode = mode;
+	gmb__backup_prep_tag(m->be, &m->bufs, t);
 	return 0;
 
 out_tag:
