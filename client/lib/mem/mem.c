@@ -523,6 +523,7 @@ static int mem_pack_new(struct gmb__mem *m, struct gmb__tag *t, const struct gmb
 	}
 	a->packed = true;
 	mem_tag_link(t, a);
+	gmb__backup_prep(m->be, &m->bufs, a);
 	*out = a;
 	return 0;
 }
