@@ -40,6 +40,10 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 
+# Tags whose allocations a region backs up (their own mode), per side.
+BACKED_UP = {"infer": ("weights",)}
+
+
 def log(*args):
     print(*args, file=sys.stderr, flush=True)
 
@@ -273,11 +277,15 @@ class Driver:
         return losses, spec
 
     def spec(self, st, names):
-        """Per tag of each side: mode, allocations, bytes (for the baseline)."""
+        """Per tag of each side: mode, allocations, bytes (for the baseline). A tag
+        whose allocations are backed up by their region (the engine's weights:
+        torch_memory_saver's enable_cpu_backup) is listed by gmbd in its own
+        mode, discard; the baseline copies it, as the engine's pauses do."""
         lines = []
         for side, key in (("A", "trainer"), ("B", "infer")):
             for t in self.client(st, names[key])["tags"]:
-                lines.append(f"{side} {t['mode']} {t['allocations']} {t['bytes']}")
+                mode = "preserve" if t["name"] in BACKED_UP.get(key, ()) else t["mode"]
+                lines.append(f"{side} {mode} {t['allocations']} {t['bytes']}")
         return lines
 
 
