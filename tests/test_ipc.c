@@ -106,6 +106,43 @@ Test(ipc, a_packed_allocation_crosses_at_its_own_offset, .init = ipcfx_start_big
 	ipcfx_quit(&a);
 }
 
+/*
+ * gmbd out of open files as it sends an open's chunk fds: the open is given
+ * back and refused with a sentence, the importer's session goes on, and no
+ * import is left to hold the owner's tag.
+ */
+Test(ipc, an_open_whose_fds_cannot_be_sent_is_given_back)
+{
+	struct worker a, b;
+	char p[32], q[32], h[160];
+	struct rlimit old;
+	long room;
+
+	ipcfx_exporter(&a, 4 * MiB, 0x5a, p);
+	ipcfx_get_handle(&a, p, h);
+	ipcfx_prog(&b, 0);
+	ipcfx_run(&b, 0, "gmb");
+	ipcfx_run(&b, 0, "status"); /* connected before gmbd is short of fds */
+	room = test_fd_room(ipcfx_gmbd.pid, 0);
+	cr_assert(ge(i64, room, 0));
+	cr_assert(eq(i32, test_set_nofile(ipcfx_gmbd.pid, (rlim_t)room, &old), 0));
+	cr_assert(not(eq(i32, ipcfx_run_rc(&b, "ipcopen %s", h), 0)), "no fd to send");
+	cr_assert(eq(i32, test_set_nofile(ipcfx_gmbd.pid, old.rlim_cur, NULL), 0));
+	cr_assert(not(eq(ptr, strstr(ipcfx_run(&b, 0, "error"), "gave the open back"), NULL)), "%s",
+		  ipcfx_run(&b, 0, "error"));
+	cr_assert(not(eq(ptr, strstr(ipcfx_run(&b, 0, "status"), "\"imports_total\":0,"), NULL)),
+		  "nothing imported");
+	ipcfx_run(&a, 0, "pause w"); /* no importer holds it */
+	ipcfx_run(&a, 0, "resume w");
+	ipcfx_run(&a, 0, "fill %s %llu 90", p, 4 * MiB);
+	ipcfx_open_handle(&b, h, q); /* the same session, fds again */
+	ipcfx_run(&b, 0, "check %s %llu 90", q, 4 * MiB);
+	ipcfx_run(&b, 0, "ipcclose %s", q);
+	ipcfx_run(&a, 0, "free %s", p);
+	ipcfx_quit(&b);
+	ipcfx_quit(&a);
+}
+
 Test(ipc, an_interior_pointer_names_its_chunk_and_maps_the_allocation_once)
 {
 	struct worker a, b;

@@ -606,3 +606,40 @@ void test_shim_env(const char *build, const char *sock, bool preload)
 		 old && *old ? ":" : "");
 	setenv("ASAN_OPTIONS", asan, 1);
 }
+
+/* The fd number below which process @pid has room for exactly @k new fds; -1 if none. */
+long test_fd_room(pid_t pid, int k)
+{
+	static bool used[1 << 16];
+	char path[64];
+	struct dirent *e;
+	DIR *d;
+	int n;
+
+	memset(used, 0, sizeof(used));
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	d = opendir(path);
+	if (!d)
+		return -1;
+	while ((e = readdir(d)))
+		if (e->d_name[0] != '.' && (n = atoi(e->d_name)) < (int)sizeof(used))
+			used[n] = true;
+	closedir(d);
+	for (n = 0; n < (int)sizeof(used); n++)
+		if (!used[n] && k-- == 0)
+			return n;
+	return -1;
+}
+
+/* @pid's soft open-file limit set to @cur behind its back (*@old: what it was); 0 or -errno. */
+int test_set_nofile(pid_t pid, rlim_t cur, struct rlimit *old)
+{
+	struct rlimit rl;
+
+	if (prlimit(pid, RLIMIT_NOFILE, NULL, &rl) < 0)
+		return -errno;
+	if (old)
+		*old = rl;
+	rl.rlim_cur = cur;
+	return prlimit(pid, RLIMIT_NOFILE, &rl, NULL) < 0 ? -errno : 0;
+}

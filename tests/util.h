@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 
 struct gmbd_proc {
@@ -88,6 +89,11 @@ int proc_count_memfds(void);
 
 /* Open fds of @pid (/proc/PID/fd), -errno on failure. */
 int proc_count_fds(pid_t pid);
+/* The fd number below which @pid has room for exactly @k new fds; -1 if none. */
+long test_fd_room(pid_t pid, int k);
+/* @pid's soft RLIMIT_NOFILE set to @cur behind its back; *@old (may be NULL)
+ * gets what it was. Return: 0 or -errno. */
+int test_set_nofile(pid_t pid, rlim_t cur, struct rlimit *old);
 
 /**
  * run_capture() - run argv (argv[0] a path), wait, capture stdout and stderr

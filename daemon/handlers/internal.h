@@ -306,6 +306,9 @@ int handlers__free(struct hreq *rq);
 int handlers__tag_mode(struct hreq *rq);
 int handlers__pause(struct hreq *rq);
 int handlers__resume(struct hreq *rq);
+/* Its part for an IPC open's reply (ipc.c): the open given back. */
+int handlers__ipc_undeliverable(struct handlers *h, struct sess *s, Gmb__Envelope *const *envs,
+				size_t n, int err);
 /* sess_ops.undeliverable: a lend whose chunk fds could not go out is taken back. */
 int handlers__undeliverable(void *arg, struct sess *s, Gmb__Envelope *const *envs, size_t n,
 			    int err);

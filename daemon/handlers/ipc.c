@@ -53,9 +53,10 @@ int handlers__ipc_export(struct hreq *rq)
 	return 0;
 }
 
-/* The chunk fds of @ex, WIRE_MAX_FDS a part, then the part with its facts. */
+/* The chunk fds of @ex, WIRE_MAX_FDS a part, then the part with its facts
+ * (@remap: of a followed import mapped again, not of a new open). */
 static int handlers_ipc_send(struct sess *s, uint64_t reply_to, const struct import_export *ex,
-			     uint64_t range_off)
+			     uint64_t range_off, bool remap)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__IpcOpenReply orp = GMB__IPC_OPEN_REPLY__INIT;
@@ -79,7 +80,55 @@ static int handlers_ipc_send(struct sess *s, uint64_t reply_to, const struct imp
 	orp.range_offset = range_off;
 	orp.nchunks = ex->nchunks;
 	orp.read_only = ex->version != NULL;
+	orp.remap = remap;
 	return sess_send(s, &env);
+}
+
+/*
+ * The chunk fds of an open's reply could not go out (@err): the importer
+ * never got them, so the open is given back (one open fewer, as a close)
+ * and the request answered with @err and a sentence; the session stays. A
+ * remap's keeps the old way (the session doomed, its imports with it): its
+ * import was mapped before and the client holds it. Return: 0, or @err.
+ */
+int handlers__ipc_undeliverable(struct handlers *h, struct sess *s, Gmb__Envelope *const *envs,
+				size_t n, int err)
+{
+	struct bclient *c = hconn_of(s)->client;
+	const Gmb__IpcOpenReply *last = NULL;
+	const struct import_export *ex;
+	struct import_export facts;
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	char msg[ERR_MSG_MAX];
+
+	for (size_t i = 0; i < n; i++)
+		if (envs[i]->body_case == GMB__ENVELOPE__BODY_IPC_OPEN_REPLY &&
+		    envs[i]->ipc_open_reply->export_id)
+			last = envs[i]->ipc_open_reply;
+	ex = last && c && !last->remap ? import_find(h->broker, last->export_id) : NULL;
+	if (!ex)
+		return err;
+	facts = *ex;
+	if (import_close(h->broker, c, last->export_id, NULL) < 0)
+		return err;
+	handlers__ipc_event(h, s, c, EVENT_IMPORT_CLOSE, &facts, 0);
+	err_fmt(msg, err,
+		"gmbd could not send the chunk fds of allocation %llu of client '%s' (%s), and"
+		" gave the open back; gmbd holds %llu chunk fds and %llu others, of a limit of"
+		" %llu open files",
+		(unsigned long long)facts.alloc_id, facts.owner, strerror(-err),
+		(unsigned long long)broker_chunk_fds(h->broker),
+		(unsigned long long)(h->broker->fds_base + h->broker->fds_conns),
+		(unsigned long long)h->broker->opts.fd_limit);
+	log_warn("import given back, its chunk fds could not be sent " SESS_FMT
+		 " owner=%s alloc=%llu err=\"%s\"",
+		 SESS_ARGS(s), facts.owner, (unsigned long long)facts.alloc_id, strerror(-err));
+	env.reply_to = envs[0]->reply_to;
+	env.status = err;
+	env.error = msg;
+	sess_send(s, &env);
+	handlers__changed(h);
+	return 0;
 }
 
 /* An import event of @rq's client about @ex (@kind: import or its close). */
@@ -118,7 +167,7 @@ int handlers__ipc_open(struct hreq *rq)
 	if (m->export_id) {
 		log_debug("import mapped again " SESS_FMT " owner=%s alloc=%" PRIu64 " chunks=%u",
 			  SESS_ARGS(rq->s), ex->owner, ex->alloc_id, ex->nchunks);
-		handlers_ipc_send(rq->s, rq->env->id, ex, 0);
+		handlers_ipc_send(rq->s, rq->env->id, ex, 0, true);
 		handlers_ipc_event(rq, EVENT_IMPORT_MAP, ex);
 		return 0;
 	}
@@ -126,8 +175,8 @@ int handlers__ipc_open(struct hreq *rq)
 		  " bytes=%s chunks=%u",
 		  SESS_ARGS(rq->s), ex->owner, (int)ex->owner_pid, ex->alloc_id,
 		  size_str(ex->size, b), ex->nchunks);
-	/* A reply that cannot go out dooms the session: its imports go with it. */
-	handlers_ipc_send(rq->s, rq->env->id, ex, range_off);
+	/* Fds that cannot go out give the open back (handlers__ipc_undeliverable). */
+	handlers_ipc_send(rq->s, rq->env->id, ex, range_off, false);
 	handlers_ipc_event(rq, EVENT_IMPORT, ex);
 	return 0;
 }

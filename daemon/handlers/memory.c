@@ -308,8 +308,9 @@ static size_t handlers_lent_ids(Gmb__Envelope *const *envs, size_t n, uint64_t *
  * transport): the client never got that lend, so gmbd takes it back (an
  * allocation freed; resumed allocations paused again with their last lend
  * cleared, which lends_cleared tells libgmb) and answers the request with
- * @err and a sentence. The session stays. Return: 0, or @err when the
- * packets lend nothing (the session is then doomed).
+ * @err and a sentence. The session stays. An IPC open's reply is ipc.c's
+ * (the open given back). Return: 0, or @err when the packets lend nothing
+ * (the session is then doomed).
  */
 int handlers__undeliverable(void *arg, struct sess *s, Gmb__Envelope *const *envs, size_t n,
 			    int err)
@@ -323,6 +324,9 @@ int handlers__undeliverable(void *arg, struct sess *s, Gmb__Envelope *const *env
 	size_t max = 0, k;
 	bool resume;
 
+	for (size_t i = 0; i < n; i++)
+		if (envs[i]->body_case == GMB__ENVELOPE__BODY_IPC_OPEN_REPLY)
+			return handlers__ipc_undeliverable(h, s, envs, n, err);
 	for (size_t i = 0; i < n; i++)
 		max += envs[i]->body_case == GMB__ENVELOPE__BODY_RESUME_REPLY ?
 			       envs[i]->resume_reply->n_lends :
