@@ -40,6 +40,7 @@ struct fake {
 	bool drop_answered;
 	int drop_status;
 	bool stalled; /* fake_stall_main holds the rejoin hello unanswered */
+	int accepts;  /* connections fake_flap_main took */
 };
 
 static struct fake fk;
@@ -97,6 +98,7 @@ static int fake_answer(const Gmb__Envelope *req)
 	case GMB__ENVELOPE__BODY_HELLO:
 		hr.version = GMB_PROTOCOL_VERSION;
 		hr.client_id = 1;
+		hr.rejoined = req->hello->rejoin_id != 0;
 		hr.backend = "host";
 		dev.granularity = FAKE_SIZE;
 		dev.total_bytes = 32 * FAKE_SIZE;
@@ -350,5 +352,79 @@ Test(client_fake_rejoin, a_call_past_its_deadline_sleeps_until_the_rejoin_ends, 
 	cr_assert(lt(u64, cpu, FAKE_STALL_MS / 10),
 		  "waiting %llu ms for the rejoin took %llu ms of CPU: a busy loop",
 		  (unsigned long long)wall, (unsigned long long)cpu);
+	gmb_close(c);
+}
+
+/* ---- a gmbd that takes the client back, then drops it at once ---- */
+
+#define FAKE_FLAP_MS 1500
+
+/* Every connection: hello and the claim answered, then closed. */
+static void *fake_flap_main(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		bool claimed = false;
+
+		fk.fd = fake_accept();
+		pthread_mutex_lock(&fk.lock);
+		fk.accepts++;
+		pthread_mutex_unlock(&fk.lock);
+		while (!claimed) {
+			Gmb__Envelope *env = NULL, rep = GMB__ENVELOPE__INIT;
+			Gmb__RejoinReply rr = GMB__REJOIN_REPLY__INIT;
+			int fds[WIRE_MAX_FDS], nfds = WIRE_MAX_FDS;
+			bool first = false;
+
+			if (wire_recv(fk.fd, &env, fds, &nfds) < 0 || !env)
+				break;
+			wire_close_fds(fds, nfds);
+			if (env->body_case == GMB__ENVELOPE__BODY_REJOIN) {
+				rep.reply_to = env->id;
+				rep.body_case = GMB__ENVELOPE__BODY_REJOIN_REPLY;
+				rep.rejoin_reply = &rr;
+				claimed = env->rejoin->last;
+				wire_send(fk.fd, &rep, NULL, 0);
+			} else {
+				first = env->body_case == GMB__ENVELOPE__BODY_HELLO &&
+					!env->hello->rejoin_id;
+				fake_answer(env);
+			}
+			gmb__envelope__free_unpacked(env, NULL);
+			if (first)
+				break; /* the first connection: dropped after its hello */
+		}
+		close(fk.fd);
+		fk.fd = -1;
+	}
+	return NULL;
+}
+
+static void setup_flap(void)
+{
+	fake_start(fake_flap_main);
+}
+
+/*
+ * A loss soon after a reconnect keeps the backoff where it was: 50 ms,
+ * doubling, is about six connections in 1.5 s; trying at once after each
+ * would be hundreds.
+ */
+Test(client_fake_rejoin, a_connection_lost_again_soon_after_a_reconnect_backs_off,
+     .init = setup_flap, .fini = teardown, .timeout = 30)
+{
+	struct timespec flap = { .tv_sec = FAKE_FLAP_MS / 1000,
+				 .tv_nsec = (FAKE_FLAP_MS % 1000) * 1000000L };
+	gmb_client *c;
+	int n;
+
+	cr_assert(eq(i32, gmb_connect(fk.path, "fake-flap", &c), 0), "%s", gmb_last_error(NULL));
+	nanosleep(&flap, NULL); /* the reconnects are counted over this time */
+	pthread_mutex_lock(&fk.lock);
+	n = fk.accepts;
+	pthread_mutex_unlock(&fk.lock);
+	cr_assert(ge(i32, n, 3), "it did reconnect (%d connections)", n);
+	cr_assert(le(i32, n, 10), "%d connections in %d ms: no backoff between losses", n,
+		  FAKE_FLAP_MS);
 	gmb_close(c);
 }

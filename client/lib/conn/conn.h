@@ -128,6 +128,11 @@ struct gmb__conn {
 	struct gmb__devices devs;
 	bool reconnect;		    /* reconnect after a loss (not tools, not GMB_RECONNECT=0) */
 	unsigned reconnect_wait_ms; /* how long a call waits for the connection */
+	/* Reader thread only (reconnect.c): when the last reconnect came back
+	 * (CLOCK_MONOTONIC ns, 0: none yet) and the delay to start from if the
+	 * connection is lost again soon after. */
+	uint64_t reconnect_back_ns;
+	unsigned reconnect_delay_ms;
 	struct gmb__conn_cbs cbs;
 
 	pthread_mutex_t op_lock;

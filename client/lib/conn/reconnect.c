@@ -12,7 +12,11 @@
  * pointers stay valid throughout, whatever gmbd answers.
  *
  * Transport failures are retried, 50 ms after the first and doubling up to
- * 2 s, until gmb_close(). A refusal (gmbd has no record of this client:
+ * 2 s, until gmb_close(). The first try is at once, unless the connection
+ * was lost within RECONNECT_STABLE_MS of the last reconnect: a gmbd that
+ * takes the client back and then drops it again (a reply it cannot send)
+ * gets the backoff where the last loss left it, not a new client every
+ * millisecond. A refusal (gmbd has no record of this client:
  * it was stopped rather than restarted, or reclaimed the client after its
  * grace period; or it refused the claim) is final: the client is gone and
  * every later call fails with -ENOTCONN and gmbd's reason.
@@ -34,6 +38,7 @@
 
 #define RECONNECT_FIRST_MS    50
 #define RECONNECT_MAX_MS      2000
+#define RECONNECT_STABLE_MS   5000 /* a connection this old was not lost "again" */
 #define RECONNECT_HANDSHAKE_S 10
 #define RECONNECT_WAIT_S      30 /* GMB_RECONNECT_TIMEOUT's default */
 #define RECONNECT_PART_BYTES  (WIRE_MAX_MSG / 2)
@@ -395,19 +400,38 @@ static int reconnect_once(struct gmb__conn *c)
 	return reconnect_commit(c, fd, next_id);
 }
 
+static unsigned reconnect_next_delay(unsigned delay)
+{
+	return delay * 2 < RECONNECT_MAX_MS ? delay * 2 : RECONNECT_MAX_MS;
+}
+
 int gmb__reconnect(struct gmb__conn *c)
 {
-	unsigned delay = RECONNECT_FIRST_MS;
+	uint64_t now = deadline_now_ns();
+	bool again = c->reconnect_back_ns &&
+		     now - c->reconnect_back_ns < (uint64_t)RECONNECT_STABLE_MS * 1000000;
+	unsigned delay = again && c->reconnect_delay_ms ? c->reconnect_delay_ms :
+							  RECONNECT_FIRST_MS;
 
-	/* The first try at once: under socket activation the manager queues
-	 * the connection until the next gmbd accepts it. */
+	/* The first try at once, after a connection that lived: under socket
+	 * activation the manager queues the connection until the next gmbd
+	 * accepts it. */
+	if (again) {
+		if (!reconnect_sleep(c, delay))
+			return -ESHUTDOWN;
+		delay = reconnect_next_delay(delay);
+	}
 	for (;;) {
 		int rc = reconnect_once(c);
 
+		if (rc == 0) {
+			c->reconnect_back_ns = deadline_now_ns();
+			c->reconnect_delay_ms = delay;
+		}
 		if (rc <= 0)
 			return rc;
 		if (!reconnect_sleep(c, delay))
 			return -ESHUTDOWN;
-		delay = delay * 2 < RECONNECT_MAX_MS ? delay * 2 : RECONNECT_MAX_MS;
+		delay = reconnect_next_delay(delay);
 	}
 }
