@@ -643,3 +643,19 @@ int test_set_nofile(pid_t pid, rlim_t cur, struct rlimit *old)
 	rl.rlim_cur = cur;
 	return prlimit(pid, RLIMIT_NOFILE, &rl, NULL) < 0 ? -errno : 0;
 }
+
+/* This process's RssAnon (private anonymous resident bytes); -1 if unread. */
+int64_t test_rss_anon(void)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	long long kb = -1;
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "RssAnon: %lld kB", &kb) == 1)
+			break;
+	fclose(f);
+	return kb < 0 ? -1 : kb * 1024;
+}
