@@ -34,7 +34,9 @@
  *
  * Options: --cycles N (5), --cycles-64 N (3, preserve of 64 GiB), --quick
  * (smaller shapes, for a smoke run), --no-preserve-64, --no-xproc,
- * --warm-socket PATH.
+ * --warm-socket PATH, --first-pause-after S (2: the seconds between a
+ * preserve row's fill and its first pause, for both implementations: the
+ * application's work in between, in which libgmb makes retained copies).
  * Exit: 0 when it ran (goals may MISS), 1 on an error or wrong bytes.
  */
 #include "tests/gpu/gpu_util.h"
@@ -81,6 +83,7 @@ static gmb_client *g_cw; /* the warm gmbd; NULL: its rows are not measured */
 static CUdevice g_dev;
 static CUstream g_stream;
 static double g_d2h_gbs, g_h2d_gbs;
+static double g_first_pause_after = 2.0; /* s between a preserve row's fill and its first pause */
 
 __attribute__((format(printf, 4, 5))) static void goal_add(const char *mode, int pass,
 							   const char *what, const char *fmt, ...)
@@ -331,8 +334,13 @@ static void run_shape(const struct shape *sh, int preserve, int impl, int cycles
 		ptrs = ks.p;
 	}
 	r->setup = gu_now() - t0;
-	if (preserve)
+	if (preserve) {
 		fill_all(ptrs, sh->n, sh->size, seed);
+		/* An application computes between its allocations and its first
+		 * pause; libgmb makes retained copies in that time (both impls wait). */
+		CU_CK(cuCtxSynchronize());
+		usleep((useconds_t)(g_first_pause_after * 1e6));
+	}
 
 	for (int k = 0; k <= cycles; k++) {
 		t0 = gu_now();
@@ -811,11 +819,14 @@ int main(int argc, char **argv)
 			no_p64 = 1;
 		else if (strcmp(argv[i], "--no-xproc") == 0)
 			no_xproc = 1;
+		else if (strcmp(argv[i], "--first-pause-after") == 0 && i + 1 < argc)
+			g_first_pause_after = atof(argv[++i]);
 		else if (strcmp(argv[i], "--warm-socket") == 0 && i + 1 < argc)
 			warm = argv[++i];
 		else
 			gu_fail("unknown option %s (--cycles N, --cycles-64 N, --quick, "
-				"--no-preserve-64, --no-xproc, --warm-socket PATH)",
+				"--no-preserve-64, --no-xproc, --warm-socket PATH, "
+				"--first-pause-after S)",
 				argv[i]);
 	}
 	CHECK(cycles >= 1 && cycles <= MAX_CYCLES && cycles64 >= 1 && cycles64 <= MAX_CYCLES,
