@@ -41,6 +41,7 @@ struct fake {
 	int drop_status;
 	bool stalled; /* fake_stall_main holds the rejoin hello unanswered */
 	int accepts;  /* connections fake_flap_main took */
+	bool stop;    /* under lock: fake_flap_main returns (no cancel: ASan) */
 };
 
 static struct fake fk;
@@ -359,6 +360,32 @@ Test(client_fake_rejoin, a_call_past_its_deadline_sleeps_until_the_rejoin_ends, 
 
 #define FAKE_FLAP_MS 1500
 
+static bool fake_stopping(void)
+{
+	bool stop;
+
+	pthread_mutex_lock(&fk.lock);
+	stop = fk.stop;
+	pthread_mutex_unlock(&fk.lock);
+	return stop;
+}
+
+/* The next connection, or -1 once told to stop (looked at every 20 ms). */
+static int fake_accept_or_stop(void)
+{
+	while (!fake_stopping()) {
+		struct pollfd pfd = { .fd = fk.lfd, .events = POLLIN };
+		int fd;
+
+		if (poll(&pfd, 1, 20) <= 0)
+			continue;
+		fd = accept4(fk.lfd, NULL, NULL, SOCK_CLOEXEC);
+		if (fd >= 0)
+			return fd;
+	}
+	return -1;
+}
+
 /* Every connection: hello and the claim answered, then closed. */
 static void *fake_flap_main(void *arg)
 {
@@ -366,7 +393,9 @@ static void *fake_flap_main(void *arg)
 	for (;;) {
 		bool claimed = false;
 
-		fk.fd = fake_accept();
+		fk.fd = fake_accept_or_stop();
+		if (fk.fd < 0)
+			return NULL;
 		pthread_mutex_lock(&fk.lock);
 		fk.accepts++;
 		pthread_mutex_unlock(&fk.lock);
@@ -405,13 +434,23 @@ static void setup_flap(void)
 	fake_start(fake_flap_main);
 }
 
+static void teardown_flap(void)
+{
+	pthread_mutex_lock(&fk.lock);
+	fk.stop = true;
+	pthread_mutex_unlock(&fk.lock);
+	pthread_join(fk.th, NULL);
+	close(fk.lfd);
+	unlink(fk.path);
+}
+
 /*
  * A loss soon after a reconnect keeps the backoff where it was: 50 ms,
  * doubling, is about six connections in 1.5 s; trying at once after each
  * would be hundreds.
  */
 Test(client_fake_rejoin, a_connection_lost_again_soon_after_a_reconnect_backs_off,
-     .init = setup_flap, .fini = teardown, .timeout = 30)
+     .init = setup_flap, .fini = teardown_flap, .timeout = 30)
 {
 	struct timespec flap = { .tv_sec = FAKE_FLAP_MS / 1000,
 				 .tv_nsec = (FAKE_FLAP_MS % 1000) * 1000000L };
