@@ -9,8 +9,10 @@ Driver (this process, no CUDA context): starts
   trainer  LD_PRELOAD shim, GMB_DEFAULT_TAG=train (preserve): every tensor
            of the process (weights, grads, AdamW state, activations, cuBLAS
            workspace) is gmbd's; trains a transformer on a fixed batch;
-  infer    LD_PRELOAD shim and gmb.torch_memory_saver: weights (preserve)
-           and kv_cache (discard), a decode step captured as a CUDA graph;
+  infer    LD_PRELOAD shim and gmb.torch_memory_saver: weights (preserve,
+           retained copies: TMS_RETAIN_CPU_BACKUP=1, as the baseline keeps
+           its pinned buffers) and kv_cache (discard), a decode step
+           captured as a CUDA graph;
 both with GMB_CONTROL=accept, so that `gmbctl pause/resume NAME` acts at
 once (each is idle, blocked on its pipe, when the driver switches). Per
 round: the trainer checks its state survived, trains 3 steps; the driver
@@ -252,7 +254,10 @@ class Driver:
         tr = Worker("trainer", names["trainer"],
                     dict(base, GMB_DEFAULT_TAG="train", GMB_DEFAULT_MODE="preserve",
                          GMB_CLIENT_NAME=names["trainer"]))
-        inf = Worker("infer", names["infer"], dict(base, GMB_CLIENT_NAME=names["infer"]))
+        # Retained copies, as the baseline's pinned buffers kept across cycles
+        # (torch_memory_saver's default, retain off, re-makes them each pause).
+        inf = Worker("infer", names["infer"], dict(base, GMB_CLIENT_NAME=names["infer"],
+                                                   TMS_RETAIN_CPU_BACKUP="1"))
         try:
             first = tr.cmd("train", steps=2)
             losses = list(first["losses"])
