@@ -373,9 +373,10 @@ GMB_API int gmb_set_ipc_keep(gmb_client *c, int on);
  * GMB_PACK_HOOKS (the default): those of the allocation hooks (the preload
  * shim, PyTorch's allocators, the torch_memory_saver stand-in), whose
  * callers make many small segments; GMB_PACK_ALL: gmb_malloc()'s too;
- * GMB_PACK_OFF: none. A pack stays lent while any of its pieces lives, so a
- * tag may hold up to one pack's room more than it allocated; a piece cannot
- * be published (gmb_object_publish() wants an allocation of its own).
+ * GMB_PACK_OFF: none. gmb_malloc_peers() is never packed (named objects'
+ * buffers come from it). A pack stays lent while any of its pieces lives,
+ * so a tag may hold up to one pack's room more than it allocated; a piece
+ * cannot be published (gmb_object_publish() wants an allocation of its own).
  * $GMB_PACK=off|hooks|all sets it at connect. Return: 0, -EINVAL.
  */
 GMB_API int gmb_set_pack(gmb_client *c, int pack);

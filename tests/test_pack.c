@@ -156,6 +156,24 @@ Test(pack, plain_allocations_are_not_packed_by_default_the_hooks_are)
 	gmb_close(c);
 }
 
+/* Named objects' buffers come from gmb_malloc_peers(): exact, so publishable. */
+Test(pack, gmb_malloc_peers_is_never_packed_and_publishes)
+{
+	gmb_client *c = connect_pack("peers", GMB_PACK_ALL);
+	void *a, *b;
+
+	cr_assert(eq(i32, gmb_malloc_peers(c, &a, 2 * MiB, 0, "o", 0), 0), "%s", gmb_last_error(c));
+	cr_assert(eq(i32, gmb_malloc_peers(c, &b, 2 * MiB, 0, "o", 0), 0), "%s", gmb_last_error(c));
+	cr_assert(eq(i64, used_bytes(c), (int64_t)(4 * MiB)), "what was asked, even under ALL");
+	memset(a, 0x5c, 2 * MiB);
+	cr_assert(eq(i32, gmb_object_publish(c, "peers-obj", a, NULL, 0, NULL), 0), "%s",
+		  gmb_last_error(c));
+	cr_assert(eq(i32, gmb_object_close(c, a), 0), "%s", gmb_last_error(c));
+	cr_assert(eq(i32, gmb_object_drop(c, "peers-obj", 0), 0), "%s", gmb_last_error(c));
+	cr_assert(eq(i32, gmb_free(c, b), 0));
+	gmb_close(c);
+}
+
 Test(pack, a_pack_is_never_the_applications_pointer)
 {
 	gmb_client *c = connect_pack("misuse", GMB_PACK_ALL);

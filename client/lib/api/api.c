@@ -210,17 +210,17 @@ GMB_API void gmb_close(gmb_client *c)
 
 GMB_API int gmb_malloc(gmb_client *c, void **ptr, size_t size, int device, const char *tag)
 {
-	return gmb__malloc_how(c, ptr, size, device, tag, NULL, 0, false);
+	return gmb__malloc_how(c, ptr, size, device, tag, NULL, 0, GMB__PACK_PLAIN);
 }
 
 GMB_API int gmb_malloc_peers(gmb_client *c, void **ptr, size_t size, int device, const char *tag,
 			     uint64_t peers)
 {
-	return gmb__malloc_how(c, ptr, size, device, tag, NULL, peers, false);
+	return gmb__malloc_how(c, ptr, size, device, tag, NULL, peers, GMB__PACK_NEVER);
 }
 
 int gmb__malloc_how(struct gmb_client *c, void **ptr, size_t size, int device, const char *tag,
-		    const struct gmb__mem_how *how, uint64_t peers, bool hook)
+		    const struct gmb__mem_how *how, uint64_t peers, enum gmb__pack_class pc)
 {
 	char err[ERR_MSG_MAX] = "";
 	int rc;
@@ -228,7 +228,7 @@ int gmb__malloc_how(struct gmb_client *c, void **ptr, size_t size, int device, c
 	if (!c)
 		return -EINVAL;
 	gmb__op_begin(&c->conn);
-	rc = gmb__mem_malloc(&c->mem, ptr, size, device, tag, how, peers, hook, err);
+	rc = gmb__mem_malloc(&c->mem, ptr, size, device, tag, how, peers, pc, err);
 	gmb__op_end(&c->conn);
 	return api_done(c, rc, err);
 }

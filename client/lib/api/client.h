@@ -37,9 +37,9 @@ struct gmb_client {
 int gmb__status_device(struct gmb_client *c, uint32_t index, uint64_t *budget, uint64_t *used);
 
 /* gmb_malloc() with the allocation's own mode and backup (@how NULL: the
- * tag's) and peer devices (@peers: bits of this process's ordinals);
- * @hook: an allocation hook's call (packed by default, gmb_set_pack()). */
+ * tag's) and peer devices (@peers: bits of this process's ordinals); @pc:
+ * who calls, for packing (gmb_set_pack()). */
 int gmb__malloc_how(struct gmb_client *c, void **ptr, size_t size, int device, const char *tag,
-		    const struct gmb__mem_how *how, uint64_t peers, bool hook);
+		    const struct gmb__mem_how *how, uint64_t peers, enum gmb__pack_class pc);
 
 #endif

@@ -104,7 +104,7 @@ GMB_API int gmb_region_malloc(gmb_client *c, void **ptr, size_t size, int device
 		rc = hook_tag_mode(c, tag, how.mode);
 	if (rc < 0)
 		return rc;
-	rc = gmb__malloc_how(c, ptr, size, device, tag, how.own ? &how : NULL, 0, true);
+	rc = gmb__malloc_how(c, ptr, size, device, tag, how.own ? &how : NULL, 0, GMB__PACK_HOOK);
 	if (rc < 0)
 		return gmb__hook_fail_client(rc, c, "allocating from gmbd");
 	return 0;

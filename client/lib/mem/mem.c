@@ -472,11 +472,11 @@ static int mem_peer_indexes(struct gmb__mem *m, uint64_t peers, int dev, uint64_
 }
 
 /* Whether an allocation of @size is packed (pack.c). */
-static bool mem_packs(const struct gmb__mem *m, uint64_t size, bool hook)
+static bool mem_packs(const struct gmb__mem *m, uint64_t size, enum gmb__pack_class pc)
 {
-	if (size > GMB__PACK_PIECE_MAX)
+	if (size > GMB__PACK_PIECE_MAX || pc == GMB__PACK_NEVER || m->pack == GMB_PACK_OFF)
 		return false;
-	return m->pack == GMB_PACK_ALL || (hook && m->pack == GMB_PACK_HOOKS);
+	return m->pack == GMB_PACK_ALL || pc == GMB__PACK_HOOK;
 }
 
 /* What a piece shares with its pack: the backup resolved as mem_alloc_new() does. */
@@ -571,7 +571,8 @@ static int mem_pack_malloc(struct gmb__mem *m, struct gmb__tag *t, int dev, uint
  * gmbd's side.
  */
 int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const char *tag,
-		    const struct gmb__mem_how *how, uint64_t peers, bool hook, char *err)
+		    const struct gmb__mem_how *how, uint64_t peers, enum gmb__pack_class pc,
+		    char *err)
 {
 	struct gmb__alloc *a = NULL;
 	struct gmb__tag *t;
@@ -597,7 +598,7 @@ int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const 
 	if (rc < 0)
 		return rc;
 	rounded = backend_round_up(size, m->devs->granularity[dev]);
-	if (mem_packs(m, rounded, hook)) {
+	if (mem_packs(m, rounded, pc)) {
 		rc = mem_pack_malloc(m, t, dev, peers, rounded, how, ptr, err);
 		if (rc < 0)
 			goto out_tag;

@@ -90,10 +90,16 @@ struct gmb__mem_how {
 
 /* @how: NULL follows the tag's mode; @peers: this process's device ordinals
  * (bits) that get access too, besides @dev. */
-/* @hook: the call is an allocator's (the hooks), packed unless GMB_PACK_OFF;
- * a plain one is packed under GMB_PACK_ALL. */
+/* Who allocates, for packing (pack.c): whether the setting packs the call. */
+enum gmb__pack_class {
+	GMB__PACK_NEVER, /* gmb_malloc_peers(): exact (named objects' buffers) */
+	GMB__PACK_PLAIN, /* gmb_malloc(): under GMB_PACK_ALL */
+	GMB__PACK_HOOK	 /* an allocator's (the hooks): unless GMB_PACK_OFF */
+};
+
 int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const char *tag,
-		    const struct gmb__mem_how *how, uint64_t peers, bool hook, char *err);
+		    const struct gmb__mem_how *how, uint64_t peers, enum gmb__pack_class pc,
+		    char *err);
 /* Whether @ptr is an allocation's base (a pack's piece or a whole one); state lock held. */
 bool gmb__mem_owns(const struct gmb__mem *m, uintptr_t ptr);
 int gmb__mem_free(struct gmb__mem *m, void *ptr, char *err);
