@@ -19,9 +19,9 @@
 
 static struct gmbd_proc gmbd;
 
-static void daemon_start_with(const char *memory)
+static void daemon_start_with(const char *memory, const char *max_chunk)
 {
-	const char *const args[] = { "--host-memory", memory,	 "--max-chunk", "256MiB",
+	const char *const args[] = { "--host-memory", memory,	 "--max-chunk", max_chunk,
 				     "--log-level",   "warning", NULL };
 
 	cr_assert(eq(i32, gmbd_start(&gmbd, args), 0), "gmbd did not start");
@@ -29,12 +29,17 @@ static void daemon_start_with(const char *memory)
 
 static void daemon_start(void)
 {
-	daemon_start_with("1GiB");
+	daemon_start_with("1GiB", "256MiB");
 }
 
 static void daemon_start_small(void)
 {
-	daemon_start_with("80MiB");
+	daemon_start_with("80MiB", "256MiB");
+}
+
+static void daemon_start_small_chunks(void)
+{
+	daemon_start_with("1GiB", "8MiB");
 }
 
 static void daemon_stop(void)
@@ -242,6 +247,26 @@ Test(pack, past_the_budget_a_piece_gets_a_pack_of_its_size_without_waiting,
 	cr_assert(eq(i32, gmb_free(c, p), 0));
 	for (int i = 0; i < 4; i++)
 		cr_assert(eq(i32, gmb_free(c, big[i]), 0));
+	cr_assert(eq(i64, used_bytes(c), 0));
+	gmb_close(c);
+}
+
+/* A pack is one chunk: bounded by gmbd's --max-chunk, and not made where two pieces do not fit. */
+Test(pack, packs_are_one_chunk_at_most, .init = daemon_start_small_chunks)
+{
+	gmb_client *c = connect_pack("chunks", GMB_PACK_ALL);
+	void *p[5], *big;
+
+	for (int i = 0; i < 5; i++)
+		cr_assert(eq(i32, gmb_malloc(c, &p[i], 2 * MiB, 0, "k"), 0), "%s",
+			  gmb_last_error(c));
+	cr_assert(eq(ptr, p[3], (char *)p[0] + 6 * MiB), "four in the first 8 MiB pack");
+	cr_assert(eq(i64, used_bytes(c), (int64_t)(16 * MiB)), "two packs of 8 MiB");
+	cr_assert(eq(i32, gmb_malloc(c, &big, 6 * MiB, 0, "k"), 0), "%s", gmb_last_error(c));
+	cr_assert(eq(i64, used_bytes(c), (int64_t)(22 * MiB)), "6 MiB: two would not fit a chunk");
+	cr_assert(eq(i32, gmb_free(c, big), 0));
+	for (int i = 0; i < 5; i++)
+		cr_assert(eq(i32, gmb_free(c, p[i]), 0));
 	cr_assert(eq(i64, used_bytes(c), 0));
 	gmb_close(c);
 }

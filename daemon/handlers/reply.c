@@ -121,6 +121,7 @@ void handlers__devices(const struct broker *br, Gmb__DeviceInfo *di, Gmb__Device
 		di[d].total_bytes = p->total;
 		di[d].budget_bytes = p->budget;
 		di[d].granularity = p->granularity;
+		di[d].max_chunk_bytes = p->max_chunk;
 		di[d].pool_bytes = p->held_bytes;
 		di[d].used_bytes = p->lent_bytes;
 		di[d].free_bytes = p->free_bytes;

@@ -61,6 +61,7 @@ static int conn_take_devices(struct gmb__conn *c, const Gmb__HelloReply *hr, cha
 				       "gmbd reported granularity 0x%" PRIx64 " for device %zu", g,
 				       i);
 		c->devs.granularity[i] = g;
+		c->devs.max_chunk[i] = hr->devices[i]->max_chunk_bytes;
 		memset(c->devs.uuid[i], 0, sizeof(c->devs.uuid[i]));
 		if (hr->devices[i]->uuid.len == sizeof(c->devs.uuid[i]))
 			memcpy(c->devs.uuid[i], hr->devices[i]->uuid.data, sizeof(c->devs.uuid[i]));

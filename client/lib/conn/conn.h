@@ -82,6 +82,7 @@ struct gmb__devices {
 	char backend_kind[16];
 	int ndevices;
 	uint64_t granularity[BACKEND_MAX_DEVICES];
+	uint64_t max_chunk[BACKEND_MAX_DEVICES]; /* gmbd's --max-chunk; 0: not said */
 	uint8_t uuid[BACKEND_MAX_DEVICES][16]; /* gmbd's devices, by which the backend orders ours */
 	uint64_t device_bytes;		       /* device 0's total, for the host backend */
 	bool release_on_pause; /* gmbd gives paused memory back: let go of its handles */

@@ -472,9 +472,14 @@ static int mem_peer_indexes(struct gmb__mem *m, uint64_t peers, int dev, uint64_
 }
 
 /* Whether an allocation of @size is packed (pack.c). */
-static bool mem_packs(const struct gmb__mem *m, uint64_t size, enum gmb__pack_class pc)
+static bool mem_packs(const struct gmb__mem *m, int dev, uint64_t size, enum gmb__pack_class pc)
 {
+	uint64_t max_chunk = m->devs->max_chunk[dev];
+
 	if (size > GMB__PACK_PIECE_MAX || pc == GMB__PACK_NEVER || m->pack == GMB_PACK_OFF)
+		return false;
+	/* A pack is one chunk: where two pieces do not fit in one, nothing is saved. */
+	if (max_chunk && max_chunk / size < 2)
 		return false;
 	return m->pack == GMB_PACK_ALL || pc == GMB__PACK_HOOK;
 }
@@ -500,7 +505,8 @@ static int mem_pack_new(struct gmb__mem *m, struct gmb__tag *t, const struct gmb
 			char *err)
 {
 	uint64_t gran = m->devs->granularity[k->dev];
-	uint64_t want = backend_round_up(gmb__pack_size(t, k, size), gran);
+	uint64_t want =
+		backend_round_up(gmb__pack_size(t, k, size, m->devs->max_chunk[k->dev]), gran);
 	struct gmb__alloc *a;
 	int rc;
 
@@ -598,7 +604,7 @@ int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const 
 	if (rc < 0)
 		return rc;
 	rounded = backend_round_up(size, m->devs->granularity[dev]);
-	if (mem_packs(m, rounded, pc)) {
+	if (mem_packs(m, dev, rounded, pc)) {
 		rc = mem_pack_malloc(m, t, dev, peers, rounded, how, ptr, err);
 		if (rc < 0)
 			goto out_tag;

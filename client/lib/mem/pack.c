@@ -14,9 +14,10 @@
  * The price is memory: a pack is lent whole, and its free room counts
  * against the budget until a piece fills it or the last piece goes (then
  * mem.c frees the pack). The pack sizes grow with the tag (doubling what
- * its packs hold, from GMB__PACK_MIN to GMB__PACK_MAX, cut to a whole
- * number of the first piece's size), so the room left is at most the last
- * pack's. A PRESERVE pack's host copy is the whole pack, room included.
+ * its packs hold, from GMB__PACK_MIN to GMB__PACK_MAX and never past
+ * gmbd's largest chunk, cut to a whole number of the first piece's size),
+ * so the room left is at most the last pack's. A pack is one chunk: where
+ * two pieces do not fit in one, mem.c does not pack. A PRESERVE pack's host copy is the whole pack, room included.
  *
  * Pieces of a pack are kept by address; a new one goes in the first gap
  * that fits. Sizes and addresses are granularity multiples (mem.c rounds).
@@ -49,7 +50,8 @@ static bool pack_matches(const struct gmb__alloc *a, const struct gmb__pack_key 
 	return !k->own_mode || (a->mode == k->mode && a->backup == k->backup);
 }
 
-uint64_t gmb__pack_size(const struct gmb__tag *t, const struct gmb__pack_key *k, uint64_t size)
+uint64_t gmb__pack_size(const struct gmb__tag *t, const struct gmb__pack_key *k, uint64_t size,
+			uint64_t max_chunk)
 {
 	uint64_t held = 0, n;
 
@@ -59,6 +61,8 @@ uint64_t gmb__pack_size(const struct gmb__tag *t, const struct gmb__pack_key *k,
 	n = held < GMB__PACK_MIN ? GMB__PACK_MIN : held;
 	if (n > GMB__PACK_MAX)
 		n = GMB__PACK_MAX;
+	if (max_chunk && n > max_chunk)
+		n = max_chunk;
 	/* A whole number of pieces of this size: PyTorch's segments are alike,
 	 * and room they cannot fill would only be lent and copied. */
 	return n < size ? size : n / size * size;

@@ -39,8 +39,10 @@ struct gmb__pack_key {
 /* GMB_PACK_* from $GMB_PACK ("off", "hooks", "all"); -EINVAL if malformed. */
 int gmb__pack_env(void);
 /* The size of @t's next pack for a piece of @size: as much as its packs hold
- * so far, bounded, in whole pieces of @size. */
-uint64_t gmb__pack_size(const struct gmb__tag *t, const struct gmb__pack_key *k, uint64_t size);
+ * so far, bounded (by @max_chunk too, when not 0: a pack is one chunk), in
+ * whole pieces of @size. */
+uint64_t gmb__pack_size(const struct gmb__tag *t, const struct gmb__pack_key *k, uint64_t size,
+			uint64_t max_chunk);
 /* A pack of @t with room for @size (key @k), and where: NULL if none. */
 struct gmb__alloc *gmb__pack_find(const struct gmb__tag *t, const struct gmb__pack_key *k,
 				  uint64_t size, uintptr_t *va);
