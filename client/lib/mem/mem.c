@@ -251,19 +251,32 @@ int gmb__mem_sync(struct gmb__mem *m, uint64_t mask, char *err)
 
 /* Allocations: the record, its tables, its undoing. */
 
+/*
+ * The backup kind an allocation made as @how says gets: its own, resolved;
+ * a tag's allocations do not fail for a TMS_ variable they do not use
+ * (PINNED then). Negative: @how's own default is malformed (@err says).
+ */
+static int mem_how_backup(const struct gmb__mem_how *how, char *err)
+{
+	int backup = how && how->own ? how->backup : GMB_BACKUP_DEFAULT;
+
+	if (backup == GMB_BACKUP_DEFAULT)
+		backup = gmb__backup_default(how && how->own ? err : NULL);
+	if (backup < 0 && !(how && how->own))
+		backup = GMB_BACKUP_PINNED;
+	return backup;
+}
+
 /* A record with its VA range reserved, not yet lent. */
 static int mem_alloc_new(struct gmb__mem *m, struct gmb__tag *t, int dev, uint64_t peers,
 			 uint64_t size, const struct gmb__mem_how *how, struct gmb__alloc **out,
 			 char *err)
 {
-	int backup = how && how->own ? how->backup : GMB_BACKUP_DEFAULT;
+	int backup = mem_how_backup(how, err);
 	struct gmb__alloc *a;
 	int rc;
 
-	/* A tag's own allocations do not fail for a TMS_ variable they do not use. */
-	if (backup == GMB_BACKUP_DEFAULT)
-		backup = gmb__backup_default(how && how->own ? err : NULL);
-	if (backup < 0 && how && how->own)
+	if (backup < 0)
 		return backup;
 	a = calloc(1, sizeof(*a));
 	if (!a)
@@ -271,7 +284,7 @@ static int mem_alloc_new(struct gmb__mem *m, struct gmb__tag *t, int dev, uint64
 	*a = (struct gmb__alloc){ .dev = dev, .peers = peers, .size = size, .tag = t };
 	a->own_mode = how && how->own;
 	a->mode = a->own_mode ? how->mode : GMB_MODE_DISCARD;
-	a->backup = backup < 0 ? GMB_BACKUP_PINNED : backup;
+	a->backup = backup;
 	gmb__backup_init(a);
 	rc = m->be->ops->va_reserve(m->be, size, m->devs->granularity[dev], &a->va);
 	if (rc < 0) {
@@ -484,17 +497,14 @@ static bool mem_packs(const struct gmb__mem *m, int dev, uint64_t size, enum gmb
 	return m->pack == GMB_PACK_ALL || pc == GMB__PACK_HOOK;
 }
 
-/* What a piece shares with its pack: the backup resolved as mem_alloc_new() does. */
+/* What a piece shares with its pack (a malformed default: mem_alloc_new() refuses it). */
 static struct gmb__pack_key mem_pack_key(int dev, uint64_t peers, const struct gmb__mem_how *how)
 {
 	struct gmb__pack_key k = { .dev = dev, .peers = peers, .own_mode = how && how->own };
 
 	if (k.own_mode) {
 		k.mode = how->mode;
-		k.backup = how->backup == GMB_BACKUP_DEFAULT ? gmb__backup_default(NULL) :
-							       how->backup;
-		if (k.backup < 0)
-			k.backup = GMB_BACKUP_PINNED;
+		k.backup = mem_how_backup(how, NULL);
 	}
 	return k;
 }

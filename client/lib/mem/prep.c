@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "client/lib/mem/prep.h"
+#include "common/list.h"
 #include "common/err.h"
 #include "common/idmap.h"
 
@@ -187,7 +188,7 @@ struct prep_job {
 	void *p;     /* READY: the copy, owned by the job until taken */
 	int rc;	     /* FAILED */
 	char err[ERR_MSG_MAX];
-	struct prep_job *prev, *next; /* QUEUED: in the queue, oldest first */
+	struct prep_job *prev, *next; /* QUEUED: in the queue, newest first */
 };
 
 struct gmb__prep {
@@ -196,35 +197,11 @@ struct gmb__prep {
 	pthread_cond_t work; /* the worker's: a job queued, or stop */
 	pthread_cond_t done; /* a making ended */
 	struct idmap jobs;   /* key -> job, until taken or cancelled */
-	struct prep_job *head, *tail;
+	struct prep_job *queue; /* newest first: any order serves (a pause waits for its own) */
 	pthread_t worker;
 	bool started, stop;
 	char last_err[ERR_MSG_MAX];
 };
-
-static void prep_queue_push(struct gmb__prep *pr, struct prep_job *j)
-{
-	j->prev = pr->tail;
-	j->next = NULL;
-	if (pr->tail)
-		pr->tail->next = j;
-	else
-		pr->head = j;
-	pr->tail = j;
-}
-
-static void prep_queue_unlink(struct gmb__prep *pr, struct prep_job *j)
-{
-	if (j->prev)
-		j->prev->next = j->next;
-	else
-		pr->head = j->next;
-	if (j->next)
-		j->next->prev = j->prev;
-	else
-		pr->tail = j->prev;
-	j->prev = j->next = NULL;
-}
 
 /* Frees @j and its copy, if it has one; no lock held (backend calls). */
 static void prep_job_free(struct backend *be, struct prep_job *j)
@@ -319,12 +296,12 @@ static void *prep_worker(void *arg)
 		struct prep_job *j;
 		int rc;
 
-		while (!pr->stop && !pr->head)
+		while (!pr->stop && !pr->queue)
 			pthread_cond_wait(&pr->work, &pr->lock);
 		if (pr->stop)
 			break;
-		j = pr->head;
-		prep_queue_unlink(pr, j);
+		j = pr->queue;
+		DLIST_UNLINK(pr->queue, j);
 		j->state = PREP_RUNNING;
 		pthread_mutex_unlock(&pr->lock);
 		rc = prep_make(pr, j);
@@ -384,7 +361,7 @@ int gmb__prep_submit(struct gmb__prep **pp, struct backend *be, uintptr_t key, u
 	else
 		rc = idmap_put(&pr->jobs, key, j);
 	if (rc == 0) {
-		prep_queue_push(pr, j);
+		DLIST_PUSH(pr->queue, j);
 		if (!pr->started)
 			prep_start_worker(pr);
 		pthread_cond_signal(&pr->work);
@@ -410,7 +387,7 @@ int gmb__prep_take(struct gmb__prep *pr, uintptr_t key, struct gmb__prep_copy *o
 	}
 	/* Not started: this thread makes it, rather than wait behind the others. */
 	if (j->state == PREP_QUEUED) {
-		prep_queue_unlink(pr, j);
+		DLIST_UNLINK(pr->queue, j);
 		j->state = PREP_RUNNING;
 		pthread_mutex_unlock(&pr->lock);
 		rc = prep_make(pr, j);
@@ -437,7 +414,7 @@ void gmb__prep_cancel(struct gmb__prep *pr, uintptr_t key)
 	pthread_mutex_lock(&pr->lock);
 	j = idmap_del(&pr->jobs, key);
 	if (j && j->state == PREP_QUEUED)
-		prep_queue_unlink(pr, j);
+		DLIST_UNLINK(pr->queue, j);
 	if (j && j->state == PREP_RUNNING) {
 		j->orphan = true;
 		j = NULL;
