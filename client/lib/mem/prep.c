@@ -194,9 +194,9 @@ struct prep_job {
 struct gmb__prep {
 	struct backend *be;
 	pthread_mutex_t lock;
-	pthread_cond_t work; /* the worker's: a job queued, or stop */
-	pthread_cond_t done; /* a making ended */
-	struct idmap jobs;   /* key -> job, until taken or cancelled */
+	pthread_cond_t work;	/* the worker's: a job queued, or stop */
+	pthread_cond_t done;	/* a making ended */
+	struct idmap jobs;	/* key -> job, until taken or cancelled */
 	struct prep_job *queue; /* newest first: any order serves (a pause waits for its own) */
 	pthread_t worker;
 	bool started, stop;
