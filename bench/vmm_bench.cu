@@ -36,7 +36,9 @@
  * (smaller shapes, for a smoke run), --no-preserve-64, --no-xproc,
  * --warm-socket PATH, --first-pause-after S (2: the seconds between a
  * preserve row's fill and its first pause, for both implementations: the
- * application's work in between, in which libgmb makes retained copies).
+ * application's work in between, in which libgmb makes retained copies),
+ * --settle S (1: the seconds before each row's allocation, in which the
+ * driver zeroes the memory the previous row gave back).
  * Exit: 0 when it ran (goals may MISS), 1 on an error or wrong bytes.
  */
 #include "tests/gpu/gpu_util.h"
@@ -84,6 +86,9 @@ static CUdevice g_dev;
 static CUstream g_stream;
 static double g_d2h_gbs, g_h2d_gbs;
 static double g_first_pause_after = 2.0; /* s between a preserve row's fill and its first pause */
+/* s before each row's allocation: the driver zeroes what the previous row released, and a
+ * create made meanwhile waits for it; without the wait the row after a large one times that. */
+static double g_settle = 1.0;
 
 __attribute__((format(printf, 4, 5))) static void goal_add(const char *mode, int pass,
 							   const char *what, const char *fmt, ...)
@@ -316,6 +321,7 @@ static void run_shape(const struct shape *sh, int preserve, int impl, int cycles
 	uint64_t seed = 0xbe0c0000000ULL + (uint64_t)g_nrows * 0x1000;
 
 	CHECK(g_nrows < MAX_ROWS, "too many rows");
+	usleep((useconds_t)(g_settle * 1e6));
 	struct row *r = &g_rows[g_nrows++];
 	memset(r, 0, sizeof(*r));
 	r->shape = sh->name;
@@ -821,16 +827,20 @@ int main(int argc, char **argv)
 			no_xproc = 1;
 		else if (strcmp(argv[i], "--first-pause-after") == 0 && i + 1 < argc)
 			g_first_pause_after = atof(argv[++i]);
+		else if (strcmp(argv[i], "--settle") == 0 && i + 1 < argc)
+			g_settle = atof(argv[++i]);
 		else if (strcmp(argv[i], "--warm-socket") == 0 && i + 1 < argc)
 			warm = argv[++i];
 		else
 			gu_fail("unknown option %s (--cycles N, --cycles-64 N, --quick, "
 				"--no-preserve-64, --no-xproc, --warm-socket PATH, "
-				"--first-pause-after S)",
+				"--first-pause-after S, --settle S)",
 				argv[i]);
 	}
 	CHECK(cycles >= 1 && cycles <= MAX_CYCLES && cycles64 >= 1 && cycles64 <= MAX_CYCLES,
 	      "cycles must be 1..%d", MAX_CYCLES);
+	CHECK(g_settle >= 0 && g_settle <= 60 && g_first_pause_after >= 0 && g_first_pause_after <= 600,
+	      "--settle is 0..60 s, --first-pause-after 0..600 s");
 
 	/* The warm goal for pauses: 1 GiB allocations 0.10x, 20 MiB ones 0.20x. */
 	struct shape full[] = { { "16 x 1 GiB", 16, GiB, 0.10 },

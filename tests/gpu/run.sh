@@ -235,6 +235,8 @@ scenario unmap_probe 120 "$B/unmap_probe"
 scenario export_probe 120 "$B/export_probe"
 # What a chunk costs the process that maps it: made here, or imported (a lend).
 scenario map_probe 120 "$B/map_probe"
+# Whether a lend of fresh chunks gains from sending each fd as it is made.
+scenario lend_probe 120 "$B/lend_probe"
 
 # The PyTorch scenarios start their own gmbd; each of their rows joins this table.
 if [ "$DO_TORCH" = 1 ] && [ -x tests/gpu/torch_run.sh ]; then

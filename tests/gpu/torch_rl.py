@@ -1,9 +1,10 @@
 """GPU tests 3 and 4: an RL loop - a trainer and an inference engine take
-turns on one GPU, switched by gmbctl - and the time of each switch next to
-the create-per-allocation baseline.
+turns on one GPU, switched through gmbd's control requests - and the time of
+each switch next to the create-per-allocation baseline.
 
     torch_rl.py --gmbctl build-gpu/gmbctl --rounds 5 --label warm \
-                [--baseline build-gpu/torch_baseline] [--json OUT.json]
+                [--baseline build-gpu/torch_baseline] [--json OUT.json] \
+                [--switch] [--via api|gmbctl]
 
 Driver (this process, no CUDA context): starts
   trainer  LD_PRELOAD shim, GMB_DEFAULT_TAG=train (preserve): every tensor
@@ -16,9 +17,13 @@ Driver (this process, no CUDA context): starts
 both with GMB_CONTROL=accept, so that `gmbctl pause/resume NAME` acts at
 once (each is idle, blocked on its pipe, when the driver switches). Per
 round: the trainer checks its state survived, trains 3 steps; the driver
-runs `gmbctl pause trainer` + `gmbctl resume infer`; the engine replays its
-graph (output bit-exact against its first replay); `gmbctl pause infer` +
-`gmbctl resume trainer`. After every pause gmbd's status must show the
+pauses the trainer and resumes the engine; the engine replays its graph
+(output bit-exact against its first replay); the driver pauses the engine
+and resumes the trainer. The driver acts as an RL framework's would, through
+libgmb's Python API in its own process (`gmb.Client(tool=True).control()`,
+`.switch()`: one request to gmbd each); `--via gmbctl` spawns `gmbctl
+pause/resume/switch` instead, an operator's way (each call then adds the
+cost of starting a process, which is printed alongside). After every pause gmbd's status must show the
 paused side's tags paused and nothing lent to it, and nvidia-smi must show
 the memory gone from the device when gmbd keeps no pool (--label cold runs
 against a gmbd with --pool-keep 0, the default; warm with --pool-keep unlimited).
@@ -174,6 +179,12 @@ class Driver:
         self.gmbctl = args.gmbctl
         self.label = args.label
         self.use_switch = args.switch
+        self.via = args.via
+        self.api = None
+        if self.via == "api":
+            import gmb
+
+            self.api = gmb.Client(tool=True)
         self.failures = []
         self.times = {"pause_trainer": [], "resume_infer": [], "pause_infer": [],
                       "resume_trainer": []}
@@ -187,7 +198,21 @@ class Driver:
             raise RuntimeError(f"gmbctl {' '.join(argv)}: {p.stderr.strip()}")
         return p.stdout, dt
 
+    def act(self, op, *names):
+        """pause/resume NAME or switch OFF ON, by the API or gmbctl; (report, ms)."""
+        if self.via == "gmbctl":
+            return self.ctl(op, *names)
+        t0 = time.monotonic()
+        if op == "switch":
+            out = self.api.switch(*names)
+        else:
+            out = ""
+            self.api.control(names[0], op)
+        return out, (time.monotonic() - t0) * 1e3
+
     def status(self):
+        if self.api:
+            return self.api.status()
         return json.loads(self.ctl("status", "--json")[0])
 
     def client(self, st, name):
@@ -208,7 +233,7 @@ class Driver:
         before = self.status()
         off_bytes = sum(t["bytes"] for t in self.client(before, names[off])["tags"])
         smi0 = smi_used_mib()
-        _, dt_pause = self.ctl("pause", names[off])
+        _, dt_pause = self.act("pause", names[off])
         time.sleep(0.2)  # gmbd releases to the driver once the handles are dropped
         st = self.status()
         smi1 = smi_used_mib()
@@ -225,18 +250,18 @@ class Driver:
             how = f"gmbd pool holds {dev['free_bytes'] / GiB:.2f} GiB free to lend"
         self.expect(ok and lent_to_off == 0, f"round {r}: {off}'s {off_bytes / GiB:.2f} GiB not free ({how})")
         self.free_checks.append(f"{off} {off_bytes / GiB:.2f} GiB: {how}")
-        _, dt_resume = self.ctl("resume", names[on])
+        _, dt_resume = self.act("resume", names[on])
         self.times[f"pause_{off}"].append(dt_pause)
         self.times[f"resume_{on}"].append(dt_resume)
         return st
 
     def switch_one(self, r, off, on, names):
-        """gmbctl switch OFF ON: one request; OFF paused, ON active after it.
+        """switch OFF ON: one request; OFF paused, ON active after it.
 
         Its whole time goes to pause_OFF (resume_ON gets 0): the report's
         pause column is then the switch's.
         """
-        out, dt = self.ctl("switch", names[off], names[on])
+        out, dt = self.act("switch", names[off], names[on])
         st = self.status()
         off_tags = self.client(st, names[off])["tags"]
         on_tags = self.client(st, names[on])["tags"]
@@ -261,7 +286,7 @@ class Driver:
         try:
             first = tr.cmd("train", steps=2)
             losses = list(first["losses"])
-            self.ctl("pause", names["infer"])
+            self.act("pause", names["infer"])
             for r in range(rounds):
                 if r:
                     chk = tr.cmd("check")
@@ -329,8 +354,10 @@ def report(drv, losses, base, overhead):
              base and (base["pause_A"], base["resume_B"])),
             ("inference -> trainer", t["pause_infer"], t["resume_trainer"],
              base and (base["pause_B"], base["resume_A"]))]
+    how = ("gmbctl wall times" if drv.via == "gmbctl" else
+           "the driver's API calls, in its process")
     log(f"\n[{drv.label}] switch times, median of {len(drv.times['pause_trainer'])} "
-        f"(gmbctl wall time; a gmbctl call alone costs {overhead:.1f} ms):")
+        f"({how}; a gmbctl call alone costs {overhead:.1f} ms):")
     log("| switch | gmbd pause | gmbd resume | gmbd total | baseline pause | baseline resume | baseline total |")
     log("|---|---|---|---|---|---|---|")
     for name, p, r, b in rows:
@@ -338,7 +365,7 @@ def report(drv, losses, base, overhead):
         log(f"| {name} | {p:.1f} ms | {r:.1f} ms | {p + r:.1f} ms | {bp:.1f} ms | {br:.1f} ms | {bp + br:.1f} ms |")
     log(f"[{drv.label}] memory after each pause: " + "; ".join(drv.free_checks))
     log(f"[{drv.label}] trainer loss {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} steps")
-    return {"label": drv.label, "median_ms": t, "baseline_ms": base, "gmbctl_overhead_ms": overhead,
+    return {"label": drv.label, "via": drv.via, "median_ms": t, "baseline_ms": base, "gmbctl_overhead_ms": overhead,
             "losses": losses, "failures": drv.failures, "free_checks": drv.free_checks}
 
 
@@ -351,7 +378,9 @@ def main():
     ap.add_argument("--baseline")
     ap.add_argument("--json")
     ap.add_argument("--switch", action="store_true",
-                    help="drive each turn by one `gmbctl switch OFF ON` instead of pause + resume")
+                    help="drive each turn by one switch OFF ON instead of pause + resume")
+    ap.add_argument("--via", choices=("api", "gmbctl"), default="api",
+                    help="how the driver acts: libgmb's Python API (default) or gmbctl")
     args = ap.parse_args()
     sys.path.insert(0, HERE)
     if args.role == "trainer":
@@ -375,7 +404,7 @@ def main():
             json.dump(summary, f, indent=1)
     t = summary["median_ms"]
     b = summary["baseline_ms"] or {}
-    how = "gmbctl switch" if args.switch else "gmbctl pause + resume"
+    how = ("switch" if args.switch else "pause + resume") + f" via {args.via}"
     def base(pause, resume):
         """' (baseline N ms)' where the baseline ran, else nothing."""
         return f" (baseline {b[pause] + b[resume]:.1f})" if pause in b and resume in b else ""

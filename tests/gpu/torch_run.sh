@@ -45,10 +45,11 @@
 #   torch_ipc_sglang_keep  torch_ipc_sglang with GMB_IPC_KEEP=1: the trainer's pauses ask
 #                        the engine's idle imports back
 #   torch_rl_warm        trainer (AdamW, GMB_DEFAULT_TAG=train) and inference engine
-#   torch_rl_cold        alternate 5 rounds driven by gmbctl; switch times next to the
+#   torch_rl_cold        alternate 5 rounds driven through libgmb's Python API (a tool
+#                        client's control requests); switch times next to the
 #                        create-per-allocation baseline (warm: --pool-keep unlimited; cold: a
 #                        second gmbd with --pool-keep 0, memory back to the driver)
-#   torch_rl_switch      the same loop, each turn one `gmbctl switch` (--switch) on a
+#   torch_rl_switch      the same loop, each turn one switch (--switch) on a
 #                        --pool-keep 0 gmbd: the trainer's chunks go straight to the engine
 #   objects_readers      named objects (tests/gpu/torch_objects.py, a --pool-keep 0 gmbd
 #                        of their own): a 16 GiB bf16 state dict published, four readers
