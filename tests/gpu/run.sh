@@ -237,6 +237,8 @@ scenario export_probe 120 "$B/export_probe"
 scenario map_probe 120 "$B/map_probe"
 # Whether a lend of fresh chunks gains from sending each fd as it is made.
 scenario lend_probe 120 "$B/lend_probe"
+# What a create costs right after a release, by which process released.
+scenario scrub_probe 120 "$B/scrub_probe"
 
 # The PyTorch scenarios start their own gmbd; each of their rows joins this table.
 if [ "$DO_TORCH" = 1 ] && [ -x tests/gpu/torch_run.sh ]; then

@@ -1,0 +1,207 @@
+/*
+ * scrub_probe.cu - what a cuMemCreate costs right after memory was given
+ * back to the driver, by which process gave it back.
+ *
+ * The driver zeroes memory when its last reference goes. A pause releases
+ * 1 GiB chunks and the resume creates them again, so when (and in which
+ * process) that zeroing is paid decides where a pause's cost shows: in the
+ * pause, or in the next create. For 16 x 1 GiB, per case:
+ *
+ *   own:     this process (a primary context) creates, maps, unmaps and
+ *            releases the chunks: the last reference is its own;
+ *   gmbd:    a second process without a context (as gmbd) creates and
+ *            exports them, this one imports, maps, unmaps and releases its
+ *            handles first, then the second releases the last reference;
+ *   gmbd+ctx: the same with a primary context retained in the second one.
+ *
+ * Then, after a wait of 0, 50, 200 or 1000 ms, this process creates 16 x
+ * 1 GiB again: the table has the release of the last references (ms, all
+ * 16) and each create batch (ms). Between measurements everything is
+ * released and left 1.5 s. Driver API only; one device.
+ *
+ *   scrub_probe
+ */
+#include <sys/wait.h>
+
+#include "tests/gpu/gpu_util.h"
+
+#define N	16
+#define NDELAY	4
+#define NCASE	3
+
+static const int delays_ms[NDELAY] = { 0, 50, 200, 1000 };
+static const char *const case_names[NCASE] = { "own", "gmbd", "gmbd+ctx" };
+
+static CUmemAllocationProp probe_prop(void)
+{
+	CUmemAllocationProp p = {};
+
+	p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	p.location.id = 0;
+	p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	return p;
+}
+
+static CUmemAccessDesc probe_access(void)
+{
+	CUmemAccessDesc a = {};
+
+	a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	a.location.id = 0;
+	a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	return a;
+}
+
+/* The second process: per request byte (1: no context, 2: with one), make,
+ * send, wait, release; the release's time goes back. 0 ends it. */
+static __attribute__((noreturn)) void probe_maker(int sock)
+{
+	CUmemAllocationProp prop = probe_prop();
+	CUcontext ctx = NULL;
+	CUdevice dev;
+	char rq, ack;
+
+	CU_CK(cuInit(0));
+	CU_CK(cuDeviceGet(&dev, 0));
+	while (read(sock, &rq, 1) == 1 && rq != 0) {
+		CUmemGenericAllocationHandle h[N];
+		int fds[N];
+		double t;
+
+		if (rq == 2 && !ctx)
+			CU_CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+		for (int i = 0; i < N; i++) {
+			CU_CK(cuMemCreate(&h[i], GiB, &prop, 0));
+			CU_CK(cuMemExportToShareableHandle(&fds[i], h[i],
+							   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+		}
+		gu_send_fds(sock, fds, N);
+		for (int i = 0; i < N; i++)
+			close(fds[i]);
+		CHECK(read(sock, &ack, 1) == 1, "the importer did not answer");
+		t = gu_now();
+		for (int i = 0; i < N; i++)
+			CU_CK(cuMemRelease(h[i]));
+		t = gu_now() - t;
+		CHECK(write(sock, &t, sizeof(t)) == (ssize_t)sizeof(t), "release time");
+	}
+	if (ctx)
+		CU_CK(cuDevicePrimaryCtxRelease(dev));
+	exit(0);
+}
+
+static void map_all(CUdeviceptr va, CUmemGenericAllocationHandle *h)
+{
+	CUmemAccessDesc acc = probe_access();
+
+	for (int i = 0; i < N; i++) {
+		CU_CK(cuMemMap(va + GiB * i, GiB, 0, h[i], 0));
+		CU_CK(cuMemSetAccess(va + GiB * i, GiB, &acc, 1));
+	}
+}
+
+static void unmap_all(CUdeviceptr va)
+{
+	for (int i = 0; i < N; i++)
+		CU_CK(cuMemUnmap(va + GiB * i, GiB));
+}
+
+/* One case: the chunks used and given back as the case says; the last release's ms. */
+static double probe_give_back(int sock, int kase, CUdeviceptr va)
+{
+	CUmemAllocationProp prop = probe_prop();
+	CUmemGenericAllocationHandle h[N];
+	double t;
+
+	if (kase == 0) {
+		for (int i = 0; i < N; i++)
+			CU_CK(cuMemCreate(&h[i], GiB, &prop, 0));
+		map_all(va, h);
+		unmap_all(va);
+		t = gu_now();
+		for (int i = 0; i < N; i++)
+			CU_CK(cuMemRelease(h[i]));
+		return (gu_now() - t) * 1e3;
+	}
+	char rq = (char)kase, ack = 1;
+	int fds[N], got = 0;
+
+	CHECK(write(sock, &rq, 1) == 1, "request");
+	while (got < N) {
+		int r = gu_recv_fds(sock, fds + got, N - got);
+
+		CHECK(r > 0, "the maker's fds");
+		got += r;
+	}
+	for (int i = 0; i < N; i++) {
+		CU_CK(cuMemImportFromShareableHandle(&h[i], (void *)(long)fds[i],
+						     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+		close(fds[i]);
+	}
+	map_all(va, h);
+	unmap_all(va);
+	for (int i = 0; i < N; i++)
+		CU_CK(cuMemRelease(h[i]));
+	CHECK(write(sock, &ack, 1) == 1, "ack");
+	CHECK(read(sock, &t, sizeof(t)) == (ssize_t)sizeof(t), "the maker's release");
+	return t * 1e3;
+}
+
+int main(void)
+{
+	CUmemAllocationProp prop = probe_prop();
+	CUcontext ctx;
+	CUdevice dev;
+	CUdeviceptr va;
+	int sv[2];
+	pid_t pid;
+	char end = 0;
+
+	gu_set_name("scrub_probe");
+	CHECK(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) == 0, "socketpair: %s", strerror(errno));
+	/* The maker first: a process forked after cuInit cannot use CUDA. */
+	pid = fork();
+	CHECK(pid >= 0, "fork: %s", strerror(errno));
+	if (pid == 0) {
+		close(sv[0]);
+		probe_maker(sv[1]);
+	}
+	close(sv[1]);
+	CU_CK(cuInit(0));
+	CU_CK(cuDeviceGet(&dev, 0));
+	CU_CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+	CU_CK(cuCtxSetCurrent(ctx));
+	CU_CK(cuMemAddressReserve(&va, GiB * N, 2 * MiB, 0, 0));
+	printf("| last reference released by | release of 16 x 1 GiB (ms) |");
+	for (int d = 0; d < NDELAY; d++)
+		printf(" create 16 x 1 GiB %d ms later (ms) |", delays_ms[d]);
+	printf("\n|---|---|---|---|---|---|\n");
+	for (int k = 0; k < NCASE; k++) {
+		double rel[NDELAY], cre[NDELAY];
+
+		for (int d = 0; d < NDELAY; d++) {
+			CUmemGenericAllocationHandle h[N];
+			double t;
+
+			rel[d] = probe_give_back(sv[0], k, va);
+			usleep((useconds_t)delays_ms[d] * 1000);
+			t = gu_now();
+			for (int i = 0; i < N; i++)
+				CU_CK(cuMemCreate(&h[i], GiB, &prop, 0));
+			cre[d] = (gu_now() - t) * 1e3;
+			for (int i = 0; i < N; i++)
+				CU_CK(cuMemRelease(h[i]));
+			usleep(1500 * 1000);
+		}
+		printf("| %s | %.2f |", case_names[k], gu_median(rel, NDELAY));
+		for (int d = 0; d < NDELAY; d++)
+			printf(" %.2f |", cre[d]);
+		printf("\n");
+	}
+	CHECK(write(sv[0], &end, 1) == 1, "end");
+	CHECK(waitpid(pid, NULL, 0) == pid, "waitpid");
+	CU_CK(cuMemAddressFree(va, GiB * N));
+	gu_result("PASS", "creates after a release, by who released (table above)");
+	return 0;
+}
