@@ -255,6 +255,28 @@ Test(tms, with_retain_the_copy_stays_at_the_same_address)
 	cr_assert(test_holds(p, n, 7));
 }
 
+/* The peer's suite counts a backup file per disk-backed allocation: packing must not merge them. */
+Test(tms, disk_backed_allocations_are_not_packed_each_has_its_file)
+{
+	unsigned char *d1, *d2, *p1, *p2;
+
+	unsetenv("GMB_PACK"); /* the default: the hooks pack */
+	cr_assert(eq(i32, gmb_set_disk_dir(disk_dir), 0));
+	d1 = alloc_ex("k", GMB_MODE_PRESERVE, GMB_BACKUP_DISK, 1 * MiB);
+	d2 = alloc_ex("k", GMB_MODE_PRESERVE, GMB_BACKUP_DISK, 1 * MiB);
+	p1 = alloc_ex("k", GMB_MODE_PRESERVE, GMB_BACKUP_PINNED, 1 * MiB);
+	p2 = alloc_ex("k", GMB_MODE_PRESERVE, GMB_BACKUP_PINNED, 1 * MiB);
+	cr_assert(eq(ptr, p2, p1 + MiB), "pinned-backed ones are packed, back to back");
+	test_fill(d1, MiB, 21);
+	test_fill(d2, MiB, 22);
+	test_fill(p1, MiB, 23);
+	cr_assert(eq(i32, gmb_pause(client(), "k"), 0), "%s", gmb_last_error(client()));
+	cr_assert(eq(i32, count_files(disk_dir, NULL), 2), "one file per disk-backed allocation");
+	cr_assert(eq(i32, gmb_resume(client(), "k"), 0), "%s", gmb_last_error(client()));
+	cr_assert(test_holds(d1, MiB, 21) && test_holds(d2, MiB, 22) && test_holds(p1, MiB, 23));
+	(void)p2;
+}
+
 Test(tms, host_copy_answers_per_kind_and_state)
 {
 	unsigned char *pin = alloc_ex("h", GMB_MODE_PRESERVE, GMB_BACKUP_PINNED, 1 * MiB);

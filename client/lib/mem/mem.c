@@ -484,12 +484,19 @@ static int mem_peer_indexes(struct gmb__mem *m, uint64_t peers, int dev, uint64_
 	return 0;
 }
 
-/* Whether an allocation of @size is packed (pack.c). */
-static bool mem_packs(const struct gmb__mem *m, int dev, uint64_t size, enum gmb__pack_class pc)
+/*
+ * Whether an allocation of @size is packed (pack.c). A disk-backed one is
+ * not: its copy is a file of its own (torch_memory_saver's users count one
+ * per allocation), where a pack's would hold every piece.
+ */
+static bool mem_packs(const struct gmb__mem *m, int dev, uint64_t size, enum gmb__pack_class pc,
+		      const struct gmb__mem_how *how)
 {
 	uint64_t max_chunk = m->devs->max_chunk[dev];
 
 	if (size > GMB__PACK_PIECE_MAX || pc == GMB__PACK_NEVER || m->pack == GMB_PACK_OFF)
+		return false;
+	if (mem_how_backup(how, NULL) == GMB_BACKUP_DISK)
 		return false;
 	/* A pack is one chunk: where two pieces do not fit in one, nothing is saved. */
 	if (max_chunk && max_chunk / size < 2)
@@ -614,7 +621,7 @@ int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const 
 	if (rc < 0)
 		return rc;
 	rounded = backend_round_up(size, m->devs->granularity[dev]);
-	if (mem_packs(m, dev, rounded, pc)) {
+	if (mem_packs(m, dev, rounded, pc, how)) {
 		rc = mem_pack_malloc(m, t, dev, peers, rounded, how, ptr, err);
 		if (rc < 0)
 			goto out_tag;
