@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "client/lib/api/client.h"
 #include "common/backend/backend.h"
@@ -63,11 +64,12 @@ static struct {
 	struct spy_call reg[SPY_CALLS];
 	int nreg;
 	uint64_t reg_bytes, unreg_bytes;
-	int nallocs; /* host_alloc calls */
-	bool hold;   /* the next registration off the main thread waits... */
-	int hold_ms; /* ...until released, or this long (0: no limit) */
-	bool held;   /* a registration is waiting */
-	bool refuse; /* registrations fail */
+	int nallocs;	       /* host_alloc calls */
+	uint64_t first_reg_ns; /* CLOCK_MONOTONIC of the first registration off the main thread */
+	bool hold;	       /* the next registration off the main thread waits... */
+	int hold_ms;	       /* ...until released, or this long (0: no limit) */
+	bool held;	       /* a registration is waiting */
+	bool refuse;	       /* registrations fail */
 } spy = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
 
 static void spy_deadline(struct timespec *ts, int ms)
@@ -91,6 +93,8 @@ static int spy_register(struct backend *b, void *p, uint64_t size)
 		return backend_fail(-ENOMEM, "spy: registration refused");
 	rc = spy.real->host_register(b, p, size);
 	pthread_mutex_lock(&spy.lock);
+	if (!on_main && !spy.first_reg_ns)
+		spy.first_reg_ns = test_now_ns();
 	if (rc == 0 && spy.nreg < SPY_CALLS)
 		spy.reg[spy.nreg++] = (struct spy_call){ p, size, on_main };
 	if (rc == 0)
@@ -262,6 +266,31 @@ Test(backup_prep, the_copy_is_made_after_malloc_without_a_pause)
 		  "everything registered was unregistered");
 	cr_assert(lt(i64, rss_anon() - before, (int64_t)(n / 4)), "and unmapped");
 	gmb_close(c);
+	cr_expect(eq(i32, test_leak_check(), 0), "this process leaked");
+}
+
+Test(backup_prep, copies_wait_for_a_burst_of_allocations_to_end)
+{
+	gmb_client *c = spy_connect("burst");
+	unsigned char *p[4];
+	uint64_t last = 0;
+
+	for (int i = 0; i < 4; i++) {
+		if (i == 3)
+			last = test_now_ns();
+		p[i] = alloc_preserve(c, "b", PIECE);
+		if (i < 3)
+			usleep(2000); /* an application's work between its allocations */
+	}
+	cr_assert(spy_wait(spy_registered, 4 * PIECE, 10000), "the copies were not made");
+	cr_assert(eq(i32, spy_on_main(), 0), "off the allocating thread");
+	cr_assert(ge(u64, spy.first_reg_ns, last + 20000000ULL),
+		  "the first copy began %lld us after the last allocation began, within the burst",
+		  (long long)((int64_t)(spy.first_reg_ns - last) / 1000));
+	for (int i = 0; i < 4; i++)
+		cr_assert(eq(i32, gmb_free(c, p[i]), 0), "%s", gmb_last_error(c));
+	gmb_close(c);
+	cr_expect(eq(u64, spy.unreg_bytes, spy.reg_bytes));
 	cr_expect(eq(i32, test_leak_check(), 0), "this process leaked");
 }
 

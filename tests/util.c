@@ -644,6 +644,14 @@ int test_set_nofile(pid_t pid, rlim_t cur, struct rlimit *old)
 	return prlimit(pid, RLIMIT_NOFILE, &rl, NULL) < 0 ? -errno : 0;
 }
 
+uint64_t test_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
 /* This process's RssAnon (private anonymous resident bytes); -1 if unread. */
 int64_t test_rss_anon(void)
 {

@@ -91,6 +91,8 @@ int proc_count_memfds(void);
 int proc_count_fds(pid_t pid);
 /* This process's RssAnon (private anonymous resident bytes); -1 if unread. */
 int64_t test_rss_anon(void);
+/* CLOCK_MONOTONIC in ns. */
+uint64_t test_now_ns(void);
 /* The fd number below which @pid has room for exactly @k new fds; -1 if none. */
 long test_fd_room(pid_t pid, int k);
 /* @pid's soft RLIMIT_NOFILE set to @cur behind its back; *@old (may be NULL)
