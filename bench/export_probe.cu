@@ -20,17 +20,6 @@
 
 #define MAX_ROUNDS 256
 
-static CUmemAllocationProp probe_prop(void)
-{
-	CUmemAllocationProp p = {};
-
-	p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	p.location.id = 0;
-	p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-	return p;
-}
-
 /* The client's side: import, close, tell; prints its medians at the end. */
 static __attribute__((noreturn)) void probe_child(int sock, const char *how)
 {
@@ -57,28 +46,10 @@ static __attribute__((noreturn)) void probe_child(int sock, const char *how)
 	exit(0);
 }
 
-/*
- * A child that imports what *@sock brings; forked before this process's
- * cuInit. @other: the parent's end of an earlier child's socket, closed in
- * this one so that the earlier child sees its end.
- */
-static pid_t probe_spawn(const char *how, int other, int *sock)
+/* gu_fork_peer()'s child: @arg is how the parent exports (its label). */
+static void probe_child_run(int sock, void *arg)
 {
-	int sv[2];
-	pid_t pid;
-
-	CHECK(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) == 0, "socketpair: %s", strerror(errno));
-	pid = fork();
-	CHECK(pid >= 0, "fork: %s", strerror(errno));
-	if (pid == 0) {
-		close(sv[0]);
-		if (other >= 0)
-			close(other);
-		probe_child(sv[1], how);
-	}
-	close(sv[1]);
-	*sock = sv[0];
-	return pid;
+	probe_child(sock, (const char *)arg);
 }
 
 static const char *probe_how(bool keep)
@@ -90,7 +61,7 @@ static const char *probe_how(bool keep)
 static void probe_lends(int sock, pid_t pid, int rounds, bool keep, double out[3])
 {
 	double te[MAX_ROUNDS], tc[MAX_ROUNDS], tr[MAX_ROUNDS];
-	CUmemAllocationProp prop = probe_prop();
+	CUmemAllocationProp prop = gu_fd_prop();
 	int kept = -1;
 
 	if (keep) {
@@ -145,7 +116,8 @@ int main(int argc, char **argv)
 	       rounds);
 	/* Children first: a process forked after cuInit cannot use CUDA. */
 	for (int k = 0; k < 2; k++)
-		pid[k] = probe_spawn(probe_how(k), k ? sock[0] : -1, &sock[k]);
+		pid[k] = gu_fork_peer(probe_child_run, (void *)probe_how(k), k ? sock[0] : -1,
+				      &sock[k]);
 	CU_CK(cuInit(0));
 	/* The plain way first: the kept fd of the second could hide it. */
 	probe_lends(sock[0], pid[0], rounds, false, plain);

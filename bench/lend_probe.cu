@@ -51,36 +51,15 @@ static const struct probe_shape probe_shapes[] = {
 static const char *const variant_names[NVARIANT] = { "local", "serial", "stream", "batch4" };
 static const int variant_batch[NVARIANT] = { 0, MAX_N, 1, 4 };
 
-static CUmemAllocationProp probe_prop(void)
-{
-	CUmemAllocationProp p = {};
-
-	p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	p.location.id = 0;
-	p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-	return p;
-}
-
-static CUmemAccessDesc probe_access(void)
-{
-	CUmemAccessDesc a = {};
-
-	a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	a.location.id = 0;
-	a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-	return a;
-}
-
 /* What the importer asks: shape k, fds per message. */
 struct probe_req {
 	int shape, batch;
 };
 
 /* The maker: creates, exports and sends as asked; its create + export time goes back. */
-static __attribute__((noreturn)) void probe_maker(int sock)
+static __attribute__((noreturn)) void probe_maker(int sock, void *unused)
 {
-	CUmemAllocationProp prop = probe_prop();
+	CUmemAllocationProp prop = gu_fd_prop();
 	CUmemGenericAllocationHandle keep;
 	int kept;
 	struct probe_req rq;
@@ -124,8 +103,8 @@ static double probe_resume(int sock, int k, int variant, CUdeviceptr va, int set
 			   double *first, double *made)
 {
 	const struct probe_shape *s = &probe_shapes[k];
-	CUmemAllocationProp prop = probe_prop();
-	CUmemAccessDesc acc = probe_access();
+	CUmemAllocationProp prop = gu_fd_prop();
+	CUmemAccessDesc acc = gu_rw_access();
 	CUmemGenericAllocationHandle h[MAX_N];
 	struct probe_req rq = { k, variant_batch[variant] };
 	double t0 = gu_now(), t1 = 0, end;
@@ -176,7 +155,7 @@ static double probe_resume(int sock, int k, int variant, CUdeviceptr va, int set
 
 int main(int argc, char **argv)
 {
-	int rounds = argc > 1 ? atoi(argv[1]) : 7, settle_ms = argc > 2 ? atoi(argv[2]) : 300, sv[2];
+	int rounds = argc > 1 ? atoi(argv[1]) : 7, settle_ms = argc > 2 ? atoi(argv[2]) : 300, sock;
 	CUcontext ctx;
 	CUdevice dev;
 	pid_t pid;
@@ -184,19 +163,8 @@ int main(int argc, char **argv)
 	gu_set_name("lend_probe");
 	CHECK(rounds >= 1 && rounds <= 64, "ROUNDS is 1 to 64");
 	CHECK(settle_ms >= 0 && settle_ms <= 10000, "SETTLE_MS is 0 to 10000");
-	CHECK(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) == 0, "socketpair: %s", strerror(errno));
-	/* The maker first: a process forked after cuInit cannot use CUDA. */
-	pid = fork();
-	CHECK(pid >= 0, "fork: %s", strerror(errno));
-	if (pid == 0) {
-		close(sv[0]);
-		probe_maker(sv[1]);
-	}
-	close(sv[1]);
-	CU_CK(cuInit(0));
-	CU_CK(cuDeviceGet(&dev, 0));
-	CU_CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-	CU_CK(cuCtxSetCurrent(ctx));
+	pid = gu_fork_peer(probe_maker, NULL, -1, &sock);
+	gu_primary_ctx(&ctx, &dev);
 	printf("settle %d ms between lends, median of %d rounds\n", settle_ms, rounds);
 	printf("| shape | variant | resume (ms) | from the first fd (ms) | maker's create + export"
 	       " (ms) |\n|---|---|---|---|---|\n");
@@ -208,10 +176,10 @@ int main(int argc, char **argv)
 		CU_CK(cuMemAddressReserve(&va, s->size * s->n, 2 * MiB, 0, 0));
 		/* One warm-up round, not counted. */
 		for (int v = 0; v < NVARIANT; v++)
-			probe_resume(sv[0], k, v, va, settle_ms, &fst[v][0], &mk[v][0]);
+			probe_resume(sock, k, v, va, settle_ms, &fst[v][0], &mk[v][0]);
 		for (int r = 0; r < rounds; r++)
 			for (int v = 0; v < NVARIANT; v++)
-				tot[v][r] = probe_resume(sv[0], k, v, va, settle_ms, &fst[v][r],
+				tot[v][r] = probe_resume(sock, k, v, va, settle_ms, &fst[v][r],
 							 &mk[v][r]);
 		CU_CK(cuMemAddressFree(va, s->size * s->n));
 		for (int v = 0; v < NVARIANT; v++)
@@ -219,7 +187,7 @@ int main(int argc, char **argv)
 			       gu_median(tot[v], rounds), gu_median(fst[v], rounds),
 			       gu_median(mk[v], rounds));
 	}
-	close(sv[0]);
+	close(sock);
 	CHECK(waitpid(pid, NULL, 0) == pid, "waitpid");
 	gu_result("PASS", "whole-lend times by how the fds are sent (table above)");
 	return 0;

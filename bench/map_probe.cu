@@ -38,27 +38,6 @@ static const struct probe_shape probe_shapes[] = {
 };
 #define NSHAPES (int)(sizeof(probe_shapes) / sizeof(probe_shapes[0]))
 
-static CUmemAllocationProp probe_prop(void)
-{
-	CUmemAllocationProp p = {};
-
-	p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	p.location.id = 0;
-	p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-	return p;
-}
-
-static CUmemAccessDesc probe_access(void)
-{
-	CUmemAccessDesc a = {};
-
-	a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	a.location.id = 0;
-	a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-	return a;
-}
-
 /* Reserve one range for @n chunks of @size. */
 static CUdeviceptr probe_reserve(uint64_t bytes)
 {
@@ -72,7 +51,7 @@ static CUdeviceptr probe_reserve(uint64_t bytes)
 static void probe_maps(CUmemGenericAllocationHandle *h, int n, uint64_t size, double *first,
 		       double *second, double *unmap)
 {
-	CUmemAccessDesc acc = probe_access();
+	CUmemAccessDesc acc = gu_rw_access();
 	CUdeviceptr va = probe_reserve(size * n);
 	double t1[MAX_N], t2[MAX_N], tu[MAX_N];
 
@@ -107,7 +86,7 @@ static void probe_maps(CUmemGenericAllocationHandle *h, int n, uint64_t size, do
 /* All @n handles mapped back to back, one set access: per chunk, µs. */
 static double probe_one_range(CUmemGenericAllocationHandle *h, int n, uint64_t size)
 {
-	CUmemAccessDesc acc = probe_access();
+	CUmemAccessDesc acc = gu_rw_access();
 	CUdeviceptr va = probe_reserve(size * n);
 	double t = gu_now();
 
@@ -122,7 +101,7 @@ static double probe_one_range(CUmemGenericAllocationHandle *h, int n, uint64_t s
 
 static void probe_local(const struct probe_shape *s)
 {
-	CUmemAllocationProp prop = probe_prop();
+	CUmemAllocationProp prop = gu_fd_prop();
 	CUmemGenericAllocationHandle h[MAX_N];
 	double tc[MAX_N], tr[MAX_N], first, second, unmap, range;
 
@@ -168,15 +147,12 @@ static void *probe_import_run(void *arg)
 }
 
 /* The child: each shape's fds arrive in one message; it times and prints. */
-static __attribute__((noreturn)) void probe_child(int sock)
+static __attribute__((noreturn)) void probe_child(int sock, void *unused)
 {
 	CUcontext ctx;
 	CUdevice dev;
 
-	CU_CK(cuInit(0));
-	CU_CK(cuDeviceGet(&dev, 0));
-	CU_CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-	CU_CK(cuCtxSetCurrent(ctx));
+	gu_primary_ctx(&ctx, &dev);
 	for (int k = 0; k < NSHAPES; k++)
 		probe_local(&probe_shapes[k]);
 	for (int k = 0; k < NSHAPES; k++) {
@@ -249,7 +225,7 @@ static __attribute__((noreturn)) void probe_child(int sock)
 /* The parent: creates and exports each shape twice (one fd kept open). */
 static void probe_parent(int sock, pid_t pid)
 {
-	CUmemAllocationProp prop = probe_prop();
+	CUmemAllocationProp prop = gu_fd_prop();
 	CUmemGenericAllocationHandle keep;
 	int kept;
 
@@ -297,21 +273,12 @@ static void probe_parent(int sock, pid_t pid)
 
 int main(void)
 {
-	int sv[2];
+	int sock;
 	pid_t pid;
 
 	gu_set_name("map_probe");
-	setvbuf(stdout, NULL, _IOLBF, 0);
-	CHECK(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) == 0, "socketpair: %s", strerror(errno));
-	/* The child first: a process forked after cuInit cannot use CUDA. */
-	pid = fork();
-	CHECK(pid >= 0, "fork: %s", strerror(errno));
-	if (pid == 0) {
-		close(sv[0]);
-		probe_child(sv[1]);
-	}
-	close(sv[1]);
-	probe_parent(sv[0], pid);
+	pid = gu_fork_peer(probe_child, NULL, -1, &sock);
+	probe_parent(sock, pid);
 	gu_result("PASS", "per-chunk costs of local and imported chunks (table above)");
 	return 0;
 }

@@ -32,32 +32,11 @@
 static const int delays_ms[NDELAY] = { 0, 50, 200, 1000 };
 static const char *const case_names[NCASE] = { "own", "gmbd", "gmbd+ctx" };
 
-static CUmemAllocationProp probe_prop(void)
-{
-	CUmemAllocationProp p = {};
-
-	p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	p.location.id = 0;
-	p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-	return p;
-}
-
-static CUmemAccessDesc probe_access(void)
-{
-	CUmemAccessDesc a = {};
-
-	a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	a.location.id = 0;
-	a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-	return a;
-}
-
 /* The second process: per request byte (1: no context, 2: with one), make,
  * send, wait, release; the release's time goes back. 0 ends it. */
-static __attribute__((noreturn)) void probe_maker(int sock)
+static __attribute__((noreturn)) void probe_maker(int sock, void *unused)
 {
-	CUmemAllocationProp prop = probe_prop();
+	CUmemAllocationProp prop = gu_fd_prop();
 	CUcontext ctx = NULL;
 	CUdevice dev;
 	char rq, ack;
@@ -93,7 +72,7 @@ static __attribute__((noreturn)) void probe_maker(int sock)
 
 static void map_all(CUdeviceptr va, CUmemGenericAllocationHandle *h)
 {
-	CUmemAccessDesc acc = probe_access();
+	CUmemAccessDesc acc = gu_rw_access();
 
 	for (int i = 0; i < N; i++) {
 		CU_CK(cuMemMap(va + GiB * i, GiB, 0, h[i], 0));
@@ -110,7 +89,7 @@ static void unmap_all(CUdeviceptr va)
 /* One case: the chunks used and given back as the case says; the last release's ms. */
 static double probe_give_back(int sock, int kase, CUdeviceptr va)
 {
-	CUmemAllocationProp prop = probe_prop();
+	CUmemAllocationProp prop = gu_fd_prop();
 	CUmemGenericAllocationHandle h[N];
 	double t;
 
@@ -150,28 +129,17 @@ static double probe_give_back(int sock, int kase, CUdeviceptr va)
 
 int main(void)
 {
-	CUmemAllocationProp prop = probe_prop();
+	CUmemAllocationProp prop = gu_fd_prop();
 	CUcontext ctx;
 	CUdevice dev;
 	CUdeviceptr va;
-	int sv[2];
+	int sock;
 	pid_t pid;
 	char end = 0;
 
 	gu_set_name("scrub_probe");
-	CHECK(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) == 0, "socketpair: %s", strerror(errno));
-	/* The maker first: a process forked after cuInit cannot use CUDA. */
-	pid = fork();
-	CHECK(pid >= 0, "fork: %s", strerror(errno));
-	if (pid == 0) {
-		close(sv[0]);
-		probe_maker(sv[1]);
-	}
-	close(sv[1]);
-	CU_CK(cuInit(0));
-	CU_CK(cuDeviceGet(&dev, 0));
-	CU_CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-	CU_CK(cuCtxSetCurrent(ctx));
+	pid = gu_fork_peer(probe_maker, NULL, -1, &sock);
+	gu_primary_ctx(&ctx, &dev);
 	CU_CK(cuMemAddressReserve(&va, GiB * N, 2 * MiB, 0, 0));
 	printf("| last reference released by | release of 16 x 1 GiB (ms) |");
 	for (int d = 0; d < NDELAY; d++)
@@ -184,7 +152,7 @@ int main(void)
 			CUmemGenericAllocationHandle h[N];
 			double t;
 
-			rel[d] = probe_give_back(sv[0], k, va);
+			rel[d] = probe_give_back(sock, k, va);
 			usleep((useconds_t)delays_ms[d] * 1000);
 			t = gu_now();
 			for (int i = 0; i < N; i++)
@@ -199,7 +167,7 @@ int main(void)
 			printf(" %.2f |", cre[d]);
 		printf("\n");
 	}
-	CHECK(write(sv[0], &end, 1) == 1, "end");
+	CHECK(write(sock, &end, 1) == 1, "end");
 	CHECK(waitpid(pid, NULL, 0) == pid, "waitpid");
 	CU_CK(cuMemAddressFree(va, GiB * N));
 	gu_result("PASS", "creates after a release, by who released (table above)");

@@ -375,6 +375,65 @@ static inline long gu_smi_process_mib(long pid, char *raw, size_t rawlen)
 }
 
 /* Makes the primary context of @dev current on this thread. */
+/*
+ * A second process over a SOCK_SEQPACKET pair, forked before this one
+ * touches CUDA (a process forked after cuInit cannot use it): @child runs
+ * there with its end and @arg and never returns (@other, when >= 0, is
+ * closed there first: an earlier peer's end); *@sock is this side's end.
+ */
+static inline pid_t gu_fork_peer(void (*child)(int sock, void *arg), void *arg, int other,
+				 int *sock)
+{
+	int sv[2];
+	pid_t pid;
+
+	CHECK(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) == 0, "socketpair: %s", strerror(errno));
+	pid = fork();
+	CHECK(pid >= 0, "fork: %s", strerror(errno));
+	if (pid == 0) {
+		close(sv[0]);
+		if (other >= 0)
+			close(other);
+		child(sv[1], arg);
+		_exit(1);
+	}
+	close(sv[1]);
+	*sock = sv[0];
+	return pid;
+}
+
+/* The driver initialised and device 0's primary context current (the driver API alone). */
+static inline void gu_primary_ctx(CUcontext *ctx, CUdevice *dev)
+{
+	CU_CK(cuInit(0));
+	CU_CK(cuDeviceGet(dev, 0));
+	CU_CK(cuDevicePrimaryCtxRetain(ctx, *dev));
+	CU_CK(cuCtxSetCurrent(*ctx));
+}
+
+/* A pinned allocation on device 0, exportable as a POSIX fd: what gmbd's chunks are. */
+static inline CUmemAllocationProp gu_fd_prop(void)
+{
+	CUmemAllocationProp p = {};
+
+	p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	p.location.id = 0;
+	p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	return p;
+}
+
+/* Read-write access for device 0. */
+static inline CUmemAccessDesc gu_rw_access(void)
+{
+	CUmemAccessDesc a = {};
+
+	a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	a.location.id = 0;
+	a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	return a;
+}
+
 static inline void gu_cuda_init(int dev)
 {
 	CUDA_CK(cudaSetDevice(dev));
