@@ -21,8 +21,9 @@
  * stream would hide) and the importer's time from the first fd to the end.
  * The variants take turns within a round. After each, both processes
  * release their handles and the importer waits SETTLE_MS before the next:
- * the driver zeroes released memory, and a create made meanwhile waits for
- * it (the first runs of this probe, without the wait, timed that instead).
+ * the driver zeroes released memory, and what is made and mapped meanwhile
+ * can wait for it (without the wait, a variant timed the previous one's
+ * release).
  * Driver API only; one device.
  *
  *   lend_probe [ROUNDS [SETTLE_MS]]    (default 7, 300)
@@ -34,13 +35,7 @@
 #define MAX_N	 64
 #define NVARIANT 4
 
-struct probe_shape {
-	const char *name;
-	int n;
-	uint64_t size;
-};
-
-static const struct probe_shape probe_shapes[] = {
+static const struct gu_shape probe_shapes[] = {
 	{ "16 x 1 GiB", 16, GiB },
 	{ "20 x 256 MiB", 20, 256 * MiB },
 	{ "64 x 20 MiB", 64, 20 * MiB },
@@ -69,7 +64,7 @@ static __attribute__((noreturn)) void probe_maker(int sock, void *unused)
 	CU_CK(cuMemCreate(&keep, 2 * MiB, &prop, 0));
 	CU_CK(cuMemExportToShareableHandle(&kept, keep, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
 	while (read(sock, &rq, sizeof(rq)) == (ssize_t)sizeof(rq)) {
-		const struct probe_shape *s = &probe_shapes[rq.shape];
+		const struct gu_shape *s = &probe_shapes[rq.shape];
 		CUmemGenericAllocationHandle h[MAX_N];
 		int fds[MAX_N], sent = 0;
 		double t = gu_now(), made;
@@ -102,7 +97,7 @@ static __attribute__((noreturn)) void probe_maker(int sock, void *unused)
 static double probe_resume(int sock, int k, int variant, CUdeviceptr va, int settle_ms,
 			   double *first, double *made)
 {
-	const struct probe_shape *s = &probe_shapes[k];
+	const struct gu_shape *s = &probe_shapes[k];
 	CUmemAllocationProp prop = gu_fd_prop();
 	CUmemAccessDesc acc = gu_rw_access();
 	CUmemGenericAllocationHandle h[MAX_N];
@@ -169,7 +164,7 @@ int main(int argc, char **argv)
 	printf("| shape | variant | resume (ms) | from the first fd (ms) | maker's create + export"
 	       " (ms) |\n|---|---|---|---|---|\n");
 	for (int k = 0; k < NSHAPES; k++) {
-		const struct probe_shape *s = &probe_shapes[k];
+		const struct gu_shape *s = &probe_shapes[k];
 		double tot[NVARIANT][64], fst[NVARIANT][64], mk[NVARIANT][64];
 		CUdeviceptr va;
 

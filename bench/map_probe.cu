@@ -25,13 +25,7 @@
 
 #define MAX_N 256
 
-struct probe_shape {
-	const char *name;
-	int n;
-	uint64_t size;
-};
-
-static const struct probe_shape probe_shapes[] = {
+static const struct gu_shape probe_shapes[] = {
 	{ "64 x 2 MiB", 64, 2 * MiB },
 	{ "64 x 20 MiB", 64, 20 * MiB },
 	{ "16 x 1 GiB", 16, GiB },
@@ -99,7 +93,7 @@ static double probe_one_range(CUmemGenericAllocationHandle *h, int n, uint64_t s
 	return t;
 }
 
-static void probe_local(const struct probe_shape *s)
+static void probe_local(const struct gu_shape *s)
 {
 	CUmemAllocationProp prop = gu_fd_prop();
 	CUmemGenericAllocationHandle h[MAX_N];
@@ -156,7 +150,7 @@ static __attribute__((noreturn)) void probe_child(int sock, void *unused)
 	for (int k = 0; k < NSHAPES; k++)
 		probe_local(&probe_shapes[k]);
 	for (int k = 0; k < NSHAPES; k++) {
-		const struct probe_shape *s = &probe_shapes[k];
+		const struct gu_shape *s = &probe_shapes[k];
 		CUmemGenericAllocationHandle h[MAX_N];
 		int fds[MAX_N], got = 0;
 		double ti[MAX_N], tcl[MAX_N], tr[MAX_N], first, second, unmap, range, par;
@@ -234,7 +228,7 @@ static void probe_parent(int sock, pid_t pid)
 	CU_CK(cuMemExportToShareableHandle(&kept, keep, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
 	CU_CK(cuMemRelease(keep));
 	for (int k = 0; k < NSHAPES; k++) {
-		const struct probe_shape *s = &probe_shapes[k];
+		const struct gu_shape *s = &probe_shapes[k];
 		CUmemGenericAllocationHandle h[MAX_N];
 		int fds[MAX_N];
 		double te[MAX_N];

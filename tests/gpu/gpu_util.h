@@ -411,6 +411,13 @@ static inline void gu_primary_ctx(CUcontext *ctx, CUdevice *dev)
 	CU_CK(cuCtxSetCurrent(*ctx));
 }
 
+/* A probe's shape: @n chunks of @size bytes. */
+struct gu_shape {
+	const char *name;
+	int n;
+	uint64_t size;
+};
+
 /* A pinned allocation on device 0, exportable as a POSIX fd: what gmbd's chunks are. */
 static inline CUmemAllocationProp gu_fd_prop(void)
 {
