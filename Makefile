@@ -65,7 +65,7 @@ DAEMON_MAIN := daemon/service/main.c
 # the PyTorch entry points), memory, the tables, the connection. The LD_PRELOAD
 # shim is a library of its own that loads libgmb at run time (no NEEDED on it).
 LIB_SRC := client/lib/api/api.c client/lib/api/object.c client/lib/api/status_json.c \
-	client/lib/api/status_top.c \
+	client/lib/api/status_table.c client/lib/api/status_top.c client/lib/api/watch_format.c \
 	client/lib/hook/region.c client/lib/hook/default.c client/lib/hook/alloc.c \
 	client/lib/hook/torch.c client/lib/hook/libpath.c client/lib/hook/tms.c client/lib/hook/ipc.c \
 	client/lib/mem/mem.c client/lib/mem/cycle.c client/lib/mem/rejoin.c client/lib/mem/backup.c client/lib/mem/pack.c \

@@ -19,10 +19,11 @@
 #include "proto/gmb.pb-c.h"
 
 /*
- * Allocation failures: a second copy of the renderers, compiled here with
- * realloc/free redirected and the entry points renamed, fails the Nth
- * allocation and counts the blocks it holds. The linked copy (the one
- * libgmb ships) is what every other test exercises.
+ * Allocation failures: a second copy of the renderers (every file of them,
+ * sbuf.h's buffer with them), compiled here with realloc/free redirected
+ * and the entry points renamed, fails the Nth allocation and counts the
+ * blocks it holds. The linked copy (the one libgmb ships) is what every
+ * other test exercises.
  */
 static long fault_countdown = -1; /* allocations before one fails; -1: none */
 static long fault_live;		  /* blocks the faulty copy holds now */
@@ -63,6 +64,8 @@ int faulty_objects_to_table(const Gmb__StatusReply *st, char **out);
 #define gmb__objects_to_json  faulty_objects_to_json
 #define gmb__objects_to_table faulty_objects_to_table
 #include "client/lib/api/status_json.c"
+#include "client/lib/api/status_table.c"
+#include "client/lib/api/watch_format.c"
 #undef realloc
 #undef free
 #undef gmb__watch_format
