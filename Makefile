@@ -73,7 +73,10 @@ LIB_SRC := client/lib/api/api.c client/lib/api/object.c client/lib/api/status_js
 # The retained pinned copies made ahead of the first pause (backup.c's).
 LIB_SRC += client/lib/mem/prep.c
 PRELOAD_SRC := client/preload/preload.c client/preload/ipc.c common/env.c common/err.c
-CTL_SRC := client/gmbctl/gmbctl.c client/gmbctl/live.c
+# gmbctl, top down: main, the parser and its checks, the help, the tables,
+# the commands (one-shot and live), connecting and reporting failures.
+CTL_SRC := client/gmbctl/gmbctl.c client/gmbctl/parse.c client/gmbctl/args.c client/gmbctl/help.c \
+	client/gmbctl/table.c client/gmbctl/cmds.c client/gmbctl/live.c client/gmbctl/connect.c
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_HELPER_SRC := tests/util.c tests/fake_sd.c tests/loadgen.c tests/raw_client.c
 # gmbd's layers on a loop without a listener, for the handler tests and the
