@@ -100,6 +100,8 @@ struct hreq {
 	bool drops;	      /* short until clients drop handles (-EAGAIN) */
 	int wait_kind;	      /* BROKER_WAIT_* */
 	const char *wait_tag; /* in env */
+	/* Set by a round's end before its pause runs again: who did not follow, and why. */
+	const char *not_followed;
 };
 
 /* A handler's return besides 0 (replied or will reply) and -errno (the
@@ -339,6 +341,14 @@ int handlers__object_pause(struct hreq *rq);
 struct bobject;
 int handlers__object_follow(struct hreq *rq, handlers_fn fn, struct bobject *obj, bool map);
 void handlers__object_remap_all(struct handlers *h, const struct bobject *obj);
+/*
+ * A refused object pause (@status, @msg) answered once the readers that
+ * followed it mapped again, so that the refusal finds them mapped.
+ * Return: HANDLERS_KEPT (the round has rq->env), or 0 when none could be
+ * asked (the caller answers).
+ */
+int handlers__object_refuse_remapped(struct hreq *rq, struct bobject *obj, int status,
+				     const char *msg);
 
 /* ipc_pause.c: a pause of a tag other processes map. */
 /* @rq (a pause of an imported tag) waits @wait_ms for the importers to

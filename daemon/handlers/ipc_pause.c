@@ -248,6 +248,8 @@ struct hipc_round {
 	bool dead;		 /* the owner's session went, or gmbd stops: nobody to answer */
 	struct bobject *obj;	 /* a named object's readers (object_pause.c); NULL: a tag's */
 	char why[ERR_MSG_MAX];	 /* the importers that did not follow, and why */
+	int status;		 /* a resume's (no fn) answer: 0, or a refusal's -errno... */
+	char msg[ERR_MSG_MAX];	 /* ...and its sentence */
 	struct hipc_round *prev, *next; /* handlers->ipc_rounds */
 };
 
@@ -440,10 +442,11 @@ static void handlers_round_end(struct hipc_round *rd)
 		if (*rd->why)
 			log_info("importers not mapped again " SESS_FMT " why=\"%s\"",
 				 SESS_ARGS(rd->s), rd->why);
-		handlers__reply_status(rd->s, rd->env->id, 0, NULL);
+		handlers__reply_status(rd->s, rd->env->id, rd->status, rd->status ? rd->msg : NULL);
 		handlers_round_free(rd);
 		return;
 	}
+	rq.not_followed = rd->why;
 	r = rd->fn(&rq);
 	if (r == HANDLERS_KEPT) {
 		/* Handed on (an object's copy): its new owner counts it in flight. */
@@ -565,6 +568,20 @@ void handlers__ipc_rounds_gone(struct handlers *h, struct sess *s)
 int handlers__object_follow(struct hreq *rq, handlers_fn fn, struct bobject *obj, bool map)
 {
 	return handlers_round_start(rq, fn, "", obj, map, true);
+}
+
+int handlers__object_refuse_remapped(struct hreq *rq, struct bobject *obj, int status,
+				     const char *msg)
+{
+	int r = handlers_round_start(rq, NULL, "", obj, true, true);
+	struct hipc_round *rd = rq->h->ipc_rounds;
+
+	if (r != HANDLERS_KEPT)
+		return 0;
+	/* The round just started is the list's head (DLIST_PUSH). */
+	rd->status = status;
+	snprintf(rd->msg, sizeof(rd->msg), "%s", msg);
+	return r;
 }
 
 void handlers__object_remap_all(struct handlers *h, const struct bobject *obj)

@@ -385,10 +385,23 @@ int handlers__object_pause(struct hreq *rq)
 		return hobj_resume(rq, obj);
 	mapped = object_mapped_readers(obj);
 	if (mapped && rq->retry) {
-		/* The round is over and some still map it: those that followed map again. */
-		handlers__object_remap_all(rq->h, obj);
-		return handlers__fail(rq, -EBUSY, "object '%s': %u readers still map it", obj->name,
-				      mapped);
+		/*
+		 * The round is over and some still map it: refused, once those that
+		 * followed mapped again (a reader touching its pointer right after
+		 * the refusal must find it mapped).
+		 */
+		char msg[ERR_MSG_MAX];
+
+		err_fmt(rq->err, -EBUSY, "object '%s': %u readers still map it", obj->name, mapped);
+		snprintf(msg, sizeof(msg), "%s", rq->err);
+		if (rq->not_followed && *rq->not_followed)
+			err_append(msg, "; did not follow: %s", rq->not_followed);
+		r = handlers__object_refuse_remapped(rq, obj, -EBUSY, msg);
+		if (r == HANDLERS_KEPT) {
+			handlers__refused(rq->h, rq->s, "object_pause", -EBUSY, msg);
+			return r;
+		}
+		return -EBUSY; /* nobody to map again: the round's end answers with rq->err */
 	}
 	if (mapped) {
 		r = handlers__object_follow(rq, handlers__object_pause, obj, false);
