@@ -277,6 +277,20 @@ static bool op_flag(gmb_client *c, const char *name, const char *field)
 	return on;
 }
 
+/* Whether gmbd no longer lists a client named @arg (one that exited, once gmbd saw it go). */
+static gmb_client *op_gone_c;
+
+static int op_client_gone(void *arg)
+{
+	char *json = op_status(op_gone_c), at[64];
+	bool gone;
+
+	snprintf(at, sizeof(at), "\"name\":\"%s\"", (const char *)arg);
+	gone = !strstr(json, at);
+	free(json);
+	return gone;
+}
+
 Test(object_pause, pause_unmaps_every_reader_and_resume_maps_the_same_pointers_read_only)
 {
 	gmb_client *a = op_connect("publisher");
@@ -448,6 +462,9 @@ Test(object_pause, another_uid_may_not_pause_or_resume_but_root_may)
 	cr_assert(eq(int, op_all(p, OBJ_SIZE, 0x21), 1));
 	/* Root pauses and resumes another uid's object. */
 	cr_assert(eq(i32, op_child("publish-as-nobody", "theirs"), 0));
+	/* Its exit reaches gmbd after its answer: until then it still maps the object. */
+	op_gone_c = a;
+	cr_assert(eq(i32, wait_until(op_client_gone, "nobody", 5000), 0), "gmbd still lists it");
 	cr_assert(eq(i32, gmb_object_pause(a, "65534/theirs", 0), 0), "%s", gmb_last_error(a));
 	cr_assert(eq(int, op_flag(a, "theirs", "paused"), 1));
 	cr_assert(eq(i32, gmb_object_resume(a, "65534/theirs"), 0), "%s", gmb_last_error(a));
