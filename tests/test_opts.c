@@ -62,9 +62,19 @@ Test(opts, defaults)
 	/* A connection that never says hello, or a flood of them, is bounded. */
 	cr_assert(eq(u32, o.hello_timeout, 10));
 	cr_assert(eq(u32, o.max_conns_per_uid, 256));
+	/* A request's next is polled for 200 us before gmbd blocks (spin.h). */
+	cr_assert(eq(u32, o.spin_us, 200));
 	/* The chunk bound per uid is gmbd's to derive from its open-file limit. */
 	cr_assert(not(o.max_chunks_per_uid_set));
 	cr_assert(eq(ptr, (void *)o.socket_group, NULL));
+}
+
+Test(opts, spin_us_takes_microseconds_up_to_a_tenth_of_a_second)
+{
+	cr_assert(eq(i32, parse("--spin-us", "0", NULL), OPTS_RUN), "%s", err);
+	cr_assert(eq(u32, o.spin_us, 0));
+	cr_assert(eq(i32, parse("--spin-us", "100000", NULL), OPTS_RUN), "%s", err);
+	cr_assert(eq(u32, o.spin_us, 100000));
 }
 
 Test(opts, max_chunks_per_uid_takes_a_number_or_auto)
@@ -249,6 +259,9 @@ Test(opts, bad_values_name_the_option)
 		{ "--socket-mode", "-1" },
 		{ "--socket-group", "" },
 		{ "--hello-timeout", "3601" },
+		{ "--spin-us", "100001" },
+		{ "--spin-us", "-1" },
+		{ "--spin-us", "1ms" },
 		{ "--max-connections-per-uid", "x" },
 		{ "--max-chunks-per-uid", "-1" },
 		{ "--max-chunks-per-uid", "many" },

@@ -351,8 +351,9 @@ static int gmbd_serve(struct gmbd *g)
 	fd = -1; /* the server's, even on failure */
 	if (r < 0)
 		goto err_handlers;
+	r = server_spin(g->server, g->opts->spin_us);
 	/* With a manager to keep fds, replies wait for the record each turn. */
-	if (persist_enabled(g->persist))
+	if (r == 0 && persist_enabled(g->persist))
 		r = server_cork(g->server, gmbd_flush, g);
 	if (r == 0)
 		r = sd_glue_start(&g->sd, &g->loop, gmbd_status, g);

@@ -47,6 +47,7 @@ struct gmbd_opts {
 	unsigned fdstore_max;	     /* the unit's FileDescriptorStoreMax=; 0: no fd store */
 	unsigned rejoin_grace;	     /* seconds a restored client has to come back */
 	unsigned hello_timeout;	     /* seconds a connection may stay without hello; 0: any */
+	unsigned spin_us;	     /* polled without blocking after each request; 0: never */
 	unsigned max_conns_per_uid;  /* connections one uid may hold open; 0: any number */
 	uint64_t max_chunks_per_uid; /* chunks one uid may have lent; 0: any number */
 	bool max_chunks_per_uid_set; /* else derived from RLIMIT_NOFILE at start */

@@ -7,6 +7,7 @@
  * connection keeps it readable), so accepting pauses and a timer resumes it.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,8 @@ static void server_on_retry(uv_timer_t *timer);
 static int server_settle(struct sess_host *host);
 static void server_on_closed(uv_handle_t *handle);
 static void server_reap_later(struct sess_host *host);
+static void server_busy(struct sess_host *host);
+static void server_on_spin(uv_idle_t *idle);
 
 int server_start(uv_loop_t *loop, int listen_fd, const struct sess_ops *ops, void *arg,
 		 struct server **out)
@@ -212,6 +215,48 @@ static void server_on_uncork(uv_check_t *check)
 		sess_uncork(s);
 }
 
+int server_spin(struct server *srv, unsigned us)
+{
+	int r;
+
+	if (us == 0 || srv->spin_ns)
+		return 0;
+	r = uv_idle_init(srv->loop, &srv->spin);
+	if (r < 0)
+		return r;
+	srv->spin.data = srv;
+	srv->spin_ns = (uint64_t)us * 1000;
+	srv->host.busy = server_busy;
+	srv->open_handles++;
+	/* An active idle handle makes every poll of the loop non-blocking; it
+	 * keeps nothing alive on its own. */
+	uv_unref((uv_handle_t *)&srv->spin);
+	return 0;
+}
+
+/* A session read a packet: poll without blocking for the budget from now. */
+static void server_busy(struct sess_host *host)
+{
+	struct server *srv = (struct server *)((char *)host - offsetof(struct server, host));
+
+	if (srv->stopping)
+		return;
+	srv->spin_until = uv_hrtime() + srv->spin_ns;
+	if (!uv_is_active((uv_handle_t *)&srv->spin))
+		uv_idle_start(&srv->spin, server_on_spin);
+}
+
+/* Each turn while spinning; stops at the budget's end. Yields: see spin.h. */
+static void server_on_spin(uv_idle_t *idle)
+{
+	struct server *srv = idle->data;
+
+	if (uv_hrtime() >= srv->spin_until)
+		uv_idle_stop(idle);
+	else
+		sched_yield();
+}
+
 /* Only wakes the loop: the check at the end of this turn tries again. */
 static void server_on_retry(uv_timer_t *timer)
 {
@@ -270,6 +315,8 @@ static void server_close_handles(struct server *srv)
 		uv_close((uv_handle_t *)&srv->uncork, server_on_closed);
 		uv_close((uv_handle_t *)&srv->retry_timer, server_on_closed);
 	}
+	if (srv->spin_ns)
+		uv_close((uv_handle_t *)&srv->spin, server_on_closed);
 }
 
 static void server_on_closed(uv_handle_t *handle)

@@ -41,6 +41,11 @@ struct server {
 	unsigned retry_ms;	/* the last delay; 0: cork_cb succeeded */
 	int (*cork_cb)(void *arg);
 	void *cork_arg;
+	/* Spinning: after a packet the loop polls without blocking until
+	 * spin_until (uv_hrtime), expecting the client's next one. */
+	uv_idle_t spin;	     /* initialized iff spin_ns != 0 */
+	uint64_t spin_ns;    /* the budget after each packet; 0: never spins */
+	uint64_t spin_until; /* while active */
 };
 
 /**
@@ -81,6 +86,15 @@ void server_stop(struct server *srv);
  * libuv's error.
  */
 int server_cork(struct server *srv, int (*cb)(void *arg), void *arg);
+
+/**
+ * server_spin() - after each packet a session reads, keep the loop from
+ * blocking for @us microseconds (0: never), so that a client's next
+ * request is read as it comes rather than after the CPU was woken
+ * (common/spin.h says why). Call once, before the loop runs.
+ * Return: 0 or libuv's error.
+ */
+int server_spin(struct server *srv, unsigned us);
 
 /* Every session not yet disconnected, newest first; NULL: none. */
 static inline struct sess *server_sessions(const struct server *srv)

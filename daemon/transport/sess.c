@@ -298,6 +298,8 @@ static void sess_read(struct sess *s)
 		s->heard_ms = uv_now(s->host->loop);
 		sess_log_env(s, "recv", env);
 		s->host->ops->recv(s->host->arg, s, env);
+		if (s->host->busy)
+			s->host->busy(s->host);
 	}
 }
 

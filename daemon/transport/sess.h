@@ -110,6 +110,7 @@ struct sess_host {
 	bool held;				    /* corked and the last try failed: none leave */
 	int (*settle)(struct sess_host *host);	    /* corked: 0 when packets may leave now */
 	void (*reap_later)(struct sess_host *host); /* doomed: disconnect next turn */
+	void (*busy)(struct sess_host *host);	    /* a packet was read; NULL: nothing */
 	struct sess *sessions;			    /* every session not yet disconnected */
 	unsigned nsessions;
 };

@@ -44,6 +44,7 @@
 #include "client/lib/conn/conn.h"
 #include "common/env.h"
 #include "common/deadline.h"
+#include "common/spin.h"
 
 static void *conn_reader_main(void *arg);
 static void *conn_worker_main(void *arg);
@@ -212,6 +213,21 @@ static int conn_arb_env(struct gmb__conn *c, unsigned flags, char *err)
 	return env_01("GMB_PREEMPTIBLE", &c->preemptible, err);
 }
 
+/* $GMB_SPIN_US: microseconds polled before a blocking wait (spin.h). */
+static int conn_spin_env(struct gmb__conn *c, char *err)
+{
+	const char *s = getenv("GMB_SPIN_US");
+	unsigned us = SPIN_DEFAULT_US;
+
+	if (s && *s && spin_parse_us(s, &us) < 0)
+		return err_fmt(err, -EINVAL,
+			       "GMB_SPIN_US=\"%.32s\" is not a number of microseconds"
+			       " from 0 to %u",
+			       s, SPIN_MAX_US);
+	c->spin_ns = (uint64_t)us * 1000;
+	return 0;
+}
+
 /**
  * gmb__conn_open() - connect to @path (NULL: the default) and say hello.
  * The socket is c->sock on success (owned by @c), closed on failure.
@@ -230,6 +246,8 @@ int gmb__conn_open(struct gmb__conn *c, const char *path, const char *name, unsi
 		return err_fmt(err, -ENOMEM, "out of memory for the socket path");
 	snprintf(c->name, sizeof(c->name), "%s", name);
 	rc = conn_arb_env(c, flags, err);
+	if (rc == 0)
+		rc = conn_spin_env(c, err);
 	if (rc < 0)
 		return rc;
 	rc = wire_connect(path, &c->sock);
@@ -421,6 +439,14 @@ static int conn_wait_ready(struct gmb__conn *c, uint64_t dead, bool *crossed, ch
 	return 0;
 }
 
+/* Whether @arg's answer is in: read without the lock, as spin_until()'s hint. */
+static bool conn_pending_done(void *arg)
+{
+	const struct gmb__pending *p = arg;
+
+	return __atomic_load_n(&p->done, __ATOMIC_ACQUIRE);
+}
+
 /*
  * One try on a connection other than @dead (*@gen: the one used). Return:
  * 0 with the reply (or p->lost) in @p; -ENOTCONN from the send, when the
@@ -446,6 +472,10 @@ static int conn_request_once(struct gmb__conn *c, Gmb__Envelope *env, struct gmb
 	env->id = p->id;
 	env->reply_to = 0;
 	rc = conn_send(c, *gen, env);
+	/* The answer of most requests is microseconds away: poll for it before
+	 * sleeping on reply_cond (common/spin.h). A hint; the lock decides. */
+	if (rc == 0)
+		spin_until(conn_pending_done, p, c->spin_ns);
 	pthread_mutex_lock(&c->lock);
 	while (rc == 0 && !p->done)
 		pthread_cond_wait(&c->reply_cond, &c->lock);
@@ -596,7 +626,8 @@ static void conn_on_reply(struct gmb__conn *c, Gmb__Envelope *env, int *fds, int
 	wire_close_fds(fds, nfds);
 	pthread_mutex_lock(&c->lock);
 	if (!env->more) {
-		p->done = true;
+		/* Atomic for conn_pending_done(); under the lock for everyone else. */
+		__atomic_store_n(&p->done, true, __ATOMIC_RELEASE);
 		rep->status = env->status > 0 ? -EPROTO : env->status;
 		snprintf(rep->error, sizeof(rep->error), "%s", env->error ? env->error : "");
 		pthread_cond_broadcast(&c->reply_cond);
@@ -694,7 +725,16 @@ static int conn_read_one(struct gmb__conn *c)
 {
 	Gmb__Envelope *env = NULL;
 	int fds[WIRE_MAX_FDS], nfds = 0, rc;
+	uint64_t now;
 
+	/* After a reply the caller's next request is likely microseconds away:
+	 * its answer is read as it comes, not after a wake-up (spin.h). */
+	if (c->reader_spin_until) {
+		now = deadline_now_ns();
+		if (now < c->reader_spin_until)
+			spin_fd_readable(c->sock, c->reader_spin_until - now);
+		c->reader_spin_until = 0;
+	}
 	rc = wire_recv(c->sock, &env, fds, &nfds);
 	if (rc < 0)
 		return rc;
@@ -704,9 +744,11 @@ static int conn_read_one(struct gmb__conn *c)
 		gmb__envelope__free_unpacked(env, NULL);
 		return -EPROTO;
 	}
-	if (env->reply_to)
+	if (env->reply_to) {
 		conn_on_reply(c, env, fds, nfds);
-	else if (env->id)
+		if (c->spin_ns)
+			c->reader_spin_until = deadline_now_ns() + c->spin_ns;
+	} else if (env->id)
 		conn_on_request(c, env);
 	else if (env->body_case == GMB__ENVELOPE__BODY_BYE)
 		conn_on_bye(c, env);
@@ -743,7 +785,8 @@ static bool conn_lost(struct gmb__conn *c, int why)
 	for (struct gmb__pending *p = c->pending; p; p = p->next) {
 		if (p->done)
 			continue;
-		p->done = p->lost = true;
+		p->lost = true;
+		__atomic_store_n(&p->done, true, __ATOMIC_RELEASE);
 		p->reply.status = -ENOTCONN;
 		snprintf(p->reply.error, sizeof(p->reply.error),
 			 "the connection to gmbd was lost before it answered");

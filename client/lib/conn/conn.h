@@ -127,13 +127,19 @@ struct gmb__conn {
 	int priority;		       /* $GMB_PRIORITY */
 	bool preemptible;	       /* $GMB_PREEMPTIBLE=1 */
 	struct gmb__devices devs;
-	bool reconnect;		    /* reconnect after a loss (not tools, not GMB_RECONNECT=0) */
+	bool reconnect; /* reconnect after a loss (not tools, not GMB_RECONNECT=0) */
+	/* $GMB_SPIN_US in ns: how long a caller polls for its reply, and the
+	 * reader for the next packet after a reply, before blocking
+	 * (common/spin.h). 0: they block at once. */
+	uint64_t spin_ns;
 	unsigned reconnect_wait_ms; /* how long a call waits for the connection */
 	/* Reader thread only (reconnect.c): when the last reconnect came back
 	 * (CLOCK_MONOTONIC ns, 0: none yet) and the delay to start from if the
 	 * connection is lost again soon after. */
 	uint64_t reconnect_back_ns;
 	unsigned reconnect_delay_ms;
+	/* Reader thread only: it polls the socket until then (ns, CLOCK_MONOTONIC). */
+	uint64_t reader_spin_until;
 	struct gmb__conn_cbs cbs;
 
 	pthread_mutex_t op_lock;
