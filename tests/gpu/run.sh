@@ -239,6 +239,26 @@ scenario map_probe 120 "$B/map_probe"
 scenario lend_probe 120 "$B/lend_probe"
 # What a create costs right after a release, by which process released.
 scenario scrub_probe 120 "$B/scrub_probe"
+# What an allocation and a resume cost made here or lent, with gmbd's and
+# libgmb's polling before blocking (--spin-us, $GMB_SPIN_US) and without.
+if wanted alloc_probe; then
+	SOCKP=$TMPD/gmbd-probe.sock DLOGP=$TMPD/gmbd-probe.log
+	SOCKN=$TMPD/gmbd-nospin.sock DLOGN=$TMPD/gmbd-nospin.log
+	if gmbd_start "$SOCKP" "$DLOGP" && APID=$GMBD_STARTED_PID &&
+		gmbd_start "$SOCKN" "$DLOGN" --spin-us 0; then
+		NPID=$GMBD_STARTED_PID
+		export GMB_SOCKET=$SOCKP GMB_SOCKET_NOSPIN=$SOCKN
+		scenario alloc_probe 180 "$B/alloc_probe"
+		export GMB_SOCKET=$SOCK
+		unset GMB_SOCKET_NOSPIN
+		gmbd_stop "$APID" || echo "alloc_probe's gmbd did not stop cleanly" >>"$LOG"
+		gmbd_stop "$NPID" || echo "alloc_probe's --spin-us 0 gmbd did not stop cleanly" >>"$LOG"
+	else
+		record alloc_probe FAIL "alloc_probe's two gmbds did not start"
+	fi
+	append_daemon_log "alloc_probe gmbd log" "$DLOGP"
+	append_daemon_log "alloc_probe --spin-us 0 gmbd log" "$DLOGN"
+fi
 
 # The PyTorch scenarios start their own gmbd; each of their rows joins this table.
 if [ "$DO_TORCH" = 1 ] && [ -x tests/gpu/torch_run.sh ]; then
