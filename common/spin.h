@@ -23,7 +23,7 @@
 /* The default budget, in microseconds, of gmbd's --spin-us and $GMB_SPIN_US. */
 #define SPIN_DEFAULT_US 200u
 /* The largest budget accepted: past a few ms blocking costs less than spinning. */
-#define SPIN_MAX_US 100000u
+#define SPIN_MAX_US	100000u
 
 /**
  * spin_until() - call @ready(@arg) until it returns true or @budget_ns

@@ -128,7 +128,8 @@ static long proc_cpu_ms(pid_t pid)
 	buf[n] = 0;
 	/* Fields 14 and 15 (utime, stime) follow "(comm) state" and 10 more. */
 	p = strrchr(buf, ')');
-	if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+	if (!p ||
+	    sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
 		return -1;
 	return (long)((ut + st) * 1000 / (unsigned long)sysconf(_SC_CLK_TCK));
 }
@@ -149,7 +150,7 @@ static long self_cpu_ms(void)
 static void cpu_over_ops(const char *daemon_us, const char *client_us, long *daemon_ms,
 			 long *client_ms)
 {
-	const char *const args[] = { "--host-memory", "64MiB", "--log-level", "warning",
+	const char *const args[] = { "--host-memory", "64MiB",	 "--log-level", "warning",
 				     "--spin-us",     daemon_us, NULL };
 	struct gmbd_proc d;
 	gmb_client *c;
