@@ -1,14 +1,14 @@
 /*
  * spin.h - a bounded busy wait before a blocking one.
  *
- * Why: on the virtual machines GPUs are rented in, a thread that blocked
- * (futex, recvmsg, epoll_wait) and is woken by another process or thread
- * often waits for its idle virtual CPU to be woken by the hypervisor:
- * 150-210 us measured on the H200 VM, against 5-10 us when the CPU was
- * still busy. A lend is three such hand-offs (gmbd, libgmb's reader,
- * the calling thread), so a 1 GiB allocation took 0.8 ms where its driver
- * calls took 0.15. A thread that expects an answer within microseconds
- * polls for it first, for at most a budget; past it, it blocks as before.
+ * Why: a thread that blocked (futex, recvmsg, epoll_wait) is woken by the
+ * kernel, and on the virtual machines GPUs are rented in often only once
+ * the hypervisor has woken its idle virtual CPU. A lend is three such
+ * hand-offs (gmbd, libgmb's reader, the calling thread), so a burst of
+ * allocations paid them at every one: on the H200 VM a 1 GiB allocation
+ * took 0.31 ms, 0.22 ms polling (bench/alloc_probe.cu). A thread that
+ * expects an answer within microseconds polls for it first, for at most
+ * a budget; past it, it blocks as before.
  *
  * The budget is the one knob: 0 turns spinning off. Each loop turn yields
  * the CPU (sched_yield), so on a machine with fewer CPUs than busy threads
