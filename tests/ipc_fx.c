@@ -54,8 +54,13 @@ static void ipcfx_prog_setup(void *arg)
 	const struct ipcfx_prog_args *a = arg;
 
 	test_shim_env(ipcfx_build, ipcfx_sock ? ipcfx_sock : ipcfx_gmbd.sock, true);
-	if (a->env)
-		putenv((char *)a->env);
+	/* NAME=VALUE settings separated by spaces; the copy is the child's. */
+	char *copy = a->env ? strdup(a->env) : NULL, *save = NULL;
+
+	if (a->env && !copy)
+		_exit(126);
+	for (char *e = copy ? strtok_r(copy, " ", &save) : NULL; e; e = strtok_r(NULL, " ", &save))
+		putenv(e);
 	if (a->uid && (setgid(a->uid) || setuid(a->uid)))
 		_exit(126);
 }

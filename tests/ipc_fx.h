@@ -34,7 +34,7 @@ void ipcfx_start_big_chunks(void);
 void ipcfx_stop(void);
 
 /* A prog_preload under the shim on gmbd's socket; @uid > 0: run as that
- * uid; @env (may be NULL): one more VAR=value. */
+ * uid; @env (may be NULL): VAR=value settings, separated by spaces. */
 void ipcfx_prog_env(struct worker *w, uid_t uid, const char *env);
 void ipcfx_prog(struct worker *w, uid_t uid);
 /* Sends a command, asserts its status is @want; the rest of the answer. */

@@ -342,13 +342,14 @@ struct bobject;
 int handlers__object_follow(struct hreq *rq, handlers_fn fn, struct bobject *obj, bool map);
 void handlers__object_remap_all(struct handlers *h, const struct bobject *obj);
 /*
- * A refused object pause (@status, @msg) answered once the readers that
- * followed it mapped again, so that the refusal finds them mapped.
- * Return: HANDLERS_KEPT (the round has rq->env), or 0 when none could be
- * asked (the caller answers).
+ * A refused pause of @obj's readers (non-NULL) or of the importers of
+ * @rq's client's tag @tag, answered with @status and @msg once those that
+ * followed it mapped again: a process touching the memory right after the
+ * refusal must find it mapped. Return: HANDLERS_KEPT (the round has
+ * rq->env), or 0 when none could be asked (the caller answers).
  */
-int handlers__object_refuse_remapped(struct hreq *rq, struct bobject *obj, int status,
-				     const char *msg);
+int handlers__refuse_remapped(struct hreq *rq, const char *tag, struct bobject *obj, int status,
+			      const char *msg);
 
 /* ipc_pause.c: a pause of a tag other processes map. */
 /* @rq (a pause of an imported tag) waits @wait_ms for the importers to

@@ -69,6 +69,22 @@ static void handlers_ipc_unwait(struct handlers *h, struct hipc_wait *w)
 	uv_close((uv_handle_t *)&w->timer, handlers_ipc_free);
 }
 
+/*
+ * The waiting pause @w refused with @msg once the importers that followed
+ * it before it waited map again (handlers__refuse_remapped()). Return:
+ * HANDLERS_KEPT, w->env now the round's; 0, the caller answers.
+ */
+static int handlers_refuse_waited(struct hipc_wait *w, const char *msg)
+{
+	struct hreq rq = { .h = w->h, .s = w->s, .env = w->env, .start_ns = w->start_ns };
+	const char *tag = w->env->pause->tag ? w->env->pause->tag : "";
+	int r = handlers__refuse_remapped(&rq, tag, NULL, -EBUSY, msg);
+
+	if (r == HANDLERS_KEPT)
+		w->env = NULL; /* handlers_ipc_unwait() frees nothing then */
+	return r;
+}
+
 static void handlers_ipc_expired(uv_timer_t *t)
 {
 	struct hipc_wait *w = t->data;
@@ -79,7 +95,8 @@ static void handlers_ipc_expired(uv_timer_t *t)
 	log_info("wait for importers expired " SESS_FMT " req=%" PRIu64, SESS_ARGS(w->s),
 		 w->env->id);
 	handlers__refused(h, w->s, "pause", -EBUSY, msg);
-	handlers__reply_status(w->s, w->env->id, -EBUSY, msg);
+	if (handlers_refuse_waited(w, msg) != HANDLERS_KEPT)
+		handlers__reply_status(w->s, w->env->id, -EBUSY, msg);
 	handlers_ipc_unwait(h, w);
 }
 
@@ -387,6 +404,20 @@ static int handlers_round_start(struct hreq *rq, handlers_fn fn, const char *tag
 	return HANDLERS_KEPT;
 }
 
+int handlers__refuse_remapped(struct hreq *rq, const char *tag, struct bobject *obj, int status,
+			      const char *msg)
+{
+	int r = handlers_round_start(rq, NULL, tag, obj, true, false);
+	struct hipc_round *rd = rq->h->ipc_rounds;
+
+	if (r != HANDLERS_KEPT)
+		return 0;
+	/* The round just started is the list's head (DLIST_PUSH). */
+	rd->status = status;
+	snprintf(rd->msg, sizeof(rd->msg), "%s", msg);
+	return r;
+}
+
 int handlers__ipc_follow(struct hreq *rq, handlers_fn fn, const char *tag, bool follow)
 {
 	int r = handlers_round_start(rq, fn, tag, NULL, false, follow);
@@ -419,6 +450,14 @@ int handlers__ipc_resumed(struct hreq *rq)
 			 rq->err);
 	handlers__reply_status(rq->s, rq->env->id, 0, NULL);
 	return 0;
+}
+
+/* The tag of @rd's pause ("" for every tag, or a round of another request). */
+static const char *handlers_round_tag(const struct hipc_round *rd)
+{
+	if (rd->env->body_case != GMB__ENVELOPE__BODY_PAUSE || !rd->env->pause->tag)
+		return "";
+	return rd->env->pause->tag;
 }
 
 /* Every request of @rd ended: try the pause again, or answer the resume. */
@@ -474,6 +513,15 @@ static void handlers_round_end(struct hipc_round *rd)
 		if (*rd->why)
 			err_append(rq.err, "; did not follow: %s", rd->why);
 		handlers__refused(h, rd->s, rd->obj ? "object_pause" : "pause", r, rq.err);
+		/* An object's handler refuses through handlers__refuse_remapped()
+		 * itself; a tag's importers that followed map again first. */
+		if (!rd->obj && handlers__refuse_remapped(&rq, handlers_round_tag(rd), NULL, r,
+							  rq.err) == HANDLERS_KEPT) {
+			hconn_of(rd->s)->inflight--; /* counted by the new round */
+			rd->env = NULL;
+			handlers_round_free(rd);
+			return;
+		}
 		handlers__reply_status(rd->s, rd->env->id, r, rq.err);
 	}
 	handlers_round_free(rd);
@@ -568,20 +616,6 @@ void handlers__ipc_rounds_gone(struct handlers *h, struct sess *s)
 int handlers__object_follow(struct hreq *rq, handlers_fn fn, struct bobject *obj, bool map)
 {
 	return handlers_round_start(rq, fn, "", obj, map, true);
-}
-
-int handlers__object_refuse_remapped(struct hreq *rq, struct bobject *obj, int status,
-				     const char *msg)
-{
-	int r = handlers_round_start(rq, NULL, "", obj, true, true);
-	struct hipc_round *rd = rq->h->ipc_rounds;
-
-	if (r != HANDLERS_KEPT)
-		return 0;
-	/* The round just started is the list's head (DLIST_PUSH). */
-	rd->status = status;
-	snprintf(rd->msg, sizeof(rd->msg), "%s", msg);
-	return r;
 }
 
 void handlers__object_remap_all(struct handlers *h, const struct bobject *obj)

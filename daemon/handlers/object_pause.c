@@ -396,7 +396,7 @@ int handlers__object_pause(struct hreq *rq)
 		snprintf(msg, sizeof(msg), "%s", rq->err);
 		if (rq->not_followed && *rq->not_followed)
 			err_append(msg, "; did not follow: %s", rq->not_followed);
-		r = handlers__object_refuse_remapped(rq, obj, -EBUSY, msg);
+		r = handlers__refuse_remapped(rq, "", obj, -EBUSY, msg);
 		if (r == HANDLERS_KEPT) {
 			handlers__refused(rq->h, rq->s, "object_pause", -EBUSY, msg);
 			return r;
