@@ -47,6 +47,15 @@ struct way_res {
 	int neach, nrounds, nresume;
 };
 
+/* Allocation @i of a round took @t s: a round's first is kept apart. */
+static void probe_note(struct way_res *r, int i, double t)
+{
+	if (i == 0)
+		r->first[r->nrounds] = t;
+	else
+		r->each[r->neach++] = t;
+}
+
 static void local_round(const struct gu_shape *sh, struct way_res *r)
 {
 	CUmemAllocationProp prop = gu_fd_prop();
@@ -62,11 +71,7 @@ static void local_round(const struct gu_shape *sh, struct way_res *r)
 		CU_CK(cuMemCreate(&h[i], sh->size, &prop, 0));
 		CU_CK(cuMemMap(va[i], sh->size, 0, h[i], 0));
 		CU_CK(cuMemSetAccess(va[i], sh->size, &acc, 1));
-		t = gu_now() - t;
-		if (i == 0)
-			r->first[r->nrounds] = t;
-		else
-			r->each[r->neach++] = t;
+		probe_note(r, i, gu_now() - t);
 	}
 	r->whole[r->nrounds++] = gu_now() - t0;
 	for (int k = 0; k < CYCLES; k++) {
@@ -100,11 +105,7 @@ static void gmbd_round(gmb_client *c, const struct gu_shape *sh, struct way_res 
 		double t = gu_now();
 
 		GMB_CK(c, gmb_malloc(c, &p[i], sh->size, 0, "probe"));
-		t = gu_now() - t;
-		if (i == 0)
-			r->first[r->nrounds] = t;
-		else
-			r->each[r->neach++] = t;
+		probe_note(r, i, gu_now() - t);
 	}
 	r->whole[r->nrounds++] = gu_now() - t0;
 	for (int k = 0; k < CYCLES; k++) {

@@ -233,6 +233,37 @@ Test(ipc_follow, an_importer_that_cannot_follow_leaves_the_tag_active)
 	ipcfx_quit(&a);
 }
 
+/* An owner (a) of 4 MiB of byte 0x3c, with @env, and two importers: b, and c stopped. */
+struct followers {
+	struct worker a, b, c;
+	char p[32], q[32], r[32], h[160];
+};
+
+static void followers_up(struct followers *f, const char *env)
+{
+	static const char *const args[] = {
+		"--host-devices",    "1", "--host-memory", "64MiB", "--max-chunk", "2MiB",
+		"--control-timeout", "1", "--log-level",   "info",  NULL
+	};
+
+	cr_assert(eq(i32, gmbd_stop(&ipcfx_gmbd), 0));
+	cr_assert(eq(i32, gmbd_start_shared(&ipcfx_gmbd, args), 0));
+	ipcfx_exporter_mode(&f->a, 4 * MiB, 0x3c, f->p, "preserve", env);
+	ipcfx_get_handle(&f->a, f->p, f->h);
+	ipcfx_prog(&f->b, 0);
+	ipcfx_open_handle(&f->b, f->h, f->q);
+	ipcfx_prog(&f->c, 0);
+	ipcfx_open_handle(&f->c, f->h, f->r);
+	cr_assert(eq(i32, kill(f->c.pid, SIGSTOP), 0));
+}
+
+static void followers_down(struct followers *f)
+{
+	ipcfx_quit(&f->c);
+	ipcfx_quit(&f->b);
+	ipcfx_quit(&f->a);
+}
+
 /*
  * Two importers, one stopped: the pause is refused, and by the time the
  * owner hears so the one that followed is mapped again (it reads its
@@ -240,73 +271,43 @@ Test(ipc_follow, an_importer_that_cannot_follow_leaves_the_tag_active)
  */
 Test(ipc_follow, a_refused_pause_answers_once_the_importers_that_followed_map_again)
 {
-	static const char *const args[] = {
-		"--host-devices",    "1", "--host-memory", "64MiB", "--max-chunk", "2MiB",
-		"--control-timeout", "1", "--log-level",   "info",  NULL
-	};
-	struct worker a, b, c;
-	char p[32], q[32], r[32], h[160];
+	struct followers f;
 
-	cr_assert(eq(i32, gmbd_stop(&ipcfx_gmbd), 0));
-	cr_assert(eq(i32, gmbd_start_shared(&ipcfx_gmbd, args), 0));
-	ipcfx_exporter_mode(&a, 4 * MiB, 0x3c, p, "preserve", "GMB_IPC_FOLLOW=1");
-	ipcfx_get_handle(&a, p, h);
-	ipcfx_prog(&b, 0);
-	ipcfx_open_handle(&b, h, q);
-	ipcfx_prog(&c, 0);
-	ipcfx_open_handle(&c, h, r);
-	cr_assert(eq(i32, kill(c.pid, SIGSTOP), 0));
-	cr_assert(eq(i32, ipcfx_run_rc(&a, "pause %s", "w"), -EBUSY));
+	followers_up(&f, "GMB_IPC_FOLLOW=1");
+	cr_assert(eq(i32, ipcfx_run_rc(&f.a, "pause %s", "w"), -EBUSY));
 	/* No wait: the refusal came after b's map. An unmapped import faults. */
-	ipcfx_run(&b, 0, "check %s %llu 60", q, 4 * MiB);
-	ipcfx_run(&a, 0, "check %s %llu 60", p, 4 * MiB);
+	ipcfx_run(&f.b, 0, "check %s %llu 60", f.q, 4 * MiB);
+	ipcfx_run(&f.a, 0, "check %s %llu 60", f.p, 4 * MiB);
 	/* Woken, the stopped one unmaps late and is asked to map again (the
 	 * test above); it closes here. */
-	cr_assert(eq(i32, kill(c.pid, SIGCONT), 0));
+	cr_assert(eq(i32, kill(f.c.pid, SIGCONT), 0));
 	cr_assert(eq(i32, wait_until(log_has, "import unmapped late, asked to map again", 5000), 0),
 		  "the stopped importer's late unmap was seen");
-	ipcfx_run(&b, 0, "ipcclose %s", q);
-	ipcfx_run(&c, 0, "ipcclose %s", r);
-	ipcfx_run(&a, 0, "pause w");
-	ipcfx_run(&a, 0, "resume w");
-	ipcfx_run(&a, 0, "check %s %llu 60", p, 4 * MiB);
-	ipcfx_quit(&c);
-	ipcfx_quit(&b);
-	ipcfx_quit(&a);
+	ipcfx_run(&f.b, 0, "ipcclose %s", f.q);
+	ipcfx_run(&f.c, 0, "ipcclose %s", f.r);
+	ipcfx_run(&f.a, 0, "pause w");
+	ipcfx_run(&f.a, 0, "resume w");
+	ipcfx_run(&f.a, 0, "check %s %llu 60", f.p, 4 * MiB);
+	followers_down(&f);
 }
 
 /* The same when the pause then waited for the stopped one, in vain. */
 Test(ipc_follow, a_pause_whose_wait_expires_answers_once_the_importers_that_followed_map_again)
 {
-	static const char *const args[] = {
-		"--host-devices",    "1", "--host-memory", "64MiB", "--max-chunk", "2MiB",
-		"--control-timeout", "1", "--log-level",   "info",  NULL
-	};
-	struct worker a, b, c;
-	char p[32], q[32], r[32], h[160];
+	struct followers f;
 	struct timespec t0;
 
-	cr_assert(eq(i32, gmbd_stop(&ipcfx_gmbd), 0));
-	cr_assert(eq(i32, gmbd_start_shared(&ipcfx_gmbd, args), 0));
 	/* The wait is the client's, less the second the round took: 500 ms. */
-	ipcfx_exporter_mode(&a, 4 * MiB, 0x3c, p, "preserve", "GMB_IPC_FOLLOW=1 GMB_WAIT_MS=1500");
-	ipcfx_get_handle(&a, p, h);
-	ipcfx_prog(&b, 0);
-	ipcfx_open_handle(&b, h, q);
-	ipcfx_prog(&c, 0);
-	ipcfx_open_handle(&c, h, r);
-	cr_assert(eq(i32, kill(c.pid, SIGSTOP), 0));
+	followers_up(&f, "GMB_IPC_FOLLOW=1 GMB_WAIT_MS=1500");
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	cr_assert(eq(i32, ipcfx_run_rc(&a, "pause %s", "w"), -EBUSY));
+	cr_assert(eq(i32, ipcfx_run_rc(&f.a, "pause %s", "w"), -EBUSY));
 	cr_assert(ge(dbl, ipcfx_ms_since(&t0), 1450.0), "it waited GMB_WAIT_MS");
 	cr_assert(eq(i32, wait_until(log_has, "wait for importers expired", 1000), 0),
 		  "the refusal came from the expired wait");
-	ipcfx_run(&b, 0, "check %s %llu 60", q, 4 * MiB);
-	ipcfx_run(&a, 0, "check %s %llu 60", p, 4 * MiB);
-	cr_assert(eq(i32, kill(c.pid, SIGCONT), 0));
-	ipcfx_quit(&c);
-	ipcfx_quit(&b);
-	ipcfx_quit(&a);
+	ipcfx_run(&f.b, 0, "check %s %llu 60", f.q, 4 * MiB);
+	ipcfx_run(&f.a, 0, "check %s %llu 60", f.p, 4 * MiB);
+	cr_assert(eq(i32, kill(f.c.pid, SIGCONT), 0));
+	followers_down(&f);
 }
 
 Test(ipc_follow, a_killed_follower_is_dropped_and_the_resume_goes_on)

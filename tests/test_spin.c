@@ -175,26 +175,33 @@ static void cpu_over_ops(const char *daemon_us, const char *client_us, long *dae
 	cr_assert(ge(i64, d0, 0), "gmbd's /proc/PID/stat was readable");
 }
 
-/* Spinning 40 ms after each of 16 requests is >= 320 ms of CPU; idle, a few ms. */
+/*
+ * One side (gmbd, or this process's libgmb) told to spin 40 ms, the other
+ * 0, then both 0: over 16 requests the told one burns >= 320 ms of CPU,
+ * the other and both at 0 a few ms.
+ */
+static void spins_only_when_told(bool daemon)
+{
+	const char *who = daemon ? "gmbd --spin-us" : "GMB_SPIN_US";
+	long on[2], off[2]; /* gmbd's, the client's */
+	int me = daemon ? 0 : 1;
+
+	cpu_over_ops(daemon ? "40000" : "0", daemon ? "0" : "40000", &on[0], &on[1]);
+	cpu_over_ops("0", "0", &off[0], &off[1]);
+	cr_expect(ge(i64, on[me], 160), "%s 40000 burnt %ld ms of CPU", who, on[me]);
+	cr_expect(lt(i64, on[1 - me], 100), "the other side, at 0, burnt %ld ms", on[1 - me]);
+	cr_expect(lt(i64, off[me], 100), "%s 0 burnt %ld ms of CPU", who, off[me]);
+}
+
 Test(spin, gmbd_spins_after_each_request_only_when_told)
 {
-	long on_d, on_c, off_d, off_c;
-
-	cpu_over_ops("40000", "0", &on_d, &on_c);
-	cpu_over_ops("0", "0", &off_d, &off_c);
-	cr_expect(ge(i64, on_d, 160), "gmbd --spin-us 40000 burnt %ld ms of CPU", on_d);
-	cr_expect(lt(i64, off_d, 100), "gmbd --spin-us 0 burnt %ld ms of CPU", off_d);
+	spins_only_when_told(true);
 }
 
 /* The reader polls after each reply: GMB_SPIN_US's budget, or nothing at 0. */
 Test(spin, libgmb_spins_after_each_reply_only_when_told)
 {
-	long on_d, on_c, off_d, off_c;
-
-	cpu_over_ops("0", "40000", &on_d, &on_c);
-	cpu_over_ops("0", "0", &off_d, &off_c);
-	cr_expect(ge(i64, on_c, 160), "GMB_SPIN_US=40000 burnt %ld ms of CPU", on_c);
-	cr_expect(lt(i64, off_c, 100), "GMB_SPIN_US=0 burnt %ld ms of CPU", off_c);
+	spins_only_when_told(false);
 }
 
 Test(spin, a_bad_spin_value_fails_the_connect_and_says_which)
