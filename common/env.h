@@ -1,5 +1,5 @@
 /*
- * env.h - yes/no settings from the environment: torch_memory_saver's, read
+ * env.h - settings from the environment. Yes/no: torch_memory_saver's, read
  * as it reads its boolean variables (its get_bool_env_var), so that the
  * same TMS_* values mean the same in libgmb and in the LD_PRELOAD shim;
  * gmbd's own, strictly 0 or 1.
@@ -18,5 +18,13 @@ bool env_true(const char *name);
  * Return: 0, or -EINVAL with @err (ERR_MSG_MAX bytes) naming the value.
  */
 int env_01(const char *name, bool *out, char *err);
+
+/**
+ * env_uint() - a decimal number from 0 to @max ($GMB_WAIT_MS, $GMB_SPIN_US):
+ * *@out set when @name is set and not empty, else left; @unit names what
+ * it counts in the message. Return: 0, or -EINVAL with @err (ERR_MSG_MAX
+ * bytes) naming the value.
+ */
+int env_uint(const char *name, unsigned long max, const char *unit, unsigned long *out, char *err);
 
 #endif

@@ -1,11 +1,8 @@
 /*
  * spin.c - bounded busy waits; see spin.h.
  */
-#include <errno.h>
-#include <limits.h>
 #include <poll.h>
 #include <sched.h>
-#include <stdlib.h>
 
 #include "common/deadline.h"
 #include "common/spin.h"
@@ -38,19 +35,4 @@ static bool spin_fd_ready(void *arg)
 bool spin_fd_readable(int fd, uint64_t budget_ns)
 {
 	return spin_until(spin_fd_ready, &fd, budget_ns);
-}
-
-int spin_parse_us(const char *s, unsigned *us)
-{
-	unsigned long v;
-	char *end;
-
-	if (!s || *s < '0' || *s > '9')
-		return -EINVAL;
-	errno = 0;
-	v = strtoul(s, &end, 10);
-	if (errno || *end || v > SPIN_MAX_US)
-		return -EINVAL;
-	*us = (unsigned)v;
-	return 0;
 }

@@ -35,10 +35,4 @@ bool spin_until(bool (*ready)(void *arg), void *arg, uint64_t budget_ns);
 /** spin_fd_readable() - spin_until() @fd polls readable (or hung up, or in error). */
 bool spin_fd_readable(int fd, uint64_t budget_ns);
 
-/**
- * spin_parse_us() - a budget in microseconds from @s (decimal, 0 to
- * SPIN_MAX_US). Return: 0 with *@us set, or -EINVAL.
- */
-int spin_parse_us(const char *s, unsigned *us);
-
 #endif

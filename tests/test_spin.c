@@ -15,6 +15,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/env.h"
+#include "common/err.h"
 #include "common/spin.h"
 #include "include/gmb.h"
 #include "tests/util.h"
@@ -92,23 +94,32 @@ Test(spin, sees_a_socket_become_readable)
 	close(sv[0]);
 }
 
-Test(spin, parses_microseconds_in_range_only)
+Test(spin, env_uint_takes_numbers_in_range_only)
 {
-	unsigned us = 7;
+	char err[ERR_MSG_MAX] = "";
+	unsigned long us = 7;
 
-	cr_expect(eq(i32, spin_parse_us("0", &us), 0));
-	cr_expect(eq(u32, us, 0));
-	cr_expect(eq(i32, spin_parse_us("200", &us), 0));
-	cr_expect(eq(u32, us, 200));
-	cr_expect(eq(i32, spin_parse_us("100000", &us), 0));
-	cr_expect(eq(u32, us, SPIN_MAX_US));
-	const char *bad[] = { "", "-1", "100001", "x", "20us", " 5", "1e3", "99999999999999999999" };
+	const char *good[][2] = {
+		{ "0", "0" }, { "200", "200" }, { "100000", "100000" }, { "", "7" }
+	};
+	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+		us = 7;
+		setenv("GMB_SPIN_US", good[i][0], 1);
+		cr_expect(
+			eq(i32, env_uint("GMB_SPIN_US", SPIN_MAX_US, "microseconds", &us, err), 0));
+		cr_expect(eq(u64, us, strtoul(good[i][1], NULL, 10)), "\"%s\"", good[i][0]);
+	}
+	const char *bad[] = { "-1", "100001", "x", "20us", " 5", "1e3", "99999999999999999999" };
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		us = 7;
-		cr_expect(eq(i32, spin_parse_us(bad[i], &us), -EINVAL), "\"%s\"", bad[i]);
-		cr_expect(eq(u32, us, 7), "\"%s\" left the value alone", bad[i]);
+		setenv("GMB_SPIN_US", bad[i], 1);
+		cr_expect(eq(i32, env_uint("GMB_SPIN_US", SPIN_MAX_US, "microseconds", &us, err),
+			     -EINVAL),
+			  "\"%s\"", bad[i]);
+		cr_expect(eq(u64, us, 7), "\"%s\" left the value alone", bad[i]);
+		cr_expect(not(eq(ptr, strstr(err, "GMB_SPIN_US"), NULL)), "%s", err);
 	}
-	cr_expect(eq(i32, spin_parse_us(NULL, &us), -EINVAL));
+	unsetenv("GMB_SPIN_US");
 }
 
 /* CPU time (user + system) of @pid from /proc, in ms; -1 if unreadable. */

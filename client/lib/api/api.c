@@ -49,21 +49,11 @@ static void api_control_run(void *arg, const struct gmb__job *job);
 /* $GMB_WAIT_MS: the initial wait of every client (the preload shim's too). */
 static int api_wait_env(struct gmb_client *c, char *err)
 {
-	const char *s = getenv("GMB_WAIT_MS");
-	unsigned long v;
-	char *end;
+	unsigned long v = c->mem.wait_ms;
+	int rc = env_uint("GMB_WAIT_MS", UINT32_MAX, "milliseconds", &v, err);
 
-	if (!s || !*s)
-		return 0;
-	errno = 0;
-	v = strtoul(s, &end, 10);
-	if (errno || *end || s[0] == '-' || v > UINT32_MAX)
-		return err_fmt(err, -EINVAL,
-			       "GMB_WAIT_MS=\"%.32s\" is not a number of"
-			       " milliseconds",
-			       s);
 	c->mem.wait_ms = (uint32_t)v;
-	return 0;
+	return rc;
 }
 
 /* $GMB_IPC_FOLLOW and $GMB_IPC_KEEP (0 or 1), $GMB_IPC_GRANT (uids, comma-separated). */

@@ -216,16 +216,11 @@ static int conn_arb_env(struct gmb__conn *c, unsigned flags, char *err)
 /* $GMB_SPIN_US: microseconds polled before a blocking wait (spin.h). */
 static int conn_spin_env(struct gmb__conn *c, char *err)
 {
-	const char *s = getenv("GMB_SPIN_US");
-	unsigned us = SPIN_DEFAULT_US;
+	unsigned long us = SPIN_DEFAULT_US;
+	int rc = env_uint("GMB_SPIN_US", SPIN_MAX_US, "microseconds", &us, err);
 
-	if (s && *s && spin_parse_us(s, &us) < 0)
-		return err_fmt(err, -EINVAL,
-			       "GMB_SPIN_US=\"%.32s\" is not a number of microseconds"
-			       " from 0 to %u",
-			       s, SPIN_MAX_US);
 	c->spin_ns = (uint64_t)us * 1000;
-	return 0;
+	return rc;
 }
 
 /**
