@@ -200,13 +200,9 @@ void handlers__conn_unbind(struct handlers *h, const struct bclient *c);
  * rejoining). */
 int handlers__not_connected(struct hreq *rq, const struct bclient *c);
 /* Parts like @part (its reply_to and body) that carry the fds of
- * @chunks[0..@n), each marked more (the caller sends the last part; the
- * transport exports the fds as each part leaves): HANDLERS_FDS_FIRST in
- * the first, twice as many in each next one, at most WIRE_MAX_FDS. Small
- * first parts let the client import them while gmbd exports the next
- * (about 25 us a chunk each side), large later ones keep the packets few.
+ * @chunks[0..@n), WIRE_MAX_FDS a part, each marked more (the caller sends
+ * the last part; the transport exports the fds as each part leaves).
  * Return: 0 or the send's -errno. */
-#define HANDLERS_FDS_FIRST 4
 struct chunk;
 int handlers__send_chunk_fds(struct sess *s, const Gmb__Envelope *part, struct chunk *const *chunks,
 			     size_t n);

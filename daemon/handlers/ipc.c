@@ -5,8 +5,8 @@
  * (daemon/core/import.c); this file decodes, calls it and answers.
  *
  * An open's reply lends nothing new to anyone: it sends the fds of every
- * chunk of the allocation, in mapping order, in parts that grow to
- * WIRE_MAX_FDS (handlers__send_chunk_fds()), each part with an IpcOpenReply body so that libgmb's reader imports them for
+ * chunk of the allocation, in mapping order, WIRE_MAX_FDS a part, each
+ * part with an IpcOpenReply body so that libgmb's reader imports them for
  * the open and not into its cache of lent chunks; the last part carries
  * the allocation's facts. A refused request gets its status and sentence
  * through the dispatcher, which logs it (handlers__refused()).
@@ -53,7 +53,7 @@ int handlers__ipc_export(struct hreq *rq)
 	return 0;
 }
 
-/* The chunk fds of @ex in parts, then the part with its facts
+/* The chunk fds of @ex, WIRE_MAX_FDS a part, then the part with its facts
  * (@remap: of a followed import mapped again, not of a new open). */
 static int handlers_ipc_send(struct sess *s, uint64_t reply_to, const struct import_export *ex,
 			     uint64_t range_off, bool remap)

@@ -3,7 +3,7 @@
  * pause, resume, and an operator's trim; and the replies that lend memory.
  *
  * Replies that lend memory (AllocReply, ResumeReply) go out in parts: first
- * the chunk fds, 4, 8, 16 ... at most WIRE_MAX_FDS a part (more = true, no body), then
+ * the chunk fds, at most WIRE_MAX_FDS per part (more = true, no body), then
  * the lends in parts of at most WIRE_MAX_MSG / 2 bytes, a lend of more than
  * HANDLERS_LEND_PIECE chunks in pieces (Lend.first_chunk); the last part has
  * more = false and status 0. alloc and resume return HANDLERS_PARK when the

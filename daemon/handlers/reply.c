@@ -190,11 +190,10 @@ int handlers__send_chunk_fds(struct sess *s, const Gmb__Envelope *part, struct c
 			     size_t n)
 {
 	uint64_t ids[WIRE_MAX_FDS], sizes[WIRE_MAX_FDS];
-	size_t most = HANDLERS_FDS_FIRST;
 
-	for (size_t off = 0; off < n; most = most * 2 < WIRE_MAX_FDS ? most * 2 : WIRE_MAX_FDS) {
+	for (size_t off = 0; off < n;) {
 		Gmb__Envelope env = *part;
-		size_t k = n - off < most ? n - off : most;
+		size_t k = n - off < WIRE_MAX_FDS ? n - off : WIRE_MAX_FDS;
 		int r;
 
 		for (size_t i = 0; i < k; i++) {
