@@ -10,11 +10,10 @@ off; CPU backup with retain on). Each process makes two shapes, each in a
 region of its own tag: 16 x 1 GiB tensors (tag "big"), then 2,048 x 2 MiB
 tensors (tag "small"), and times each shape's allocation: the wall time of
 torch.empty of its tensors in the region, the GPU synchronized before and
-after, after a warm-up allocation in a tag of its own (the process's first
-use of its library: gmbd's connection, the peer's init); the median of
---reps rounds, each but the last followed by torch.cuda.empty_cache(), which
-gives the freed segments back to the library (else the next round would
-time PyTorch's cache, not the library).
+after, once per process, after a warm-up allocation in a tag of its own (the
+process's first use of its library: gmbd's connection, the peer's init).
+A region's freed blocks stay in PyTorch's cache, so a second allocation of
+a shape would time the cache, not the library: one sample a process.
 Then a CUDA graph captured over all tensors (preload mode), and per tag
 pause(tag)/resume(tag), medians of --reps cycles after one warm-up; after
 each cycle the graph is replayed and, in the backup modes, that shape's
@@ -81,22 +80,13 @@ def child(mode, reps):
         torch.cuda.synchronize()
         del w
     for tag, _, count, size in SHAPES:
-        allocs = []
         with tms.region(tag=tag, enable_cpu_backup=backup):
-            for r in range(reps):
-                # The allocation alone (torch.empty), then the fill, untimed.
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                ts = [torch.empty((size,), dtype=torch.uint8, device="cuda") for _ in range(count)]
-                torch.cuda.synchronize()
-                allocs.append(time.perf_counter() - t0)
-                if r + 1 < reps:
-                    # The segments go back to the library, so that the next
-                    # round allocates anew instead of reusing PyTorch's cache.
-                    del ts
-                    torch.cuda.empty_cache()
-                    torch.cuda.synchronize()
-            out[tag] = {"alloc_s": statistics.median(allocs), "alloc_first_s": allocs[0]}
+            # The allocation alone (torch.empty), then the fill, untimed.
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            ts = [torch.empty((size,), dtype=torch.uint8, device="cuda") for _ in range(count)]
+            torch.cuda.synchronize()
+            out[tag] = {"alloc_s": time.perf_counter() - t0}
             for i, t in enumerate(ts):
                 t.fill_(fill(tag, i))
             tensors[tag] = ts
@@ -247,8 +237,7 @@ def report(res, a, warm):
     impls = [(k, n) for k, n in IMPLS if k != "warm" or warm]
     print("\ngmbd: its default (a pause gives memory to the driver); warm: gmbd --pool-keep "
           "unlimited; ratio = peer / gmbd (above 1: gmbd faster); allocate: torch.empty of the "
-          "shape, median of --reps rounds, each round's segments given back (empty_cache) "
-          "before the next")
+          "shape once per process, after a warm-up allocation")
     hdr = f"{'shape':<14} {'mode':<18} {'':>9} {'peer':>10} {'gmbd':>10} {'ratio':>6}"
     if warm:
         hdr += f" {'warm':>10} {'ratio':>6}"
