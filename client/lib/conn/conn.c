@@ -615,12 +615,10 @@ static void conn_on_reply(struct gmb__conn *c, Gmb__Envelope *env, int *fds, int
 		return;
 	}
 	rep = &p->reply;
-	/* The layer above imports the chunks; the fds are closed here whatever
-	 * happens, after the caller is woken: an import needs the fd no more,
-	 * and a close costs about 12 us a chunk (README, map_probe) that the
-	 * caller's maps need not wait for. */
+	/* The layer above imports the chunks; the fds are closed here whatever happens. */
 	if (nfds > 0)
 		c->cbs.import(c->cbs.mem_arg, env, fds, nfds, rep);
+	wire_close_fds(fds, nfds);
 	pthread_mutex_lock(&c->lock);
 	if (!env->more) {
 		/* Atomic for conn_pending_done(); under the lock for everyone else. */
@@ -631,7 +629,6 @@ static void conn_on_reply(struct gmb__conn *c, Gmb__Envelope *env, int *fds, int
 	}
 	conn_keep_part(rep, env);
 	pthread_mutex_unlock(&c->lock);
-	wire_close_fds(fds, nfds);
 }
 
 static void conn_handled(struct gmb__conn *c)
