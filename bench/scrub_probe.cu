@@ -104,20 +104,9 @@ static double probe_give_back(int sock, int kase, CUdeviceptr va)
 		return (gu_now() - t) * 1e3;
 	}
 	char rq = (char)kase, ack = 1;
-	int fds[N], got = 0;
 
 	CHECK(write(sock, &rq, 1) == 1, "request");
-	while (got < N) {
-		int r = gu_recv_fds(sock, fds + got, N - got);
-
-		CHECK(r > 0, "the maker's fds");
-		got += r;
-	}
-	for (int i = 0; i < N; i++) {
-		CU_CK(cuMemImportFromShareableHandle(&h[i], (void *)(long)fds[i],
-						     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
-		close(fds[i]);
-	}
+	gu_import_fds(sock, N, h);
 	map_all(va, h);
 	unmap_all(va);
 	for (int i = 0; i < N; i++)

@@ -87,20 +87,9 @@ static __attribute__((noreturn)) void slice_maker(int sock, void *unused)
 static void slice_import(int sock, int n, uint64_t size, CUmemGenericAllocationHandle *h)
 {
 	struct slice_req rq = { n, size };
-	int fds[MAXCH], got = 0;
 
 	CHECK(write(sock, &rq, sizeof(rq)) == (ssize_t)sizeof(rq), "request");
-	while (got < n) {
-		int r = gu_recv_fds(sock, fds + got, n - got);
-
-		CHECK(r > 0, "the maker's fds");
-		got += r;
-	}
-	for (int i = 0; i < n; i++) {
-		CU_CK(cuMemImportFromShareableHandle(&h[i], (void *)(long)fds[i],
-						     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
-		close(fds[i]);
-	}
+	gu_import_fds(sock, n, h);
 }
 
 /* The maker may release; its create and release ms. */

@@ -418,6 +418,25 @@ struct gu_shape {
 	uint64_t size;
 };
 
+/* The next @n fds from @sock (a peer's lend), each imported into @h[i] and closed. */
+static inline void gu_import_fds(int sock, int n, CUmemGenericAllocationHandle *h)
+{
+	int fds[256], got = 0;
+
+	CHECK(n <= 256, "too many fds");
+	while (got < n) {
+		int r = gu_recv_fds(sock, fds + got, n - got);
+
+		CHECK(r > 0, "the maker's fds");
+		got += r;
+	}
+	for (int i = 0; i < n; i++) {
+		CU_CK(cuMemImportFromShareableHandle(&h[i], (void *)(long)fds[i],
+						     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+		close(fds[i]);
+	}
+}
+
 /* A pinned allocation on device 0, exportable as a POSIX fd: what gmbd's chunks are. */
 static inline CUmemAllocationProp gu_fd_prop(void)
 {
