@@ -88,7 +88,11 @@ append_daemon_log() {
 machine_info() {
 	echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
 	local rev
-	if rev=$(git rev-parse --short HEAD 2>/dev/null); then
+	if [ -n "${GMB_TREE:-}" ]; then
+		# A copy of a working tree may carry a git directory older than
+		# its files: the caller names the tree it copied.
+		rev="$GMB_TREE (named by GMB_TREE)"
+	elif rev=$(git rev-parse --short HEAD 2>/dev/null); then
 		git diff --quiet HEAD 2>/dev/null || rev+=" + uncommitted changes"
 	else
 		rev="? (no git repository here)"

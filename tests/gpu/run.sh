@@ -8,6 +8,8 @@
 #   tests/gpu/run.sh --no-torch the PyTorch scenarios (tests/gpu/torch_run.sh)
 #                               are run too unless this is given
 #   SOAK_ROUNDS=20 tests/gpu/run.sh --only soak   a shorter soak (default 200 rounds)
+#   GMB_TREE=<commit> tests/gpu/run.sh   the logs name that tree (a copy's git
+#                               directory may be older than its files)
 #
 # Needs .gpu-deps/ and build/proto/ from tests/gpu/pack-deps.sh (carried
 # from the build machine). Starts build-gpu/gmbd --backend cuda on a socket
