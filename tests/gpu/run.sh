@@ -244,7 +244,9 @@ scenario scrub_probe 120 "$B/scrub_probe"
 # Whether one chunk can back several allocations, mapped at offsets into it.
 scenario slice_probe 240 "$B/slice_probe"
 # What an allocation and a resume cost made here or lent, with gmbd's and
-# libgmb's polling before blocking (--spin-us, $GMB_SPIN_US) and without.
+# libgmb's polling before blocking (--spin-us, $GMB_SPIN_US) and without,
+# and made here with a holder taking a reference afterwards (a design
+# gmbd does not have, measured to decide on it).
 if wanted alloc_probe; then
 	SOCKP=$TMPD/gmbd-probe.sock DLOGP=$TMPD/gmbd-probe.log
 	SOCKN=$TMPD/gmbd-nospin.sock DLOGN=$TMPD/gmbd-nospin.log
