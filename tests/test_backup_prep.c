@@ -8,7 +8,7 @@
  *
  * The client runs in this process and its backend's host memory calls go
  * through a spy (a copy of its ops): it counts registrations (and the
- * thread that made each), unregistrations and host allocations, holds the
+ * thread that made each, and when), unregistrations and host allocations, holds the
  * making in a registration when asked, or refuses it. The copies register
  * in pieces of 4 MiB here, so that a 32 MiB copy has eight.
  */
@@ -53,6 +53,7 @@ struct spy_call {
 	void *p;
 	uint64_t n;
 	bool on_main; /* made on the test's own thread */
+	uint64_t ns;  /* CLOCK_MONOTONIC when it was called */
 };
 
 static struct {
@@ -86,6 +87,7 @@ static void spy_deadline(struct timespec *ts, int ms)
 static int spy_register(struct backend *b, void *p, uint64_t size)
 {
 	bool on_main = pthread_equal(pthread_self(), spy.main);
+	uint64_t called = test_now_ns();
 	struct timespec ts;
 	int rc;
 
@@ -96,7 +98,7 @@ static int spy_register(struct backend *b, void *p, uint64_t size)
 	if (!on_main && !spy.first_reg_ns)
 		spy.first_reg_ns = test_now_ns();
 	if (rc == 0 && spy.nreg < SPY_CALLS)
-		spy.reg[spy.nreg++] = (struct spy_call){ p, size, on_main };
+		spy.reg[spy.nreg++] = (struct spy_call){ p, size, on_main, called };
 	if (rc == 0)
 		spy.reg_bytes += size;
 	pthread_cond_broadcast(&spy.cond);
@@ -332,6 +334,86 @@ Test(backup_prep, a_pause_while_the_copy_is_made_waits_for_it)
 	cr_assert(test_holds(h, n, 4), "not torn");
 	cr_assert(eq(i32, gmb_resume(c, "p"), 0), "%s", gmb_last_error(c));
 	cr_assert(test_holds(p, n, 4));
+	gmb_close(c);
+	cr_expect(eq(u64, spy.unreg_bytes, spy.reg_bytes));
+	cr_expect(eq(i32, test_leak_check(), 0), "this process leaked");
+}
+
+/* When the registration @i (0: the first) was called; 0 if there is none yet. */
+static uint64_t spy_reg_ns(int i)
+{
+	uint64_t ns;
+
+	pthread_mutex_lock(&spy.lock);
+	ns = i < spy.nreg ? spy.reg[i].ns : 0;
+	pthread_mutex_unlock(&spy.lock);
+	return ns;
+}
+
+Test(backup_prep, a_copy_being_made_waits_between_pieces_while_the_client_allocates)
+{
+	gmb_client *c = spy_connect("yield");
+	const size_t n = 32 * MiB;
+	unsigned char *p;
+	void *d[4];
+	uint64_t last = 0;
+
+	spy.hold = true;
+	p = alloc_preserve(c, "p", n);
+	cr_assert(spy_wait(spy_is_held, 0, 10000), "the making did not start");
+	/* A burst in another tag, of another mode, begins while a piece is registered. */
+	for (int i = 0; i < 4; i++) {
+		if (i == 1)
+			spy_release();
+		if (i == 3)
+			last = test_now_ns();
+		cr_assert(eq(i32, gmb_malloc(c, &d[i], PIECE, 0, "d"), 0), "%s", gmb_last_error(c));
+		if (i < 3)
+			usleep(2000);
+	}
+	cr_assert(spy_wait(spy_registered, n, 10000), "the copy was not made");
+	cr_assert(ge(u64, spy_reg_ns(1), last + 20000000ULL),
+		  "the next piece was registered %lld us after the last allocation began",
+		  (long long)((int64_t)(spy_reg_ns(1) - last) / 1000));
+	for (int i = 0; i < 4; i++)
+		cr_assert(eq(i32, gmb_free(c, d[i]), 0), "%s", gmb_last_error(c));
+	test_fill(p, n, 5);
+	cr_assert(eq(i32, gmb_pause(c, "p"), 0), "%s", gmb_last_error(c));
+	cr_assert(eq(i32, spy.nallocs, 0), "the copy made ahead served the pause");
+	cr_assert(eq(i32, gmb_resume(c, "p"), 0), "%s", gmb_last_error(c));
+	cr_assert(test_holds(p, n, 5));
+	gmb_close(c);
+	cr_expect(eq(u64, spy.unreg_bytes, spy.reg_bytes));
+	cr_expect(eq(i32, test_leak_check(), 0), "this process leaked");
+}
+
+Test(backup_prep, a_pause_waiting_for_the_copy_lets_it_go_on_though_the_client_is_busy)
+{
+	gmb_client *c = spy_connect("hurry");
+	const size_t n = 32 * MiB;
+	struct pauser q;
+	unsigned char *p;
+	uint64_t released;
+	pthread_t t;
+
+	spy.hold = true;
+	p = alloc_preserve(c, "p", n);
+	cr_assert(spy_wait(spy_is_held, 0, 10000), "the making did not start");
+	test_fill(p, n, 6);
+	/* The pause itself is the client being busy; it must not hold up what it waits for. */
+	q = (struct pauser){ c, "p", -1 };
+	cr_assert(eq(i32, pthread_create(&t, NULL, pauser_run, &q), 0));
+	usleep(5000);
+	released = test_now_ns();
+	spy_release();
+	pthread_join(t, NULL);
+	cr_assert(eq(i32, q.rc, 0), "%s", gmb_last_error(c));
+	cr_assert(eq(i32, spy.nallocs, 0), "it waited for the copy: no other was made");
+	cr_assert(lt(u64, spy_reg_ns(1), released + 15000000ULL),
+		  "the next piece was registered %lld us after the release",
+		  (long long)((int64_t)(spy_reg_ns(1) - released) / 1000));
+	cr_assert(eq(i32, gmb_resume(c, "p"), 0), "%s", gmb_last_error(c));
+	cr_assert(test_holds(p, n, 6));
 	gmb_close(c);
 	cr_expect(eq(u64, spy.unreg_bytes, spy.reg_bytes));
 	cr_expect(eq(i32, test_leak_check(), 0), "this process leaked");

@@ -348,6 +348,11 @@ void gmb__backup_prep_tag(struct backend *be, struct gmb__backup_bufs *b, struct
 		gmb__backup_prep(be, b, a);
 }
 
+void gmb__backup_busy(struct gmb__backup_bufs *b)
+{
+	gmb__prep_busy(b->prep);
+}
+
 void gmb__backup_prep_error(struct gmb__backup_bufs *b, char *buf, size_t cap)
 {
 	gmb__prep_last_error(b->prep, buf, cap);

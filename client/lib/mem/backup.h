@@ -48,6 +48,8 @@ void gmb__backup_init(struct gmb__alloc *a);
  * now on, off this thread; nothing for other kinds. Never waits. */
 void gmb__backup_prep(struct backend *be, struct gmb__backup_bufs *b, struct gmb__alloc *a);
 void gmb__backup_prep_tag(struct backend *be, struct gmb__backup_bufs *b, struct gmb__tag *t);
+/* The client allocates, pauses or resumes now: copies being made ahead wait. */
+void gmb__backup_busy(struct gmb__backup_bufs *b);
 /* Why the last copy made ahead failed ("" if none). */
 void gmb__backup_prep_error(struct gmb__backup_bufs *b, char *buf, size_t cap);
 int gmb__backup_prepare(struct backend *be, struct gmb__backup_bufs *b, struct gmb__alloc *a,

@@ -236,6 +236,7 @@ int gmb__cycle_pause(struct gmb__mem *m, const char *name, char *err)
 	} else if (!cycle_tag_any(m, false)) {
 		return 0;
 	}
+	gmb__backup_busy(&m->bufs);
 	mask = cycle_devices(m, only, false);
 	/*
 	 * One drain: the application's work is done after it, and cycle_save
@@ -481,6 +482,7 @@ int gmb__cycle_resume(struct gmb__mem *m, const char *name, char *err)
 	} else if (!cycle_tag_any(m, true)) {
 		return 0;
 	}
+	gmb__backup_busy(&m->bufs);
 	req.tag = only ? only->name : "";
 	req.wait_ms = m->wait_ms;
 	env.body_case = GMB__ENVELOPE__BODY_RESUME;

@@ -621,6 +621,7 @@ int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const 
 	if (rc < 0)
 		return rc;
 	rounded = backend_round_up(size, m->devs->granularity[dev]);
+	gmb__backup_busy(&m->bufs);
 	if (mem_packs(m, dev, rounded, pc, how)) {
 		rc = mem_pack_malloc(m, t, dev, peers, rounded, how, ptr, err);
 		if (rc < 0)
@@ -698,6 +699,7 @@ int gmb__mem_free(struct gmb__mem *m, void *ptr, char *err)
 		return err_fmt(err, -EINVAL, "pointer %p was not allocated by gmb_malloc", ptr);
 	if (p && !gmb__pack_uncarve(p))
 		return 0; /* the pack's other pieces keep it */
+	gmb__backup_busy(&m->bufs);
 	return mem_free_whole(m, a, err);
 }
 

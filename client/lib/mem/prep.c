@@ -15,7 +15,10 @@
  * the application's calls for the whole copy. Nor does the worker start
  * while the application allocates: a burst of allocations (a model's
  * tensors, PyTorch's segments) ran 3 times slower with copies being made
- * under it, so a job waits until no copy was asked for PREP_QUIET_NS.
+ * under it, so a job waits until the client has been quiet for
+ * PREP_QUIET_NS: no allocation, pause or resume, of any mode
+ * (gmb__prep_busy()). A job already being made waits again between its
+ * pieces whenever the client is busy, unless a pause waits for it.
  *
  * A job is QUEUED (in the queue and the map), RUNNING (its maker, the
  * worker or a pause that took it over, owns the memory), then READY or
@@ -190,6 +193,7 @@ struct prep_job {
 	uint64_t size, piece;
 	int state;   /* PREP_* */
 	bool orphan; /* cancelled while RUNNING: its maker frees it */
+	bool wanted; /* a pause waits for it: no more waits for quiet */
 	void *p;     /* READY: the copy, owned by the job until taken */
 	int rc;	     /* FAILED */
 	char err[ERR_MSG_MAX];
@@ -204,7 +208,9 @@ struct gmb__prep {
 	struct idmap jobs;	/* key -> job, until taken or cancelled */
 	struct prep_job *queue; /* newest first: any order serves (a pause waits for its own) */
 	pthread_t worker;
-	uint64_t last_submit_ns; /* CLOCK_MONOTONIC */
+	/* CLOCK_MONOTONIC of the client's last allocation, pause, resume or
+	 * submit: written without the lock (gmb__prep_busy()), atomically. */
+	uint64_t busy_ns;
 	bool started, stop;
 	char last_err[ERR_MSG_MAX];
 };
@@ -230,6 +236,23 @@ static bool prep_stopped(struct gmb__prep *pr, struct prep_job *j)
 	return stop;
 }
 
+static uint64_t prep_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* Waits on pr->work (CLOCK_MONOTONIC) until @when_ns at the latest; pr->lock held. */
+static void prep_wait_until(struct gmb__prep *pr, uint64_t when_ns)
+{
+	struct timespec ts = { .tv_sec = (time_t)(when_ns / 1000000000ULL),
+			       .tv_nsec = (long)(when_ns % 1000000000ULL) };
+
+	pthread_cond_timedwait(&pr->work, &pr->lock, &ts);
+}
+
 static void prep_breathe(void)
 {
 	struct timespec ts = { 0, PREP_BREATHE_NS };
@@ -237,12 +260,33 @@ static void prep_breathe(void)
 	nanosleep(&ts, NULL);
 }
 
+/* When the client's quiet begins: PREP_QUIET_NS after its last busy moment. */
+static uint64_t prep_quiet_ns(struct gmb__prep *pr)
+{
+	return __atomic_load_n(&pr->busy_ns, __ATOMIC_RELAXED) + PREP_QUIET_NS;
+}
+
+/*
+ * Between two pieces of the worker's making: waits while the client is
+ * busy, so that the next registration does not hold the driver under its
+ * calls; not once a pause wants the copy, nor when the job or the client
+ * is stopping (prep_stopped() says so next).
+ */
+static void prep_wait_quiet(struct gmb__prep *pr, struct prep_job *j)
+{
+	pthread_mutex_lock(&pr->lock);
+	for (uint64_t q;
+	     !j->wanted && !j->orphan && !pr->stop && prep_now_ns() < (q = prep_quiet_ns(pr));)
+		prep_wait_until(pr, q);
+	pthread_mutex_unlock(&pr->lock);
+}
+
 /*
  * Makes @j's copy on this thread (j->p on success, j->err on failure):
  * piece i is faulted in by the touch threads while this thread registers
  * piece i - 1. Cancelled between pieces: -ECANCELED, nothing left.
  */
-static int prep_make(struct gmb__prep *pr, struct prep_job *j)
+static int prep_make(struct gmb__prep *pr, struct prep_job *j, bool worker)
 {
 	struct backend *be = pr->be;
 	uint64_t n = prep_npieces(j->size, j->piece), nreg = 0;
@@ -268,6 +312,8 @@ static int prep_make(struct gmb__prep *pr, struct prep_job *j)
 		}
 		if (i < n)
 			gmb__prep_par_join(&g);
+		if (worker && rc == 0 && i < n)
+			prep_wait_quiet(pr, j);
 		if (rc == 0 && prep_stopped(pr, j))
 			rc = err_fmt(j->err, -ECANCELED, "the host copy was no longer wanted");
 	}
@@ -293,23 +339,6 @@ static bool prep_ended(struct gmb__prep *pr, struct prep_job *j, int rc)
 	return false;
 }
 
-static uint64_t prep_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-}
-
-/* Waits on pr->work (CLOCK_MONOTONIC) until @when_ns at the latest; pr->lock held. */
-static void prep_wait_until(struct gmb__prep *pr, uint64_t when_ns)
-{
-	struct timespec ts = { .tv_sec = (time_t)(when_ns / 1000000000ULL),
-			       .tv_nsec = (long)(when_ns % 1000000000ULL) };
-
-	pthread_cond_timedwait(&pr->work, &pr->lock, &ts);
-}
-
 static void *prep_worker(void *arg)
 {
 	struct gmb__prep *pr = arg;
@@ -324,8 +353,8 @@ static void *prep_worker(void *arg)
 			pthread_cond_wait(&pr->work, &pr->lock);
 		if (pr->stop)
 			break;
-		/* Each submit moves the start on; a pause may take a queued job meanwhile. */
-		quiet = pr->last_submit_ns + PREP_QUIET_NS;
+		/* Each busy moment moves the start on; a pause may take a queued job meanwhile. */
+		quiet = prep_quiet_ns(pr);
 		if (prep_now_ns() < quiet) {
 			prep_wait_until(pr, quiet);
 			continue;
@@ -334,7 +363,7 @@ static void *prep_worker(void *arg)
 		DLIST_UNLINK(pr->queue, j);
 		j->state = PREP_RUNNING;
 		pthread_mutex_unlock(&pr->lock);
-		rc = prep_make(pr, j);
+		rc = prep_make(pr, j, true);
 		pthread_mutex_lock(&pr->lock);
 		if (prep_ended(pr, j, rc)) {
 			pthread_mutex_unlock(&pr->lock);
@@ -396,7 +425,7 @@ int gmb__prep_submit(struct gmb__prep **pp, struct backend *be, uintptr_t key, u
 	else
 		rc = idmap_put(&pr->jobs, key, j);
 	if (rc == 0) {
-		pr->last_submit_ns = prep_now_ns();
+		gmb__prep_busy(pr);
 		DLIST_PUSH(pr->queue, j);
 		if (!pr->started)
 			prep_start_worker(pr);
@@ -426,10 +455,13 @@ int gmb__prep_take(struct gmb__prep *pr, uintptr_t key, struct gmb__prep_copy *o
 		DLIST_UNLINK(pr->queue, j);
 		j->state = PREP_RUNNING;
 		pthread_mutex_unlock(&pr->lock);
-		rc = prep_make(pr, j);
+		rc = prep_make(pr, j, false);
 		pthread_mutex_lock(&pr->lock);
 		prep_ended(pr, j, rc);
 	}
+	/* The worker's making: no more waits for the client to be quiet. */
+	j->wanted = true;
+	pthread_cond_broadcast(&pr->work);
 	while (j->state == PREP_RUNNING)
 		pthread_cond_wait(&pr->done, &pr->lock);
 	idmap_del(&pr->jobs, key);
@@ -454,10 +486,17 @@ void gmb__prep_cancel(struct gmb__prep *pr, uintptr_t key)
 	if (j && j->state == PREP_RUNNING) {
 		j->orphan = true;
 		j = NULL;
+		pthread_cond_broadcast(&pr->work); /* its maker may wait for quiet */
 	}
 	pthread_mutex_unlock(&pr->lock);
 	if (j)
 		prep_job_free(pr->be, j);
+}
+
+void gmb__prep_busy(struct gmb__prep *pr)
+{
+	if (pr)
+		__atomic_store_n(&pr->busy_ns, prep_now_ns(), __ATOMIC_RELAXED);
 }
 
 void gmb__prep_last_error(struct gmb__prep *pr, char *buf, size_t cap)

@@ -87,6 +87,10 @@ int gmb__prep_take(struct gmb__prep *pr, uintptr_t key, struct gmb__prep_copy *o
 /* Drops what was submitted for @key (freed now, or by the worker as soon as
  * it sees it while making it). Never waits. */
 void gmb__prep_cancel(struct gmb__prep *pr, uintptr_t key);
+/* The client is busy now (an allocation, a pause, a resume): the worker
+ * starts nothing, and waits between a making's pieces, until it has been
+ * quiet a while. Lock-free, cheap; @pr NULL (no copy asked for yet): nothing. */
+void gmb__prep_busy(struct gmb__prep *pr);
 /* The reason of the last making that failed ("" if none), into @buf. */
 void gmb__prep_last_error(struct gmb__prep *pr, char *buf, size_t cap);
 /* Stops and joins the worker, frees everything left; *@pp NULL. */
