@@ -16,8 +16,12 @@
  *
  * Then, after a wait of 0, 50, 200 or 1000 ms, this process creates 16 x
  * 1 GiB again: the table has the release of the last references (ms, all
- * 16) and each create batch (ms). Between measurements everything is
- * released and left 1.5 s. Driver API only; one device.
+ * 16) and each create batch (ms). A second table has how fast 16 GiB
+ * from pinned host memory is then copied into the new chunks (GB/s), and
+ * a second time into the same ones: a resume of a preserved tag copies
+ * into memory created right after its pause released it. Between
+ * measurements everything is released and left 1.5 s. Driver API only;
+ * one device.
  *
  *   scrub_probe
  */
@@ -125,11 +129,15 @@ int main(void)
 	int sock;
 	pid_t pid;
 	char end = 0;
+	double gbs[NCASE][NDELAY][2];
+	void *host;
 
 	gu_set_name("scrub_probe");
 	pid = gu_fork_peer(probe_maker, NULL, -1, &sock);
 	gu_primary_ctx(&ctx, &dev);
 	CU_CK(cuMemAddressReserve(&va, GiB * N, 2 * MiB, 0, 0));
+	CU_CK(cuMemAllocHost(&host, GiB));
+	memset(host, 0x5a, GiB);
 	printf("| last reference released by | release of 16 x 1 GiB (ms) |");
 	for (int d = 0; d < NDELAY; d++)
 		printf(" create 16 x 1 GiB %d ms later (ms) |", delays_ms[d]);
@@ -147,6 +155,14 @@ int main(void)
 			for (int i = 0; i < N; i++)
 				CU_CK(cuMemCreate(&h[i], GiB, &prop, 0));
 			cre[d] = (gu_now() - t) * 1e3;
+			map_all(va, h);
+			for (int r = 0; r < 2; r++) {
+				t = gu_now();
+				for (int i = 0; i < N; i++)
+					CU_CK(cuMemcpyHtoD(va + GiB * i, host, GiB));
+				gbs[k][d][r] = (double)(GiB * N) / (gu_now() - t) / 1e9;
+			}
+			unmap_all(va);
 			for (int i = 0; i < N; i++)
 				CU_CK(cuMemRelease(h[i]));
 			usleep(1500 * 1000);
@@ -156,6 +172,17 @@ int main(void)
 			printf(" %.2f |", cre[d]);
 		printf("\n");
 	}
+	printf("\n| last reference released by |");
+	for (int d = 0; d < NDELAY; d++)
+		printf(" H2D into them, created %d ms later (GB/s): first, again |", delays_ms[d]);
+	printf("\n|---|---|---|---|---|\n");
+	for (int k = 0; k < NCASE; k++) {
+		printf("| %s |", case_names[k]);
+		for (int d = 0; d < NDELAY; d++)
+			printf(" %.1f, %.1f |", gbs[k][d][0], gbs[k][d][1]);
+		printf("\n");
+	}
+	CU_CK(cuMemFreeHost(host));
 	CHECK(write(sock, &end, 1) == 1, "end");
 	CHECK(waitpid(pid, NULL, 0) == pid, "waitpid");
 	CU_CK(cuMemAddressFree(va, GiB * N));
