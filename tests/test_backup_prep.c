@@ -232,6 +232,14 @@ static void cycle_holds(gmb_client *c, const char *tag, unsigned char *p, size_t
 	cr_assert(test_holds(p, n, seed), "the device after resume");
 }
 
+/* Close the client: nothing left registered, nothing leaked. */
+static void close_clean(gmb_client *c)
+{
+	gmb_close(c);
+	cr_expect(eq(u64, spy.unreg_bytes, spy.reg_bytes));
+	cr_expect(eq(i32, test_leak_check(), 0), "this process leaked");
+}
+
 Test(backup_prep, the_copy_is_made_after_malloc_without_a_pause)
 {
 	gmb_client *c = spy_connect("ahead");
@@ -291,9 +299,7 @@ Test(backup_prep, copies_wait_for_a_burst_of_allocations_to_end)
 		  (long long)((int64_t)(spy.first_reg_ns - last) / 1000));
 	for (int i = 0; i < 4; i++)
 		cr_assert(eq(i32, gmb_free(c, p[i]), 0), "%s", gmb_last_error(c));
-	gmb_close(c);
-	cr_expect(eq(u64, spy.unreg_bytes, spy.reg_bytes));
-	cr_expect(eq(i32, test_leak_check(), 0), "this process leaked");
+	close_clean(c);
 }
 
 struct pauser {
@@ -334,9 +340,7 @@ Test(backup_prep, a_pause_while_the_copy_is_made_waits_for_it)
 	cr_assert(test_holds(h, n, 4), "not torn");
 	cr_assert(eq(i32, gmb_resume(c, "p"), 0), "%s", gmb_last_error(c));
 	cr_assert(test_holds(p, n, 4));
-	gmb_close(c);
-	cr_expect(eq(u64, spy.unreg_bytes, spy.reg_bytes));
-	cr_expect(eq(i32, test_leak_check(), 0), "this process leaked");
+	close_clean(c);
 }
 
 /* When the registration @i (0: the first) was called; 0 if there is none yet. */
@@ -348,6 +352,15 @@ static uint64_t spy_reg_ns(int i)
 	ns = i < spy.nreg ? spy.reg[i].ns : 0;
 	pthread_mutex_unlock(&spy.lock);
 	return ns;
+}
+
+/* Resume @tag, its bytes @seed's pattern again; close; nothing left registered or leaked. */
+static void resume_holds_and_close(gmb_client *c, const char *tag, unsigned char *p, size_t n,
+				   unsigned seed)
+{
+	cr_assert(eq(i32, gmb_resume(c, tag), 0), "%s", gmb_last_error(c));
+	cr_assert(test_holds(p, n, seed));
+	close_clean(c);
 }
 
 Test(backup_prep, a_copy_being_made_waits_between_pieces_while_the_client_allocates)
@@ -380,11 +393,7 @@ Test(backup_prep, a_copy_being_made_waits_between_pieces_while_the_client_alloca
 	test_fill(p, n, 5);
 	cr_assert(eq(i32, gmb_pause(c, "p"), 0), "%s", gmb_last_error(c));
 	cr_assert(eq(i32, spy.nallocs, 0), "the copy made ahead served the pause");
-	cr_assert(eq(i32, gmb_resume(c, "p"), 0), "%s", gmb_last_error(c));
-	cr_assert(test_holds(p, n, 5));
-	gmb_close(c);
-	cr_expect(eq(u64, spy.unreg_bytes, spy.reg_bytes));
-	cr_expect(eq(i32, test_leak_check(), 0), "this process leaked");
+	resume_holds_and_close(c, "p", p, n, 5);
 }
 
 Test(backup_prep, a_pause_waiting_for_the_copy_lets_it_go_on_though_the_client_is_busy)
@@ -412,11 +421,7 @@ Test(backup_prep, a_pause_waiting_for_the_copy_lets_it_go_on_though_the_client_i
 	cr_assert(lt(u64, spy_reg_ns(1), released + 15000000ULL),
 		  "the next piece was registered %lld us after the release",
 		  (long long)((int64_t)(spy_reg_ns(1) - released) / 1000));
-	cr_assert(eq(i32, gmb_resume(c, "p"), 0), "%s", gmb_last_error(c));
-	cr_assert(test_holds(p, n, 6));
-	gmb_close(c);
-	cr_expect(eq(u64, spy.unreg_bytes, spy.reg_bytes));
-	cr_expect(eq(i32, test_leak_check(), 0), "this process leaked");
+	resume_holds_and_close(c, "p", p, n, 6);
 }
 
 Test(backup_prep, a_pause_makes_a_copy_the_worker_has_not_started)
@@ -441,9 +446,7 @@ Test(backup_prep, a_pause_makes_a_copy_the_worker_has_not_started)
 	test_fill(x, nx, 6);
 	cycle_holds(c, "x", x, nx, 6, &h);
 	cr_assert(eq(i32, spy.nallocs, 0));
-	gmb_close(c);
-	cr_expect(eq(u64, spy.unreg_bytes, spy.reg_bytes));
-	cr_expect(eq(i32, test_leak_check(), 0), "this process leaked");
+	close_clean(c);
 }
 
 Test(backup_prep, a_free_while_the_copy_is_made_does_not_wait_and_leaves_nothing)
