@@ -225,17 +225,6 @@ static void prep_job_free(struct backend *be, struct prep_job *j)
 	free(j);
 }
 
-/* Whether @j's maker should stop: the job was cancelled, or the client closes. */
-static bool prep_stopped(struct gmb__prep *pr, struct prep_job *j)
-{
-	bool stop;
-
-	pthread_mutex_lock(&pr->lock);
-	stop = j->orphan || pr->stop;
-	pthread_mutex_unlock(&pr->lock);
-	return stop;
-}
-
 static uint64_t prep_now_ns(void)
 {
 	struct timespec ts;
@@ -267,18 +256,22 @@ static uint64_t prep_quiet_ns(struct gmb__prep *pr)
 }
 
 /*
- * Between two pieces of the worker's making: waits while the client is
- * busy, so that the next registration does not hold the driver under its
- * calls; not once a pause wants the copy, nor when the job or the client
- * is stopping (prep_stopped() says so next).
+ * Between two pieces of a making: whether its maker should stop (the job
+ * was cancelled, or the client closes). The worker (@worker) first waits
+ * while the client is busy, so that its next registration does not hold
+ * the driver under the client's calls; not once a pause wants the copy.
  */
-static void prep_wait_quiet(struct gmb__prep *pr, struct prep_job *j)
+static bool prep_stopped(struct gmb__prep *pr, struct prep_job *j, bool worker)
 {
+	bool stop;
+
 	pthread_mutex_lock(&pr->lock);
-	for (uint64_t q;
-	     !j->wanted && !j->orphan && !pr->stop && prep_now_ns() < (q = prep_quiet_ns(pr));)
+	for (uint64_t q; worker && !j->wanted && !j->orphan && !pr->stop &&
+			 prep_now_ns() < (q = prep_quiet_ns(pr));)
 		prep_wait_until(pr, q);
+	stop = j->orphan || pr->stop;
 	pthread_mutex_unlock(&pr->lock);
+	return stop;
 }
 
 /*
@@ -312,9 +305,7 @@ static int prep_make(struct gmb__prep *pr, struct prep_job *j, bool worker)
 		}
 		if (i < n)
 			gmb__prep_par_join(&g);
-		if (worker && rc == 0 && i < n)
-			prep_wait_quiet(pr, j);
-		if (rc == 0 && prep_stopped(pr, j))
+		if (rc == 0 && prep_stopped(pr, j, worker && i < n))
 			rc = err_fmt(j->err, -ECANCELED, "the host copy was no longer wanted");
 	}
 	if (rc < 0) {
