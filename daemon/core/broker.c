@@ -690,6 +690,20 @@ void broker_client_usage(const struct bclient *c, const char *tag, uint64_t *byt
 	}
 }
 
+void broker_client_pausing(const struct bclient *c, const char *tag, uint64_t *bytes,
+			   uint64_t *chunks)
+{
+	*bytes = *chunks = 0;
+	for (const struct btag *t = c->tags; t; t = t->next) {
+		if (t->paused || (tag[0] && strcmp(t->name, tag) != 0))
+			continue;
+		for (const struct balloc *a = t->allocs; a; a = a->next) {
+			*bytes += a->size;
+			*chunks += a->nchunks;
+		}
+	}
+}
+
 uint64_t broker_uid_chunks(const struct broker *br, uid_t uid)
 {
 	uint64_t n = 0;

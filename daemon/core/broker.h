@@ -270,6 +270,10 @@ uint64_t broker_fds_chunk_room(const struct broker *br);
 /* Bytes and chunks lent to @c's active allocations in @tag ("": all). */
 void broker_client_usage(const struct bclient *c, const char *tag, uint64_t *bytes,
 			 uint64_t *chunks);
+/* What a pause of @c's @tag ("": all) pauses: every allocation of its
+ * active tags, those given back ahead of it (lend_give_back()) included. */
+void broker_client_pausing(const struct bclient *c, const char *tag, uint64_t *bytes,
+			   uint64_t *chunks);
 
 /* @tag's mode (GMB_MODE_*), the tag made if @c has none. -EINVAL (a mode
  * or name out of range), -ENOSPC (the tag limit), -ENOMEM; @err says why. */

@@ -413,32 +413,44 @@ int lend_free(struct broker *br, struct bclient *c, uint64_t alloc_id, char *err
  * sides' re-announcement and resume already know. In a switch that hands
  * over (@handover), the chunks wait for TO instead of going back.
  */
+static void lend_pause_alloc(struct broker *br, struct balloc *a, bool released, uint64_t handover,
+			     uint64_t *touched)
+{
+	if (!a->active)
+		return;
+	/* Unless released, the holds stay: the client keeps the handles for a cheap resume. */
+	for (uint32_t i = 0; i < a->nchunks; i++) {
+		struct chunk *ch = a->chunks[i];
+
+		if (!ch)
+			continue;
+		pool_put(&br->pools[a->dev], ch);
+		if (handover && ch->free)
+			ch->handover = handover;
+		if (released) {
+			pool_unhold(&br->pools[a->dev], ch, a->tag->client, false);
+			a->chunks[i] = NULL;
+		}
+	}
+	broker__alloc_activate(a, false);
+	*touched |= 1ULL << a->dev;
+}
+
 static void lend_pause_tag(struct broker *br, struct btag *t, bool released, uint64_t handover,
 			   uint64_t *touched)
 {
 	if (t->paused)
 		return;
-	for (struct balloc *a = t->allocs; a; a = a->next) {
-		if (!a->active)
-			continue;
-		/* Unless released, the holds stay: the client keeps the handles for a cheap resume. */
-		for (uint32_t i = 0; i < a->nchunks; i++) {
-			struct chunk *ch = a->chunks[i];
-
-			if (!ch)
-				continue;
-			pool_put(&br->pools[a->dev], ch);
-			if (handover && ch->free)
-				ch->handover = handover;
-			if (released) {
-				pool_unhold(&br->pools[a->dev], ch, t->client, false);
-				a->chunks[i] = NULL;
-			}
-		}
-		broker__alloc_activate(a, false);
-		*touched |= 1ULL << a->dev;
-	}
+	for (struct balloc *a = t->allocs; a; a = a->next)
+		lend_pause_alloc(br, a, released, handover, touched);
 	t->paused = true;
+}
+
+static void lend_shrink(struct broker *br, uint64_t touched)
+{
+	for (int d = 0; d < br->ndevices; d++)
+		if (touched & (1ULL << d))
+			pool_shrink(&br->pools[d], br->opts.pool_keep, NULL);
 }
 
 int lend_pause(struct broker *br, struct bclient *c, const char *tag, bool released, char *err)
@@ -462,10 +474,39 @@ int lend_pause(struct broker *br, struct bclient *c, const char *tag, bool relea
 		for (t = c->tags; t; t = t->next)
 			lend_pause_tag(br, t, released, handover, &touched);
 	}
-	for (int d = 0; d < br->ndevices; d++)
-		if (touched & (1ULL << d))
-			pool_shrink(&br->pools[d], br->opts.pool_keep, NULL);
+	lend_shrink(br, touched);
 	log_debug("pause client=%s tag=%s", c->name, tag && *tag ? tag : "*");
+	return 0;
+}
+
+int lend_give_back(struct broker *br, struct bclient *c, const uint64_t *ids, size_t n,
+		   bool released, char *err)
+{
+	uint64_t touched = 0, handover = 0;
+	const struct btag *checked = NULL;
+	int rc;
+
+	/* All checked first: a refusal gives nothing back. */
+	for (size_t i = 0; i < n; i++) {
+		struct balloc *a = idmap_get(&c->allocs, ids[i]);
+
+		if (!a)
+			return err_fmt(err, -ENOENT, "allocation %" PRIu64 " does not exist",
+				       ids[i]);
+		if (!a->active || a->tag == checked)
+			continue;
+		/* Another process maps memory of its tag: its chunks cannot go back. */
+		rc = import_pause_check(br, c, a->tag->name, err);
+		if (rc < 0)
+			return rc;
+		checked = a->tag;
+	}
+	if (arb__handover_keeps(c))
+		handover = arb__handover_id(c);
+	for (size_t i = 0; i < n; i++)
+		lend_pause_alloc(br, idmap_get(&c->allocs, ids[i]), released, handover, &touched);
+	lend_shrink(br, touched);
+	log_debug("give back client=%s allocs=%zu", c->name, n);
 	return 0;
 }
 
@@ -486,7 +527,7 @@ static void lend_unresume_tags(struct bclient *c, uint64_t seq)
 			t->paused = true;
 }
 
-void lend_undo(struct broker *br, struct bclient *c, const uint64_t *ids, size_t n)
+void lend_undo(struct broker *br, struct bclient *c, const uint64_t *ids, size_t n, bool given)
 {
 	uint64_t touched = 0, seq = 0;
 
@@ -505,13 +546,14 @@ void lend_undo(struct broker *br, struct bclient *c, const uint64_t *ids, size_t
 			a->chunks[j] = NULL;
 		}
 		broker__alloc_activate(a, false);
-		a->tag->paused = true;
+		/* Given back again, its tag stays active (lend_resume_given()). */
+		if (!given)
+			a->tag->paused = true;
 		touched |= 1ULL << a->dev;
 	}
-	lend_unresume_tags(c, seq);
-	for (int d = 0; d < br->ndevices; d++)
-		if (touched & (1ULL << d))
-			pool_shrink(&br->pools[d], br->opts.pool_keep, NULL);
+	if (!given)
+		lend_unresume_tags(c, seq);
+	lend_shrink(br, touched);
 	log_debug("unlend client=%s allocs=%zu", c->name, n);
 }
 
@@ -675,6 +717,86 @@ int lend_resume(struct broker *br, struct bclient *c, const char *tag, struct br
 	lend_mark_resumed(c, only);
 	log_debug("resume client=%s tag=%s allocs=%zu send=%zu", c->name, only ? only->name : "*",
 		  n, res->nsend);
+	free(steps);
+	return 0;
+
+err_mem:
+	free(steps);
+	lend_result_fail(res);
+	return rc;
+}
+
+/* Ascending, for the duplicate check of lend_resume_given(). */
+static int lend_cmp_id(const void *x, const void *y)
+{
+	uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+
+	return a < b ? -1 : a > b;
+}
+
+/* @ids name allocations of @c's active tags, each once; how many lend nothing. */
+static int lend_given_check(struct bclient *c, const uint64_t *ids, size_t n, size_t *given,
+			    char *err)
+{
+	uint64_t *sorted = malloc((n ? n : 1) * sizeof(*sorted));
+	int rc = 0;
+
+	*given = 0;
+	if (!sorted)
+		return err_fmt(err, -ENOMEM, "out of memory checking %zu allocations", n);
+	memcpy(sorted, ids, n * sizeof(*ids));
+	qsort(sorted, n, sizeof(*sorted), lend_cmp_id);
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		const struct balloc *a = idmap_get(&c->allocs, sorted[i]);
+
+		if (i > 0 && sorted[i] == sorted[i - 1])
+			rc = err_fmt(err, -EINVAL, "allocation %" PRIu64 " is named twice",
+				     sorted[i]);
+		else if (!a)
+			rc = err_fmt(err, -ENOENT, "allocation %" PRIu64 " does not exist",
+				     sorted[i]);
+		else if (a->tag->paused)
+			rc = err_fmt(err, -EBUSY,
+				     "allocation %" PRIu64 " is of paused tag '%s': resume the tag",
+				     sorted[i], a->tag->name);
+		else if (!a->active)
+			(*given)++;
+	}
+	free(sorted);
+	return rc;
+}
+
+int lend_resume_given(struct broker *br, struct bclient *c, const uint64_t *ids, size_t n,
+		      struct broker_result *res, char *err)
+{
+	struct lend_step *steps = NULL;
+	size_t k = 0, given;
+	int rc;
+
+	*res = (struct broker_result)BROKER_RESULT_INIT;
+	rc = lend_given_check(c, ids, n, &given, err);
+	if (rc < 0 || given == 0)
+		return rc;
+	steps = calloc(given, sizeof(*steps));
+	res->allocs = malloc(given * sizeof(*res->allocs));
+	if (!steps || !res->allocs) {
+		rc = err_fmt(err, -ENOMEM, "out of memory lending to %zu allocations", given);
+		goto err_mem;
+	}
+	for (size_t i = 0; i < n; i++) {
+		struct balloc *a = idmap_get(&c->allocs, ids[i]);
+
+		if (!a->active)
+			steps[k++] = (struct lend_step){ .a = a };
+	}
+	err_fmt(err, 0, "cannot lend again to %zu allocations of '%s': ", given, c->name);
+	rc = lend_resume_steps(br, c, steps, given, res, err);
+	if (rc < 0)
+		goto err_mem;
+	lend_commit(br, c, steps, given, res);
+	if (err)
+		err[0] = '\0';
+	log_debug("lend again client=%s allocs=%zu send=%zu", c->name, given, res->nsend);
 	free(steps);
 	return 0;
 

@@ -1,6 +1,7 @@
 /*
  * lend.h - allocations and their lends (daemon/core/lend.c): alloc, free,
- * pause, resume, and undoing a resume's lends that never left.
+ * pause, resume, giving single allocations back ahead of their tag's pause
+ * (and lending to them again), and undoing a resume's lends that never left.
  *
  * Invariants (with broker.h's and pool.h's):
  *   - An allocation is active exactly while its last lend's chunks are
@@ -59,6 +60,16 @@ int lend_free(struct broker *br, struct bclient *c, uint64_t alloc_id, char *err
  */
 int lend_pause(struct broker *br, struct bclient *c, const char *tag, bool released, char *err);
 /**
+ * lend_give_back() - allocations @ids of @c stop being lent, as
+ * lend_pause() pauses a tag, while their tags stay active: a pause that
+ * hands each allocation back once its bytes are saved (a pause of the
+ * tags follows). Ids that lend nothing already are skipped.
+ * Return: 0 (nothing given back on failure); -ENOENT for an allocation @c
+ * does not have; -EBUSY while another process maps memory of its tag.
+ */
+int lend_give_back(struct broker *br, struct bclient *c, const uint64_t *ids, size_t n,
+		   bool released, char *err);
+/**
  * lend_resume() - @c's tag @tag (NULL or "": every tag) is lent again,
  * onto its last lend's chunks when they are still free, else onto others;
  * @res as for lend_alloc(). Resuming an active tag succeeds and does
@@ -68,6 +79,16 @@ int lend_pause(struct broker *br, struct bclient *c, const char *tag, bool relea
 int lend_resume(struct broker *br, struct bclient *c, const char *tag, struct broker_result *res,
 		char *err);
 /**
+ * lend_resume_given() - allocations @ids of @c's active tags that
+ * lend_give_back() gave back are lent again (a pause that failed after it
+ * puts them back); those lent to already are skipped; @res as for
+ * lend_alloc().
+ * Return: 0; -EINVAL for an id named twice; -ENOENT for an allocation @c
+ * does not have; -EBUSY for one of a paused tag; else as lend_alloc().
+ */
+int lend_resume_given(struct broker *br, struct bclient *c, const uint64_t *ids, size_t n,
+		      struct broker_result *res, char *err);
+/**
  * lend_undo() - the lends of @ids (allocations of @c a resume lent)
  * never reached the client: each is paused again with its last lend
  * cleared (the client clears its own: ResumeReply.lends_cleared), its
@@ -75,9 +96,11 @@ int lend_resume(struct broker *br, struct bclient *c, const char *tag, struct br
  * resume made active and that has no active allocation (a tag without
  * memory that a resume of every tag named): the client, which never got
  * the reply, has them all paused. Ids @c does not have are skipped.
+ * @given: the lends were lend_resume_given()'s: the allocations are given
+ * back again and their tags stay active.
  * Return: nothing; it cannot fail.
  */
-void lend_undo(struct broker *br, struct bclient *c, const uint64_t *ids, size_t n);
+void lend_undo(struct broker *br, struct bclient *c, const uint64_t *ids, size_t n, bool given);
 /**
  * lend_warn_uid_bounds() - logs each uid whose clients hold more chunks
  * than --max-chunks-per-uid (restored under a lower bound: all kept, more

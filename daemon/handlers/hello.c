@@ -70,6 +70,7 @@ static int handlers_send_hello_reply(struct hreq *rq, const struct bclient *c, b
 	hr.rejoined = rejoined;
 	/* Nothing kept warm: clients let go of paused memory, and it goes to the driver. */
 	hr.release_on_pause = br->opts.pool_keep == 0;
+	hr.gives_back = true;
 	hr.backend = (char *)br->backend->ops->name;
 	hr.n_devices = (size_t)br->ndevices;
 	hr.devices = pdi;

@@ -1,6 +1,9 @@
 /*
  * memory.c - the memory requests of a client: alloc, free, tag mode,
  * pause, resume, and an operator's trim; and the replies that lend memory.
+ * A pause or resume with alloc_ids gives single allocations back, or lends
+ * to them again, while their tags stay active (libgmb's pause that hands
+ * each allocation back once its bytes are saved).
  *
  * Replies that lend memory (AllocReply, ResumeReply) go out in parts: first
  * the chunk fds, at most WIRE_MAX_FDS per part (more = true, no body), then
@@ -34,12 +37,19 @@
 /* A resume's followers (ResumeReply.followers); an alloc has none. */
 #define HANDLERS_ALLOC_REPLY UINT32_MAX
 
+/* What a reply that lends is: an alloc's, a resume's (its followers) or a
+ * resume's of given-back allocations (ResumeReply.given_back). */
+struct handlers_lent {
+	uint32_t followers; /* HANDLERS_ALLOC_REPLY: an alloc's */
+	bool given;
+};
+
 static int handlers_send_result(struct hreq *rq, const struct broker_result *res,
-				uint32_t followers);
+				struct handlers_lent kind);
 static int handlers_send_lends(struct sess *s, uint64_t reply_to, Gmb__Lend *lends, size_t n,
-			       uint32_t followers);
+			       struct handlers_lent kind);
 static int handlers_send_lend_part(struct sess *s, uint64_t reply_to, Gmb__Lend **lends, size_t n,
-				   uint32_t followers, bool last);
+				   struct handlers_lent kind, bool last);
 
 /* Says why and how long @rq waits (park.c reads it) and asks to park it. */
 static int handlers_wait(struct hreq *rq, uint32_t wait_ms, bool drops, int dev, uint64_t bytes,
@@ -123,7 +133,7 @@ int handlers__alloc(struct hreq *rq)
 		return r;
 	handlers_mem_event(rq, EVENT_ALLOC, tag, (int)m->device,
 			   res.nallocs ? res.allocs[0]->size : 0, &ev);
-	handlers_send_result(rq, &res, HANDLERS_ALLOC_REPLY);
+	handlers_send_result(rq, &res, (struct handlers_lent){ .followers = HANDLERS_ALLOC_REPLY });
 	broker_result_deinit(&res);
 	handlers__emit(rq->h, &ev);
 	return 0;
@@ -164,6 +174,25 @@ int handlers__tag_mode(struct hreq *rq)
 	return 0;
 }
 
+/* PauseRequest.alloc_ids: the allocations go back, their tags stay active. */
+static int handlers_give_back(struct hreq *rq)
+{
+	const Gmb__PauseRequest *m = rq->env->pause;
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__PauseReply pr = GMB__PAUSE_REPLY__INIT;
+	int r;
+
+	r = lend_give_back(rq->h->broker, hconn_of(rq->s)->client, m->alloc_ids, m->n_alloc_ids,
+			   m->handles_released, rq->err);
+	if (r < 0)
+		return r;
+	env.reply_to = rq->env->id;
+	env.body_case = GMB__ENVELOPE__BODY_PAUSE_REPLY;
+	env.pause_reply = &pr;
+	sess_send(rq->s, &env);
+	return 0;
+}
+
 int handlers__pause(struct hreq *rq)
 {
 	const char *tag = rq->env->pause->tag ? rq->env->pause->tag : "";
@@ -174,10 +203,13 @@ int handlers__pause(struct hreq *rq)
 	struct event ev;
 	int r;
 
+	if (rq->env->pause->n_alloc_ids)
+		return handlers_give_back(rq);
 	r = handlers__check_name(rq, "the tag", tag);
 	if (r < 0)
 		return r;
-	broker_client_usage(hconn_of(rq->s)->client, tag, &bytes, &chunks);
+	/* Allocations given back before it (alloc_ids) count as paused by it. */
+	broker_client_pausing(hconn_of(rq->s)->client, tag, &bytes, &chunks);
 	/* With handles_released, what nobody holds goes back to the backend before the reply. */
 	r = lend_pause(rq->h->broker, hconn_of(rq->s)->client, tag,
 		       rq->env->pause->handles_released, rq->err);
@@ -212,6 +244,25 @@ int handlers__pause(struct hreq *rq)
 	return 0;
 }
 
+/* ResumeRequest.alloc_ids: given-back allocations of active tags lent again. */
+static int handlers_resume_given(struct hreq *rq)
+{
+	const Gmb__ResumeRequest *m = rq->env->resume;
+	struct broker_result res = BROKER_RESULT_INIT;
+	int r;
+
+	r = lend_resume_given(rq->h->broker, hconn_of(rq->s)->client, m->alloc_ids, m->n_alloc_ids,
+			      &res, rq->err);
+	if (r == -EAGAIN)
+		return handlers_wait(rq, 0, true, res.short_dev, res.short_bytes,
+				     BROKER_WAIT_RESUME, "");
+	if (r < 0)
+		return r;
+	handlers_send_result(rq, &res, (struct handlers_lent){ .followers = 0, .given = true });
+	broker_result_deinit(&res);
+	return 0;
+}
+
 int handlers__resume(struct hreq *rq)
 {
 	const char *tag = rq->env->resume->tag ? rq->env->resume->tag : "";
@@ -221,6 +272,8 @@ int handlers__resume(struct hreq *rq)
 	struct event ev;
 	int r;
 
+	if (rq->env->resume->n_alloc_ids)
+		return handlers_resume_given(rq);
 	r = handlers_holder_tag(rq, tag, "resume memory");
 	if (r < 0)
 		return r;
@@ -241,8 +294,10 @@ int handlers__resume(struct hreq *rq)
 		log_info("tag resumed " SESS_FMT " tag=%s bytes=%s chunks=%" PRIu64 " fds=%zu",
 			 SESS_ARGS(rq->s), handlers__tag_log(tag, q), size_str(bytes, b), chunks,
 			 res.nsend);
-	handlers_send_result(rq, &res,
-			     handlers__ipc_followers(rq->h, hconn_of(rq->s)->client, tag));
+	handlers_send_result(
+		rq, &res,
+		(struct handlers_lent){ .followers = handlers__ipc_followers(
+						rq->h, hconn_of(rq->s)->client, tag) });
 	broker_result_deinit(&res);
 	if (chunks) {
 		handlers_mem_event(rq, EVENT_RESUME, tag, -1, bytes, &ev);
@@ -280,13 +335,14 @@ int handlers__trim(struct hreq *rq)
 	return 0;
 }
 
-/* The allocations the lends of @envs name, once each; resume or alloc in *@resume. */
+/* The allocations the lends of @envs name, once each; resume or alloc in
+ * *@resume, a resume of given-back allocations in *@given. */
 static size_t handlers_lent_ids(Gmb__Envelope *const *envs, size_t n, uint64_t *ids, size_t max,
-				bool *resume)
+				bool *resume, bool *given)
 {
 	size_t k = 0;
 
-	*resume = false;
+	*resume = *given = false;
 	for (size_t i = 0; i < n; i++) {
 		const Gmb__Envelope *e = envs[i];
 
@@ -296,6 +352,7 @@ static size_t handlers_lent_ids(Gmb__Envelope *const *envs, size_t n, uint64_t *
 		if (e->body_case != GMB__ENVELOPE__BODY_RESUME_REPLY)
 			continue;
 		*resume = true;
+		*given |= e->resume_reply->given_back;
 		for (size_t j = 0; j < e->resume_reply->n_lends; j++)
 			if (e->resume_reply->lends[j]->first_chunk == 0 && k < max)
 				ids[k++] = e->resume_reply->lends[j]->alloc_id;
@@ -322,7 +379,7 @@ int handlers__undeliverable(void *arg, struct sess *s, Gmb__Envelope *const *env
 	char msg[ERR_MSG_MAX];
 	uint64_t *ids = NULL;
 	size_t max = 0, k;
-	bool resume;
+	bool resume, given;
 
 	for (size_t i = 0; i < n; i++)
 		if (envs[i]->body_case == GMB__ENVELOPE__BODY_IPC_OPEN_REPLY)
@@ -333,11 +390,11 @@ int handlers__undeliverable(void *arg, struct sess *s, Gmb__Envelope *const *env
 			       1;
 	if (!c || c->tool || !(ids = malloc((max ? max : 1) * sizeof(*ids))))
 		goto err_ids;
-	k = handlers_lent_ids(envs, n, ids, max, &resume);
+	k = handlers_lent_ids(envs, n, ids, max, &resume, &given);
 	if (k == 0)
 		goto err_ids;
 	if (resume)
-		lend_undo(h->broker, c, ids, k);
+		lend_undo(h->broker, c, ids, k, given);
 	else
 		lend_free(h->broker, c, ids[0], NULL);
 	free(ids);
@@ -345,7 +402,10 @@ int handlers__undeliverable(void *arg, struct sess *s, Gmb__Envelope *const *env
 		"gmbd lent the memory but could not send its chunk fds (%s), and took it"
 		" back: %s; gmbd holds %llu chunk fds and %llu others, of a limit of %llu"
 		" open files",
-		strerror(-err), resume ? "the tags stay paused" : "nothing is allocated",
+		strerror(-err),
+		given  ? "the allocations stay given back" :
+		resume ? "the tags stay paused" :
+			 "nothing is allocated",
 		(unsigned long long)broker_chunk_fds(h->broker),
 		(unsigned long long)(h->broker->fds_base + h->broker->fds_conns),
 		(unsigned long long)h->broker->opts.fd_limit);
@@ -357,6 +417,7 @@ int handlers__undeliverable(void *arg, struct sess *s, Gmb__Envelope *const *env
 	env.error = msg;
 	if (resume) {
 		rr.lends_cleared = true;
+		rr.given_back = given;
 		env.body_case = GMB__ENVELOPE__BODY_RESUME_REPLY;
 		env.resume_reply = &rr;
 	}
@@ -376,9 +437,9 @@ err_ids:
  * failure disconnects it (and the memory comes back).
  */
 static int handlers_send_result(struct hreq *rq, const struct broker_result *res,
-				uint32_t followers)
+				struct handlers_lent kind)
 {
-	bool resume = followers != HANDLERS_ALLOC_REPLY;
+	bool resume = kind.followers != HANDLERS_ALLOC_REPLY;
 	Gmb__Envelope part = GMB__ENVELOPE__INIT;
 	Gmb__Lend *lends = NULL;
 	uint64_t *vals = NULL;
@@ -426,7 +487,7 @@ static int handlers_send_result(struct hreq *rq, const struct broker_result *res
 		}
 		off += a->nchunks;
 	}
-	r = handlers_send_lends(rq->s, rq->env->id, lends, k, followers);
+	r = handlers_send_lends(rq->s, rq->env->id, lends, k, kind);
 out_free:
 	free(vals);
 	free(lends);
@@ -436,9 +497,9 @@ out_free:
 /* Pieces of lends in parts of at most WIRE_MAX_MSG / 2 bytes (a piece of
  * HANDLERS_LEND_PIECE chunks is well under); an AllocReply holds one. */
 static int handlers_send_lends(struct sess *s, uint64_t reply_to, Gmb__Lend *lends, size_t n,
-			       uint32_t followers)
+			       struct handlers_lent kind)
 {
-	bool resume = followers != HANDLERS_ALLOC_REPLY;
+	bool resume = kind.followers != HANDLERS_ALLOC_REPLY;
 	/* Envelope fields around the lends: reply_to, status, more, tags. */
 	const size_t base = 64;
 	Gmb__Lend **ptrs;
@@ -455,7 +516,7 @@ static int handlers_send_lends(struct sess *s, uint64_t reply_to, Gmb__Lend *len
 
 		ptrs[i] = &lends[i];
 		if (i > first && (!resume || bytes + sz > WIRE_MAX_MSG / 2)) {
-			r = handlers_send_lend_part(s, reply_to, ptrs + first, i - first, followers,
+			r = handlers_send_lend_part(s, reply_to, ptrs + first, i - first, kind,
 						    false);
 			if (r < 0)
 				goto out_free;
@@ -464,14 +525,14 @@ static int handlers_send_lends(struct sess *s, uint64_t reply_to, Gmb__Lend *len
 		}
 		bytes += sz;
 	}
-	r = handlers_send_lend_part(s, reply_to, ptrs + first, n - first, followers, true);
+	r = handlers_send_lend_part(s, reply_to, ptrs + first, n - first, kind, true);
 out_free:
 	free(ptrs);
 	return r;
 }
 
 static int handlers_send_lend_part(struct sess *s, uint64_t reply_to, Gmb__Lend **lends, size_t n,
-				   uint32_t followers, bool last)
+				   struct handlers_lent kind, bool last)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__AllocReply ar = GMB__ALLOC_REPLY__INIT;
@@ -479,8 +540,9 @@ static int handlers_send_lend_part(struct sess *s, uint64_t reply_to, Gmb__Lend 
 
 	env.reply_to = reply_to;
 	env.more = !last;
-	if (followers != HANDLERS_ALLOC_REPLY) {
-		rr.followers = last ? followers : 0;
+	if (kind.followers != HANDLERS_ALLOC_REPLY) {
+		rr.followers = last ? kind.followers : 0;
+		rr.given_back = kind.given;
 		rr.n_lends = n;
 		rr.lends = lends;
 		env.body_case = GMB__ENVELOPE__BODY_RESUME_REPLY;

@@ -73,6 +73,7 @@ struct gmb__alloc {
 	/* Under op_lock. */
 	bool mapped;
 	bool saved;	  /* copy holds the bytes of the last pause */
+	bool given;	  /* handed back, saved, while its tag's pause runs (save.c) */
 	bool marked;	  /* scratch: got its lend in the resume at hand */
 	bool ipc_granted; /* $GMB_IPC_GRANT's uids granted at its first share */
 	/* Its export, from gmbd's first handle of it: the later handles are

@@ -93,6 +93,7 @@ static int conn_take_hello(struct gmb__conn *c, const Gmb__Envelope *rep, uint64
 	snprintf(c->devs.backend_kind, sizeof(c->devs.backend_kind), "%s", hr->backend);
 	c->id = hr->client_id;
 	c->devs.release_on_pause = hr->release_on_pause;
+	c->devs.gives_back = hr->gives_back;
 	return conn_take_devices(c, hr, err);
 }
 

@@ -86,6 +86,7 @@ struct gmb__devices {
 	uint8_t uuid[BACKEND_MAX_DEVICES][16]; /* gmbd's devices, by which the backend orders ours */
 	uint64_t device_bytes;		       /* device 0's total, for the host backend */
 	bool release_on_pause; /* gmbd gives paused memory back: let go of its handles */
+	bool gives_back;       /* gmbd takes single allocations back (PauseRequest.alloc_ids) */
 };
 
 struct gmb__conn;

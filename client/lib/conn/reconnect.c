@@ -190,8 +190,10 @@ static int reconnect_hello(struct gmb__conn *c, int fd, uint64_t *next_id)
 		rc = reconnect_refused(c, -ENODEV, "%s",
 				       "gmbd came back with other devices than"
 				       " the ones this client's memory is on");
-	else /* every operation waits for the rejoin: none reads it now */
+	else { /* every operation waits for the rejoin: none reads it now */
 		c->devs.release_on_pause = hr->release_on_pause;
+		c->devs.gives_back = hr->gives_back;
+	}
 	gmb__envelope__free_unpacked(rep, NULL);
 	return rc;
 }

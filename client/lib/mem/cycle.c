@@ -3,16 +3,19 @@
  * back to gmbd and takes it again at the same addresses.
  *
  * Pause: drain the devices once, copy PRESERVE bytes to their host copies
- * (backup.c), unmap each allocation (one call each; the VA stays reserved),
- * then tell gmbd; when gmbd gives paused memory back to the driver, the
- * imported handles of the paused allocations go too, before pause returns. Resume: ask gmbd, adopt each lend as the allocation's last lend
- * (cache.c's rule), map it back to back with one set_access, then restore
- * the bytes per mode. Runs under the operation lock.
+ * (save.c, which may hand saved allocations back as it goes), unmap each
+ * allocation (one call each; the VA stays reserved), then tell gmbd; when
+ * gmbd gives paused memory back to the driver, the imported handles of the
+ * paused allocations go too, before pause returns. Resume: ask gmbd, adopt
+ * each lend as the allocation's last lend (cache.c's rule), map it back to
+ * back with one set_access, then restore the bytes per mode. Runs under
+ * the operation lock.
  *
  * Invariants: an active tag's allocations are all mapped, a paused tag's all
  * unmapped; any failure leaves the tags as they were (mapped and active, or
  * unmapped and paused) and gmbd agreeing: a failed pause maps back the same
- * chunks (still lent to us), a failed resume unmaps and pauses again.
+ * chunks (still lent to us) and has gmbd lend again to those it handed back
+ * (restored from their copies); a failed resume unmaps and pauses again.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -31,12 +34,6 @@ static bool cycle_tag_any(struct gmb__mem *m, bool paused)
 	return false;
 }
 
-/* The tags an operation on @only (NULL: all) in state @paused acts on. */
-static bool cycle_tag_in(const struct gmb__tag *t, const struct gmb__tag *only, bool paused)
-{
-	return (!only || t == only) && t->paused == paused;
-}
-
 /* Pause. */
 
 /* The devices of the allocations of the tags in (@only, @paused). */
@@ -45,7 +42,7 @@ static uint64_t cycle_devices(struct gmb__mem *m, const struct gmb__tag *only, b
 	uint64_t mask = 0;
 
 	for (struct gmb__tag *t = m->tags; t; t = t->next) {
-		if (!cycle_tag_in(t, only, paused))
+		if (!gmb__tag_in(t, only, paused))
 			continue;
 		for (struct gmb__alloc *a = t->allocs; a; a = a->next)
 			mask |= GMB__DEV_BIT(a->dev);
@@ -53,107 +50,36 @@ static uint64_t cycle_devices(struct gmb__mem *m, const struct gmb__tag *only, b
 	return mask;
 }
 
-/* Waits for the contents operations queued on the devices in @mask. */
-static int cycle_wait(struct gmb__mem *m, uint64_t mask, char *err)
-{
-	int first = 0;
-
-	for (int d = 0; d < m->devs->ndevices; d++) {
-		int rc = mask & GMB__DEV_BIT(d) ? m->be->ops->wait(m->be, d) : 0;
-
-		if (rc < 0 && first == 0)
-			first = backend_fail_msg(err, rc, "waiting for the copies to host");
-	}
-	return first;
-}
-
-/* Prepares @a's copy; a pinned one is queued now, *@slow says the rest waits for later. */
-static int cycle_save_queue(struct gmb__mem *m, struct gmb__alloc *a, uint64_t *queued, bool *slow,
-			    char *err)
-{
-	struct backend *be = m->be;
-	int rc = gmb__backup_prepare(m->be, &m->bufs, a, err);
-
-	*slow = false;
-	if (rc < 0)
-		return rc;
-	if (a->copy.how != GMB__COPY_PINNED) {
-		*slow = true;
-		return 0;
-	}
-	rc = gmb__backup_queue(be, a, BACKEND_TO_HOST);
-	if (rc < 0)
-		return backend_fail_msg(err, rc, "saving a preserved allocation");
-	*queued |= GMB__DEV_BIT(a->dev);
-	return 0;
-}
-
-/*
- * PRESERVE allocations: device to host, before anything is unmapped. Pinned
- * copies are all queued first and waited for once, so many small
- * allocations copy back to back at the link's bandwidth; pageable and file
- * copies then go through their pinned pieces one allocation at a time.
- */
-static int cycle_save(struct gmb__mem *m, const struct gmb__tag *only, uint64_t *copied, char *err)
-{
-	uint64_t queued = 0;
-	bool any_slow = false, slow;
-	int rc = 0, wrc;
-
-	for (struct gmb__tag *t = m->tags; t && rc == 0; t = t->next) {
-		if (!cycle_tag_in(t, only, false))
-			continue;
-		for (struct gmb__alloc *a = t->allocs; a && rc == 0; a = a->next) {
-			a->marked = false;
-			if (gmb__alloc_mode(a) != GMB_MODE_PRESERVE)
-				continue;
-			rc = cycle_save_queue(m, a, &queued, &slow, err);
-			a->marked = slow;
-			a->saved = rc == 0 && !slow;
-			any_slow |= slow;
-			if (rc == 0)
-				*copied += a->size;
-		}
-	}
-	/* Even after a failure: queued copies still write the host copies. */
-	wrc = cycle_wait(m, queued, rc ? NULL : err);
-	rc = rc ? rc : wrc;
-	for (struct gmb__tag *t = m->tags; t && rc == 0 && any_slow; t = t->next) {
-		if (!cycle_tag_in(t, only, false))
-			continue;
-		for (struct gmb__alloc *a = t->allocs; a && rc == 0; a = a->next) {
-			if (!a->marked)
-				continue;
-			rc = gmb__backup_save(m->be, &m->bufs, a, err);
-			a->saved = rc == 0;
-		}
-	}
-	return rc;
-}
-
 static int cycle_unmap_tags(struct gmb__mem *m, const struct gmb__tag *only, bool paused,
 			    char *err);
 static void cycle_release(struct gmb__mem *m, const struct gmb__tag *only);
 
+static int cycle_take_back(struct gmb__mem *m, struct gmb__tag *t);
+
 /*
- * Maps again what a failed pause unmapped (the chunks are still ours). A
- * tag one of whose allocations cannot be mapped (a chunk went meanwhile)
- * is paused instead, here and at gmbd as far as it agrees: never "active"
- * with memory unmapped, and resume gets it new memory.
+ * Maps again what a failed pause unmapped (the chunks are still ours), and
+ * has gmbd lend again to what it handed back. A tag one of whose
+ * allocations cannot be mapped (a chunk went meanwhile, or gmbd has no
+ * memory for one handed back) is paused instead, here and at gmbd as far
+ * as it agrees: never "active" with memory unmapped, and resume gets it
+ * new memory (and the saved bytes).
  */
 static void cycle_remap(struct gmb__mem *m, const struct gmb__tag *only)
 {
 	for (struct gmb__tag *t = m->tags; t; t = t->next) {
-		bool failed = false;
+		bool failed;
 
-		if (!cycle_tag_in(t, only, false))
+		if (!gmb__tag_in(t, only, false))
 			continue;
+		failed = cycle_take_back(m, t) < 0;
 		for (struct gmb__alloc *a = t->allocs; a; a = a->next)
-			if (!a->mapped && gmb__mem_map(m, a, NULL) < 0)
+			if (!a->mapped && !a->given && gmb__mem_map(m, a, NULL) < 0)
 				failed = true;
 		if (!failed)
 			continue;
 		cycle_unmap_tags(m, t, false, NULL);
+		for (struct gmb__alloc *a = t->allocs; a; a = a->next)
+			a->given = false;
 		t->paused = true;
 		gmb__mem_send_pause(m, t->name, 0, NULL);
 		cycle_release(m, t);
@@ -163,7 +89,7 @@ static void cycle_remap(struct gmb__mem *m, const struct gmb__tag *only)
 static int cycle_unmap_tags(struct gmb__mem *m, const struct gmb__tag *only, bool paused, char *err)
 {
 	for (struct gmb__tag *t = m->tags; t; t = t->next) {
-		if (!cycle_tag_in(t, only, paused))
+		if (!gmb__tag_in(t, only, paused))
 			continue;
 		for (struct gmb__alloc *a = t->allocs; a; a = a->next) {
 			int rc = a->mapped ? gmb__mem_unmap(m, a, err) : 0;
@@ -178,13 +104,14 @@ static int cycle_unmap_tags(struct gmb__mem *m, const struct gmb__tag *only, boo
 static void cycle_mark(struct gmb__mem *m, const struct gmb__tag *only, bool from, bool to)
 {
 	for (struct gmb__tag *t = m->tags; t; t = t->next) {
-		if (!cycle_tag_in(t, only, from))
+		if (!gmb__tag_in(t, only, from))
 			continue;
 		t->paused = to;
-		if (to)
-			continue;
-		for (struct gmb__alloc *a = t->allocs; a; a = a->next)
-			a->saved = false;
+		for (struct gmb__alloc *a = t->allocs; a; a = a->next) {
+			a->given = false;
+			if (!to)
+				a->saved = false;
+		}
 	}
 }
 
@@ -195,7 +122,7 @@ static void cycle_let_go(struct gmb__mem *m, const struct gmb__tag *only)
 
 	pthread_mutex_lock(&m->conn->lock);
 	for (struct gmb__tag *t = m->tags; t; t = t->next) {
-		if (!cycle_tag_in(t, only, true))
+		if (!gmb__tag_in(t, only, true))
 			continue;
 		for (struct gmb__alloc *a = t->allocs; a; a = a->next)
 			gmb__cache_let_go(&m->tab, a, &rel);
@@ -239,12 +166,12 @@ int gmb__cycle_pause(struct gmb__mem *m, const char *name, char *err)
 	gmb__backup_busy(&m->bufs);
 	mask = cycle_devices(m, only, false);
 	/*
-	 * One drain: the application's work is done after it, and cycle_save
+	 * One drain: the application's work is done after it, and gmb__save()
 	 * waits for its own copies (on the backend's stream) before returning.
 	 */
 	rc = gmb__mem_sync(m, mask, err);
 	if (rc == 0)
-		rc = cycle_save(m, only, &copied, err);
+		rc = gmb__save(m, only, &copied, err);
 	if (rc == 0)
 		rc = cycle_unmap_tags(m, only, false, err);
 	if (rc == 0)
@@ -301,7 +228,7 @@ static int cycle_check_lends(struct gmb__mem *m, const struct gmb__tag *only,
 		struct gmb__alloc *a = lends[i] ? idmap_get(&m->tab.by_id, lends[i]->alloc_id) :
 						  NULL;
 
-		if (!a || a->marked || !cycle_tag_in(a->tag, only, true))
+		if (!a || a->marked || !gmb__tag_in(a->tag, only, true))
 			rc = err_fmt(err, -EPROTO,
 				     "gmbd lent allocation %" PRIu64 " in a resume"
 				     " that does not cover it",
@@ -314,7 +241,7 @@ static int cycle_check_lends(struct gmb__mem *m, const struct gmb__tag *only,
 	pthread_mutex_unlock(&m->conn->lock);
 	for (struct gmb__tag *t = m->tags; t && rc == 0; t = t->next)
 		for (struct gmb__alloc *a = t->allocs; a && rc == 0; a = a->next)
-			if (cycle_tag_in(t, only, true) && !a->marked)
+			if (gmb__tag_in(t, only, true) && !a->marked)
 				rc = err_fmt(err, -EPROTO,
 					     "gmbd's resume left allocation %" PRIu64
 					     " of tag \"%s\" without memory",
@@ -373,12 +300,113 @@ static int cycle_apply_lends(struct gmb__mem *m, const Gmb__Lend **lends, size_t
 	return rc;
 }
 
+/* Ids per lend-again request: they fit one packet with room to spare. */
+#define CYCLE_TAKE_MAX 1024u
+
+static int cycle_cmp_id(const void *x, const void *y)
+{
+	uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+
+	return a < b ? -1 : a > b;
+}
+
+/* Each lend is for a distinct one of @ids (sorted), and mappable; each of them has one. */
+static int cycle_check_given(struct gmb__mem *m, const uint64_t *ids, size_t k,
+			     const Gmb__Lend **lends, size_t n)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&m->conn->lock);
+	for (size_t i = 0; i < k; i++)
+		((struct gmb__alloc *)idmap_get(&m->tab.by_id, ids[i]))->marked = false;
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		struct gmb__alloc *a = idmap_get(&m->tab.by_id, lends[i]->alloc_id);
+
+		if (!a || a->marked ||
+		    !bsearch(&lends[i]->alloc_id, ids, k, sizeof(*ids), cycle_cmp_id))
+			rc = -EPROTO;
+		else
+			rc = gmb__cache_lend_check(&m->tab, a, lends[i], NULL);
+		if (a)
+			a->marked = true;
+	}
+	for (size_t i = 0; i < k && rc == 0; i++)
+		if (!((struct gmb__alloc *)idmap_get(&m->tab.by_id, ids[i]))->marked)
+			rc = -EPROTO;
+	pthread_mutex_unlock(&m->conn->lock);
+	return rc;
+}
+
+/* Allocations @ids, handed back by a pause that failed, lent again, mapped, restored. */
+static int cycle_take_back_ids(struct gmb__mem *m, uint64_t *ids, size_t k)
+{
+	Gmb__Envelope env = GMB__ENVELOPE__INIT;
+	Gmb__ResumeRequest req = GMB__RESUME_REQUEST__INIT;
+	struct gmb__reply rep;
+	struct gmb__lends ls = { 0 };
+	uint64_t mask = 0;
+	int rc, src;
+
+	qsort(ids, k, sizeof(*ids), cycle_cmp_id);
+	req.alloc_ids = ids;
+	req.n_alloc_ids = k;
+	env.body_case = GMB__ENVELOPE__BODY_RESUME;
+	env.resume = &req;
+	rc = gmb__request(m->conn, &env, &rep, NULL);
+	/* A refusal (lends_cleared among them) leaves them given back on both sides. */
+	if (rc == 0 && rep.status < 0)
+		rc = rep.status;
+	if (rc < 0)
+		goto out_rep;
+	rc = cycle_collect_lends(&rep, &ls, NULL);
+	if (rc == 0)
+		rc = cycle_check_given(m, ids, k, ls.v, ls.n);
+	if (rc < 0)
+		goto out_lends;
+	rc = cycle_apply_lends(m, ls.v, ls.n, NULL);
+	/* The restores queued run out before anything is unmapped again. */
+	for (size_t i = 0; i < ls.n; i++)
+		mask |= GMB__DEV_BIT(ls.v[i]->device);
+	src = gmb__mem_sync(m, mask, NULL);
+	rc = rc ? rc : src;
+	for (size_t i = 0; i < ls.n && rc == 0; i++)
+		((struct gmb__alloc *)idmap_get(&m->tab.by_id, ls.v[i]->alloc_id))->given = false;
+out_lends:
+	gmb__cache_lends_free(&ls);
+out_rep:
+	gmb__reply_deinit(&rep);
+	return rc;
+}
+
+/*
+ * The allocations of @t that a pause which failed handed back (save.c):
+ * lent again, mapped and restored from their copies, a packet of ids at a
+ * time. Return: 0, or <0 for a tag that keeps some without memory.
+ */
+static int cycle_take_back(struct gmb__mem *m, struct gmb__tag *t)
+{
+	uint64_t ids[CYCLE_TAKE_MAX];
+	struct gmb__alloc *a = t->allocs;
+	int rc = 0;
+
+	while (rc == 0 && a) {
+		size_t k = 0;
+
+		for (; a && k < CYCLE_TAKE_MAX; a = a->next)
+			if (a->given)
+				ids[k++] = a->id;
+		if (k)
+			rc = cycle_take_back_ids(m, ids, k);
+	}
+	return rc;
+}
+
 /* Puts a failed resume back: unmapped here, paused at gmbd, tag by tag. */
 static void cycle_repause(struct gmb__mem *m, const struct gmb__tag *only)
 {
 	cycle_unmap_tags(m, only, true, NULL);
 	for (struct gmb__tag *t = m->tags; t; t = t->next)
-		if (cycle_tag_in(t, only, true))
+		if (gmb__tag_in(t, only, true))
 			gmb__mem_send_pause(m, t->name, 0, NULL);
 	cycle_release(m, only);
 }
@@ -427,7 +455,7 @@ static void cycle_drop_copies(struct gmb__mem *m, const struct gmb__tag *only)
 	if (gmb__backup_retain())
 		return;
 	for (struct gmb__tag *t = m->tags; t; t = t->next) {
-		if (!cycle_tag_in(t, only, true))
+		if (!gmb__tag_in(t, only, true))
 			continue;
 		for (struct gmb__alloc *a = t->allocs; a; a = a->next)
 			gmb__backup_free(m->be, &m->bufs, a);

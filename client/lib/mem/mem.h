@@ -1,7 +1,7 @@
 /*
  * mem.h - libgmb's memory: allocations and tags (mem.c), pause and resume
- * (cycle.c), and what this client holds as told to gmbd after a restart
- * (rejoin.c).
+ * (cycle.c), a pause's saving of PRESERVE bytes (save.c), and what this
+ * client holds as told to gmbd after a restart (rejoin.c).
  *
  * Layer: below the API (client/lib/api/), above the memory tables
  * (client/lib/cache/) and the connection (client/lib/conn/), which it calls
@@ -63,6 +63,9 @@ struct gmb__mem {
 	bool ipc_follow;	      /* pauses have their importers follow (gmb_set_ipc_follow) */
 	bool ipc_keep; /* closed imports stay mapped for the next open (gmb_set_ipc_keep) */
 	int pack;      /* GMB_PACK_*: which allocations are packed (pack.c) */
+	/* A pause hands allocations back in groups of this many saved bytes
+	 * (save.c); 0: 1 GiB (tests make it smaller). */
+	uint64_t give_bytes;
 	/* Pieces of packs by address (struct gmb__piece), owned by their pack;
 	 * changed under op_lock and the state lock. */
 	struct idmap pieces;
@@ -121,6 +124,15 @@ void gmb__mem_sweep(struct gmb__mem *m);
 void gmb__mem_staged_take(struct gmb__mem *m, struct gmb__staged **out, size_t *n);
 /* Releases staged handles nobody took (a failed or lost open). */
 void gmb__mem_staged_clear(struct gmb__mem *m);
+
+/* The tags an operation on @only (NULL: all) in state @paused acts on. */
+static inline bool gmb__tag_in(const struct gmb__tag *t, const struct gmb__tag *only, bool paused)
+{
+	return (!only || t == only) && t->paused == paused;
+}
+
+/* save.c: the caller holds op_lock, the devices drained. */
+int gmb__save(struct gmb__mem *m, const struct gmb__tag *only, uint64_t *copied, char *err);
 
 /* cycle.c: the caller holds op_lock. @tag NULL or "": every tag. */
 int gmb__cycle_pause(struct gmb__mem *m, const char *tag, char *err);
