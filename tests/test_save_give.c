@@ -23,10 +23,10 @@
 #include "include/gmb.h"
 #include "tests/util.h"
 
-#define MiB   (1ULL << 20)
-#define N     6
-#define SIZE  (8 * MiB)
-#define NLOG  64
+#define MiB  (1ULL << 20)
+#define N    6
+#define SIZE (8 * MiB)
+#define NLOG 64
 
 static struct gmbd_proc gmbd;
 
@@ -48,9 +48,9 @@ TestSuite(save_give, .init = daemon_start, .fini = daemon_stop, .timeout = 60);
 /* The spy on the client's backend. */
 
 struct spy_event {
-	char what;	   /* 'Q': a copy to host queued, 'R': a chunk handle released */
-	uintptr_t va;	   /* Q: the allocation's address */
-	int64_t used;	   /* Q: gmbd's used bytes on device 0 then (-1: not asked) */
+	char what;    /* 'Q': a copy to host queued, 'R': a chunk handle released */
+	uintptr_t va; /* Q: the allocation's address */
+	int64_t used; /* Q: gmbd's used bytes on device 0 then (-1: not asked) */
 };
 
 static struct {
@@ -61,8 +61,8 @@ static struct {
 	int nqueued;
 	int ask_at;  /* the copy queued as this one (1: the first) asks gmbd for its used bytes */
 	int fail_at; /* the copy queued as this one fails */
-	gmb_client *obs;   /* asks gmbd */
-	gmb_client *hog;   /* when set, takes every free byte before the copy fails */
+	gmb_client *obs; /* asks gmbd */
+	gmb_client *hog; /* when set, takes every free byte before the copy fails */
 	void *hogged;
 } spy;
 
@@ -176,7 +176,6 @@ static int log_alloc(unsigned char **p, int k)
 /* Handles released before log entry @at. */
 static int log_released_before(int at)
 {
-
 	int n = 0;
 
 	for (int i = 0; i < at; i++)
@@ -222,7 +221,8 @@ Test(save_give, each_saved_group_goes_back_while_the_next_copies)
 		     used_before - (int64_t)((N - 2) * SIZE)),
 		  "gmbd had %lld bytes of %lld when the last copy began",
 		  (long long)spy.log[log_queued(spy.ask_at)].used, (long long)used_before);
-	cr_assert(eq(i32, log_released_before(spy.nlog), N), "every handle went by the pause's end");
+	cr_assert(eq(i32, log_released_before(spy.nlog), N),
+		  "every handle went by the pause's end");
 	cr_assert(le(i64, status_i64(spy.obs, "used_bytes"), used_before - (int64_t)(N * SIZE)));
 	for (int round = 0; round < 3; round++) {
 		if (round)
@@ -300,7 +300,8 @@ Test(save_give, with_no_memory_to_lend_again_the_failed_pause_ends_paused)
 		for (int k = 1; k <= 4; k++)
 			saved |= log_alloc(p, k) == i;
 		for (size_t j = 0; !saved && j < SIZE; j += 4096)
-			cr_assert(eq(u8, p[i][j], 0), "allocation %d was never saved: zero-filled", i);
+			cr_assert(eq(u8, p[i][j], 0), "allocation %d was never saved: zero-filled",
+				  i);
 	}
 	spy_close(c);
 }

@@ -27,7 +27,7 @@
 /* Bytes saved per group given back ahead of the pause, by default. */
 #define SAVE_GIVE_BYTES (1ULL << 30)
 /* Allocations per group: their ids fit one packet with room to spare. */
-#define SAVE_GIVE_MAX 1024u
+#define SAVE_GIVE_MAX	1024u
 
 /* One pause's saving: the allocations of its tags, in order. */
 struct save_run {
@@ -212,7 +212,8 @@ static int save_slow(struct save_run *r)
 		rc = gmb__backup_save(r->m->be, &r->m->bufs, a, r->err);
 		a->saved = rc == 0;
 		bytes += a->size;
-		if (rc == 0 && r->group && i < last && (bytes >= r->group || i + 1 - from >= SAVE_GIVE_MAX)) {
+		if (rc == 0 && r->group && i < last &&
+		    (bytes >= r->group || i + 1 - from >= SAVE_GIVE_MAX)) {
 			rc = save_give(r, from, i + 1, true);
 			from = i + 1;
 			bytes = 0;
