@@ -354,18 +354,6 @@ static void daemon_stop(void)
 
 TestSuite(client_daemon, .init = daemon_start, .fini = daemon_stop, .timeout = 60);
 
-static int64_t status_i64(gmb_client *c, const char *key)
-{
-	char *json = NULL;
-	int64_t v;
-
-	if (gmb_status_json(c, &json))
-		return -1;
-	v = json_i64(json, key);
-	free(json);
-	return v;
-}
-
 static bool all_zero(const unsigned char *p, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
@@ -386,7 +374,7 @@ Test(client_daemon, three_modes_keep_addresses_over_cycles_of_several_chunks)
 	cr_assert(eq(i32, gmb_malloc(c, (void **)&p, size, 0, "p"), 0), "%s", gmb_last_error(c));
 	cr_assert(eq(i32, gmb_malloc(c, (void **)&z, size, 0, "z"), 0));
 	cr_assert(eq(i32, gmb_malloc(c, (void **)&d, size, 0, "d"), 0));
-	cr_assert(eq(i64, status_i64(c, "used_bytes"), (int64_t)(36 * MiB)));
+	cr_assert(eq(i64, test_status_i64(c, "used_bytes"), (int64_t)(36 * MiB)));
 	test_fill(p, size, 1);
 	for (unsigned round = 0; round < 20; round++) {
 		unsigned char *was[3] = { p, z, d };
@@ -394,7 +382,7 @@ Test(client_daemon, three_modes_keep_addresses_over_cycles_of_several_chunks)
 		memset(z, 0xee, size);
 		memset(d, 0xdd, size);
 		cr_assert(eq(i32, gmb_pause(c, NULL), 0), "%u: %s", round, gmb_last_error(c));
-		cr_assert(eq(i64, status_i64(c, "used_bytes"), 0),
+		cr_assert(eq(i64, test_status_i64(c, "used_bytes"), 0),
 			  "paused memory is back in the pool");
 		cr_assert(eq(i32, gmb_resume(c, NULL), 0), "%u: %s", round, gmb_last_error(c));
 		cr_assert(test_holds(p, size, round + 1), "round %u: preserved bytes", round);
@@ -406,7 +394,7 @@ Test(client_daemon, three_modes_keep_addresses_over_cycles_of_several_chunks)
 	cr_assert(eq(i32, gmb_free(c, p), 0));
 	cr_assert(eq(i32, gmb_free(c, z), 0));
 	cr_assert(eq(i32, gmb_free(c, d), 0));
-	cr_assert(eq(i64, status_i64(c, "used_bytes"), 0));
+	cr_assert(eq(i64, test_status_i64(c, "used_bytes"), 0));
 	gmb_close(c);
 }
 
@@ -429,7 +417,8 @@ Test(client_daemon, trim_of_a_paused_tag_drops_handles_and_resume_brings_new_one
 	cr_assert(eq(i32, gmb_trim(c, -1, &released, &pending), 0), "%s", gmb_last_error(c));
 	cr_assert(eq(u64, released + pending, 8 * MiB));
 	cr_assert(ge(i32, gmb_poll(c, 5000), 1), "the drop counts as a handled request");
-	cr_assert(eq(i64, status_i64(c, "pool_bytes"), 0), "the chunks went back to the driver");
+	cr_assert(eq(i64, test_status_i64(c, "pool_bytes"), 0),
+		  "the chunks went back to the driver");
 	cr_assert(eq(i32, proc_count_fds(getpid()), fds_active - 2), "both chunk handles dropped");
 	cr_assert(eq(i32, gmb_resume(c, "w"), 0), "%s", gmb_last_error(c));
 	cr_assert(test_holds(p, 8 * MiB, 7), "preserved across new chunks");
@@ -569,7 +558,7 @@ Test(client_daemon, threads_allocate_free_and_cycle_at_once)
 		pthread_join(th[i], NULL);
 		cr_expect(eq(i32, t[i].failures, 0), "thread %d: %s", i, gmb_last_error(c));
 	}
-	cr_assert(eq(i64, status_i64(c, "used_bytes"), 0));
+	cr_assert(eq(i64, test_status_i64(c, "used_bytes"), 0));
 	gmb_close(c);
 }
 

@@ -66,18 +66,6 @@ static struct {
 	void *hogged;
 } spy;
 
-static int64_t status_i64(gmb_client *c, const char *key)
-{
-	char *json = NULL;
-	int64_t v;
-
-	if (gmb_status_json(c, &json))
-		return -1;
-	v = json_i64(json, key);
-	free(json);
-	return v;
-}
-
 static void spy_log(char what, uintptr_t va, int64_t used)
 {
 	if (spy.nlog < NLOG)
@@ -90,11 +78,11 @@ static int spy_contents_queue(struct backend *b, int dev, enum backend_contents 
 	if (op != BACKEND_TO_HOST)
 		return spy.real->contents_queue(b, dev, op, host, va, size);
 	spy.nqueued++;
-	spy_log('Q', va, spy.nqueued == spy.ask_at ? status_i64(spy.obs, "used_bytes") : -1);
+	spy_log('Q', va, spy.nqueued == spy.ask_at ? test_status_i64(spy.obs, "used_bytes") : -1);
 	if (spy.nqueued != spy.fail_at)
 		return spy.real->contents_queue(b, dev, op, host, va, size);
 	if (spy.hog) {
-		int64_t avail = status_i64(spy.obs, "available_bytes");
+		int64_t avail = test_status_i64(spy.obs, "available_bytes");
 
 		if (avail > 0 && gmb_malloc(spy.hog, &spy.hogged, (size_t)avail, 0, "hog") != 0)
 			spy.hogged = NULL;
@@ -198,6 +186,22 @@ static void tag_state(const char *tag, char *out, size_t cap)
 	free(json);
 }
 
+/* Resume "w": every byte back; then both clients close. */
+static void resume_holds_close(gmb_client *c, unsigned char **p)
+{
+	cr_assert(eq(i32, gmb_resume(c, "w"), 0), "%s", gmb_last_error(c));
+	cr_assert(all_hold(p, 0, N));
+	spy_close(c);
+}
+
+/* Pause "w" keeping every handle until the last copy is queued. */
+static void pause_in_one_step(gmb_client *c)
+{
+	cr_assert(eq(i32, gmb_pause(c, "w"), 0), "%s", gmb_last_error(c));
+	cr_assert(eq(i32, log_released_before(log_queued(N)), 0),
+		  "a handle went before the last copy");
+}
+
 Test(save_give, each_saved_group_goes_back_while_the_next_copies)
 {
 	gmb_client *c = spy_connect("giver");
@@ -205,7 +209,7 @@ Test(save_give, each_saved_group_goes_back_while_the_next_copies)
 	int64_t used_before;
 
 	alloc_all(c, "w", p);
-	used_before = status_i64(spy.obs, "used_bytes");
+	used_before = test_status_i64(spy.obs, "used_bytes");
 	cr_assert(ge(i64, used_before, (int64_t)(N * SIZE)));
 	spy.ask_at = N;
 	cr_assert(eq(i32, gmb_pause(c, "w"), 0), "%s", gmb_last_error(c));
@@ -223,7 +227,8 @@ Test(save_give, each_saved_group_goes_back_while_the_next_copies)
 		  (long long)spy.log[log_queued(spy.ask_at)].used, (long long)used_before);
 	cr_assert(eq(i32, log_released_before(spy.nlog), N),
 		  "every handle went by the pause's end");
-	cr_assert(le(i64, status_i64(spy.obs, "used_bytes"), used_before - (int64_t)(N * SIZE)));
+	cr_assert(
+		le(i64, test_status_i64(spy.obs, "used_bytes"), used_before - (int64_t)(N * SIZE)));
 	for (int round = 0; round < 3; round++) {
 		if (round)
 			cr_assert(eq(i32, gmb_pause(c, "w"), 0), "%s", gmb_last_error(c));
@@ -240,12 +245,8 @@ Test(save_give, a_small_pause_keeps_its_memory_until_it_ends)
 
 	alloc_all(c, "w", p);
 	c->mem.give_bytes = N * SIZE; /* one group: nothing to overlap */
-	cr_assert(eq(i32, gmb_pause(c, "w"), 0), "%s", gmb_last_error(c));
-	cr_assert(eq(i32, log_released_before(log_queued(N)), 0),
-		  "a handle went before the last copy");
-	cr_assert(eq(i32, gmb_resume(c, "w"), 0), "%s", gmb_last_error(c));
-	cr_assert(all_hold(p, 0, N));
-	spy_close(c);
+	pause_in_one_step(c);
+	resume_holds_close(c, p);
 }
 
 Test(save_give, a_pause_that_fails_after_giving_back_lends_again_and_restores)
@@ -256,7 +257,7 @@ Test(save_give, a_pause_that_fails_after_giving_back_lends_again_and_restores)
 	int64_t used;
 
 	alloc_all(c, "w", p);
-	used = status_i64(spy.obs, "used_bytes");
+	used = test_status_i64(spy.obs, "used_bytes");
 	spy.fail_at = 5;
 	cr_assert(eq(i32, gmb_pause(c, "w"), -EIO));
 	cr_assert(not(eq(ptr, strstr(gmb_last_error(c), "this copy fails"), NULL)), "%s",
@@ -266,12 +267,10 @@ Test(save_give, a_pause_that_fails_after_giving_back_lends_again_and_restores)
 	cr_assert(all_hold(p, 0, N), "every byte where it was");
 	tag_state("w", state, sizeof(state));
 	cr_assert(eq(str, state, "active"));
-	cr_assert(eq(i64, status_i64(spy.obs, "used_bytes"), used), "gmbd lends it all again");
+	cr_assert(eq(i64, test_status_i64(spy.obs, "used_bytes"), used), "gmbd lends it all again");
 	spy.fail_at = 0;
 	cr_assert(eq(i32, gmb_pause(c, "w"), 0), "%s", gmb_last_error(c));
-	cr_assert(eq(i32, gmb_resume(c, "w"), 0), "%s", gmb_last_error(c));
-	cr_assert(all_hold(p, 0, N));
-	spy_close(c);
+	resume_holds_close(c, p);
 }
 
 Test(save_give, with_no_memory_to_lend_again_the_failed_pause_ends_paused)
@@ -313,16 +312,14 @@ Test(save_give, a_tag_another_process_may_map_keeps_its_memory_until_the_pause)
 
 	alloc_all(c, "w", p);
 	cr_assert(eq(i32, gmb_ipc_get_handle(c, p[1], handle), 0), "%s", gmb_last_error(c));
-	cr_assert(eq(i32, gmb_pause(c, "w"), 0), "%s", gmb_last_error(c));
-	cr_assert(eq(i32, log_released_before(log_queued(N)), 0),
-		  "a handle went before the last copy");
-	cr_assert(eq(i32, gmb_resume(c, "w"), 0), "%s", gmb_last_error(c));
-	cr_assert(all_hold(p, 0, N));
-	spy_close(c);
+	pause_in_one_step(c);
+	resume_holds_close(c, p);
 }
 
-/* A request with alloc_ids straight to gmbd: its status. */
-static int send_ids(gmb_client *c, bool resume, uint64_t *ids, size_t n)
+/* A request with alloc_ids straight to gmbd (a give-back lets go of the
+ * handles when @released): its status, gmbd's sentence in @err (may be NULL). */
+static int send_ids_err(gmb_client *c, bool resume, bool released, uint64_t *ids, size_t n,
+			char *err)
 {
 	Gmb__Envelope env = GMB__ENVELOPE__INIT;
 	Gmb__PauseRequest pr = GMB__PAUSE_REQUEST__INIT;
@@ -338,12 +335,18 @@ static int send_ids(gmb_client *c, bool resume, uint64_t *ids, size_t n)
 	} else {
 		pr.alloc_ids = ids;
 		pr.n_alloc_ids = n;
+		pr.handles_released = released;
 		env.body_case = GMB__ENVELOPE__BODY_PAUSE;
 		env.pause = &pr;
 	}
-	rc = gmb__request(c->mem.conn, &env, &rep, NULL);
+	rc = gmb__request(c->mem.conn, &env, &rep, err);
 	gmb__reply_deinit(&rep);
 	return rc;
+}
+
+static int send_ids(gmb_client *c, bool resume, uint64_t *ids, size_t n)
+{
+	return send_ids_err(c, resume, false, ids, n, NULL);
 }
 
 Test(save_give, gmbd_refuses_ids_it_cannot_act_on)
@@ -362,7 +365,34 @@ Test(save_give, gmbd_refuses_ids_it_cannot_act_on)
 	cr_assert(eq(i32, gmb_pause(c, "w"), 0), "%s", gmb_last_error(c));
 	cr_assert(eq(i32, send_ids(c, false, &id, 1), 0), "give back: lends nothing, a no-op");
 	cr_assert(eq(i32, send_ids(c, true, &id, 1), -EBUSY), "lend again: of a paused tag");
-	cr_assert(eq(i32, gmb_resume(c, "w"), 0), "%s", gmb_last_error(c));
-	cr_assert(all_hold(p, 0, N), "nothing above changed a byte");
+	resume_holds_close(c, p);
+}
+
+Test(save_give, a_lend_again_whose_fds_cannot_be_sent_leaves_the_tag_active)
+{
+	gmb_client *c = spy_connect("nofds");
+	unsigned char *p[N];
+	char err[512], state[8];
+	struct rlimit old;
+	uint64_t id;
+	long room;
+
+	alloc_all(c, "w", p);
+	id = c->mem.tags->allocs->id;
+	/* Given back with its handles, as a pause would; gmbd releases it. */
+	cr_assert(eq(i32, send_ids_err(c, false, true, &id, 1, NULL), 0));
+	/* Room for the new chunk's memfd, none for the fd to send. */
+	room = test_fd_room(gmbd.pid, 1);
+	cr_assert(ge(i64, room, 0), "gmbd's fd table is full");
+	cr_assert(eq(i32, test_set_nofile(gmbd.pid, (rlim_t)room, &old), 0));
+	cr_assert(eq(i32, send_ids_err(c, true, false, &id, 1, err), -EMFILE), "%s", err);
+	cr_assert(not(eq(ptr, strstr(err, "the allocations stay given back"), NULL)), "%s", err);
+	cr_assert(eq(i32, test_set_nofile(gmbd.pid, old.rlim_cur, NULL), 0));
+	tag_state("w", state, sizeof(state));
+	cr_assert(eq(str, state, "active"), "the other allocations are still lent");
+	cr_assert(eq(i64, test_status_i64(spy.obs, "used_bytes"), (int64_t)((N - 1) * SIZE)),
+		  "the undelivered lend is not counted");
+	cr_assert(eq(i32, send_ids(c, true, &id, 1), 0), "lent again once the fds can go");
+	cr_assert(eq(i64, test_status_i64(spy.obs, "used_bytes"), (int64_t)(N * SIZE)));
 	spy_close(c);
 }

@@ -11,9 +11,12 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <pthread.h>
 #include <sys/resource.h>
 #include <sys/types.h>
+
+#include "include/gmb.h"
 
 struct gmbd_proc {
 	pid_t pid;
@@ -111,6 +114,20 @@ int run_capture(char *const argv[], const char *const envp_extra[], char *out, c
 int64_t json_i64(const char *json, const char *key);
 /* Same, but after the first occurrence of @after (to reach a nested object). */
 int64_t json_i64_after(const char *json, const char *after, const char *key);
+/* The first integer after "key" in gmbd's status document as @c reads it
+ * (e.g. device 0's "used_bytes"); -1 when the status fails. Inline: only
+ * the tests that call it link libgmb for it. */
+static inline int64_t test_status_i64(gmb_client *c, const char *key)
+{
+	char *json = NULL;
+	int64_t v;
+
+	if (gmb_status_json(c, &json))
+		return -1;
+	v = json_i64(json, key);
+	free(json);
+	return v;
+}
 
 /* Wait until @pred(@arg) is true, polling every 10 ms up to @ms. 0 or -ETIMEDOUT. */
 int wait_until(int (*pred)(void *), void *arg, int ms);

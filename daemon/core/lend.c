@@ -632,6 +632,10 @@ static void lend_commit(struct broker *br, struct bclient *c, struct lend_step *
 	}
 }
 
+/* The lends of @steps made and committed, or none of them (@res failed). */
+static int lend_resume_run(struct broker *br, struct bclient *c, struct lend_step *steps, size_t n,
+			   struct broker_result *res, char *err);
+
 static void lend_mark_resumed(struct bclient *c, struct btag *only)
 {
 	uint64_t seq = ++c->resumes;
@@ -707,12 +711,9 @@ int lend_resume(struct broker *br, struct bclient *c, const char *tag, struct br
 			err_fmt(err, 0, "cannot resume tag '%s' of '%s': ", only->name, c->name);
 		else
 			err_fmt(err, 0, "cannot resume the tags of '%s': ", c->name);
-		rc = lend_resume_steps(br, c, steps, n, res, err);
+		rc = lend_resume_run(br, c, steps, n, res, err);
 		if (rc < 0)
-			goto err_mem;
-		lend_commit(br, c, steps, n, res);
-		if (err)
-			err[0] = '\0';
+			goto err_steps;
 	}
 	lend_mark_resumed(c, only);
 	log_debug("resume client=%s tag=%s allocs=%zu send=%zu", c->name, only ? only->name : "*",
@@ -721,9 +722,25 @@ int lend_resume(struct broker *br, struct bclient *c, const char *tag, struct br
 	return 0;
 
 err_mem:
-	free(steps);
 	lend_result_fail(res);
+err_steps:
+	free(steps);
 	return rc;
+}
+
+static int lend_resume_run(struct broker *br, struct bclient *c, struct lend_step *steps, size_t n,
+			   struct broker_result *res, char *err)
+{
+	int rc = lend_resume_steps(br, c, steps, n, res, err);
+
+	if (rc < 0) {
+		lend_result_fail(res);
+		return rc;
+	}
+	lend_commit(br, c, steps, n, res);
+	if (err)
+		err[0] = '\0';
+	return 0;
 }
 
 /* Ascending, for the duplicate check of lend_resume_given(). */
@@ -790,15 +807,11 @@ int lend_resume_given(struct broker *br, struct bclient *c, const uint64_t *ids,
 			steps[k++] = (struct lend_step){ .a = a };
 	}
 	err_fmt(err, 0, "cannot lend again to %zu allocations of '%s': ", given, c->name);
-	rc = lend_resume_steps(br, c, steps, given, res, err);
-	if (rc < 0)
-		goto err_mem;
-	lend_commit(br, c, steps, given, res);
-	if (err)
-		err[0] = '\0';
-	log_debug("lend again client=%s allocs=%zu send=%zu", c->name, given, res->nsend);
+	rc = lend_resume_run(br, c, steps, given, res, err);
+	if (rc == 0)
+		log_debug("lend again client=%s allocs=%zu send=%zu", c->name, given, res->nsend);
 	free(steps);
-	return 0;
+	return rc;
 
 err_mem:
 	free(steps);
