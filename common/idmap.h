@@ -31,5 +31,12 @@ void *idmap_del(struct idmap *m, uint64_t key);
 
 /* Iteration: for (size_t i = 0; idmap_next(m, &i, &k, &v);) */
 int idmap_next(const struct idmap *m, size_t *iter, uint64_t *key, void **val);
+/* Ascending order of ids, for qsort() and bsearch() over a uint64_t array. */
+static inline int idmap_cmp_key(const void *x, const void *y)
+{
+	uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+
+	return a < b ? -1 : a > b;
+}
 
 #endif

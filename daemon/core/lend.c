@@ -743,14 +743,6 @@ static int lend_resume_run(struct broker *br, struct bclient *c, struct lend_ste
 	return 0;
 }
 
-/* Ascending, for the duplicate check of lend_resume_given(). */
-static int lend_cmp_id(const void *x, const void *y)
-{
-	uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
-
-	return a < b ? -1 : a > b;
-}
-
 /* @ids name allocations of @c's active tags, each once; how many lend nothing. */
 static int lend_given_check(struct bclient *c, const uint64_t *ids, size_t n, size_t *given,
 			    char *err)
@@ -762,7 +754,7 @@ static int lend_given_check(struct bclient *c, const uint64_t *ids, size_t n, si
 	if (!sorted)
 		return err_fmt(err, -ENOMEM, "out of memory checking %zu allocations", n);
 	memcpy(sorted, ids, n * sizeof(*ids));
-	qsort(sorted, n, sizeof(*sorted), lend_cmp_id);
+	qsort(sorted, n, sizeof(*sorted), idmap_cmp_key);
 	for (size_t i = 0; i < n && rc == 0; i++) {
 		const struct balloc *a = idmap_get(&c->allocs, sorted[i]);
 

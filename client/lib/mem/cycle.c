@@ -303,13 +303,6 @@ static int cycle_apply_lends(struct gmb__mem *m, const Gmb__Lend **lends, size_t
 /* Ids per lend-again request: they fit one packet with room to spare. */
 #define CYCLE_TAKE_MAX 1024u
 
-static int cycle_cmp_id(const void *x, const void *y)
-{
-	uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
-
-	return a < b ? -1 : a > b;
-}
-
 /* Each lend is for a distinct one of @ids (sorted), and mappable; each of them has one. */
 static int cycle_check_given(struct gmb__mem *m, const uint64_t *ids, size_t k,
 			     const Gmb__Lend **lends, size_t n)
@@ -323,7 +316,7 @@ static int cycle_check_given(struct gmb__mem *m, const uint64_t *ids, size_t k,
 		struct gmb__alloc *a = idmap_get(&m->tab.by_id, lends[i]->alloc_id);
 
 		if (!a || a->marked ||
-		    !bsearch(&lends[i]->alloc_id, ids, k, sizeof(*ids), cycle_cmp_id))
+		    !bsearch(&lends[i]->alloc_id, ids, k, sizeof(*ids), idmap_cmp_key))
 			rc = -EPROTO;
 		else
 			rc = gmb__cache_lend_check(&m->tab, a, lends[i], NULL);
@@ -347,7 +340,7 @@ static int cycle_take_back_ids(struct gmb__mem *m, uint64_t *ids, size_t k)
 	uint64_t mask = 0;
 	int rc, src;
 
-	qsort(ids, k, sizeof(*ids), cycle_cmp_id);
+	qsort(ids, k, sizeof(*ids), idmap_cmp_key);
 	req.alloc_ids = ids;
 	req.n_alloc_ids = k;
 	env.body_case = GMB__ENVELOPE__BODY_RESUME;
