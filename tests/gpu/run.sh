@@ -241,6 +241,8 @@ scenario map_probe 120 "$B/map_probe"
 scenario lend_probe 120 "$B/lend_probe"
 # What a create costs right after a release, by which process released.
 scenario scrub_probe 120 "$B/scrub_probe"
+# Whether the last releases of a pause go faster split between two processes.
+scenario release_probe 180 "$B/release_probe"
 # Whether one chunk can back several allocations, mapped at offsets into it.
 scenario slice_probe 240 "$B/slice_probe"
 # What an allocation and a resume cost made here or lent, with gmbd's and
