@@ -43,8 +43,8 @@ LIBS := -luv -lsystemd $(LIB_LIBS)
 TEST_LIBS := -lcriterion
 
 COMMON_SRC := common/env.c common/err.c common/deadline.c common/spin.c common/log.c common/wire.c common/idmap.c common/size.c common/ratelog.c common/ipc_handle.c common/objname.c \
-	common/backend/error.c common/backend/open.c common/backend/host.c common/backend/cuda.c \
-	common/backend/cuda_error.c common/backend/cuda_contents.c common/backend/nvml.c
+	common/backend/error.c common/backend/open.c common/backend/host.c common/backend/host_va.c \
+	common/backend/cuda.c common/backend/cuda_error.c common/backend/cuda_contents.c common/backend/nvml.c
 PROTO_SRC := proto/gmb.pb-c.c
 # The daemon's layers, bottom up: core, persist, handlers, transport; the
 # service (main) wires them; system is the service manager's glue.

@@ -1,8 +1,9 @@
 /*
- * test_backend_host.c - common/backend/host.c keeps the CUDA driver's rules
- * with host memory: chunks share bytes through their fds, every rule
- * violation is refused (and leaves memory as it was), unmap keeps the VA
- * reserved, access needs set_access, and contents helpers move bytes.
+ * test_backend_host.c - the host backend (common/backend/host.c, host_va.c)
+ * keeps the CUDA driver's rules with host memory: chunks share bytes through
+ * their fds, every rule violation is refused (and leaves memory as it was),
+ * unmap keeps the VA reserved, access needs set_access, and contents helpers
+ * move bytes.
  */
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
