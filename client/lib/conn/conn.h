@@ -3,12 +3,14 @@
  * the reader and worker threads, request/reply matching, and the gate that
  * serializes the operations changing memory.
  *
- * Layer: the bottom of libgmb. conn.c knows the envelope's framing and
- * which packets are replies, requests or a Bye, never what a lend or a
- * control command means: it hands those to the callbacks (struct
- * gmb__conn_cbs) that the layers above register before the threads start.
- * It includes only common/ and the wire types. reconnect.c sits on top of
- * it (client/lib/conn/reconnect.h) and is reached through cbs.reconnect.
+ * Layer: the bottom of libgmb. conn.c (the socket, hello, the threads)
+ * and request.c (requests, replies, the operation gate) know the
+ * envelope's framing and which packets are replies, requests or a Bye,
+ * never what a lend or a control command means: they hand those to the
+ * callbacks (struct gmb__conn_cbs) that the layers above register before
+ * the threads start. They include only common/ and the wire types.
+ * reconnect.c sits on top of them (client/lib/conn/reconnect.h) and is
+ * reached through cbs.reconnect.
  *
  * Threads: the application's threads make requests; the reader thread owns
  * every read of the socket (replies, imports of chunk fds, DropRequests);
@@ -184,6 +186,8 @@ struct gmb__conn {
 /* Events kept for an application that reads them late; more are counted lost. */
 #define GMB__MAX_EVENTS 4096
 
+/* conn.c: the connection's life, the reader and the worker. */
+
 /* gmb__conn_init() - locks, conditions and queues of a connection not yet open. */
 void gmb__conn_init(struct gmb__conn *c);
 /* gmb__conn_deinit() - after gmb__conn_stop() and close of the socket. */
@@ -193,12 +197,17 @@ int gmb__conn_open(struct gmb__conn *c, const char *path, const char *name, unsi
 int gmb__conn_start(struct gmb__conn *c, char *err);
 void gmb__conn_stop(struct gmb__conn *c);
 void gmb__conn_closing(struct gmb__conn *c);
+
+/* request.c: requests and their replies, and the operation gate. */
+
 int gmb__request(struct gmb__conn *c, Gmb__Envelope *env, struct gmb__reply *rep, char *err);
 /* gmb__request() of a request answered with a status only (the reply let go of). */
 int gmb__request_status(struct gmb__conn *c, Gmb__Envelope *env, char *err);
 void gmb__reply_deinit(struct gmb__reply *rep);
 /* Records the first import failure of @rep (for cbs.import). */
 void gmb__reply_import_fail(struct gmb__reply *rep, int rc, const char *what, uint64_t id);
+/* The reader's: files reply part @env with its request; consumes @env and @fds. */
+void gmb__request_on_reply(struct gmb__conn *c, Gmb__Envelope *env, int *fds, int nfds);
 /* Answers gmbd's request @reply_to on connection @gen (dropped on another). */
 int gmb__send_reply(struct gmb__conn *c, uint64_t gen, uint64_t reply_to, int status,
 		    const char *error);
