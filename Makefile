@@ -64,15 +64,14 @@ DAEMON_MAIN := daemon/service/main.c
 # libgmb, top down: the API, the hooks above it (regions, the default client,
 # the PyTorch entry points), memory, the tables, the connection. The LD_PRELOAD
 # shim is a library of its own that loads libgmb at run time (no NEEDED on it).
-LIB_SRC := client/lib/api/api.c client/lib/api/object.c client/lib/api/status_json.c \
+LIB_SRC := client/lib/api/api.c client/lib/api/query.c client/lib/api/object.c client/lib/api/status_json.c \
 	client/lib/api/status_table.c client/lib/api/status_top.c client/lib/api/watch_format.c \
 	client/lib/hook/region.c client/lib/hook/default.c client/lib/hook/alloc.c \
 	client/lib/hook/torch.c client/lib/hook/libpath.c client/lib/hook/tms.c client/lib/hook/ipc.c \
 	client/lib/mem/mem.c client/lib/mem/cycle.c client/lib/mem/rejoin.c client/lib/mem/backup.c client/lib/mem/pack.c \
-	client/lib/ipc/ipc.c client/lib/cache/cache.c client/lib/conn/conn.c client/lib/conn/reconnect.c
+	client/lib/ipc/ipc.c client/lib/cache/cache.c client/lib/conn/conn.c client/lib/conn/request.c client/lib/conn/reconnect.c
 # The retained pinned copies made ahead of the first pause (backup.c's).
 LIB_SRC += client/lib/mem/prep.c client/lib/mem/save.c
-LIB_SRC += client/lib/conn/request.c
 PRELOAD_SRC := client/preload/preload.c client/preload/ipc.c common/env.c common/err.c
 # gmbctl, top down: main, the parser and its checks, the help, the tables,
 # the commands (one-shot and live), connecting and reporting failures.

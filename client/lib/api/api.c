@@ -1,14 +1,19 @@
 /*
- * api.c - the exported functions of include/gmb.h.
+ * api.c - the exported functions of include/gmb.h that act on this client
+ * itself: connect and close, malloc and free, a tag's mode, pause and
+ * resume, the control handler and gmb_poll(), the settings (wait, IPC,
+ * packing) and the errors (gmb_strerror(), gmb_last_error()).
  *
  * Each public call checks its arguments, runs the internal operation under
  * the right lock and, on failure, copies the operation's message into the
- * client's last_error under the state lock. Operations that change memory
- * (malloc, free, mode, pause, resume) hold op_lock, which the worker thread
- * also takes to carry out gmbd's ControlCommands, so a remote pause never
- * interleaves with the application's own calls. Queries (status, control of
- * another client, trim) only make a round trip and take no op_lock, so a
- * gmb_control() aimed at this very client cannot deadlock.
+ * client's last_error under the state lock (gmb__api_done(), query.c's too).
+ * Operations that change memory (malloc, free, mode, pause, resume) hold
+ * op_lock, which the worker thread also takes to carry out gmbd's
+ * ControlCommands, so a remote pause never interleaves with the
+ * application's own calls. Queries (status, control of another client,
+ * trim, switch, priority, watch) only make a round trip and take no
+ * op_lock, so a gmb_control() aimed at this very client cannot deadlock:
+ * they live apart, in query.c.
  *
  * While gmbd is away (a restart), every call that needs it waits for the
  * library to reconnect, at most $GMB_RECONNECT_TIMEOUT seconds (default
@@ -16,7 +21,6 @@
  * gmb_last_error(). Memory stays mapped and usable meanwhile.
  */
 #include <errno.h>
-#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,17 +28,15 @@
 #include <unistd.h>
 
 #include "client/lib/api/client.h"
-#include "client/lib/api/status_json.h"
 #include "client/lib/conn/reconnect.h"
 #include "common/deadline.h"
 #include "common/env.h"
-#include "common/size.h"
 
 /* gmb_connect() fails before there is a client to hold the reason: the
  * calling thread keeps it, for gmb_last_error(NULL). */
 static __thread char api_connect_error[ERR_MSG_MAX];
 
-static int api_done(struct gmb_client *c, int rc, const char *err)
+int gmb__api_done(struct gmb_client *c, int rc, const char *err)
 {
 	if (rc >= 0)
 		return rc;
@@ -85,17 +87,6 @@ static int api_ipc_env(struct gmb_client *c, char *err)
 		g = *end ? end + 1 : end;
 	}
 	return 0;
-}
-
-/* The wait for requests that take no op_lock (written under both locks). */
-static uint32_t api_wait(struct gmb_client *c)
-{
-	uint32_t ms;
-
-	pthread_mutex_lock(&c->conn.lock);
-	ms = c->mem.wait_ms;
-	pthread_mutex_unlock(&c->conn.lock);
-	return ms;
 }
 
 static void api_client_free(struct gmb_client *c)
@@ -220,7 +211,7 @@ int gmb__malloc_how(struct gmb_client *c, void **ptr, size_t size, int device, c
 	gmb__op_begin(&c->conn);
 	rc = gmb__mem_malloc(&c->mem, ptr, size, device, tag, how, peers, pc, err);
 	gmb__op_end(&c->conn);
-	return api_done(c, rc, err);
+	return gmb__api_done(c, rc, err);
 }
 
 GMB_API int gmb_free(gmb_client *c, void *ptr)
@@ -240,7 +231,7 @@ GMB_API int gmb_free(gmb_client *c, void *ptr)
 	else
 		rc = gmb__mem_free(&c->mem, ptr, err);
 	gmb__op_end(&c->conn);
-	return api_done(c, rc, err);
+	return gmb__api_done(c, rc, err);
 }
 
 GMB_API int gmb_tag_set_mode(gmb_client *c, const char *tag, int mode)
@@ -253,7 +244,7 @@ GMB_API int gmb_tag_set_mode(gmb_client *c, const char *tag, int mode)
 	gmb__op_begin(&c->conn);
 	rc = gmb__mem_set_mode(&c->mem, tag, mode, err);
 	gmb__op_end(&c->conn);
-	return api_done(c, rc, err);
+	return gmb__api_done(c, rc, err);
 }
 
 /* Pause or resume under op_lock; @err receives the reason. A resume may
@@ -297,7 +288,7 @@ GMB_API int gmb_pause(gmb_client *c, const char *tag)
 
 	if (!c)
 		return -EINVAL;
-	return api_done(c, api_pause_resume(c, GMB_OP_PAUSE, tag, 0, false, err), err);
+	return gmb__api_done(c, api_pause_resume(c, GMB_OP_PAUSE, tag, 0, false, err), err);
 }
 
 GMB_API int gmb_resume(gmb_client *c, const char *tag)
@@ -306,7 +297,7 @@ GMB_API int gmb_resume(gmb_client *c, const char *tag)
 
 	if (!c)
 		return -EINVAL;
-	return api_done(c, api_pause_resume(c, GMB_OP_RESUME, tag, 0, false, err), err);
+	return gmb__api_done(c, api_pause_resume(c, GMB_OP_RESUME, tag, 0, false, err), err);
 }
 
 /* Tells gmbd whether a handler is installed; a reconnect's hello says it
@@ -341,7 +332,7 @@ GMB_API int gmb_set_control_handler(gmb_client *c, gmb_control_fn fn, void *arg)
 	pthread_mutex_unlock(&c->conn.lock);
 	if (!changed || (c->conn.flags & GMB_CONNECT_TOOL))
 		return 0;
-	return api_done(c, api_send_control_state(c, fn != NULL, err), err);
+	return gmb__api_done(c, api_send_control_state(c, fn != NULL, err), err);
 }
 
 /* The handler runs without any library lock held, so it may call gmb_* itself. */
@@ -426,7 +417,7 @@ GMB_API int gmb_poll(gmb_client *c, int timeout_ms)
 	snprintf(msg, sizeof(msg), "%s",
 		 c->conn.lost_msg[0] ? c->conn.lost_msg : "the connection to gmbd is lost");
 	pthread_mutex_unlock(&c->conn.lock);
-	return api_done(c, rc, msg);
+	return gmb__api_done(c, rc, msg);
 }
 
 GMB_API const char *gmb_strerror(int err)
@@ -449,311 +440,6 @@ GMB_API const char *gmb_last_error(const gmb_client *c)
 GMB_API uint64_t gmb_client_id(const gmb_client *c)
 {
 	return c ? c->conn.id : 0;
-}
-
-/* A query: one round trip, the last part's body of @want kind or -EPROTO. */
-static int api_query(struct gmb_client *c, Gmb__Envelope *env, int want, struct gmb__reply *rep,
-		     const Gmb__Envelope **last, char *err)
-{
-	int rc = gmb__request(&c->conn, env, rep, err);
-
-	if (rc < 0)
-		return rc;
-	*last = rep->parts[rep->nparts - 1];
-	if ((int)(*last)->body_case != want)
-		return err_fmt(err, -EPROTO, "gmbd answered with message %d, not %d",
-			       (int)(*last)->body_case, want);
-	return 0;
-}
-
-/* A status reply's parts as one: pointers into the parts, but for the
- * clients whose tags came in several entries (malloc'd copies). */
-struct api_status_joined {
-	Gmb__StatusReply sr;
-	Gmb__ImportInfo **imports; /* of every part, in order */
-	Gmb__ObjectInfo **objects; /* likewise */
-	Gmb__ClientInfo **clients;
-	Gmb__ClientInfo *copies;
-	size_t ncopies;
-};
-
-static void api_status_unjoin(struct api_status_joined *j)
-{
-	for (size_t i = 0; i < j->ncopies; i++)
-		free(j->copies[i].tags);
-	free(j->copies);
-	free(j->clients);
-	free(j->imports);
-	free(j->objects);
-}
-
-/* Entry @ci continues @prev (its last client): its tags are added to a copy. */
-static int api_status_continue(struct api_status_joined *j, Gmb__ClientInfo **prev,
-			       const Gmb__ClientInfo *ci)
-{
-	Gmb__ClientInfo *c = *prev;
-	Gmb__TagInfo **tags;
-
-	if (c < j->copies || c >= j->copies + j->ncopies) {
-		c = &j->copies[j->ncopies++];
-		*c = **prev;
-		c->tags = NULL;
-		c->n_tags = 0;
-		tags = malloc(((*prev)->n_tags + ci->n_tags + 1) * sizeof(*tags));
-		if (!tags)
-			return -ENOMEM;
-		memcpy(tags, (*prev)->tags, (*prev)->n_tags * sizeof(*tags));
-		c->tags = tags;
-		c->n_tags = (*prev)->n_tags;
-		*prev = c;
-	} else {
-		tags = realloc(c->tags, (c->n_tags + ci->n_tags + 1) * sizeof(*tags));
-		if (!tags)
-			return -ENOMEM;
-		c->tags = tags;
-	}
-	memcpy(c->tags + c->n_tags, ci->tags, ci->n_tags * sizeof(*tags));
-	c->n_tags += ci->n_tags;
-	return 0;
-}
-
-/* Joins @rep's StatusReply parts into @j (api_status_unjoin() it, even on failure). */
-static int api_status_join(const struct gmb__reply *rep, struct api_status_joined *j, char *err)
-{
-	size_t n = 0, k = 0, ni = 0, no = 0;
-	bool head = false;
-
-	*j = (struct api_status_joined){ .sr = GMB__STATUS_REPLY__INIT };
-	for (size_t p = 0; p < rep->nparts; p++)
-		if (rep->parts[p]->body_case == GMB__ENVELOPE__BODY_STATUS_REPLY) {
-			n += rep->parts[p]->status_reply->n_clients;
-			ni += rep->parts[p]->status_reply->n_imports;
-			no += rep->parts[p]->status_reply->n_objects;
-		}
-	j->clients = calloc(n + 1, sizeof(*j->clients));
-	j->copies = calloc(n + 1, sizeof(*j->copies));
-	j->imports = calloc(ni + 1, sizeof(*j->imports));
-	j->objects = calloc(no + 1, sizeof(*j->objects));
-	if (!j->clients || !j->copies || !j->imports || !j->objects)
-		return err_fmt(err, -ENOMEM, "out of memory reading gmbd's status");
-	for (size_t p = 0; p < rep->nparts; p++) {
-		const Gmb__StatusReply *sr = rep->parts[p]->status_reply;
-
-		if (rep->parts[p]->body_case != GMB__ENVELOPE__BODY_STATUS_REPLY)
-			continue;
-		/* The first part carries backend, version and the devices. */
-		if (!head) {
-			head = true;
-			j->sr.backend = sr->backend;
-			j->sr.version = sr->version;
-			j->sr.n_devices = sr->n_devices;
-			j->sr.devices = sr->devices;
-			j->sr.n_waiters = sr->n_waiters;
-			j->sr.waiters = sr->waiters;
-		}
-		/* Imports come in a part of their own, the last. */
-		for (size_t i = 0; i < sr->n_imports; i++)
-			j->imports[j->sr.n_imports++] = sr->imports[i];
-		if (sr->imports_total > j->sr.imports_total)
-			j->sr.imports_total = sr->imports_total;
-		/* And the named objects in one after them. */
-		for (size_t i = 0; i < sr->n_objects; i++)
-			j->objects[j->sr.n_objects++] = sr->objects[i];
-		if (sr->objects_total > j->sr.objects_total)
-			j->sr.objects_total = sr->objects_total;
-		for (size_t i = 0; i < sr->n_clients; i++) {
-			const Gmb__ClientInfo *ci = sr->clients[i];
-
-			if (!ci || !ci->continued) {
-				j->clients[k++] = sr->clients[i];
-				continue;
-			}
-			if (k == 0 || !j->clients[k - 1] || j->clients[k - 1]->id != ci->id)
-				return err_fmt(err, -EPROTO,
-					       "gmbd's status continues client %" PRIu64
-					       " out of order",
-					       ci->id);
-			if (api_status_continue(j, &j->clients[k - 1], ci) < 0)
-				return err_fmt(err, -ENOMEM, "out of memory reading gmbd's status");
-		}
-	}
-	j->sr.n_clients = k;
-	j->sr.clients = j->clients;
-	j->sr.imports = j->imports;
-	j->sr.objects = j->objects;
-	return 0;
-}
-
-/* StatusRequest, then @fmt turns the reply into a malloc'd string in *@out. */
-static int api_fmt_json(const Gmb__StatusReply *st, int width, char **out)
-{
-	return gmb__status_to_json(st, out);
-}
-
-static int api_fmt_table(const Gmb__StatusReply *st, int width, char **out)
-{
-	return gmb__status_to_table(st, out);
-}
-
-static int api_status(struct gmb_client *c, char **out,
-		      int (*fmt)(const Gmb__StatusReply *, int, char **), int width,
-		      const char *what)
-{
-	Gmb__Envelope env = GMB__ENVELOPE__INIT;
-	Gmb__StatusRequest req = GMB__STATUS_REQUEST__INIT;
-	struct gmb__reply rep = GMB__REPLY_INIT;
-	struct api_status_joined j = { 0 };
-	const Gmb__Envelope *last;
-	char err[ERR_MSG_MAX] = "";
-	int rc;
-
-	if (!c)
-		return -EINVAL;
-	if (!out)
-		return api_done(c, -EINVAL, "no place for the status");
-	*out = NULL;
-	env.body_case = GMB__ENVELOPE__BODY_STATUS_REQ;
-	env.status_req = &req;
-	rc = api_query(c, &env, GMB__ENVELOPE__BODY_STATUS_REPLY, &rep, &last, err);
-	if (rc == 0)
-		rc = api_status_join(&rep, &j, err);
-	if (rc == 0) {
-		rc = fmt(&j.sr, width, out);
-		if (rc < 0)
-			err_fmt(err, rc, "formatting gmbd's status as %s: %s", what,
-				gmb_strerror(rc));
-	}
-	api_status_unjoin(&j);
-	gmb__reply_deinit(&rep);
-	return api_done(c, rc, err);
-}
-
-/* The first of @st's devices numbered @index, or NULL. */
-static const Gmb__DeviceInfo *api_status_find(const Gmb__StatusReply *st, uint32_t index)
-{
-	for (size_t i = 0; st && i < st->n_devices; i++)
-		if (st->devices[i] && st->devices[i]->index == index)
-			return st->devices[i];
-	return NULL;
-}
-
-int gmb__status_device(struct gmb_client *c, uint32_t index, uint64_t *budget, uint64_t *used)
-{
-	Gmb__Envelope env = GMB__ENVELOPE__INIT;
-	Gmb__StatusRequest req = GMB__STATUS_REQUEST__INIT;
-	struct gmb__reply rep = GMB__REPLY_INIT;
-	const Gmb__DeviceInfo *d;
-	const Gmb__Envelope *last;
-	char err[ERR_MSG_MAX] = "";
-	int rc;
-
-	env.body_case = GMB__ENVELOPE__BODY_STATUS_REQ;
-	env.status_req = &req;
-	rc = api_query(c, &env, GMB__ENVELOPE__BODY_STATUS_REPLY, &rep, &last, err);
-	if (rc == 0) {
-		/* The devices come in the first part. */
-		d = api_status_find(rep.parts[0]->body_case == GMB__ENVELOPE__BODY_STATUS_REPLY ?
-					    rep.parts[0]->status_reply :
-					    NULL,
-				    index);
-		rc = d ? 0 : -ENODEV;
-		*budget = d ? d->budget_bytes : 0;
-		*used = d ? d->used_bytes : 0;
-	}
-	gmb__reply_deinit(&rep);
-	return rc == -ENODEV ? rc : api_done(c, rc, err);
-}
-
-GMB_API int gmb_status_json(gmb_client *c, char **json)
-{
-	return api_status(c, json, api_fmt_json, 0, "JSON");
-}
-
-GMB_API int gmb_status_text(gmb_client *c, char **text)
-{
-	return api_status(c, text, api_fmt_table, 0, "a table");
-}
-
-GMB_API int gmb_status_top(gmb_client *c, int width, char **text)
-{
-	return api_status(c, text, gmb__status_to_top, width, "a screen");
-}
-
-static int api_fmt_objects_json(const Gmb__StatusReply *st, int width, char **out)
-{
-	return gmb__objects_to_json(st, out);
-}
-
-static int api_fmt_objects_table(const Gmb__StatusReply *st, int width, char **out)
-{
-	return gmb__objects_to_table(st, out);
-}
-
-GMB_API int gmb_objects_json(gmb_client *c, char **json)
-{
-	return api_status(c, json, api_fmt_objects_json, 0, "JSON");
-}
-
-GMB_API int gmb_objects_text(gmb_client *c, char **text)
-{
-	return api_status(c, text, api_fmt_objects_table, 0, "a table");
-}
-
-/* Sends @env, which names the request, and ends as api_done() does. */
-static int api_call(gmb_client *c, Gmb__Envelope *env)
-{
-	struct gmb__reply rep = GMB__REPLY_INIT;
-	char err[ERR_MSG_MAX] = "";
-	int rc = gmb__request(&c->conn, env, &rep, err);
-
-	gmb__reply_deinit(&rep);
-	return api_done(c, rc, err);
-}
-
-GMB_API int gmb_control(gmb_client *c, const char *target, int op, const char *tag)
-{
-	Gmb__Envelope env = GMB__ENVELOPE__INIT;
-	Gmb__ControlRequest req = GMB__CONTROL_REQUEST__INIT;
-
-	if (!c)
-		return -EINVAL;
-	if (!target || !*target)
-		return api_done(c, -EINVAL, "no target client");
-	if (op != GMB_OP_PAUSE && op != GMB_OP_RESUME)
-		return api_done(c, -EINVAL, "op must be GMB_OP_PAUSE or GMB_OP_RESUME");
-	req.target = (char *)target;
-	req.op = (Gmb__Op)op;
-	req.tag = (char *)(tag ? tag : "");
-	req.wait_ms = op == GMB_OP_RESUME ? api_wait(c) : 0;
-	req.importers_follow = op == GMB_OP_PAUSE && c->mem.ipc_follow;
-	env.body_case = GMB__ENVELOPE__BODY_CONTROL;
-	env.control = &req;
-	return api_call(c, &env);
-}
-
-GMB_API int gmb_trim(gmb_client *c, int device, uint64_t *released, uint64_t *pending)
-{
-	Gmb__Envelope env = GMB__ENVELOPE__INIT;
-	Gmb__TrimRequest req = GMB__TRIM_REQUEST__INIT;
-	struct gmb__reply rep = GMB__REPLY_INIT;
-	const Gmb__Envelope *last;
-	char err[ERR_MSG_MAX] = "";
-	int rc;
-
-	if (!c)
-		return -EINVAL;
-	if (device < -1)
-		return api_done(c, -EINVAL, "device must be -1 (all) or an index");
-	req.device = device;
-	env.body_case = GMB__ENVELOPE__BODY_TRIM;
-	env.trim = &req;
-	rc = api_query(c, &env, GMB__ENVELOPE__BODY_TRIM_REPLY, &rep, &last, err);
-	if (rc == 0 && released)
-		*released = last->trim_reply->released_bytes;
-	if (rc == 0 && pending)
-		*pending = last->trim_reply->pending_bytes;
-	gmb__reply_deinit(&rep);
-	return api_done(c, rc, err);
 }
 
 GMB_API int gmb_set_wait(gmb_client *c, uint32_t ms)
@@ -796,177 +482,4 @@ GMB_API int gmb_set_ipc_follow(gmb_client *c, int on)
 	c->mem.ipc_follow = on;
 	gmb__op_end(&c->conn);
 	return 0;
-}
-
-/* One line per step of @sr, then the total, as a malloc'd string. */
-static char *api_switch_report(const Gmb__SwitchReply *sr)
-{
-	char *text = NULL, b1[SIZE_STR_MAX], b2[SIZE_STR_MAX];
-	size_t len = 0;
-	FILE *f = open_memstream(&text, &len);
-
-	if (!f)
-		return NULL;
-	for (size_t i = 0; i < sr->n_steps; i++) {
-		const Gmb__SwitchStep *st = sr->steps[i];
-		char what[WIRE_MAX_NAME + 16];
-
-		if (st->tag && st->tag[0])
-			snprintf(what, sizeof(what), "tag '%s'", st->tag);
-		else
-			snprintf(what, sizeof(what), "every tag");
-		fprintf(f, "%s%-6s %s (#%" PRIu64 ") %s: %.3f ms%s%s\n", st->undo ? "undo " : "",
-			st->op == GMB__OP__OP_PAUSE ? "pause" : "resume",
-			st->client ? st->client : "", st->client_id, what, st->ms,
-			st->status ? ": failed: " : "",
-			st->status ?
-				(st->error && *st->error ? st->error : gmb_strerror(st->status)) :
-				"");
-	}
-	fprintf(f, "total %.3f ms; handed over %s, created %s\n", sr->total_ms,
-		size_str(sr->handed_over_bytes, b1), size_str(sr->created_bytes, b2));
-	if (fclose(f) != 0) {
-		free(text);
-		return NULL;
-	}
-	return text;
-}
-
-GMB_API int gmb_switch(gmb_client *c, const char *from, const char *to, const char *const *tags,
-		       size_t ntags, char **report)
-{
-	Gmb__Envelope env = GMB__ENVELOPE__INIT;
-	Gmb__SwitchRequest req = GMB__SWITCH_REQUEST__INIT;
-	struct gmb__reply rep = GMB__REPLY_INIT;
-	const Gmb__Envelope *last;
-	char err[ERR_MSG_MAX] = "";
-	int rc;
-
-	if (!c)
-		return -EINVAL;
-	if (report)
-		*report = NULL;
-	if (!from || !*from || !to || !*to)
-		return api_done(c, -EINVAL, "a switch needs FROM and TO");
-	if (ntags && !tags)
-		return api_done(c, -EINVAL, "no tags given for ntags > 0");
-	req.from = (char *)from;
-	req.to = (char *)to;
-	req.n_tags = ntags;
-	req.tags = (char **)tags;
-	req.wait_ms = api_wait(c);
-	env.body_case = GMB__ENVELOPE__BODY_SWITCH_REQ;
-	env.switch_req = &req;
-	rc = gmb__request(&c->conn, &env, &rep, err);
-	last = rep.nparts ? rep.parts[rep.nparts - 1] : NULL;
-	if (report && last && last->body_case == GMB__ENVELOPE__BODY_SWITCH_REPLY) {
-		*report = api_switch_report(last->switch_reply);
-		if (!*report && rc == 0)
-			rc = err_fmt(err, -ENOMEM, "out of memory for the switch's report");
-	}
-	gmb__reply_deinit(&rep);
-	return api_done(c, rc, err);
-}
-
-GMB_API int gmb_set_priority(gmb_client *c, const char *target, int priority)
-{
-	Gmb__Envelope env = GMB__ENVELOPE__INIT;
-	Gmb__PriorityRequest req = GMB__PRIORITY_REQUEST__INIT;
-
-	if (!c)
-		return -EINVAL;
-	if (!target || !*target)
-		return api_done(c, -EINVAL, "no target client");
-	req.target = (char *)target;
-	req.priority = priority;
-	env.body_case = GMB__ENVELOPE__BODY_PRIORITY;
-	env.priority = &req;
-	return api_call(c, &env);
-}
-
-GMB_API int gmb_watch(gmb_client *c)
-{
-	Gmb__Envelope env = GMB__ENVELOPE__INIT;
-	Gmb__WatchRequest req = GMB__WATCH_REQUEST__INIT;
-
-	if (!c)
-		return -EINVAL;
-	env.body_case = GMB__ENVELOPE__BODY_WATCH;
-	env.watch = &req;
-	return api_call(c, &env);
-}
-
-/* The oldest event, waited for under the lock; NULL on timeout or loss. */
-static struct gmb__job *api_watch_take(struct gmb_client *c, int timeout_ms, uint64_t *lost)
-{
-	struct timespec until = deadline_in_ms(timeout_ms > 0 ? (uint64_t)timeout_ms : 0);
-	struct gmb__job *ev;
-
-	while (!c->conn.events && !c->conn.gone && timeout_ms != 0) {
-		if (timeout_ms < 0)
-			pthread_cond_wait(&c->conn.event_cond, &c->conn.lock);
-		else if (pthread_cond_timedwait(&c->conn.event_cond, &c->conn.lock, &until) ==
-			 ETIMEDOUT)
-			break;
-	}
-	*lost = c->conn.events_lost;
-	c->conn.events_lost = 0;
-	ev = c->conn.events;
-	if (ev) {
-		c->conn.events = ev->next;
-		if (!c->conn.events)
-			c->conn.events_tail = &c->conn.events;
-		c->conn.nevents--;
-	}
-	return ev;
-}
-
-GMB_API int gmb_watch_next(gmb_client *c, int timeout_ms, unsigned flags, char **line)
-{
-	Gmb__WatchEvent lost_ev = GMB__WATCH_EVENT__INIT;
-	const Gmb__WatchEvent *we;
-	struct gmb__job *ev;
-	char msg[ERR_MSG_MAX];
-	uint64_t lost;
-	bool gone;
-	int rc;
-
-	if (!c || !line || (flags & ~(unsigned)GMB_WATCH_JSON))
-		return -EINVAL;
-	*line = NULL;
-	pthread_mutex_lock(&c->conn.lock);
-	ev = api_watch_take(c, timeout_ms, &lost);
-	gone = c->conn.gone;
-	snprintf(msg, sizeof(msg), "%s",
-		 c->conn.lost_msg[0] ? c->conn.lost_msg : "the connection to gmbd is lost");
-	pthread_mutex_unlock(&c->conn.lock);
-	if (lost) {
-		/* Said before the next event: the gap is where it happened. */
-		char detail[96];
-
-		snprintf(detail, sizeof(detail), "%" PRIu64 " events lost: read too slowly", lost);
-		lost_ev.kind = "lost";
-		lost_ev.count = lost;
-		lost_ev.detail = detail;
-		lost_ev.device = -1;
-		rc = gmb__watch_format(&lost_ev, flags & GMB_WATCH_JSON, line);
-		if (ev) {
-			/* Back to the head of the queue, for the next call. */
-			pthread_mutex_lock(&c->conn.lock);
-			ev->next = c->conn.events;
-			if (!c->conn.events)
-				c->conn.events_tail = &ev->next;
-			c->conn.events = ev;
-			c->conn.nevents++;
-			pthread_mutex_unlock(&c->conn.lock);
-		}
-		return rc < 0 ? rc : 1;
-	}
-	if (!ev)
-		return gone ? api_done(c, -ENOTCONN, msg) : 0;
-	we = ev->env->watch_event;
-	rc = gmb__watch_format(we, flags & GMB_WATCH_JSON, line);
-	gmb__envelope__free_unpacked(ev->env, NULL);
-	free(ev);
-	return rc < 0 ? rc : 1;
 }

@@ -8,7 +8,9 @@
  * layer's for imports, drops and the re-announcement, reconnect.c's for a
  * loss) and the one the memory layer's re-announcement calls (the IPC
  * layer's list of imports), and every lower layer is reached from here
- * only by calls down.
+ * only by calls down. The exported calls are api.c's (this client's own
+ * operations), query.c's (round trips to gmbd) and object.c's (named
+ * objects).
  * The hooks (client/lib/hook/) sit above it and use this header.
  */
 #ifndef GMB_CLIENT_API_CLIENT_H
@@ -30,7 +32,14 @@ struct gmb_client {
 };
 
 /*
- * gmb__status_device() - device @index's budget and lent bytes, from a
+ * gmb__api_done() - how every exported call of api.c and query.c ends:
+ * @rc as it is, and on failure @err (or, empty, gmb_strerror(@rc)) copied
+ * into @c's last_error under conn.lock. Return: @rc.
+ */
+int gmb__api_done(struct gmb_client *c, int rc, const char *err);
+
+/*
+ * gmb__status_device() (query.c) - device @index's budget and lent bytes, from a
  * StatusRequest. Return: 0; -ENODEV when gmbd's status lacks the device;
  * or the request's failure, which is also gmb_last_error(@c).
  */
