@@ -60,6 +60,8 @@ DAEMON_SRC := daemon/core/pool.c daemon/core/broker.c daemon/core/lend.c daemon/
 	daemon/metrics/metrics.c daemon/metrics/http.c
 # The named objects' part of the status reply.
 DAEMON_SRC += daemon/handlers/object_status.c
+# The IPC import table's exports and handles (import.c keeps the imports).
+DAEMON_SRC += daemon/core/import_export.c
 DAEMON_MAIN := daemon/service/main.c
 # libgmb, top down: the API, the hooks above it (regions, the default client,
 # the PyTorch entry points), memory, the tables, the connection. The LD_PRELOAD
