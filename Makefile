@@ -49,7 +49,7 @@ PROTO_SRC := proto/gmb.pb-c.c
 # The daemon's layers, bottom up: core, persist, handlers, transport; the
 # service (main) wires them; system is the service manager's glue.
 DAEMON_SRC := daemon/core/pool.c daemon/core/broker.c daemon/core/lend.c daemon/core/rejoin.c \
-	daemon/core/proc.c daemon/core/arb.c daemon/core/wait.c daemon/core/walk.c daemon/core/import.c daemon/core/import_restore.c daemon/core/object.c daemon/core/object_restore.c daemon/core/event.c daemon/handlers/watch.c \
+	daemon/core/proc.c daemon/core/arb.c daemon/core/wait.c daemon/core/walk.c daemon/core/import.c daemon/core/import_export.c daemon/core/import_restore.c daemon/core/object.c daemon/core/object_restore.c daemon/core/event.c daemon/handlers/watch.c \
 	daemon/persist/state.c daemon/persist/persist.c \
 	daemon/handlers/reply.c daemon/handlers/dreq.c daemon/handlers/drops.c daemon/handlers/park.c \
 	daemon/handlers/status.c daemon/handlers/switch.c daemon/handlers/control.c daemon/handlers/memory.c \

@@ -1,9 +1,10 @@
 /*
  * ipc_handle.h - the 64-byte handle of memory shared between processes
- * (CUDA IPC on gmbd memory), as both sides read it: gmbd makes and checks
- * it (daemon/core/import.c), libgmb reads it to tell its own handles from
- * the runtime's and to map one allocation once however many handles of it
- * a process opens (client/lib/ipc/).
+ * (CUDA IPC on gmbd memory), as both sides read it: gmbd makes it
+ * (daemon/core/import_export.c) and checks it (daemon/core/import.c),
+ * libgmb reads it to tell its own handles from the runtime's and to map
+ * one allocation once however many handles of it a process opens
+ * (client/lib/ipc/).
  *
  * Layout (little-endian, reserved bytes zero, README "Sharing memory
  * between processes"): magic "GMBIPC" + version + flags (8), gmbd instance

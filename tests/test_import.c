@@ -389,21 +389,23 @@ Test(import, a_grant_lets_one_more_uid_open_until_revoked)
 	uint64_t id;
 
 	/* A grant makes the export: the handle taken after names the same one. */
-	cr_assert(eq(i32, import_grant(br, a, x->id, 2000, false, err), 0), "%s", err);
-	cr_assert(eq(i32, import_grant(br, a, x->id, 2000, false, err), 0), "twice is once");
+	cr_assert(eq(i32, import_export_grant(br, a, x->id, 2000, false, err), 0), "%s", err);
+	cr_assert(eq(i32, import_export_grant(br, a, x->id, 2000, false, err), 0), "twice is once");
 	export_ok(a, x, 0, h);
 	id = open_ok(b, h, NULL)->id;
-	cr_assert(eq(i32, import_grant(br, a, x->id, 2000, true, err), 0));
-	cr_assert(eq(i32, import_grant(br, a, x->id, 2000, true, err), 0), "revoked twice: fine");
+	cr_assert(eq(i32, import_export_grant(br, a, x->id, 2000, true, err), 0));
+	cr_assert(eq(i32, import_export_grant(br, a, x->id, 2000, true, err), 0),
+		  "revoked twice: fine");
 	cr_assert(eq(i32, open_rc(b, h, IPC_HANDLE_SIZE, err), -EPERM), "no new open");
 	cr_assert(not(eq(ptr, strstr(err, "did not grant uid 2000"), NULL)), "%s", err);
 	cr_assert(eq(u32, x->chunks[0]->pins, 1), "the open one stays");
 	cr_assert(eq(i32, import_close(br, b, id, err), 0));
-	cr_assert(eq(i32, import_grant(br, a, x->id, 1000, false, err), -EINVAL), "its own uid");
-	cr_assert(eq(i32, import_grant(br, a, 999, 2000, false, err), -ENOENT));
+	cr_assert(eq(i32, import_export_grant(br, a, x->id, 1000, false, err), -EINVAL),
+		  "its own uid");
+	cr_assert(eq(i32, import_export_grant(br, a, 999, 2000, false, err), -ENOENT));
 	for (uid_t u = 0; u < IMPORT_MAX_GRANTS; u++)
-		cr_assert(eq(i32, import_grant(br, a, x->id, 3000 + u, false, err), 0));
-	cr_assert(eq(i32, import_grant(br, a, x->id, 4000, false, err), -ENOSPC));
+		cr_assert(eq(i32, import_export_grant(br, a, x->id, 3000 + u, false, err), 0));
+	cr_assert(eq(i32, import_export_grant(br, a, x->id, 4000, false, err), -ENOSPC));
 	broker_client_remove(br, a);
 	broker_client_remove(br, b);
 	check_zero();
@@ -486,7 +488,7 @@ Test(import, chunks_another_uid_mapped_never_serve_another_allocation)
 	x = alloc_ok(a, 2 * MiB, "w");
 	y = alloc_ok(a, 2 * MiB, "w");
 	xchunk = x->chunks[0]->id;
-	cr_assert(eq(i32, import_grant(br, a, x->id, 2000, false, err), 0), "%s", err);
+	cr_assert(eq(i32, import_export_grant(br, a, x->id, 2000, false, err), 0), "%s", err);
 	export_ok(a, x, 0, h);
 	id = open_ok(b, h, NULL)->id;
 	cr_assert(eq(i32, import_close(br, b, id, err), 0));

@@ -98,7 +98,7 @@ static struct bobject_version *open_obj(struct bclient *c, const char *name, uin
 	uint64_t range = 1;
 
 	cr_assert(eq(i32, object_open(fx.br, c, name, version, &v, err), 0), "%s", err);
-	import_version_handle(fx.br, v->ex, h);
+	import_export_version_handle(fx.br, v->ex, h);
 	cr_assert(eq(i32, import_open(fx.br, c, h, sizeof(h), &ex, &range, err), 0), "%s", err);
 	cr_assert(eq(ptr, ex, v->ex));
 	cr_assert(eq(u64, range, 0));
@@ -280,7 +280,7 @@ Test(object_core, another_uid_opens_only_by_grant)
 	cr_assert(eq(i32, object_open(fx.br, other, name, 0, &v, err), -EPERM));
 	cr_assert(not(eq(ptr, strstr(err, "did not grant"), NULL)), "%s", err);
 	/* Its handle, had it one, does not open either. */
-	import_version_handle(fx.br, find(fx.br, "w")->versions->ex, h);
+	import_export_version_handle(fx.br, find(fx.br, "w")->versions->ex, h);
 	cr_assert(eq(i32, import_open(fx.br, other, h, sizeof(h), &ex, &range, err), -EPERM));
 	cr_assert(eq(i32, object_grant(fx.br, other, name, getuid() + 1, false, err), -EPERM),
 		  "only the owner grants");
@@ -382,7 +382,7 @@ Test(object_core, the_record_brings_back_objects_versions_and_readers)
 	open_obj(fx.reader, "w", 0);
 	v2 = publish(fx.writer, "w", 2 * MiB, "second");
 	cr_assert(eq(i32, object_grant(fx.br, fx.writer, "w", 4242, false, err), 0));
-	import_version_handle(fx.br, v1->ex, h1);
+	import_export_version_handle(fx.br, v1->ex, h1);
 	rec = state_now();
 	restore_rec(rec);
 	gmb__state__free_unpacked(rec, NULL);
@@ -402,7 +402,7 @@ Test(object_core, the_record_brings_back_objects_versions_and_readers)
 	cr_assert(eq(u64, fx.br2->pools[0].lent_bytes, 6 * MiB));
 	cr_assert(eq(u64, broker_uid_chunks(fx.br2, getuid()), 3));
 	/* The handle of before opens the same version now. */
-	import_version_handle(fx.br2, o2->versions->ex, h2);
+	import_export_version_handle(fx.br2, o2->versions->ex, h2);
 	cr_assert(eq(i32, memcmp(h1, h2, sizeof(h1)), 0), "handles stay valid across a restart");
 	cr_assert(eq(i32,
 		     object_open(fx.br2, broker_client_get(fx.br2, fx.writer->id), "w", 0, &r, err),

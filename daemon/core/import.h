@@ -7,7 +7,8 @@
  * (daemon/handlers/ipc.c) call import_export(), import_open() and
  * import_close(); the broker calls the hooks (import_alloc_gone(),
  * import_client_gone(), import_pause_check()) where allocations and
- * clients go and tags pause.
+ * clients go and tags pause. import_export.c makes the exports and their
+ * handles, import.c keeps the imports of them.
  *
  * Invariants:
  *   - One export per allocation (found by its id while the allocation
@@ -24,7 +25,8 @@
  *     counts the mapped records. An unmapped record pins nothing.
  *   - An import record has refs > 0 and is on its export's list; an export
  *     whose allocation is gone lives exactly while it has import records.
- *   - Another uid opens only what the owner granted it (import_grant()).
+ *   - Another uid opens only what the owner granted it
+ *     (import_export_grant()).
  *   - The owner is charged (its allocation's chunks are lent to it while
  *     it lives); importers are charged nothing. The chunks of a freed
  *     imported allocation stay counted as lent in their pool until the
@@ -152,14 +154,14 @@ int import_open(struct broker *br, struct bclient *c, const uint8_t *handle, siz
 int import_close(struct broker *br, struct bclient *c, uint64_t export_id, char *err);
 
 /**
- * import_grant() - uid @uid may (@revoke: may no longer) open handles of
- * @c's allocation @alloc_id; its export is made if it has none. Opens
- * already made stay.
+ * import_export_grant() - uid @uid may (@revoke: may no longer) open
+ * handles of @c's allocation @alloc_id; its export is made if it has
+ * none. Opens already made stay.
  * Return: 0; -ENOENT (no such allocation of @c), -EINVAL (@uid is @c's
  * own), -ENOSPC (IMPORT_MAX_GRANTS uids already), -ENOMEM, -EIO, with @err.
  */
-int import_grant(struct broker *br, struct bclient *c, uint64_t alloc_id, uid_t uid, bool revoke,
-		 char *err);
+int import_export_grant(struct broker *br, struct bclient *c, uint64_t alloc_id, uid_t uid,
+			bool revoke, char *err);
 
 /**
  * import_unmapped() - @c's import of export @export_id followed its
@@ -234,8 +236,8 @@ int import_export_version(struct broker *br, struct balloc *a, struct bobject_ve
 			  const struct import_version_ops *ops, struct import_export **out,
 			  uint8_t *handle, char *err);
 /* The handle of version export @ex (range offset 0) into @handle. */
-void import_version_handle(const struct broker *br, const struct import_export *ex,
-			   uint8_t *handle);
+void import_export_version_handle(const struct broker *br, const struct import_export *ex,
+				  uint8_t *handle);
 /* Version export @ex is no longer held by its object: it goes now if no
  * record is on its list (object_version_gone() is called), else with the last. */
 void import_version_unheld(struct broker *br, struct import_export *ex);
@@ -284,5 +286,17 @@ typedef int (*import_record_export_fn)(void *arg, const struct import_export *ex
  */
 int import_record_walk(const struct broker *br, import_record_export_fn export_fn,
 		       import_walk_fn rec_fn, void *arg);
+
+/*
+ * Internal to the table's two files: import_export.c pins a version's
+ * chunks at its making with import.c's pin, the one call between them.
+ */
+
+/**
+ * import_pin() - pin the chunks of @ex's allocation, once: at the first
+ * mapped import of an allocation's export, or at a version's making.
+ * Return: 0; -ENOMEM with @err. @ex owns the chunk array after the call.
+ */
+int import_pin(struct broker *br, struct import_export *ex, char *err);
 
 #endif

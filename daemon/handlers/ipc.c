@@ -208,7 +208,7 @@ int handlers__ipc_grant(struct hreq *rq)
 	struct bclient *c = hconn_of(rq->s)->client;
 	int r;
 
-	r = import_grant(rq->h->broker, c, m->alloc_id, (uid_t)m->uid, m->revoke, rq->err);
+	r = import_export_grant(rq->h->broker, c, m->alloc_id, (uid_t)m->uid, m->revoke, rq->err);
 	if (r < 0)
 		return r;
 	log_info("%s " SESS_FMT " alloc=%" PRIu64 " uid=%u",

@@ -52,7 +52,7 @@ int handlers__object_publish(struct hreq *rq)
 		return r;
 	/* The allocation leaves its client as a free takes it; the pins keep its chunks. */
 	lend_free(rq->h->broker, c, m->alloc_id, NULL);
-	import_version_handle(rq->h->broker, v->ex, handle);
+	import_export_version_handle(rq->h->broker, v->ex, handle);
 	pr.version = v->version;
 	pr.handle.data = handle;
 	pr.handle.len = sizeof(handle);
@@ -78,7 +78,7 @@ int handlers__object_open(struct hreq *rq)
 	r = object_open(rq->h->broker, c, m->name, m->version, &v, rq->err);
 	if (r < 0)
 		return r;
-	import_version_handle(rq->h->broker, v->ex, handle);
+	import_export_version_handle(rq->h->broker, v->ex, handle);
 	orp.version = v->version;
 	orp.handle.data = handle;
 	orp.handle.len = sizeof(handle);

@@ -669,7 +669,7 @@ static void seeds_state_objects(void)
 			exit(1);
 		v->published_ns = 1700000000000000000ULL + id; /* the same record every run */
 		if (id == 1) {
-			import_version_handle(br, v->ex, h);
+			import_export_version_handle(br, v->ex, h);
 			if (import_open(br, r, h, sizeof(h), &ex, &range, NULL) < 0)
 				exit(1);
 		}
