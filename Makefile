@@ -72,6 +72,8 @@ LIB_SRC := client/lib/api/api.c client/lib/api/object.c client/lib/api/status_js
 	client/lib/ipc/ipc.c client/lib/cache/cache.c client/lib/conn/conn.c client/lib/conn/reconnect.c
 # The retained pinned copies made ahead of the first pause (backup.c's).
 LIB_SRC += client/lib/mem/prep.c client/lib/mem/save.c
+# Allocations made and undone (malloc, free, a publish's give), apart from mem.c's tags and mapping.
+LIB_SRC += client/lib/mem/allocs.c
 PRELOAD_SRC := client/preload/preload.c client/preload/ipc.c common/env.c common/err.c
 # gmbctl, top down: main, the parser and its checks, the help, the tables,
 # the commands (one-shot and live), connecting and reporting failures.
