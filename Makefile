@@ -68,7 +68,7 @@ LIB_SRC := client/lib/api/api.c client/lib/api/query.c client/lib/api/object.c c
 	client/lib/api/status_table.c client/lib/api/status_top.c client/lib/api/watch_format.c \
 	client/lib/hook/region.c client/lib/hook/default.c client/lib/hook/alloc.c \
 	client/lib/hook/torch.c client/lib/hook/libpath.c client/lib/hook/tms.c client/lib/hook/ipc.c \
-	client/lib/mem/mem.c client/lib/mem/cycle.c client/lib/mem/rejoin.c client/lib/mem/backup.c client/lib/mem/pack.c \
+	client/lib/mem/mem.c client/lib/mem/allocs.c client/lib/mem/cycle.c client/lib/mem/rejoin.c client/lib/mem/backup.c client/lib/mem/pack.c \
 	client/lib/ipc/ipc.c client/lib/cache/cache.c client/lib/conn/conn.c client/lib/conn/request.c client/lib/conn/reconnect.c
 # The retained pinned copies made ahead of the first pause (backup.c's).
 LIB_SRC += client/lib/mem/prep.c client/lib/mem/save.c

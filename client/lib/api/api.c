@@ -209,7 +209,7 @@ int gmb__malloc_how(struct gmb_client *c, void **ptr, size_t size, int device, c
 	if (!c)
 		return -EINVAL;
 	gmb__op_begin(&c->conn);
-	rc = gmb__mem_malloc(&c->mem, ptr, size, device, tag, how, peers, pc, err);
+	rc = gmb__allocs_malloc(&c->mem, ptr, size, device, tag, how, peers, pc, err);
 	gmb__op_end(&c->conn);
 	return gmb__api_done(c, rc, err);
 }
@@ -229,7 +229,7 @@ GMB_API int gmb_free(gmb_client *c, void *ptr)
 			     " gmb_object_close() it",
 			     ptr);
 	else
-		rc = gmb__mem_free(&c->mem, ptr, err);
+		rc = gmb__allocs_free(&c->mem, ptr, err);
 	gmb__op_end(&c->conn);
 	return gmb__api_done(c, rc, err);
 }

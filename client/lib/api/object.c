@@ -142,7 +142,7 @@ static int obj_publish_map(struct gmb_client *c, struct gmb__alloc *a, const cha
 	void *base = (void *)a->va, *p = NULL;
 	int rc;
 
-	gmb__mem_give_away(&c->mem, a, &how.at, &how.at_size);
+	gmb__allocs_give_away(&c->mem, a, &how.at, &how.at_size);
 	if (!how.at)
 		return err_fmt(err, -EIO,
 			       "published version %" PRIu64 " of \"%s\", but %p could not be"
@@ -189,7 +189,7 @@ GMB_API int gmb_object_publish(gmb_client *c, const char *name, void *ptr, const
 	if (rc < 0)
 		return obj_done(c, rc, err);
 	gmb__op_begin(&c->conn);
-	rc = gmb__mem_give_check(&c->mem, ptr, &a, err);
+	rc = gmb__allocs_give_check(&c->mem, ptr, &a, err);
 	if (rc < 0)
 		goto out;
 	req.name = (char *)name;
@@ -210,7 +210,7 @@ GMB_API int gmb_object_publish(gmb_client *c, const char *name, void *ptr, const
 		uintptr_t va;
 		uint64_t size;
 
-		gmb__mem_give_away(&c->mem, a, &va, &size);
+		gmb__allocs_give_away(&c->mem, a, &va, &size);
 		if (va)
 			c->mem.be->ops->va_free(c->mem.be, va, size);
 		goto out;

@@ -121,7 +121,7 @@ GMB_API int gmb_owns(gmb_client *c, const void *ptr)
 	if (!c || !ptr)
 		return 0;
 	pthread_mutex_lock(&c->conn.lock);
-	owns = gmb__mem_owns(&c->mem, (uintptr_t)ptr);
+	owns = gmb__allocs_owns(&c->mem, (uintptr_t)ptr);
 	pthread_mutex_unlock(&c->conn.lock);
 	return owns;
 }

@@ -1,5 +1,6 @@
 /*
- * mem.h - libgmb's memory: allocations and tags (mem.c), pause and resume
+ * mem.h - libgmb's memory: tags, mapping and the connection's callbacks
+ * (mem.c), allocations made and undone (allocs.c), pause and resume
  * (cycle.c), a pause's saving of PRESERVE bytes (save.c), and what this
  * client holds as told to gmbd after a restart (rejoin.c).
  *
@@ -84,6 +85,31 @@ void gmb__mem_deinit(struct gmb__mem *m);
 int gmb__mem_backend(struct gmb__mem *m, char *err);
 /* gmbd's index of this process's device @ordinal (what the application calls it). */
 int gmb__mem_dev_index(struct gmb__mem *m, int ordinal, char *err);
+int gmb__mem_set_mode(struct gmb__mem *m, const char *tag, int mode, char *err);
+struct gmb__tag *gmb__mem_tag_find(struct gmb__mem *m, const char *name);
+/* Tags, shared with allocs.c: a tag name checked, the tag named @name
+ * (created if new: *@created), dropped again while still empty; @a put in
+ * its tag's list and taken out. */
+int gmb__mem_check_name(const char *name, char *err);
+int gmb__mem_tag_get(struct gmb__mem *m, const char *name, struct gmb__tag **out, bool *created,
+		     char *err);
+void gmb__mem_tag_drop(struct gmb__mem *m, struct gmb__tag *t);
+void gmb__mem_tag_link(struct gmb__tag *t, struct gmb__alloc *a);
+void gmb__mem_tag_unlink(struct gmb__tag *t, struct gmb__alloc *a);
+/* Helpers shared with allocs.c and cycle.c. */
+int gmb__mem_map(struct gmb__mem *m, struct gmb__alloc *a, char *err);
+int gmb__mem_unmap(struct gmb__mem *m, struct gmb__alloc *a, char *err);
+int gmb__mem_sync(struct gmb__mem *m, uint64_t dev_mask, char *err);
+/* @copied: PRESERVE bytes saved to host before it (gmbd counts them). */
+int gmb__mem_send_pause(struct gmb__mem *m, const char *name, uint64_t copied, char *err);
+void gmb__mem_sweep(struct gmb__mem *m);
+/* The staged handles, now the caller's (free *@out; release each handle);
+ * none left staged. *@out NULL when none. */
+void gmb__mem_staged_take(struct gmb__mem *m, struct gmb__staged **out, size_t *n);
+/* Releases staged handles nobody took (a failed or lost open). */
+void gmb__mem_staged_clear(struct gmb__mem *m);
+
+/* allocs.c: the caller holds op_lock; @err gets the reason on failure. */
 /* What an allocation's own mode is: @own false follows the tag's mode. */
 struct gmb__mem_how {
 	bool own;
@@ -100,30 +126,19 @@ enum gmb__pack_class {
 	GMB__PACK_HOOK	 /* an allocator's (the hooks): unless GMB_PACK_OFF */
 };
 
-int gmb__mem_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const char *tag,
-		    const struct gmb__mem_how *how, uint64_t peers, enum gmb__pack_class pc,
-		    char *err);
+int gmb__allocs_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, const char *tag,
+		       const struct gmb__mem_how *how, uint64_t peers, enum gmb__pack_class pc,
+		       char *err);
 /* Whether @ptr is an allocation's base (a pack's piece or a whole one); state lock held. */
-bool gmb__mem_owns(const struct gmb__mem *m, uintptr_t ptr);
-int gmb__mem_free(struct gmb__mem *m, void *ptr, char *err);
+bool gmb__allocs_owns(const struct gmb__mem *m, uintptr_t ptr);
+int gmb__allocs_free(struct gmb__mem *m, void *ptr, char *err);
 /* A publish: the allocation at @ptr checked and drained, then given away
  * (its range the caller's: *@va 0 when it could not be unmapped). */
-int gmb__mem_give_check(struct gmb__mem *m, void *ptr, struct gmb__alloc **out, char *err);
-void gmb__mem_give_away(struct gmb__mem *m, struct gmb__alloc *a, uintptr_t *va, uint64_t *size);
-int gmb__mem_set_mode(struct gmb__mem *m, const char *tag, int mode, char *err);
-struct gmb__tag *gmb__mem_tag_find(struct gmb__mem *m, const char *name);
-/* Helpers shared with cycle.c. */
-int gmb__mem_map(struct gmb__mem *m, struct gmb__alloc *a, char *err);
-int gmb__mem_unmap(struct gmb__mem *m, struct gmb__alloc *a, char *err);
-int gmb__mem_sync(struct gmb__mem *m, uint64_t dev_mask, char *err);
-/* @copied: PRESERVE bytes saved to host before it (gmbd counts them). */
-int gmb__mem_send_pause(struct gmb__mem *m, const char *name, uint64_t copied, char *err);
-void gmb__mem_sweep(struct gmb__mem *m);
-/* The staged handles, now the caller's (free *@out; release each handle);
- * none left staged. *@out NULL when none. */
-void gmb__mem_staged_take(struct gmb__mem *m, struct gmb__staged **out, size_t *n);
-/* Releases staged handles nobody took (a failed or lost open). */
-void gmb__mem_staged_clear(struct gmb__mem *m);
+int gmb__allocs_give_check(struct gmb__mem *m, void *ptr, struct gmb__alloc **out, char *err);
+void gmb__allocs_give_away(struct gmb__mem *m, struct gmb__alloc *a, uintptr_t *va, uint64_t *size);
+/* Frees a record out of every table (gmb__mem_deinit() too): its pieces,
+ * host copy, mapping, VA range. */
+void gmb__allocs_destroy(struct gmb__mem *m, struct gmb__alloc *a);
 
 /* The tags an operation on @only (NULL: all) in state @paused acts on. */
 static inline bool gmb__tag_in(const struct gmb__tag *t, const struct gmb__tag *only, bool paused)

@@ -13,14 +13,14 @@
  *
  * The price is memory: a pack is lent whole, and its free room counts
  * against the budget until a piece fills it or the last piece goes (then
- * mem.c frees the pack). The pack sizes grow with the tag (doubling what
+ * allocs.c frees the pack). The pack sizes grow with the tag (doubling what
  * its packs hold, from GMB__PACK_MIN to GMB__PACK_MAX and never past
  * gmbd's largest chunk, cut to a whole number of the first piece's size),
  * so the room left is at most the last pack's. A pack is one chunk: where
- * two pieces do not fit in one, mem.c does not pack. A PRESERVE pack's host copy is the whole pack, room included.
+ * two pieces do not fit in one, allocs.c does not pack. A PRESERVE pack's host copy is the whole pack, room included.
  *
  * Pieces of a pack are kept by address; a new one goes in the first gap
- * that fits. Sizes and addresses are granularity multiples (mem.c rounds).
+ * that fits. Sizes and addresses are granularity multiples (allocs.c rounds).
  */
 #include <errno.h>
 #include <stdlib.h>

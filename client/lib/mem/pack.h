@@ -5,7 +5,7 @@
  *
  * Layer: part of libgmb's memory (client/lib/mem/), under op_lock like the
  * rest of it; the pieces table is also read under the state lock
- * (gmb_owns()). Sends nothing: mem.c makes and frees the packs themselves.
+ * (gmb_owns()). Sends nothing: allocs.c makes and frees the packs themselves.
  */
 #ifndef GMB_CLIENT_MEM_PACK_H
 #define GMB_CLIENT_MEM_PACK_H
