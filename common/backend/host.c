@@ -46,7 +46,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/backend/host_priv.h"
+#include "common/backend/host_state.h"
 #include "common/idmap.h"
 #include "common/size.h"
 

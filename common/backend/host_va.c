@@ -6,7 +6,7 @@
  * They form one model of this process's address space, apart from the
  * chunks: host.c's ops table points at the operations here and its contents
  * operations look the tables up, while this file calls nothing in host.c
- * (a chunk's record is read through host_priv.h).
+ * (a chunk's record is read through host_state.h).
  *
  * Invariants:
  *   - resv and maps are sorted by address and never overlap within a table;
@@ -17,7 +17,7 @@
  *     reservation, over no existing mapping; no access until set_access;
  *     unmap and set_access cover whole mappings exactly.
  *   - The tables are read and changed under the backend's one mutex
- *     (host_priv.h).
+ *     (host_state.h).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -27,7 +27,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "common/backend/host_priv.h"
+#include "common/backend/host_state.h"
 
 #define HOST_NONE SIZE_MAX
 

@@ -159,6 +159,7 @@ GMB_API int gmb_connect_flags(const char *socket_path, const char *client_name, 
 out_threads:
 	gmb__conn_stop(&c->conn);
 out_sock:
+	gmb__allocs_drop_all(&c->mem);
 	gmb__mem_deinit(&c->mem);
 	close(c->conn.sock);
 out_client:
@@ -184,6 +185,7 @@ GMB_API void gmb_close(gmb_client *c)
 	gmb__cycle_close(&c->mem);
 	gmb__op_end(&c->conn);
 	gmb__conn_stop(&c->conn);
+	gmb__allocs_drop_all(&c->mem);
 	gmb__mem_deinit(&c->mem);
 	close(c->conn.sock);
 	api_client_free(c);

@@ -88,7 +88,7 @@ static int allocs_new(struct gmb__mem *m, struct gmb__tag *t, int dev, uint64_t 
 }
 
 /* Frees what allocs_new() made; @a is out of every table but its pieces'. */
-void gmb__allocs_destroy(struct gmb__mem *m, struct gmb__alloc *a)
+static void allocs_destroy(struct gmb__mem *m, struct gmb__alloc *a)
 {
 	pthread_mutex_lock(&m->conn->lock);
 	for (struct gmb__piece *p = a->pieces; p; p = p->next)
@@ -103,6 +103,23 @@ void gmb__allocs_destroy(struct gmb__mem *m, struct gmb__alloc *a)
 	free(a->chunk_ids);
 	free(a->chunk_sizes);
 	free(a);
+}
+
+/*
+ * Frees every allocation of every tag, the tags left empty for
+ * gmb__mem_deinit(): at gmb_close(), or a connect that failed, where gmbd
+ * takes the memory back with the session.
+ */
+void gmb__allocs_drop_all(struct gmb__mem *m)
+{
+	for (struct gmb__tag *t = m->tags; t; t = t->next) {
+		struct gmb__alloc *a;
+
+		while ((a = t->allocs)) {
+			gmb__mem_tag_unlink(t, a);
+			allocs_destroy(m, a);
+		}
+	}
 }
 
 /* Enters @a (id set) in the tables with @l as its last lend. */
@@ -306,7 +323,7 @@ static int allocs_pack_new(struct gmb__mem *m, struct gmb__tag *t, const struct 
 			rc = allocs_lend_map(m, a, want > size ? 0 : m->wait_ms, err);
 			if (rc == 0)
 				break;
-			gmb__allocs_destroy(m, a);
+			allocs_destroy(m, a);
 		}
 		if (rc != -ENOMEM || want == size)
 			return rc;
@@ -408,7 +425,7 @@ int gmb__allocs_malloc(struct gmb__mem *m, void **ptr, size_t size, int dev, con
 	return 0;
 
 out_alloc:
-	gmb__allocs_destroy(m, a);
+	allocs_destroy(m, a);
 out_tag:
 	if (created && !t->allocs)
 		gmb__mem_tag_drop(m, t);
@@ -435,7 +452,7 @@ static int allocs_free_whole(struct gmb__mem *m, struct gmb__alloc *a, char *err
 		rc = 0;
 	allocs_forget(m, a);
 	gmb__mem_tag_unlink(a->tag, a);
-	gmb__allocs_destroy(m, a);
+	allocs_destroy(m, a);
 	return rc;
 }
 

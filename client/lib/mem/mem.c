@@ -429,12 +429,6 @@ void gmb__mem_deinit(struct gmb__mem *m)
 	struct gmb__tag *t;
 
 	while ((t = m->tags)) {
-		struct gmb__alloc *a;
-
-		while ((a = t->allocs)) {
-			gmb__mem_tag_unlink(t, a);
-			gmb__allocs_destroy(m, a);
-		}
 		m->tags = t->next;
 		free(t);
 	}

@@ -78,7 +78,8 @@ struct gmb__mem {
 void gmb__mem_init(struct gmb__mem *m, struct gmb__conn *conn);
 /* The connection's import and drop callbacks (rejoin.c has the claim's). */
 void gmb__mem_cbs(struct gmb__mem *m, struct gmb__conn_cbs *cbs);
-/* gmb_close(), once the threads are gone: free every tag, allocation, handle. */
+/* gmb_close(), once the threads are gone and gmb__allocs_drop_all() has
+ * run: free every tag, handle and the backend. */
 void gmb__mem_deinit(struct gmb__mem *m);
 
 /* mem.c: the caller holds op_lock; @err gets the reason on failure. */
@@ -136,9 +137,9 @@ int gmb__allocs_free(struct gmb__mem *m, void *ptr, char *err);
  * (its range the caller's: *@va 0 when it could not be unmapped). */
 int gmb__allocs_give_check(struct gmb__mem *m, void *ptr, struct gmb__alloc **out, char *err);
 void gmb__allocs_give_away(struct gmb__mem *m, struct gmb__alloc *a, uintptr_t *va, uint64_t *size);
-/* Frees a record out of every table (gmb__mem_deinit() too): its pieces,
- * host copy, mapping, VA range. */
-void gmb__allocs_destroy(struct gmb__mem *m, struct gmb__alloc *a);
+/* gmb_close() or a failed connect, before gmb__mem_deinit(): frees every
+ * allocation (its pieces, host copy, mapping, VA range), the tags left empty. */
+void gmb__allocs_drop_all(struct gmb__mem *m);
 
 /* The tags an operation on @only (NULL: all) in state @paused acts on. */
 static inline bool gmb__tag_in(const struct gmb__tag *t, const struct gmb__tag *only, bool paused)

@@ -1,13 +1,13 @@
 /*
- * host_priv.h - what the two parts of the host backend share: its state
+ * host_state.h - what the two parts of the host backend share: its state
  * and records, the chunk lookup, and what host_va.c offers to host.c (the
  * checks of the driver's rules, the VA operations of struct backend_ops).
  * host.c holds the devices, chunks, contents, setup and the ops table;
  * host_va.c the reservations and mappings, and calls nothing in host.c.
  * Private to them; see host.c for the invariants.
  */
-#ifndef GMB_BACKEND_HOST_PRIV_H
-#define GMB_BACKEND_HOST_PRIV_H
+#ifndef GMB_BACKEND_HOST_STATE_H
+#define GMB_BACKEND_HOST_STATE_H
 
 #include <pthread.h>
 #include <stdbool.h>
