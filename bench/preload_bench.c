@@ -8,8 +8,10 @@
  *
  * --load-gmb dlopens $GMB_LIB (as Python's gmb module does) before timing:
  * the shim then asks libgmb for the thread's region on every call.
- * --region TAG (implies --load-gmb) times inside a region: every call is a
- * gmbd allocation or free ($GMB_SOCKET). Prints one line:
+ * --region TAG (implies --load-gmb) times inside a region ($GMB_SOCKET):
+ * the shim's allocations are packed by default (GMB_PACK=hooks), so most
+ * calls take or give back a piece of a pack and only a new pack, or a
+ * pack's last piece freed, is a gmbd request. Prints one line:
  *   "malloc_ns=M free_ns=F direct_malloc_ns=DM direct_free_ns=DF
  *    added_malloc_ns=AM added_free_ns=AF iters=N size=S mode=..."
  * where M and F are the medians over 7 runs of the mean per call through

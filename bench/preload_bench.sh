@@ -2,7 +2,7 @@
 # preload_bench.sh - what libgmb_preload.so adds to cudaMalloc/cudaFree, in
 # ns per call: the same program (bench/preload_bench.c) without the shim,
 # with it in a process that never loads libgmb, with libgmb loaded but no
-# region, and inside a region (every call then goes to gmbd).
+# region, and inside a region (packed by default: most calls a piece of a pack).
 #
 #   bench/preload_bench.sh            the CUDA runtime ($CUDA_HOME/lib64/libcudart.so),
 #                                     gmbd --backend cuda; libgmb.so and the shim from
