@@ -97,6 +97,10 @@ BROKER_FX_TESTS := test_broker test_arb test_walk
 # The CUDA IPC integration tests' fixture (gmbd and prog_preload programs).
 IPC_FX_SRC := tests/ipc_fx.c
 IPC_FX_TESTS := test_ipc test_ipc_follow test_ipc_restart test_ipc_driver test_object test_object_pause
+# The status renderers' replies built in memory, with Criterion's asserts
+# too: their JSON test and their table test share them.
+STATUS_FX_SRC := tests/status_fx.c
+STATUS_FX_TESTS := test_status_json test_status_table
 TEST_PROG_SRC := $(wildcard tests/prog_*.c)
 # Fuzz harnesses (tests/fuzz/fuzz_<name>.c), each with a corpus in
 # tests/fuzz/corpus/<name>/; fuzz_util.c holds their invariant checks.
@@ -174,6 +178,7 @@ $(1)/tests/test_%: $(1)/tests/test_%.o $(call objs,$(1),$(TEST_HELPER_SRC) $(TES
 $(addprefix $(1)/tests/,$(HANDLERS_MSG_TESTS)): $(call objs,$(1),$(HANDLERS_MSG_SRC))
 $(addprefix $(1)/tests/,$(BROKER_FX_TESTS)): $(call objs,$(1),$(BROKER_FX_SRC))
 $(addprefix $(1)/tests/,$(IPC_FX_TESTS)): $(call objs,$(1),$(IPC_FX_SRC))
+$(addprefix $(1)/tests/,$(STATUS_FX_TESTS)): $(call objs,$(1),$(STATUS_FX_SRC))
 
 # A harness with a plain main that replays its corpus (make check).
 $(1)/fuzz/replay_%: $(1)/tests/fuzz/fuzz_%.o $(1)/tests/fuzz/replay.o $$(call FUZZ_OBJS,$(1))

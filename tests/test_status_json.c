@@ -1,9 +1,11 @@
 /*
- * test_status_json.c - the status renderers on replies built in memory:
- * exact JSON for a small state, escaping of hostile client names, empty
- * lists, 64-bit values, output that strict JSON parsers accept (a checker
- * here, and Python's json when it is installed), the human table, and
- * -ENOMEM at every allocation with nothing leaked.
+ * test_status_json.c - the status document and the watch lines, rendered
+ * from replies built in memory: exact JSON for a small state, escaping of
+ * hostile client names, empty lists, 64-bit values, imports and named
+ * objects (paused ones in every form), output that strict JSON parsers
+ * accept (a checker here, and Python's json when it is installed), watch
+ * events in both forms, and -ENOMEM at every allocation with nothing
+ * leaked. The tables and top's screen: test_status_table.c.
  */
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
@@ -17,6 +19,7 @@
 
 #include "client/lib/api/status_json.h"
 #include "proto/gmb.pb-c.h"
+#include "tests/status_fx.h"
 
 /*
  * Allocation failures: a second copy of the renderers (every file of them,
@@ -74,71 +77,11 @@ int faulty_objects_to_table(const Gmb__StatusReply *st, char **out);
 #undef gmb__status_to_json
 #undef gmb__status_to_table
 
-#define MiB (1024ULL * 1024)
-#define GiB (1024 * MiB)
-
-/* One reply with one device, one client and one tag, all in this struct. */
-struct fixture {
-	Gmb__StatusReply st;
-	Gmb__DeviceInfo dev;
-	Gmb__DeviceInfo *devs[1];
-	Gmb__ClientInfo cli;
-	Gmb__ClientInfo *clis[1];
-	Gmb__TagInfo tag;
-	Gmb__TagInfo *tags[1];
-};
-
-static void fixture_small(struct fixture *f)
-{
-	*f = (struct fixture){ .st = GMB__STATUS_REPLY__INIT,
-			       .dev = GMB__DEVICE_INFO__INIT,
-			       .cli = GMB__CLIENT_INFO__INIT,
-			       .tag = GMB__TAG_INFO__INIT };
-	f->st.backend = "host";
-	f->st.version = "0.1.0";
-	f->dev = (Gmb__DeviceInfo){ .base = f->dev.base,
-				    .index = 0,
-				    .name = "host0",
-				    .total_bytes = 8 * GiB,
-				    .budget_bytes = 8 * GiB,
-				    .granularity = 2 * MiB,
-				    .pool_bytes = 2 * GiB,
-				    .used_bytes = 1536 * MiB,
-				    .free_bytes = 512 * MiB };
-	f->devs[0] = &f->dev;
-	f->st.n_devices = 1;
-	f->st.devices = f->devs;
-	f->cli.id = 1;
-	f->cli.name = "w";
-	f->cli.pid = 123;
-	f->cli.control = true;
-	f->tag.name = "kv";
-	f->tag.state = "active";
-	f->tag.mode = GMB__MODE__MODE_DISCARD;
-	f->tag.allocations = 2;
-	f->tag.bytes = 1536 * MiB;
-	f->tags[0] = &f->tag;
-	f->cli.n_tags = 1;
-	f->cli.tags = f->tags;
-	f->clis[0] = &f->cli;
-	f->st.n_clients = 1;
-	f->st.clients = f->clis;
-}
-
 static char *render_json(const Gmb__StatusReply *st)
 {
 	char *out = NULL;
 
 	cr_assert(eq(i32, gmb__status_to_json(st, &out), 0));
-	cr_assert(ne(ptr, out, NULL));
-	return out;
-}
-
-static char *render_table(const Gmb__StatusReply *st)
-{
-	char *out = NULL;
-
-	cr_assert(eq(i32, gmb__status_to_table(st, &out), 0));
 	cr_assert(ne(ptr, out, NULL));
 	return out;
 }
@@ -288,21 +231,6 @@ static const char small_json[] =
 	"\"tags\":[{\"name\":\"kv\",\"device\":0,\"state\":\"active\",\"mode\":\"discard\","
 	"\"allocations\":2,\"bytes\":1610612736}]}],\"waiters\":[],\"imports\":[],"
 	"\"imports_total\":0,\"objects\":[],\"objects_total\":0}";
-
-static const char small_table[] =
-	"gmbd 0.1.0, backend host\n"
-	"\n"
-	"DEV  NAME     TOTAL  USED  OUTSIDE   BUDGET     HELD     LENT       IDLE    AVAIL\n"
-	"  0  host0  8.0 GiB     ?        ?  8.0 GiB  2.0 GiB  1.5 GiB  512.0 MiB  6.5 GiB\n"
-	"\n"
-	"CLIENT  NAME  PID  UID  GID  CONTROL  GROUP  PRIO\n"
-	"    TAG  DEVICE  STATE   MODE     ALLOCS    BYTES\n"
-	"#1      w     123    0    0  yes      -         0\n"
-	"    kv        0  active  discard       2  1.5 GiB\n";
-
-/* Hostile names: quote, backslash, newline, \x01, DEL, an ANSI escape. */
-static const char hostile[] = "a\"b\\c\nd\x01"
-			      "e\x7f\x1b[31m";
 
 TestSuite(status_json, .timeout = 30);
 
@@ -563,126 +491,6 @@ Test(watch_format, missed_events_show_their_count)
 	free(text);
 }
 
-Test(status_table, small_state_renders_aligned_rows)
-{
-	struct fixture f;
-	char *text;
-
-	fixture_small(&f);
-	text = render_table(&f.st);
-	cr_expect(eq(str, text, (char *)small_table));
-	free(text);
-}
-
-Test(status_table, columns_widen_for_long_values_and_tags_align)
-{
-	Gmb__TagInfo tag2 = GMB__TAG_INFO__INIT;
-	Gmb__TagInfo *tags[2];
-	struct fixture f;
-	char *text;
-
-	fixture_small(&f);
-	f.dev.name = "a-long-device";
-	tag2.name = "weights";
-	tag2.device = -1;
-	tag2.state = "paused";
-	tag2.mode = GMB__MODE__MODE_PRESERVE;
-	tag2.bytes = 0;
-	tags[0] = &f.tag;
-	tags[1] = &tag2;
-	f.cli.tags = tags;
-	f.cli.n_tags = 2;
-	text = render_table(&f.st);
-	cr_expect(ne(ptr, strstr(text, "DEV  NAME             TOTAL"), NULL), "%s", text);
-	cr_expect(ne(ptr, strstr(text, "  0  a-long-device  8.0 GiB"), NULL), "%s", text);
-	cr_expect(ne(ptr, strstr(text, "    TAG      DEVICE  STATE   MODE      ALLOCS    BYTES\n"),
-		     NULL),
-		  "%s", text);
-	cr_expect(ne(ptr, strstr(text, "    kv            0  active  discard        2  1.5 GiB\n"),
-		     NULL),
-		  "%s", text);
-	cr_expect(ne(ptr, strstr(text, "    weights       -  paused  preserve       0      0 B\n"),
-		     NULL),
-		  "%s", text);
-	free(text);
-}
-
-Test(status_table, hostile_names_cannot_reach_the_terminal_raw)
-{
-	struct fixture f;
-	char *text;
-
-	fixture_small(&f);
-	f.cli.name = (char *)hostile;
-	f.tag.name = "\xc2\x9b"
-		     "2J\xff"; /* C1 CSI, then a byte that is not UTF-8 */
-	f.dev.name = "gpu\xc3\xa9";
-	text = render_table(&f.st);
-	cr_expect(ne(ptr, strstr(text, "a\"b\\c\\x0ad\\x01e\\x7f\\x1b[31m"), NULL), "%s", text);
-	cr_expect(ne(ptr, strstr(text, "\\xc2\\x9b2J\\xff"), NULL), "%s", text);
-	cr_expect(ne(ptr, strstr(text, "gpu\xc3\xa9"), NULL), "%s", text);
-	for (const char *p = text; *p; p++) {
-		bool printable = (unsigned char)*p >= 0x20 || *p == '\n';
-
-		cr_assert(printable, "raw control at %zu: %s", (size_t)(p - text), text);
-	}
-	free(text);
-}
-
-Test(status_table, empty_reply_says_so)
-{
-	Gmb__StatusReply st = GMB__STATUS_REPLY__INIT;
-	char *text;
-
-	st.backend = "cuda";
-	st.version = "0.1.0";
-	text = render_table(&st);
-	cr_expect(eq(str, text, "gmbd 0.1.0, backend cuda\n\nno devices\n\nno clients\n"));
-	free(text);
-}
-
-Test(status_table, sizes_use_binary_units)
-{
-	static const struct {
-		uint64_t v;
-		const char *s;
-	} cases[] = {
-		{ 0, "0 B" },
-		{ 1023, "1023 B" },
-		{ 1024, "1.0 KiB" },
-		{ 1536, "1.5 KiB" },
-		{ 1024 * 1024 - 1, "1.0 MiB" },
-		{ 8 * GiB, "8.0 GiB" },
-		{ UINT64_MAX, "16.0 EiB" },
-	};
-	char buf[SIZE_STR_MAX];
-
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-		cr_expect(eq(str, (char *)size_str(cases[i].v, buf), (char *)cases[i].s));
-}
-
-/* One import of the small state's allocation by another client, freed by its owner. */
-static void fixture_import(struct fixture *f, Gmb__ImportInfo *ii, Gmb__ImportInfo **pii)
-{
-	fixture_small(f);
-	gmb__import_info__init(ii);
-	ii->importer_id = 2;
-	ii->importer = "engine\x1b[2J";
-	ii->importer_pid = 456;
-	ii->owner_id = 1;
-	ii->owner = "w";
-	ii->owner_pid = 123;
-	ii->alloc_id = 7;
-	ii->bytes = 4 * MiB;
-	ii->opens = 2;
-	ii->owner_freed = true;
-	pii[0] = ii;
-	pii[1] = NULL; /* a NULL entry is skipped */
-	f->st.n_imports = 2;
-	f->st.imports = pii;
-	f->st.imports_total = 70;
-}
-
 Test(status_json, imports_say_who_maps_whose_allocation)
 {
 	Gmb__ImportInfo ii, *pii[2];
@@ -702,87 +510,6 @@ Test(status_json, imports_say_who_maps_whose_allocation)
 		  "%s", json);
 	cr_expect(json_valid(json), "%s", json);
 	free(json);
-}
-
-Test(status_table, imports_get_a_table_of_their_own)
-{
-	Gmb__ImportInfo ii, *pii[2];
-	struct fixture f;
-	char *text;
-
-	fixture_import(&f, &ii, pii);
-	text = render_table(&f.st);
-	cr_expect(ne(ptr,
-		     strstr(text, "IMPORTED BY       PID  OWNER  PID  ALLOC  DEV    BYTES  OPENS"
-				  "  OWNER'S  MAPPED\n"
-				  "#2 engine\\x1b[2J  456  #1 w   123      7    0  4.0 MiB      2"
-				  "  freed    yes\n"
-				  "... and 69 more imports\n"),
-		     NULL),
-		  "%s", text);
-	free(text);
-	/* Nobody imports: no table at all. */
-	fixture_small(&f);
-	text = render_table(&f.st);
-	cr_expect(eq(ptr, strstr(text, "IMPORTED BY"), NULL), "%s", text);
-	free(text);
-}
-
-/* Two objects: "weights" (v1 read by two, v2 the latest) granted to two
- * uids, and "old" dropped, kept for a reader; all in this struct. */
-struct fixture_objects {
-	Gmb__ObjectInfo o[2], *po[3];
-	Gmb__ObjectVersionInfo v[3], *pv[3];
-	uint32_t grants[2];
-};
-
-static void fixture_objects(struct fixture *f, struct fixture_objects *x)
-{
-	fixture_small(f);
-	*x = (struct fixture_objects){ .grants = { 1001, 1002 } };
-	for (int i = 0; i < 3; i++) {
-		gmb__object_version_info__init(&x->v[i]);
-		x->pv[i] = &x->v[i];
-	}
-	x->v[0].version = 1;
-	x->v[0].bytes = 64 * MiB;
-	x->v[0].readers = 2;
-	x->v[0].published_ns = 1700000000000000000ULL;
-	x->v[0].publisher = "trainer";
-	x->v[0].publisher_pid = 77;
-	x->v[1].version = 2;
-	x->v[1].bytes = 64 * MiB;
-	x->v[1].device = 1;
-	x->v[1].latest = true;
-	x->v[1].publisher = "trainer";
-	x->v[1].publisher_pid = 77;
-	x->v[1].meta_bytes = 12;
-	x->v[2].version = 5;
-	x->v[2].bytes = 2 * MiB;
-	x->v[2].readers = 1;
-	x->v[2].publisher = "p\x1b[2J";
-	for (int i = 0; i < 2; i++)
-		gmb__object_info__init(&x->o[i]);
-	x->o[0].name = "weights";
-	x->o[0].owner_uid = 1000;
-	x->o[0].latest = 2;
-	x->o[0].bytes = 128 * MiB;
-	x->o[0].n_versions = 2;
-	x->o[0].versions = &x->pv[0];
-	x->o[0].n_grants = 2;
-	x->o[0].grants = x->grants;
-	x->o[1].name = "old";
-	x->o[1].owner_uid = 0;
-	x->o[1].latest = 0;
-	x->o[1].bytes = 2 * MiB;
-	x->o[1].n_versions = 1;
-	x->o[1].versions = &x->pv[2];
-	x->po[0] = &x->o[0];
-	x->po[1] = NULL; /* a NULL entry is skipped */
-	x->po[2] = &x->o[1];
-	f->st.n_objects = 3;
-	f->st.objects = x->po;
-	f->st.objects_total = 3;
 }
 
 Test(status_json, objects_with_their_versions)
@@ -827,40 +554,6 @@ Test(status_json, objects_with_their_versions)
 	cr_expect(eq(str, json, "{\"objects\":[],\"objects_total\":0}"));
 	free(json);
 	cr_expect(eq(i32, gmb__objects_to_json(NULL, &json), -EINVAL));
-}
-
-Test(status_table, objects_get_a_table_of_their_own)
-{
-	struct fixture_objects x;
-	struct fixture f;
-	char *text;
-
-	fixture_objects(&f, &x);
-	f.st.objects_total = 5;
-	text = render_table(&f.st);
-	cr_expect(
-		ne(ptr,
-		   strstr(text,
-			  "\n\nOBJECT   OWNER  STATE   LATEST  VERSIONS      BYTES  READERS  GRANTS\n"
-			  "weights   1000  active      v2         2  128.0 MiB        2  1001,1002\n"
-			  "old          0  active       -         1    2.0 MiB        1  -\n"
-			  "... and 3 more objects\n"),
-		   NULL),
-		"%s", text);
-	free(text);
-	/* The objects alone: the same table, and "no objects" for none. */
-	cr_assert(eq(i32, gmb__objects_to_table(&f.st, &text), 0));
-	cr_expect(eq(i32, strncmp(text, "OBJECT   OWNER", 14), 0), "%s", text);
-	free(text);
-	fixture_small(&f);
-	cr_assert(eq(i32, gmb__objects_to_table(&f.st, &text), 0));
-	cr_expect(eq(str, text, "no objects\n"));
-	free(text);
-	/* No object: no table in the status at all. */
-	text = render_table(&f.st);
-	cr_expect(eq(ptr, strstr(text, "OBJECT"), NULL), "%s", text);
-	cr_expect(eq(str, text, (char *)small_table));
-	free(text);
 }
 
 Test(status_json, an_import_of_a_version_names_the_object)
@@ -929,36 +622,6 @@ Test(watch_format, object_events_name_the_version)
 	cr_expect(ne(ptr, strstr(json, "\"detail\":\"weights v3\""), NULL), "%s", json);
 	cr_expect(json_valid(json), "%s", json);
 	free(json);
-}
-
-/* top: a line an object after the clients, within the width; none without objects. */
-Test(status_top, objects_get_a_line_each)
-{
-	struct fixture_objects x;
-	struct fixture f;
-	char *text, want[160];
-
-	fixture_objects(&f, &x);
-	cr_assert(eq(i32, gmb__status_to_top(&f.st, 80, &text), 0));
-	snprintf(want, sizeof(want), "\n%-26s %7s %-13s %7s %4s %10s %7s\n", "OBJECT", "OWNER",
-		 "STATE", "LATEST", "VERS", "BYTES", "READERS");
-	cr_expect(ne(ptr, strstr(text, want), NULL), "%s", text);
-	snprintf(want, sizeof(want), "\n%-26s %7u %-13s %7s %4d %10s %7d\n", "weights", 1000,
-		 "active", "v2", 2, "128.0 MiB", 2);
-	cr_expect(ne(ptr, strstr(text, want), NULL), "%s", text);
-	snprintf(want, sizeof(want), "\n%-26s %7u %-13s %7s %4d %10s %7d\n", "old", 0, "active",
-		 "-", 1, "2.0 MiB", 1);
-	cr_expect(ne(ptr, strstr(text, want), NULL), "%s", text);
-	for (char *l = text, *e; *l; l = e + 1) {
-		e = strchr(l, '\n');
-		cr_assert(ne(ptr, e, NULL));
-		cr_expect(le(sz, (size_t)(e - l), 80), "%.*s", (int)(e - l), l);
-	}
-	free(text);
-	fixture_small(&f);
-	cr_assert(eq(i32, gmb__status_to_top(&f.st, 60, &text), 0));
-	cr_expect(eq(ptr, strstr(text, "OBJECT"), NULL), "%s", text);
-	free(text);
 }
 
 /*
