@@ -1,7 +1,7 @@
 """A stand-in for systemd's side of sd_notify, for the GPU scripts that
-restart gmbd without losing memory (gpu_restart.py, torch_objects.py):
-READY=1 counted, the fd store kept (FDSTORE=1, FDNAME=, FDSTOREREMOVE=1),
-SYNC=1 answered in order."""
+restart gmbd without losing memory (gpu_restart.py, objects_gmbd.py for
+torch_objects.py): READY=1 counted, the fd store kept (FDSTORE=1, FDNAME=,
+FDSTOREREMOVE=1), SYNC=1 answered in order."""
 
 import array
 import os
