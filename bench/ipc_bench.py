@@ -19,7 +19,7 @@ run, on the same GPU, by the same two processes:
      sender's bytes, then --opens times, the two kinds alternating. Median of
      each. Goal: gmbd within 1.5x of the runtime.
 (ii) a 16 GiB weight sync (--sync-gib), (a) as 16 buckets of 1 GiB, (b) as bf16
-     tensors of 2-100 MiB (tests/gpu/torch_ipc_sync.py's layers), made once in gmbd
+     tensors of 2-100 MiB (tests/gpu/torch_ipc_common.py's layers), made once in gmbd
      memory (a region with a MemPool) and once in plain PyTorch memory. One
      sync: the sender serializes the list with ForkingPickler
      (torch.multiprocessing's reduce_tensor, so cudaIpcGetMemHandle), sends
@@ -45,10 +45,10 @@ import traceback
 from ctypes import POINTER, byref, c_char_p, c_int, c_size_t, c_uint, c_void_p
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "gpu"))  # torch_ipc_sync, torch_common
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "gpu"))  # torch_ipc_common, torch_common
 
-from torch_ipc_sync import (GiB, answer, ask, checksums, deserialize, make_weights,  # noqa: E402
-                            median, serialize, weight_spec)
+from torch_ipc_common import (GiB, answer, ask, checksums, deserialize, make_weights,  # noqa: E402
+                              median, serialize, weight_spec)
 
 SYNC_GIB = 16
 BUCKETS = 16
