@@ -34,7 +34,7 @@ import traceback
 import torch
 
 from torch_common import TinyLM, median, prompt_tokens  # (cuDNN attention off)
-from torch_ipc_sync import checksums, make_weights, spec_bytes, weight_spec
+from torch_ipc_common import checksums, make_weights, spec_bytes, weight_spec
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -99,7 +99,7 @@ def sd_bytes(sd):
 
 
 def sd_sums(sd):
-    """Two int64 per tensor (torch_ipc_sync.checksums), in name order."""
+    """Two int64 per tensor (torch_ipc_common.checksums), in name order."""
     return checksums([sd[k] for k in sorted(sd)])
 
 
@@ -244,7 +244,7 @@ def role_reader(conn, p):
 
 def role_publisher(conn, p):
     """versions, readonly, pause: publishes p["versions"] versions of a p["gib"] GiB state
-    dict (tensors of 2-100 MiB, torch_ipc_sync's shapes), seeded p["seed"] + version,
+    dict (tensors of 2-100 MiB, torch_ipc_common's shapes), seeded p["seed"] + version,
     each version's checksum written to p["record"] once committed. After the first:
     ("published", facts) and waits for "more" (if more are to come); at the end
     ("done", facts) and waits for "quit"."""

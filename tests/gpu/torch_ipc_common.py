@@ -14,8 +14,8 @@ protocol and gmbctl.
   Ctl          gmbctl run as a program, its wall time kept per verb
 
 torch_ipc_sync.py (the driver), torch_ipc_workers.py (its trainer and
-engine) and bench/ipc_bench.py import these; tests/gpu/torch_objects.py and
-objects_roles.py import theirs through torch_ipc_sync.py.
+engine), bench/ipc_bench.py, tests/gpu/torch_objects.py and objects_roles.py
+import these.
 torch is imported inside the functions that use it: the module itself needs
 only the standard library.
 """

@@ -54,8 +54,8 @@ detail" last; the exit status follows it.
 The code is in three files: this one holds the command line and the driver;
 torch_ipc_workers.py the trainer and the engine; torch_ipc_common.py what
 they share (weights, buckets, checksums, serialization, the pipe protocol,
-gmbctl), which bench/ipc_bench.py uses too; torch_objects.py and
-objects_roles.py import what they use of it from this file (see __all__).
+gmbctl), which bench/ipc_bench.py, torch_objects.py and objects_roles.py
+use too.
 """
 
 import argparse
@@ -70,13 +70,8 @@ import threading
 import time
 import traceback
 
-from torch_ipc_common import (BUCKET_CAP, GiB, MiB, Ctl, answer, ask, checksums, engine_name,
-                              log, make_weights, median, spec_bytes, trainer_name, weight_spec)
+from torch_ipc_common import BUCKET_CAP, GiB, MiB, Ctl, ask, engine_name, log, median, trainer_name
 from torch_ipc_workers import trainer_main
-
-# tests/gpu/torch_objects.py (Ctl, answer, ask) and objects_roles.py (checksums,
-# make_weights, spec_bytes, weight_spec) import these from this file.
-__all__ = ["Ctl", "answer", "ask", "checksums", "make_weights", "spec_bytes", "weight_spec"]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FREE_SLACK = 64 * MiB

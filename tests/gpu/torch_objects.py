@@ -97,7 +97,7 @@ from objects_gmbd import ManagedGmbd  # noqa: E402
 from objects_roles import (GiB, MiB, child_entry, cuda_ready, engine_main,  # noqa: E402
                            layers_for, log, ms_since)
 from torch_common import median  # noqa: E402
-from torch_ipc_sync import Ctl, answer, ask  # noqa: E402
+from torch_ipc_common import Ctl, answer, ask  # noqa: E402
 
 FREE_SLACK = 64 * MiB
 WAIT_S = 180
@@ -610,8 +610,8 @@ class Driver:
                          ("engine 3 (after gmbd's restart)", e3)):
             self.expect(e["hash"] == pub["ref"], f"{label} output is not the trainer's bit for bit")
         self.expect(not self.drop(name), f"gmbctl object drop {name} failed")
-        st = self.wait_status(lambda s: not s.get("objects") and not s.get("imports"),
-                              "objects or imports left on the managed gmbd")
+        self.wait_status(lambda s: not s.get("objects") and not s.get("imports"),
+                         "objects or imports left on the managed gmbd")
         free1 = self.wait_free(free0)
         delta = (free1 - free0) / MiB
         self.expect(abs(free1 - free0) <= FREE_SLACK,
