@@ -22,7 +22,7 @@ import time
 import torch
 
 import gmb
-from torch_common import (GiB, MiB, Hooks, bits_equal, capture, device0, log, ms, my_tags,
+from torch_common import (GiB, Hooks, bits_equal, capture, device0, log, ms, my_tags,
                           new_model, params_checksum, prompt_tokens, result, run_hog)
 
 BATCH, PROMPT, MAX_SEQ = 16, 128, 4096

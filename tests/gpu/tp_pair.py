@@ -68,7 +68,7 @@ def tp_rank(rank, port):
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    client = gmb.default_client()
+    gmb.default_client()  # connected before the tags are made
     d, hidden, layers, batch, ctx = 1024, 4096, 4, 16, 256
     half = hidden // 2
     gen = torch.Generator().manual_seed(0)  # the same full weights on both ranks

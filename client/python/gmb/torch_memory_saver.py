@@ -49,7 +49,7 @@ import logging
 import os
 from collections import defaultdict
 from contextlib import contextmanager
-from ctypes import POINTER, byref, c_bool, c_char_p, c_int, c_size_t, c_uint8, c_uint64
+from ctypes import POINTER, c_bool, c_char_p, c_int, c_size_t, c_uint8, c_uint64
 
 import gmb
 from gmb import _lib
